@@ -1,0 +1,1 @@
+"""The plugin-EP ABI: the only code that touches ORT's C structs."""

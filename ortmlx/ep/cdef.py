@@ -1,0 +1,276 @@
+"""C declarations of the ORT C API / plugin-EP ABI subset ortmlx uses.
+
+The function tables (``OrtApi``, ``OrtEpApi``) are ABI: only the slot index of
+each member matters. Slots we do not call are ``void*`` padding, so the layout
+is exact without copying the whole header. Indices match the ``static_assert``
+checks in ORT's ``onnxruntime_c_api.cc`` / ``ep_api.cc`` (e.g. ``GetEpApi`` is
+317, ``OpAttr_GetTensorAttributeAsOrtValue`` is 362) and were run on 1.31.1.
+
+This is the one place that states the versions:
+``ORT_API_VERSION`` is what we request from ``OrtApiBase::GetApi`` and
+``EP_STRUCT_VERSION`` is what we claim in every struct we hand to ORT
+(``OrtEpFactory``, ``OrtEp``, ``OrtNodeComputeInfo``, ``OrtNodeFusionOptions``).
+ORT never reads members added after the claimed version.
+"""
+
+ORT_API_VERSION = 23
+EP_STRUCT_VERSION = 23
+MIN_ORT_VERSION = (1, 23)
+#: range of onnxruntime releases this ABI table was tested on (pyproject pins it)
+TESTED_ORT = ((1, 23), (1, 32))
+
+API_SLOTS = {
+    0: "OrtStatus* (*CreateStatus)(int code, const char* msg)",
+    1: "int (*GetErrorCode)(const OrtStatus* status)",
+    2: "const char* (*GetErrorMessage)(const OrtStatus* status)",
+    51: "OrtStatus* (*GetTensorMutableData)(OrtValue* value, void** out)",
+    55: "OrtStatus* (*CastTypeInfoToTensorInfo)(const OrtTypeInfo* type_info, const OrtTensorTypeAndShapeInfo** out)",
+    56: "OrtStatus* (*GetOnnxTypeFromTypeInfo)(const OrtTypeInfo* type_info, int* out)",
+    60: "OrtStatus* (*GetTensorElementType)(const OrtTensorTypeAndShapeInfo* info, int* out)",
+    61: "OrtStatus* (*GetDimensionsCount)(const OrtTensorTypeAndShapeInfo* info, size_t* out)",
+    62: "OrtStatus* (*GetDimensions)(const OrtTensorTypeAndShapeInfo* info, int64_t* dim_values, size_t n)",
+    63: "OrtStatus* (*GetSymbolicDimensions)(const OrtTensorTypeAndShapeInfo* info, const char** dim_params, size_t n)",
+    65: "OrtStatus* (*GetTensorTypeAndShape)(const OrtValue* value, OrtTensorTypeAndShapeInfo** out)",
+    88: "OrtStatus* (*KernelContext_GetInputCount)(const OrtKernelContext* context, size_t* out)",
+    89: "OrtStatus* (*KernelContext_GetOutputCount)(const OrtKernelContext* context, size_t* out)",
+    90: "OrtStatus* (*KernelContext_GetInput)(const OrtKernelContext* context, size_t index, const OrtValue** out)",
+    91: "OrtStatus* (*KernelContext_GetOutput)(OrtKernelContext* context, size_t index, const int64_t* dims, size_t n, OrtValue** out)",
+    93: "void (*ReleaseStatus)(OrtStatus* input)",
+    96: "void (*ReleaseValue)(OrtValue* input)",
+    99: "void (*ReleaseTensorTypeAndShapeInfo)(OrtTensorTypeAndShapeInfo* input)",
+    272: "OrtStatus* (*ReadOpAttr)(const OrtOpAttr* op_attr, int type, void* data, size_t len, size_t* out)",
+    289: "OrtStatus* (*GetValueInfoName)(const OrtValueInfo* value_info, const char** name)",
+    290: "OrtStatus* (*GetValueInfoTypeInfo)(const OrtValueInfo* value_info, const OrtTypeInfo** type_info)",
+    295: "void (*CreateKeyValuePairs)(OrtKeyValuePairs** out)",
+    296: "void (*AddKeyValuePair)(OrtKeyValuePairs* kvps, const char* key, const char* value)",
+    297: "const char* (*GetKeyValue)(const OrtKeyValuePairs* kvps, const char* key)",
+    298: "void (*GetKeyValuePairs)(const OrtKeyValuePairs* kvps, const char* const** keys, const char* const** values, size_t* n)",
+    300: "void (*ReleaseKeyValuePairs)(OrtKeyValuePairs* input)",
+    307: "int (*HardwareDevice_Type)(const OrtHardwareDevice* device)",
+    308: "uint32_t (*HardwareDevice_VendorId)(const OrtHardwareDevice* device)",
+    309: "const char* (*HardwareDevice_Vendor)(const OrtHardwareDevice* device)",
+    317: "const OrtEpApi* (*GetEpApi)(void)",
+    326: "OrtStatus* (*ValueInfo_GetInitializerValue)(const OrtValueInfo* value_info, const OrtValue** value)",
+    331: "OrtStatus* (*ValueInfo_IsConstantInitializer)(const OrtValueInfo* value_info, bool* out)",
+    333: "OrtStatus* (*Graph_GetName)(const OrtGraph* graph, const char** graph_name)",
+    338: "OrtStatus* (*Graph_GetNumInputs)(const OrtGraph* graph, size_t* n)",
+    339: "OrtStatus* (*Graph_GetInputs)(const OrtGraph* graph, const OrtValueInfo** inputs, size_t n)",
+    340: "OrtStatus* (*Graph_GetNumOutputs)(const OrtGraph* graph, size_t* n)",
+    341: "OrtStatus* (*Graph_GetOutputs)(const OrtGraph* graph, const OrtValueInfo** outputs, size_t n)",
+    342: "OrtStatus* (*Graph_GetNumInitializers)(const OrtGraph* graph, size_t* n)",
+    343: "OrtStatus* (*Graph_GetInitializers)(const OrtGraph* graph, const OrtValueInfo** initializers, size_t n)",
+    344: "OrtStatus* (*Graph_GetNumNodes)(const OrtGraph* graph, size_t* n)",
+    345: "OrtStatus* (*Graph_GetNodes)(const OrtGraph* graph, const OrtNode** nodes, size_t n)",
+    348: "OrtStatus* (*Node_GetId)(const OrtNode* node, size_t* node_id)",
+    349: "OrtStatus* (*Node_GetName)(const OrtNode* node, const char** node_name)",
+    350: "OrtStatus* (*Node_GetOperatorType)(const OrtNode* node, const char** operator_type)",
+    351: "OrtStatus* (*Node_GetDomain)(const OrtNode* node, const char** domain_name)",
+    352: "OrtStatus* (*Node_GetSinceVersion)(const OrtNode* node, int* since_version)",
+    353: "OrtStatus* (*Node_GetNumInputs)(const OrtNode* node, size_t* n)",
+    354: "OrtStatus* (*Node_GetInputs)(const OrtNode* node, const OrtValueInfo** inputs, size_t n)",
+    355: "OrtStatus* (*Node_GetNumOutputs)(const OrtNode* node, size_t* n)",
+    356: "OrtStatus* (*Node_GetOutputs)(const OrtNode* node, const OrtValueInfo** outputs, size_t n)",
+    359: "OrtStatus* (*Node_GetNumAttributes)(const OrtNode* node, size_t* n)",
+    360: "OrtStatus* (*Node_GetAttributes)(const OrtNode* node, const OrtOpAttr** attributes, size_t n)",
+    362: "OrtStatus* (*OpAttr_GetTensorAttributeAsOrtValue)(const OrtOpAttr* attribute, OrtValue** attr_tensor)",
+    363: "OrtStatus* (*OpAttr_GetType)(const OrtOpAttr* attribute, int* type)",
+    364: "OrtStatus* (*OpAttr_GetName)(const OrtOpAttr* attribute, const char** name)",
+    365: "OrtStatus* (*Node_GetNumSubgraphs)(const OrtNode* node, size_t* n)",
+    378: "OrtStatus* (*GetTensorData)(const OrtValue* value, const void** out)",
+    379: "OrtStatus* (*GetSessionOptionsConfigEntries)(const OrtSessionOptions* options, OrtKeyValuePairs** out)",
+}
+
+EP_API_SLOTS = {
+    0: "OrtStatus* (*CreateEpDevice)(OrtEpFactory* f, const OrtHardwareDevice* hw, const OrtKeyValuePairs* meta, const OrtKeyValuePairs* opts, OrtEpDevice** out)",
+    1: "void (*ReleaseEpDevice)(OrtEpDevice* input)",
+    2: "OrtStatus* (*EpGraphSupportInfo_AddNodesToFuse)(OrtEpGraphSupportInfo* info, const OrtNode* const* nodes, size_t n, const OrtNodeFusionOptions* opts)",
+    3: "OrtStatus* (*EpGraphSupportInfo_AddSingleNode)(OrtEpGraphSupportInfo* info, const OrtNode* node)",
+    4: "const char* (*NodeComputeContext_NodeName)(const OrtNodeComputeContext* context)",
+}
+
+
+def _table(name: str, slots: dict[int, str]) -> str:
+    """A struct of function pointers with ``void*`` padding in the slots we don't use."""
+    body = [f"    {slots[i]};" if i in slots else f"    void* _slot{i};" for i in range(max(slots) + 1)]
+    return "\n".join([f"struct {name} {{", *body, "};"])
+
+
+TYPES = """
+typedef struct OrtStatus OrtStatus;
+typedef struct OrtValue OrtValue;
+typedef struct OrtTypeInfo OrtTypeInfo;
+typedef struct OrtTensorTypeAndShapeInfo OrtTensorTypeAndShapeInfo;
+typedef struct OrtSessionOptions OrtSessionOptions;
+typedef struct OrtKernelContext OrtKernelContext;
+typedef struct OrtLogger OrtLogger;
+typedef struct OrtOpAttr OrtOpAttr;
+typedef struct OrtValueInfo OrtValueInfo;
+typedef struct OrtNode OrtNode;
+typedef struct OrtGraph OrtGraph;
+typedef struct OrtHardwareDevice OrtHardwareDevice;
+typedef struct OrtEpDevice OrtEpDevice;
+typedef struct OrtKeyValuePairs OrtKeyValuePairs;
+typedef struct OrtMemoryInfo OrtMemoryInfo;
+typedef struct OrtMemoryDevice OrtMemoryDevice;
+typedef struct OrtAllocator OrtAllocator;
+typedef struct OrtRunOptions OrtRunOptions;
+typedef struct OrtEpGraphSupportInfo OrtEpGraphSupportInfo;
+typedef struct OrtNodeComputeContext OrtNodeComputeContext;
+typedef struct OrtDataTransferImpl OrtDataTransferImpl;
+typedef struct OrtSyncStreamImpl OrtSyncStreamImpl;
+typedef struct OrtKernelRegistry OrtKernelRegistry;
+typedef struct OrtApi OrtApi;
+typedef struct OrtEpApi OrtEpApi;
+typedef struct OrtEp OrtEp;
+typedef struct OrtEpFactory OrtEpFactory;
+typedef struct OrtNodeComputeInfo OrtNodeComputeInfo;
+
+typedef struct OrtApiBase {
+    const OrtApi* (*GetApi)(uint32_t version);
+    const char* (*GetVersionString)(void);
+} OrtApiBase;
+
+typedef struct OrtNodeFusionOptions {
+    uint32_t ort_version_supported;
+    bool drop_constant_initializers;
+} OrtNodeFusionOptions;
+
+struct OrtNodeComputeInfo {
+    uint32_t ort_version_supported;
+    OrtStatus* (*CreateState)(OrtNodeComputeInfo* this_ptr, OrtNodeComputeContext* ctx, void** state);
+    OrtStatus* (*Compute)(OrtNodeComputeInfo* this_ptr, void* state, OrtKernelContext* kernel_context);
+    void (*ReleaseState)(OrtNodeComputeInfo* this_ptr, void* state);
+};
+
+/* Member order of the released headers. We fill members up to 1.23 and claim 23;
+   the later members and a zero tail exist so a wrong claim reads NULL, not heap garbage. */
+struct OrtEp {
+    uint32_t ort_version_supported;
+    const char* (*GetName)(const OrtEp* this_ptr);
+    OrtStatus* (*GetCapability)(OrtEp* this_ptr, const OrtGraph* graph, OrtEpGraphSupportInfo* info);
+    OrtStatus* (*Compile)(OrtEp* this_ptr, const OrtGraph** graphs, const OrtNode** fused_nodes, size_t count,
+                          OrtNodeComputeInfo** node_compute_infos, OrtNode** ep_context_nodes);
+    void (*ReleaseNodeComputeInfos)(OrtEp* this_ptr, OrtNodeComputeInfo** infos, size_t n);
+    void* GetPreferredDataLayout;
+    void* ShouldConvertDataLayoutForOp;
+    void* SetDynamicOptions;
+    void* OnRunStart;
+    void* OnRunEnd;
+    void* CreateAllocator;
+    void* CreateSyncStreamForDevice;
+    void* GetCompiledModelCompatibilityInfo;   /* last 1.23 member */
+    void* _after_1_23[32];
+};
+
+struct OrtEpFactory {
+    uint32_t ort_version_supported;
+    const char* (*GetName)(const OrtEpFactory* this_ptr);
+    const char* (*GetVendor)(const OrtEpFactory* this_ptr);
+    OrtStatus* (*GetSupportedDevices)(OrtEpFactory* this_ptr, const OrtHardwareDevice* const* devices, size_t num_devices,
+                                      OrtEpDevice** ep_devices, size_t max_ep_devices, size_t* num_ep_devices);
+    OrtStatus* (*CreateEp)(OrtEpFactory* this_ptr, const OrtHardwareDevice* const* devices,
+                           const OrtKeyValuePairs* const* ep_metadata, size_t num_devices,
+                           const OrtSessionOptions* session_options, const OrtLogger* logger, OrtEp** ep);
+    void (*ReleaseEp)(OrtEpFactory* this_ptr, OrtEp* ep);
+    uint32_t (*GetVendorId)(const OrtEpFactory* this_ptr);
+    const char* (*GetVersion)(const OrtEpFactory* this_ptr);
+    void* ValidateCompiledModelCompatibilityInfo;
+    void* CreateAllocator;
+    void* ReleaseAllocator;
+    OrtStatus* (*CreateDataTransfer)(OrtEpFactory* this_ptr, OrtDataTransferImpl** data_transfer);
+    bool (*IsStreamAware)(const OrtEpFactory* this_ptr);
+    void* CreateSyncStreamForDevice;            /* last 1.23 member */
+    void* _after_1_23[32];
+};
+"""
+
+CALLBACKS = """
+extern "Python" {
+    const char* ortmlx_factory_get_name(const OrtEpFactory*);
+    const char* ortmlx_factory_get_vendor(const OrtEpFactory*);
+    uint32_t ortmlx_factory_get_vendor_id(const OrtEpFactory*);
+    const char* ortmlx_factory_get_version(const OrtEpFactory*);
+    OrtStatus* ortmlx_factory_get_supported_devices(OrtEpFactory*, const OrtHardwareDevice* const*, size_t,
+                                                    OrtEpDevice**, size_t, size_t*);
+    OrtStatus* ortmlx_factory_create_ep(OrtEpFactory*, const OrtHardwareDevice* const*, const OrtKeyValuePairs* const*,
+                                        size_t, const OrtSessionOptions*, const OrtLogger*, OrtEp**);
+    void ortmlx_factory_release_ep(OrtEpFactory*, OrtEp*);
+    OrtStatus* ortmlx_factory_create_data_transfer(OrtEpFactory*, OrtDataTransferImpl**);
+    bool ortmlx_factory_is_stream_aware(const OrtEpFactory*);
+
+    const char* ortmlx_ep_get_name(const OrtEp*);
+    OrtStatus* ortmlx_ep_get_capability(OrtEp*, const OrtGraph*, OrtEpGraphSupportInfo*);
+    OrtStatus* ortmlx_ep_compile(OrtEp*, const OrtGraph**, const OrtNode**, size_t, OrtNodeComputeInfo**, OrtNode**);
+    void ortmlx_ep_release_node_compute_infos(OrtEp*, OrtNodeComputeInfo**, size_t);
+
+    OrtStatus* ortmlx_nci_create_state(OrtNodeComputeInfo*, OrtNodeComputeContext*, void**);
+    OrtStatus* ortmlx_nci_compute(OrtNodeComputeInfo*, void*, OrtKernelContext*);
+    void ortmlx_nci_release_state(OrtNodeComputeInfo*, void*);
+}
+"""
+
+# Small C helpers in the same library: one C call gathers every input of a Compute.
+HELPERS_DECL = """
+#define ORTMLX_MAX_RANK 16
+OrtStatus* ortmlx_gather_inputs(const OrtApi* api, const OrtKernelContext* ctx, size_t n,
+                                const void** data, int64_t* dims, size_t* ndims, int* types);
+OrtStatus* ortmlx_get_output(const OrtApi* api, OrtKernelContext* ctx, size_t index,
+                             const int64_t* dims, size_t ndim, void** data);
+int ortmlx_pin_self(void);
+"""
+
+HELPERS_SRC = r"""
+#include <dlfcn.h>
+#define ORTMLX_MAX_RANK 16
+/* Python objects point into this library: ORT's unregister must never unmap it. */
+int ortmlx_pin_self(void) {
+    Dl_info info;
+    if (!dladdr((void*)&ortmlx_pin_self, &info) || !info.dli_fname) return -1;
+    return dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE) ? 0 : -2;
+}
+OrtStatus* ortmlx_gather_inputs(const OrtApi* api, const OrtKernelContext* ctx, size_t n,
+                                const void** data, int64_t* dims, size_t* ndims, int* types) {
+    for (size_t i = 0; i < n; ++i) {
+        const OrtValue* v = NULL;
+        OrtTensorTypeAndShapeInfo* info = NULL;
+        size_t nd = 0;
+        OrtStatus* st = api->KernelContext_GetInput(ctx, i, &v);
+        if (st) return st;
+        if (!v) { ndims[i] = (size_t)-1; data[i] = NULL; types[i] = 0; continue; }  /* omitted optional */
+        if ((st = api->GetTensorTypeAndShape(v, &info))) return st;
+        if ((st = api->GetDimensionsCount(info, &nd))) goto done;
+        if (nd > ORTMLX_MAX_RANK) { st = api->CreateStatus(2, "MLXExecutionProvider: input rank > 16"); goto done; }
+        if ((st = api->GetDimensions(info, dims + i * ORTMLX_MAX_RANK, nd))) goto done;
+        if ((st = api->GetTensorElementType(info, &types[i]))) goto done;
+        ndims[i] = nd;
+        st = api->GetTensorData(v, &data[i]);
+    done:
+        api->ReleaseTensorTypeAndShapeInfo(info);
+        if (st) return st;
+    }
+    return NULL;
+}
+OrtStatus* ortmlx_get_output(const OrtApi* api, OrtKernelContext* ctx, size_t index,
+                             const int64_t* dims, size_t ndim, void** data) {
+    OrtValue* v = NULL;
+    OrtStatus* st = api->KernelContext_GetOutput(ctx, index, dims, ndim, &v);
+    if (st) return st;
+    return api->GetTensorMutableData(v, data);
+}
+"""
+
+EXPORTS = """
+OrtStatus* CreateEpFactories(const char* registered_name, const OrtApiBase* ort_api_base,
+                             const OrtLogger* default_logger, OrtEpFactory** factories,
+                             size_t max_factories, size_t* num_factories);
+OrtStatus* ReleaseEpFactory(OrtEpFactory* factory);
+"""
+
+
+def c_types() -> str:
+    """Valid C for both the cdef and the extension source."""
+    return "\n".join([TYPES, _table("OrtApi", API_SLOTS), _table("OrtEpApi", EP_API_SLOTS)])
+
+
+def cdef() -> str:
+    return "\n".join([c_types(), CALLBACKS, HELPERS_DECL])

@@ -1,0 +1,115 @@
+"""One fused group at run time: gather ORT's inputs, run, copy results out."""
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import mlx.core as mx
+import numpy as np
+
+from ..compiled import make_runner
+from ..kernels import dtypes as dt
+from ..kernels.interpreter import Program
+from .errors import ORT_INVALID_ARGUMENT, EpError
+
+
+class _Buffers:
+    """Per-thread out-parameters for the C gather helper (reused every call)."""
+
+    def __init__(self, ffi, n_in: int, max_rank: int):
+        n = max(n_in, 1)
+        self.data = ffi.new("const void*[]", n)
+        self.dims = ffi.new("int64_t[]", n * max_rank)
+        self.ndims = ffi.new("size_t[]", n)
+        self.types = ffi.new("int[]", n)
+        self.odims = ffi.new("int64_t[]", max_rank)
+        self.out = ffi.new("void**")
+
+
+class ComputeInfo:
+    def __init__(self, ep, plan):
+        abi = ep.abi
+        ffi, lib = abi.ffi, abi.lib
+        self.ep = ep
+        self.abi = abi
+        self.name = plan.name
+        self.plan = plan
+        self.program = Program(plan, ep.device)
+        self.runner = make_runner(self.program, ep.options, ep.stats)
+        self.in_names = list(plan.inputs)
+        self.in_types = [plan.value(n).dtype for n in plan.inputs]
+        self.out_names = list(plan.outputs)
+        self.n_in = len(self.in_names)
+        self._tls = threading.local()
+        c = self.c = ffi.new("OrtNodeComputeInfo*")
+        c.ort_version_supported = abi.struct_version
+        c.CreateState = lib.ortmlx_nci_create_state
+        c.Compute = lib.ortmlx_nci_compute
+        c.ReleaseState = lib.ortmlx_nci_release_state
+        self.address = int(ffi.cast("uintptr_t", c))
+        self.calls = 0
+
+    def release(self) -> None:
+        runner, self.runner = self.runner, None
+        if runner is not None and hasattr(runner, "release"):
+            runner.release()
+        self.program = None
+
+    # ------------------------------------------------------------------ per call
+    def gather(self, kctx) -> list[np.ndarray | None]:
+        abi, ffi = self.abi, self.abi.ffi
+        b = getattr(self._tls, "b", None)
+        if b is None:
+            b = self._tls.b = _Buffers(ffi, self.n_in, abi.max_rank)
+        abi.check(abi.gather_inputs(abi.api, kctx, self.n_in, b.data, b.dims, b.ndims, b.types))
+        r = abi.max_rank
+        arrays: list[np.ndarray | None] = []
+        for i in range(self.n_in):
+            nd = b.ndims[i]
+            if nd == ffi.cast("size_t", -1):
+                arrays.append(None)
+                continue
+            t = b.types[i]
+            want = self.in_types[i]
+            if want is not None and t != want:
+                raise EpError(f"input {i} ('{self.in_names[i]}') is {dt.name(t)} at run time but the graph "
+                              f"declares {dt.name(want)}", ORT_INVALID_ARGUMENT, node=self.name)
+            npt = dt.NUMPY.get(t)
+            if npt is None:
+                raise EpError(f"input {i} ('{self.in_names[i]}') has element type {dt.name(t)}, which MLX cannot hold",
+                              ORT_INVALID_ARGUMENT, node=self.name)
+            shape = tuple(b.dims[i * r:i * r + nd])
+            cnt = math.prod(shape)
+            if cnt == 0:
+                arrays.append(np.empty(shape, npt))
+            else:
+                itemsize = np.dtype(npt).itemsize
+                arrays.append(np.frombuffer(ffi.buffer(b.data[i], cnt * itemsize), npt).reshape(shape))
+        return arrays
+
+    def write_outputs(self, kctx, results) -> None:
+        abi, ffi = self.abi, self.abi.ffi
+        b = self._tls.b
+        for j, r in enumerate(results):
+            host = dt.to_numpy(r) if isinstance(r, mx.array) else np.asarray(r)
+            shape = host.shape
+            if len(shape) > abi.max_rank:
+                raise EpError(f"output {j} ('{self.out_names[j]}') has rank {len(shape)} > {abi.max_rank}",
+                              node=self.name)
+            for k, d in enumerate(shape):
+                b.odims[k] = d
+            abi.check(abi.get_output(abi.api, kctx, j, b.odims, len(shape), b.out))
+            if host.size:
+                dst = np.frombuffer(ffi.buffer(b.out[0], host.nbytes), host.dtype).reshape(shape)
+                np.copyto(dst, host)
+
+    def compute(self, kctx) -> None:
+        t0 = time.perf_counter_ns()
+        inputs = self.gather(kctx)
+        results = self.runner.run(inputs)
+        self.write_outputs(kctx, results)
+        self.calls += 1
+        st = self.ep.stats
+        st.calls += 1
+        st.add_time("compute", time.perf_counter_ns() - t0)

@@ -1,0 +1,147 @@
+"""Read an ``OrtGraph`` into the Python IR (``ortmlx.subgraph.ir``)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..subgraph.ir import Graph, Node, UnreadableAttr, ValueInfo
+from .abi import (ATTR_FLOAT, ATTR_FLOATS, ATTR_GRAPH, ATTR_INT, ATTR_INTS, ATTR_STRING, ATTR_STRINGS,
+                  ATTR_TENSOR, Abi)
+
+ONNX_TYPE_TENSOR = 1
+
+
+class GraphReader:
+    def __init__(self, abi: Abi):
+        self.abi = abi
+        self.ffi = abi.ffi
+        self.api = abi.api
+
+    def value_info(self, vi) -> ValueInfo:
+        abi, ffi, api = self.abi, self.ffi, self.api
+        name = abi.call_str(api.GetValueInfoName, vi)
+        ti = ffi.new("const OrtTypeInfo**")
+        abi.check(api.GetValueInfoTypeInfo(vi, ti))
+        if ti[0] == ffi.NULL:
+            return ValueInfo(name)
+        onnx_type = ffi.new("int*")
+        abi.check(api.GetOnnxTypeFromTypeInfo(ti[0], onnx_type))
+        if onnx_type[0] != ONNX_TYPE_TENSOR:
+            return ValueInfo(name)
+        tti = ffi.new("const OrtTensorTypeAndShapeInfo**")
+        abi.check(api.CastTypeInfoToTensorInfo(ti[0], tti))
+        if tti[0] == ffi.NULL:
+            return ValueInfo(name)
+        et, dims, syms = abi.tensor_info(tti[0])
+        shape = tuple(d if d >= 0 else (s or None) for d, s in zip(dims, syms))
+        return ValueInfo(name, et, shape)
+
+    def _value_list(self, getter_n, getter, obj, values: dict) -> list[str]:
+        names = []
+        for vi in self.abi.array(getter_n, getter, obj, "const OrtValueInfo*"):
+            if vi == self.ffi.NULL:
+                names.append("")
+                continue
+            info = self.value_info(vi)
+            values.setdefault(info.name, info)
+            names.append(info.name)
+        return names
+
+    def read_attr(self, attr, ty: int):
+        abi, ffi, api = self.abi, self.ffi, self.api
+        size = ffi.new("size_t*")
+        if ty == ATTR_INT:
+            v = ffi.new("int64_t*")
+            abi.check(api.ReadOpAttr(attr, ty, v, 8, size))
+            return int(v[0])
+        if ty == ATTR_FLOAT:
+            v = ffi.new("float*")
+            abi.check(api.ReadOpAttr(attr, ty, v, 4, size))
+            return float(v[0])
+        if ty in (ATTR_INTS, ATTR_FLOATS, ATTR_STRING, ATTR_STRINGS):
+            st = api.ReadOpAttr(attr, ty, ffi.NULL, 0, size)     # sets the size, may return a status
+            if st != ffi.NULL:
+                api.ReleaseStatus(st)
+            nbytes = size[0]
+            if nbytes == 0:
+                return "" if ty == ATTR_STRING else []
+            buf = ffi.new("char[]", nbytes)
+            abi.check(api.ReadOpAttr(attr, ty, buf, nbytes, size))
+            raw = ffi.buffer(buf, nbytes)[:]
+            if ty == ATTR_INTS:
+                return [int(x) for x in np.frombuffer(raw, np.int64)]
+            if ty == ATTR_FLOATS:
+                return [float(x) for x in np.frombuffer(raw, np.float32)]
+            if ty == ATTR_STRING:
+                return raw.decode("utf-8", "replace")
+            return [s.decode("utf-8", "replace") for s in raw.rstrip(b"\0").split(b"\0")]
+        if ty == ATTR_TENSOR:
+            out = ffi.new("OrtValue**")
+            abi.check(api.OpAttr_GetTensorAttributeAsOrtValue(attr, out))
+            try:
+                arr, _ = abi.value_to_numpy(out[0], copy=True)
+            finally:
+                api.ReleaseValue(out[0])
+            return arr
+        if ty == ATTR_GRAPH:
+            return UnreadableAttr("graph attribute")
+        return UnreadableAttr(f"attribute type {ty}")
+
+    def attributes(self, node) -> dict:
+        abi, ffi, api = self.abi, self.ffi, self.api
+        out = {}
+        for a in abi.array(api.Node_GetNumAttributes, api.Node_GetAttributes, node, "const OrtOpAttr*"):
+            name = abi.call_str(api.OpAttr_GetName, a)
+            ty = ffi.new("int*")
+            abi.check(api.OpAttr_GetType(a, ty))
+            try:
+                out[name] = self.read_attr(a, ty[0])
+            except Exception as e:  # noqa: BLE001 - an unreadable attribute refuses the claim, not the session
+                out[name] = UnreadableAttr(f"{type(e).__name__}: {e}")
+        return out
+
+    def node(self, h, index: int, values: dict) -> Node:
+        abi, ffi, api = self.abi, self.ffi, self.api
+        since = ffi.new("int*")
+        abi.check(api.Node_GetSinceVersion(h, since))
+        nsub = ffi.new("size_t*")
+        abi.check(api.Node_GetNumSubgraphs(h, nsub))
+        return Node(
+            name=abi.call_str(api.Node_GetName, h),
+            op_type=abi.call_str(api.Node_GetOperatorType, h),
+            domain=abi.call_str(api.Node_GetDomain, h),
+            since_version=since[0],
+            inputs=self._value_list(api.Node_GetNumInputs, api.Node_GetInputs, h, values),
+            outputs=self._value_list(api.Node_GetNumOutputs, api.Node_GetOutputs, h, values),
+            attrs=self.attributes(h),
+            index=index,
+            handle=h,
+            has_subgraphs=nsub[0] > 0,
+        )
+
+    def graph(self, g, copy_constants: bool = False) -> Graph:
+        """The whole graph. Constants are views of ORT memory unless ``copy_constants``."""
+        abi, ffi, api = self.abi, self.ffi, self.api
+        values: dict[str, ValueInfo] = {}
+        inputs = self._value_list(api.Graph_GetNumInputs, api.Graph_GetInputs, g, values)
+        outputs = self._value_list(api.Graph_GetNumOutputs, api.Graph_GetOutputs, g, values)
+        constants: dict[str, np.ndarray] = {}
+        flag = ffi.new("bool*")
+        val = ffi.new("const OrtValue**")
+        for vi in abi.array(api.Graph_GetNumInitializers, api.Graph_GetInitializers, g, "const OrtValueInfo*"):
+            info = self.value_info(vi)
+            values.setdefault(info.name, info)
+            abi.check(api.ValueInfo_IsConstantInitializer(vi, flag))
+            if not flag[0]:
+                continue
+            abi.check(api.ValueInfo_GetInitializerValue(vi, val))
+            if val[0] != ffi.NULL:
+                try:
+                    constants[info.name], _ = abi.value_to_numpy(val[0], copy=copy_constants)
+                except Exception:  # noqa: BLE001 - e.g. string tensors: not a constant we can use
+                    pass
+        handles = abi.array(api.Graph_GetNumNodes, api.Graph_GetNodes, g, "const OrtNode*")
+        nodes = [self.node(h, i, values) for i, h in enumerate(handles)]
+        name = abi.call_str(api.Graph_GetName, g)
+        # graph inputs that are constant initializers are constants, not runtime inputs
+        inputs = [i for i in inputs if i not in constants]
+        return Graph(nodes, inputs, outputs, values, constants, name)

@@ -1,0 +1,92 @@
+"""Provider options and environment variables, copied out once at EP creation.
+
+Every option can be given as a provider option (``providers=[("MLXExecutionProvider",
+{"device": "cpu"})]``, which ORT hands over as session config entries
+``ep.mlxexecutionprovider.<key>``) or as an environment variable. A provider option
+wins over the environment. For on/off switches, "" and "0" (and "false", "off")
+mean off.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+
+PREFIX = "ep.mlxexecutionprovider."
+_FALSE = {"", "0", "false", "off", "no"}
+
+#: option -> environment variables (first found wins), help text
+SPEC: dict[str, tuple[tuple[str, ...], str]] = {
+    "device": (("ORTMLX_DEVICE",), "auto|cpu|gpu: where MLX runs (auto: the GPU when MLX has one)"),
+    "no_compile": (("ORTMLX_NO_COMPILE", "ONNX_GENAI_MLX_NO_COMPILE", "ONNXRUNTIME_EP_MLX_NO_COMPILE"),
+                   "1: never use mx.compile, run every group eagerly"),
+    "no_general_compile": (("ORTMLX_NO_GENERAL_COMPILE", "MLX_EP_NO_GENERAL_COMPILE",
+                            "ONNXRUNTIME_EP_MLX_NO_GENERAL_COMPILE"), "1: no compiled path for groups without attention"),
+    "no_prefill_compile": (("ORTMLX_NO_PREFILL_COMPILE", "MLX_EP_NO_PREFILL_COMPILE",
+                            "ONNXRUNTIME_EP_MLX_NO_PREFILL_COMPILE"), "1: no compiled prefill path"),
+    "no_decode_compile": (("ORTMLX_NO_DECODE_COMPILE", "ONNXRUNTIME_EP_MLX_NO_DECODE_COMPILE"),
+                          "1: no compiled (shapeless) decode path"),
+    "compile_mode": (("ORTMLX_COMPILE_MODE",), "enabled|no_fuse|no_simplify|disabled: mx.compile mode"),
+    "trace": (("ORTMLX_TRACE",), "path.json: write a Chrome/Perfetto trace of the session"),
+    "verbose": (("ORTMLX_VERBOSE",), "1: print a session summary at release"),
+    "disable_ops": (("ORTMLX_DISABLE_OPS",), "comma-separated op types never claimed"),
+    "fault": (("ORTMLX_FAULT",), "testing only: stage[:node] at which to raise (getcapability|compile|compute)"),
+}
+
+_BOOLS = {"no_compile", "no_general_compile", "no_prefill_compile", "no_decode_compile", "verbose"}
+
+
+def flag(value: str | None) -> bool:
+    return value is not None and value.strip().lower() not in _FALSE
+
+
+@dataclass(frozen=True)
+class EpOptions:
+    device: str = "auto"
+    no_compile: bool = False
+    no_general_compile: bool = False
+    no_prefill_compile: bool = False
+    no_decode_compile: bool = False
+    compile_mode: str = "enabled"
+    trace: str = ""
+    verbose: bool = False
+    disable_ops: frozenset = field(default_factory=frozenset)
+    fault: str = ""
+    raw: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_sources(cls, provider: dict[str, str], env: dict[str, str] | None = None) -> "EpOptions":
+        env = os.environ if env is None else env
+        unknown = sorted(set(provider) - set(SPEC))
+        if unknown:
+            raise ValueError(f"unknown MLXExecutionProvider option(s) {unknown}; known: {sorted(SPEC)}")
+        vals: dict = {}
+        for key, (env_names, _) in SPEC.items():
+            raw = provider.get(key)
+            if raw is None:
+                raw = next((env[e] for e in env_names if e in env), None)
+            if raw is None:
+                continue
+            vals[key] = flag(raw) if key in _BOOLS else raw.strip()
+        if "disable_ops" in vals:
+            vals["disable_ops"] = frozenset(o.strip() for o in vals["disable_ops"].split(",") if o.strip())
+        dev = vals.get("device", "auto").lower()
+        if dev not in ("auto", "cpu", "gpu"):
+            raise ValueError(f"device must be auto, cpu or gpu, got {dev!r}")
+        vals["device"] = dev
+        mode = vals.get("compile_mode", "enabled").lower()
+        if mode not in ("enabled", "no_fuse", "no_simplify", "disabled"):
+            raise ValueError(f"compile_mode must be enabled|no_fuse|no_simplify|disabled, got {mode!r}")
+        vals["compile_mode"] = mode
+        return cls(**vals, raw=dict(provider))
+
+    @classmethod
+    def from_session_config(cls, config: dict[str, str]) -> "EpOptions":
+        return cls.from_sources({k[len(PREFIX):]: v for k, v in config.items() if k.startswith(PREFIX)})
+
+    @property
+    def compile_enabled(self) -> bool:
+        return not self.no_compile and self.compile_mode != "disabled"
+
+
+def option_names() -> list[str]:
+    return [f.name for f in fields(EpOptions) if f.name != "raw"]

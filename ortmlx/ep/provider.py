@@ -1,0 +1,99 @@
+"""The EP: GetCapability (claim and group) and Compile (plans -> compute infos)."""
+from __future__ import annotations
+
+import threading
+
+from ..subgraph.ir import Graph
+from ..subgraph.partition import claim
+from ..subgraph.plan import build_plan
+from . import stats
+from .compute import ComputeInfo
+from .errors import EP_NAME, EpError
+from .graph_reader import GraphReader
+from .options import EpOptions
+
+#: partition reports of every EP in this process, newest last (``python -m ortmlx check`` reads them)
+REPORTS: list = []
+_REPORTS_MAX = 64
+
+
+def _fault(options: EpOptions, stage: str, node: str = "") -> None:
+    """Testing hook: raise at ``stage`` (optionally only for one node) when the fault option says so."""
+    if not options.fault:
+        return
+    want, _, who = options.fault.partition(":")
+    if want == stage and (not who or who == node):
+        raise EpError(f"injected fault at {stage}" + (f" for {who}" if who else ""), node=node or None)
+
+
+class Ep:
+    def __init__(self, factory, options: EpOptions, device: str):
+        abi = factory.abi
+        ffi, lib = abi.ffi, abi.lib
+        self.factory = factory
+        self.abi = abi
+        self.options = options
+        self.device = device
+        self.reader = GraphReader(abi)
+        self.reports = []
+        self.infos: dict[int, ComputeInfo] = {}
+        self.lock = threading.RLock()
+        self.stats = stats.SessionStats(device)
+        c = self.c = ffi.new("OrtEp*")
+        c.ort_version_supported = abi.struct_version
+        c.GetName = lib.ortmlx_ep_get_name
+        c.GetCapability = lib.ortmlx_ep_get_capability
+        c.Compile = lib.ortmlx_ep_compile
+        c.ReleaseNodeComputeInfos = lib.ortmlx_ep_release_node_compute_infos
+        self.address = int(ffi.cast("uintptr_t", c))
+
+    # ------------------------------------------------------------------ GetCapability
+    def get_capability(self, graph_ptr, support_info) -> None:
+        abi, ffi = self.abi, self.abi.ffi
+        with self.stats.span("claim"):
+            _fault(self.options, "getcapability")
+            graph = self.reader.graph(graph_ptr)
+            groups, report = claim(graph, self.device, self.options.disable_ops)
+            self.reports.append(report)
+            REPORTS.append(report)
+            del REPORTS[:-_REPORTS_MAX]
+            self.stats.report = report
+            opts = ffi.new("OrtNodeFusionOptions*")
+            opts.ort_version_supported = abi.struct_version
+            opts.drop_constant_initializers = True
+            for group in groups:
+                arr = ffi.new("const OrtNode*[]", [n.handle for n in group])
+                abi.check(abi.epapi.EpGraphSupportInfo_AddNodesToFuse(support_info, arr, len(group), opts))
+
+    # ------------------------------------------------------------------ Compile
+    def compile(self, graphs, fused_nodes, count, infos_out) -> None:
+        made = []
+        try:
+            for i in range(count):
+                fused = self.reader.node(fused_nodes[i], 0, {})
+                _fault(self.options, "compile", fused.name)
+                with self.stats.span("compile", group=fused.name):
+                    sub: Graph = self.reader.graph(graphs[i])
+                    plan = build_plan(sub, fused.name, fused.inputs, fused.outputs)
+                    info = ComputeInfo(self, plan)
+                made.append(info)
+                infos_out[i] = info.c
+        except BaseException:
+            for info in made:
+                info.release()
+            raise
+        for info in made:
+            self.infos[info.address] = info
+
+    def release_infos(self, infos, n) -> None:
+        ffi = self.abi.ffi
+        for i in range(n):
+            info = self.infos.pop(int(ffi.cast("uintptr_t", infos[i])), None)
+            if info is not None:
+                info.release()
+
+    def release(self) -> None:
+        for info in list(self.infos.values()):
+            info.release()
+        self.infos.clear()
+        self.stats.finish(self.options)

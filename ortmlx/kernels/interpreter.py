@@ -1,0 +1,179 @@
+"""The eager interpreter: resolve a plan once, then per call build the lazy MLX
+graph of the whole group and evaluate it once.
+
+Values live either on the host (numpy: group inputs as ORT hands them, small
+integer shape math, constant inputs a translator reads on the host) or in MLX.
+A host value is copied into MLX the first time a device op needs it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from . import dtypes as dt
+from .registry import REGISTRY, Ctx, OpDef
+
+#: host evaluation is for shape math: integer/bool tensors up to this many elements
+HOST_MAX_ELEMS = 4096
+
+
+class KernelError(RuntimeError):
+    """A translator failed on a node; the message names the node."""
+
+
+def host_evaluable(opdef: OpDef, out_types: list[int | None], inputs_host: list[bool]) -> bool:
+    """Whether a node runs on the host (numpy) given which of its inputs are host values.
+
+    Shared by the partitioner (at claim time) and the interpreter (per call).
+    """
+    if opdef.host is None:
+        return False
+    if not all(t in dt.INTS or t == dt.BOOL for t in out_types if t is not None) or not out_types:
+        return False
+    if opdef.shape_only:
+        return True
+    return all(inputs_host)
+
+
+def mx_device(device: str):
+    return mx.gpu if device == "gpu" else mx.cpu
+
+
+def mlx_gpu_available() -> bool:
+    """MLX has a GPU here (CUDA on Linux, Metal on macOS)."""
+    for backend in ("cuda", "metal"):
+        mod = getattr(mx, backend, None)
+        try:
+            if mod is not None and mod.is_available():
+                return True
+        except Exception:  # noqa: BLE001 - a backend that cannot even answer is not available
+            pass
+    return False
+
+
+@dataclass
+class Step:
+    node: Any
+    opdef: OpDef
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict
+    out_types: list[int | None]
+    in_types: list[int | None]
+    ctx: Ctx | None
+
+
+class Program:
+    """A fused group resolved once: translators per node and constants loaded into MLX."""
+
+    def __init__(self, graph, device: str = "cpu", constants_mx: dict[str, mx.array] | None = None):
+        self.graph = graph
+        self.device = device
+        self.inputs = list(graph.inputs)
+        self.outputs = list(graph.outputs)
+        self.types = {n: v.dtype for n, v in graph.values.items()}
+        self.steps: list[Step] = []
+        for node in graph.nodes:
+            opdef = REGISTRY.resolve(node.domain, node.op_type, node.since_version)
+            if opdef is None:
+                raise KernelError(f"{node.label}: no translator (since_version {node.since_version})")
+            out_types = [self.types.get(o) if o else None for o in node.outputs]
+            in_types = [self.types.get(i) if i else None for i in node.inputs]
+            ctx = Ctx(node, out_types, in_types, device, len(node.outputs)) if opdef.wants_ctx else None
+            self.steps.append(Step(node, opdef, list(node.inputs), list(node.outputs), dict(node.attrs),
+                                   out_types, in_types, ctx))
+        if constants_mx is None:
+            with mx.stream(mx_device(device)):
+                constants_mx = {k: dt.to_mx(v, self.types.get(k) or dt.FROM_NUMPY[v.dtype])
+                                for k, v in graph.constants.items() if k not in set(self.inputs)}
+                mx.eval(*constants_mx.values())
+        self.constants = constants_mx
+
+    # ------------------------------------------------------------------ per call
+    def run(self, inputs: list[np.ndarray | None]) -> list[Any]:
+        """Evaluate the group on host inputs; returns evaluated mx arrays or numpy arrays."""
+        with mx.stream(mx_device(self.device)):
+            env = self.build(inputs)
+            results = [env[o] for o in self.outputs]
+            lazy = [r for r in results if isinstance(r, mx.array)]
+            if lazy:
+                mx.eval(*lazy)
+        return results
+
+    def build(self, inputs: list[Any], env: dict | None = None) -> dict[str, Any]:
+        """Build the lazy graph: returns name -> value for every value of the group."""
+        env = dict(self.constants) if env is None else env
+        if len(inputs) != len(self.inputs):
+            raise KernelError(f"expected {len(self.inputs)} inputs, got {len(inputs)}")
+        for name, a in zip(self.inputs, inputs):
+            env[name] = a
+        types = self.types
+        for st in self.steps:
+            od = st.opdef
+            args = []
+            host_flags = []
+            for i, name in enumerate(st.inputs):
+                if not name:
+                    args.append(None)
+                    host_flags.append(True)
+                    continue
+                v = env[name]
+                is_host = not isinstance(v, mx.array)
+                host_flags.append(is_host)
+                args.append(v)
+            on_host = host_evaluable(od, st.out_types, host_flags) and \
+                all(a is None or not isinstance(a, np.ndarray) or a.size <= HOST_MAX_ELEMS for a in args)
+            try:
+                if on_host:
+                    if not od.shape_only:
+                        args = [None if a is None else np.asarray(a) for a in args]
+                    out = od.host(*args, **st.attrs)
+                else:
+                    for i, a in enumerate(args):
+                        if a is None:
+                            continue
+                        if i in od.const_inputs:
+                            if isinstance(a, mx.array):
+                                args[i] = dt.to_numpy(a)       # forces evaluation: eager only
+                        elif not isinstance(a, mx.array):
+                            t = types.get(st.inputs[i]) or dt.onnx_type_of(a)
+                            a = dt.to_mx(np.asarray(a), t)
+                            env[st.inputs[i]] = a              # convert once per call
+                            args[i] = a
+                    out = od.fn(*args, **st.attrs, ctx=st.ctx) if od.wants_ctx else od.fn(*args, **st.attrs)
+            except KernelError:
+                raise
+            except Exception as e:
+                raise KernelError(f"{st.node.label}: {type(e).__name__}: {e}") from e
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            for j, name in enumerate(st.outputs):
+                if not name:
+                    continue
+                if j >= len(outs) or outs[j] is None:
+                    raise KernelError(f"{st.node.label}: translator produced no output {j} ('{name}')")
+                env[name] = _as_type(outs[j], st.out_types[j])
+        return env
+
+
+def _as_type(v, t: int | None):
+    """Coerce a translator result to the element type the graph declares."""
+    if t is None:
+        return v
+    if isinstance(v, mx.array):
+        want = dt.MLX.get(t)
+        if want is not None and v.dtype != want:
+            v = v.astype(want)
+        return v
+    want = dt.NUMPY.get(t)
+    v = np.asarray(v)
+    if want is not None and v.dtype != want and t != dt.BFLOAT16:
+        v = v.astype(want)
+    return v
+
+
+def numel(shape) -> int:
+    return math.prod(shape) if shape else 1

@@ -1,0 +1,1 @@
+"""Translator modules, one per op family; each registers its ops on import."""

@@ -1,0 +1,1 @@
+"""Graph IR, claiming and grouping, plans."""

@@ -1,0 +1,86 @@
+"""A small Python IR of the graph ORT hands the EP.
+
+Built by ``ortmlx.ep.graph_reader`` from ORT's C structs (or by
+``from_onnx`` from an ``onnx.ModelProto`` for tools and tests). Constant
+values are numpy arrays; during GetCapability they may be views of ORT's
+memory that are only valid inside that callback.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+Dim = int | str | None          # int: static, str: symbolic name, None: unknown
+
+
+class UnreadableAttr:
+    """Stands in for an attribute the EP could not read; support checks refuse the node."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+    def __repr__(self) -> str:
+        return f"<unreadable: {self.why}>"
+
+
+@dataclass(frozen=True)
+class ValueInfo:
+    name: str
+    dtype: int | None = None                 # ONNX TensorProto elem type; None: not a tensor / unknown
+    shape: tuple[Dim, ...] | None = None     # None: rank unknown
+
+    @property
+    def rank(self) -> int | None:
+        return None if self.shape is None else len(self.shape)
+
+    @property
+    def static_shape(self) -> tuple[int, ...] | None:
+        if self.shape is None or not all(isinstance(d, int) and d >= 0 for d in self.shape):
+            return None
+        return tuple(self.shape)  # type: ignore[arg-type]
+
+
+@dataclass
+class Node:
+    name: str
+    op_type: str
+    domain: str
+    since_version: int
+    inputs: list[str]            # "" marks an omitted optional input
+    outputs: list[str]           # "" marks an omitted optional output
+    attrs: dict[str, Any] = field(default_factory=dict)
+    index: int = 0               # position in ORT's topological order
+    handle: Any = None           # the OrtNode* it came from (ep layer only)
+    has_subgraphs: bool = False
+
+    @property
+    def label(self) -> str:
+        """How errors and reports name the node."""
+        dom = f"{self.domain}." if self.domain not in ("", "ai.onnx") else ""
+        return f"{dom}{self.op_type} '{self.name}'"
+
+
+@dataclass
+class Graph:
+    nodes: list[Node]
+    inputs: list[str]
+    outputs: list[str]
+    values: dict[str, ValueInfo]
+    constants: dict[str, np.ndarray]        # constant initializers (bf16 as uint16 bits)
+    name: str = ""
+
+    def value(self, name: str) -> ValueInfo:
+        return self.values.get(name) or ValueInfo(name)
+
+    def producers(self) -> dict[str, Node]:
+        return {o: n for n in self.nodes for o in n.outputs if o}
+
+    def consumers(self) -> dict[str, list[Node]]:
+        out: dict[str, list[Node]] = {}
+        for n in self.nodes:
+            for i in n.inputs:
+                if i:
+                    out.setdefault(i, []).append(n)
+        return out

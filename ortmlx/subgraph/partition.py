@@ -1,0 +1,119 @@
+"""Decide which nodes MLX claims and group them into subgraphs ORT accepts.
+
+A group is valid when no path leaves it and re-enters it (through an
+unclaimed node or another group). Groups are grown greedily in topological
+order: every claimed node that becomes ready joins the open group; the group
+closes only when nothing claimed is ready, then unclaimed nodes are released.
+Nothing can then leave a group and come back into it.
+"""
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from dataclasses import dataclass, field
+
+from ..kernels.interpreter import host_evaluable
+from ..kernels.registry import REGISTRY, support_reason
+from .ir import Graph, Node
+
+
+@dataclass
+class Unclaimed:
+    node: str
+    op: str
+    reason: str
+
+
+@dataclass
+class PartitionReport:
+    graph: str
+    device: str
+    n_nodes: int
+    groups: list[list[str]] = field(default_factory=list)          # node labels per group
+    unclaimed: list[Unclaimed] = field(default_factory=list)
+
+    @property
+    def n_claimed(self) -> int:
+        return sum(len(g) for g in self.groups)
+
+    def reasons(self) -> Counter:
+        return Counter(u.reason for u in self.unclaimed)
+
+    def format(self) -> str:
+        lines = [f"graph '{self.graph}' on MLX {self.device}: {self.n_claimed}/{self.n_nodes} nodes claimed "
+                 f"in {len(self.groups)} group(s), {len(self.unclaimed)} left to the CPU EP"]
+        for i, g in enumerate(self.groups):
+            ops = Counter(lbl.split(" '")[0] for lbl in g)
+            lines.append(f"  group {i}: {len(g)} nodes ({', '.join(f'{k} x{v}' for k, v in ops.most_common())})")
+        for u in self.unclaimed:
+            lines.append(f"  CPU: {u.op} '{u.node}': {u.reason}")
+        return "\n".join(lines)
+
+
+def claim(graph: Graph, device: str, disabled_ops: frozenset[str] = frozenset()) -> tuple[list[list[Node]], PartitionReport]:
+    """Return the claimed groups (each in topological order) and the partition report."""
+    report = PartitionReport(graph.name, device, len(graph.nodes))
+    producers = graph.producers()
+    claimed: dict[int, bool] = {}
+    host_known: set[str] = set(graph.constants) | set(graph.inputs)
+    for node in graph.nodes:
+        opdef = REGISTRY.resolve(node.domain, node.op_type, node.since_version)
+        if node.op_type in disabled_ops:
+            reason = "disabled by the disable_ops option"
+        else:
+            reason = support_reason(node, opdef, graph.values, graph.constants, device)
+        if reason is None:
+            for i in sorted(opdef.const_inputs):
+                if i < len(node.inputs) and node.inputs[i] and node.inputs[i] not in host_known:
+                    p = producers.get(node.inputs[i])
+                    who = p.label if p is not None else "the graph"
+                    reason = (f"input {i} ('{node.inputs[i]}') must be a host value, "
+                              f"but {who} computes it on the device")
+                    break
+        ok = reason is None
+        claimed[id(node)] = ok
+        if not ok:
+            report.unclaimed.append(Unclaimed(node.name, node.op_type if not node.domain or node.domain == "ai.onnx"
+                                              else f"{node.domain}.{node.op_type}", reason))
+            host_known.update(o for o in node.outputs if o)       # arrives from ORT as a host tensor
+            continue
+        out_types = [graph.value(o).dtype for o in node.outputs if o]
+        flags = [(not i) or i in host_known for i in node.inputs]
+        if host_evaluable(opdef, out_types, flags):
+            host_known.update(o for o in node.outputs if o)
+    groups = _group(graph, claimed)
+    report.groups = [[n.label for n in g] for g in groups]
+    return groups, report
+
+
+def _group(graph: Graph, claimed: dict[int, bool]) -> list[list[Node]]:
+    producers = graph.producers()
+    by_id = {id(n): n for n in graph.nodes}
+    preds = {id(n): {id(producers[i]) for i in n.inputs if i and i in producers} for n in graph.nodes}
+    succs: dict[int, list[Node]] = {k: [] for k in by_id}
+    for n in graph.nodes:
+        for p in preds[id(n)]:
+            succs[p].append(n)
+    indeg = {k: len(v) for k, v in preds.items()}
+    order = {id(n): k for k, n in enumerate(graph.nodes)}
+    ready: dict[bool, list[int]] = {True: [], False: []}      # heaps of topological positions
+    for k, d in indeg.items():
+        if d == 0:
+            heapq.heappush(ready[claimed[k]], order[k])
+    groups: list[list[Node]] = []
+    current: list[Node] = []
+    while ready[True] or ready[False]:
+        is_claimed = bool(ready[True])
+        if not is_claimed and current:
+            groups.append(current)
+            current = []
+        node = graph.nodes[heapq.heappop(ready[is_claimed])]
+        if is_claimed:
+            current.append(node)
+        for s in succs[id(node)]:
+            indeg[id(s)] -= 1
+            if indeg[id(s)] == 0:
+                heapq.heappush(ready[claimed[id(s)]], order[id(s)])
+    if current:
+        groups.append(current)
+    return groups

@@ -1,0 +1,101 @@
+"""Helpers to build small ONNX models and check the MLX EP against ORT's CPU EP.
+
+Used by the tests, the conformance runner and the fuzzer.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Iterable
+
+import numpy as np
+import onnx
+from onnx import helper
+
+import onnxruntime as ort
+
+from . import EP_NAME, register
+
+IR_VERSION = 10      # onnxruntime 1.31 loads IR <= 13; onnx 1.23's helper writes newer by default
+
+
+def make_model(nodes, inputs, outputs, initializers=(), opset: int = 21, extra_opsets: dict | None = None,
+               name: str = "g") -> onnx.ModelProto:
+    """A model from onnx.helper pieces; inputs/outputs are ValueInfoProtos or (name, elem_type, shape)."""
+    def vi(x):
+        if isinstance(x, onnx.ValueInfoProto):
+            return x
+        n, t, s = x
+        return helper.make_tensor_value_info(n, t, s)
+    opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in (extra_opsets or {}).items()]
+    graph = helper.make_graph(list(nodes), name, [vi(i) for i in inputs], [vi(o) for o in outputs],
+                              [onnx.numpy_helper.from_array(np.asarray(v), k) if not isinstance(v, onnx.TensorProto)
+                               else v for k, v in (initializers.items() if isinstance(initializers, dict)
+                                                   else [(t.name, t) for t in initializers])])
+    return helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION)
+
+
+def session(model, provider: str = EP_NAME, options: dict | None = None, record: bool = True,
+            sess_options: ort.SessionOptions | None = None) -> ort.InferenceSession:
+    """An InferenceSession on ``provider`` (the MLX EP by default), fallback disabled."""
+    if provider == EP_NAME:
+        register(genai=False)
+    so = sess_options or ort.SessionOptions()
+    if record:
+        so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    blob = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
+    providers = [(provider, options or {})] if provider != "CPUExecutionProvider" else ["CPUExecutionProvider"]
+    s = ort.InferenceSession(blob, so, providers=providers)
+    s.disable_fallback()
+    return s
+
+
+def assignment(sess: ort.InferenceSession) -> dict[str, Counter]:
+    """EP name -> Counter of op types assigned to it."""
+    out: dict[str, Counter] = {}
+    for sub in sess.get_provider_graph_assignment_info():
+        out.setdefault(sub.ep_name, Counter()).update(n.op_type for n in sub.get_nodes())
+    return out
+
+
+def unclaimed_ops(sess: ort.InferenceSession) -> Counter:
+    """Op types the MLX EP did not get."""
+    c = Counter()
+    for ep, ops in assignment(sess).items():
+        if ep != EP_NAME:
+            c.update(ops)
+    return c
+
+
+def assert_close(actual, expected, rtol: float = 1e-4, atol: float = 1e-5, what: str = "") -> None:
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    if actual.shape != expected.shape:
+        raise AssertionError(f"{what}: shape {actual.shape} != expected {expected.shape}")
+    if actual.dtype != expected.dtype:
+        raise AssertionError(f"{what}: dtype {actual.dtype} != expected {expected.dtype}")
+    if actual.dtype.kind in "fc":
+        np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol, equal_nan=True, err_msg=what)
+    else:
+        np.testing.assert_array_equal(actual, expected, err_msg=what)
+
+
+def check_against_cpu(model, feeds_list: Iterable[dict], rtol: float = 1e-4, atol: float = 1e-5,
+                      all_on_mlx: bool = True, options: dict | None = None):
+    """Run every feed on one MLX session and one CPU session; compare all outputs.
+
+    Returns the MLX session. With ``all_on_mlx``, every node must be assigned to the MLX EP.
+    """
+    mlx_s = session(model, options=options)
+    cpu_s = session(model, "CPUExecutionProvider", record=False)
+    if all_on_mlx:
+        left = unclaimed_ops(mlx_s)
+        if left:
+            from . import partition_reports
+            rep = partition_reports()[-1].format() if partition_reports() else ""
+            raise AssertionError(f"nodes left off MLX: {dict(left)}\n{rep}")
+    names = [o.name for o in mlx_s.get_outputs()]
+    for k, feeds in enumerate(feeds_list):
+        got = mlx_s.run(None, feeds)
+        want = cpu_s.run(None, feeds)
+        for n, g, w in zip(names, got, want):
+            assert_close(g, w, rtol, atol, what=f"feed {k} output {n}")
+    return mlx_s

@@ -1,0 +1,71 @@
+"""Matrix products: MatMul, Gemm, Einsum (float types only: MLX has no integer matmul)."""
+from __future__ import annotations
+
+import mlx.core as mx
+
+from .. import dtypes as dt
+from ..registry import register
+
+FLOATS = dt.FLOATS
+
+
+def _float_inputs(view, idx=(0, 1)):
+    for i in idx:
+        t = view.dtype(i)
+        if view.has(i) and t is not None and t not in FLOATS:
+            return f"input {i} is {dt.name(t)}: MLX has no integer matmul"
+    return None
+
+
+@register("MatMul", 1, dtypes=FLOATS, check=_float_inputs)
+def matmul(A, B):
+    """numpy.matmul semantics, including 1-D operands."""
+    return mx.matmul(A, B)
+
+
+def _gemm_check(view):
+    reason = _float_inputs(view, (0, 1, 2))
+    if reason:
+        return reason
+    for i in (0, 1):
+        r = view.rank(i)
+        if r is not None and r != 2:
+            return f"input {i} has rank {r}, Gemm needs 2"
+    return None
+
+
+@register("Gemm", 7, dtypes=FLOATS, check=_gemm_check)
+def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
+    """Y = alpha * A' @ B' + beta * C (C broadcast to the output, optional from opset 11)."""
+    if A.ndim != 2 or B.ndim != 2:
+        raise ValueError(f"Gemm needs 2-D A and B, got shapes {A.shape} and {B.shape}")
+    a = A.T if transA else A
+    b = B.T if transB else B
+    y = mx.matmul(a, b)
+    if alpha != 1.0:
+        y = y * mx.array(alpha, dtype=mx.float32).astype(y.dtype)
+    if C is not None and beta != 0.0:
+        c = C if beta == 1.0 else C * mx.array(beta, dtype=mx.float32).astype(C.dtype)
+        y = y + c
+    return y
+
+
+def _einsum_check(view):
+    for i in range(view.n_inputs):
+        t = view.dtype(i)
+        if t is not None and t not in FLOATS:
+            return f"input {i} is {dt.name(t)}: only float Einsum is run on MLX"
+    eq = view.attrs.get("equation", "")
+    if isinstance(eq, bytes):
+        eq = eq.decode()
+    if not eq.replace(" ", ""):
+        return "empty equation"
+    return None
+
+
+@register("Einsum", 12, dtypes=FLOATS, check=_einsum_check)
+def einsum(*Inputs, equation):
+    """Einstein summation (numpy's implicit-output rule when there is no '->')."""
+    if isinstance(equation, bytes):
+        equation = equation.decode()
+    return mx.einsum(equation.replace(" ", ""), *Inputs)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 
 import mlx.core as mx
 import numpy as np
@@ -11,6 +10,7 @@ import numpy as np
 from ..compiled import make_runner
 from ..kernels import dtypes as dt
 from ..kernels.interpreter import Program
+from ..trace import Probe
 from .errors import ORT_INVALID_ARGUMENT, EpError
 
 
@@ -49,8 +49,11 @@ class ComputeInfo:
         c.ReleaseState = lib.ortmlx_nci_release_state
         self.address = int(ffi.cast("uintptr_t", c))
         self.calls = 0
+        self._observed = ep.stats.observed
 
     def release(self) -> None:
+        if self.program is not None:
+            self.ep.stats.group_released(self.name, self.calls)
         runner, self.runner = self.runner, None
         if runner is not None and hasattr(runner, "release"):
             runner.release()
@@ -88,7 +91,7 @@ class ComputeInfo:
                 arrays.append(np.frombuffer(ffi.buffer(b.data[i], cnt * itemsize), npt).reshape(shape))
         return arrays
 
-    def write_outputs(self, kctx, results) -> None:
+    def write_outputs(self, kctx, results, probe=None) -> None:
         abi, ffi = self.abi, self.abi.ffi
         b = self._tls.b
         for j, r in enumerate(results):
@@ -100,16 +103,43 @@ class ComputeInfo:
             for k, d in enumerate(shape):
                 b.odims[k] = d
             abi.check(abi.get_output(abi.api, kctx, j, b.odims, len(shape), b.out))
+            if j == 0 and probe is not None:
+                probe.fault_point("copy_out")       # testing: fail with output 0 already allocated
             if host.size:
                 dst = np.frombuffer(ffi.buffer(b.out[0], host.nbytes), host.dtype).reshape(shape)
                 np.copyto(dst, host)
 
     def compute(self, kctx) -> None:
-        t0 = time.perf_counter_ns()
+        if self._observed:
+            return self._compute_observed(kctx)
         inputs = self.gather(kctx)
         results = self.runner.run(inputs)
         self.write_outputs(kctx, results)
         self.calls += 1
+        self.ep.stats.calls += 1
+
+    def _compute_observed(self, kctx) -> None:
+        """Compute with per-stage timing, trace events and stage faults (trace/verbose/fault options)."""
         st = self.ep.stats
-        st.calls += 1
-        st.add_time("compute", time.perf_counter_ns() - t0)
+        probe = Probe(st.tracer, st, self.name)
+        ok, err = False, None
+        try:
+            if st.faults is not None:
+                st.fault("compute", self.name)
+            probe.mark("copy_in")
+            inputs = self.gather(kctx)
+            if getattr(self.runner, "supports_probe", False):
+                results = self.runner.run(inputs, probe=probe)       # marks build / eval itself
+            else:
+                probe.mark("run")
+                results = self.runner.run(inputs)
+            probe.mark("copy_out")
+            self.write_outputs(kctx, results, probe)
+            ok = True
+        except BaseException as e:
+            err = e
+            raise
+        finally:
+            probe.finish(ok, err)
+            self.calls += 1
+            st.calls += 1

@@ -17,13 +17,13 @@ REPORTS: list = []
 _REPORTS_MAX = 64
 
 
-def _fault(options: EpOptions, stage: str, node: str = "") -> None:
-    """Testing hook: raise at ``stage`` (optionally only for one node) when the fault option says so."""
-    if not options.fault:
-        return
-    want, _, who = options.fault.partition(":")
-    if want == stage and (not who or who == node):
-        raise EpError(f"injected fault at {stage}" + (f" for {who}" if who else ""), node=node or None)
+def _fault(ep: "Ep", stage: str, node: str = "") -> None:
+    """Testing hook: raise at ``stage`` (optionally only for one node) when the fault option says so.
+
+    The option's syntax is ``stage[:node][#count]`` (see ``stats.FaultSpec``).
+    """
+    if ep.stats.faults is not None:
+        ep.stats.fault(stage, node)
 
 
 class Ep:
@@ -38,7 +38,7 @@ class Ep:
         self.reports = []
         self.infos: dict[int, ComputeInfo] = {}
         self.lock = threading.RLock()
-        self.stats = stats.SessionStats(device)
+        self.stats = stats.SessionStats(device, options)
         c = self.c = ffi.new("OrtEp*")
         c.ort_version_supported = abi.struct_version
         c.GetName = lib.ortmlx_ep_get_name
@@ -51,7 +51,7 @@ class Ep:
     def get_capability(self, graph_ptr, support_info) -> None:
         abi, ffi = self.abi, self.abi.ffi
         with self.stats.span("claim"):
-            _fault(self.options, "getcapability")
+            _fault(self, "getcapability")
             graph = self.reader.graph(graph_ptr)
             groups, report = claim(graph, self.device, self.options.disable_ops)
             self.reports.append(report)
@@ -71,7 +71,7 @@ class Ep:
         try:
             for i in range(count):
                 fused = self.reader.node(fused_nodes[i], 0, {})
-                _fault(self.options, "compile", fused.name)
+                _fault(self, "compile", fused.name)
                 with self.stats.span("compile", group=fused.name):
                     sub: Graph = self.reader.graph(graphs[i])
                     plan = build_plan(sub, fused.name, fused.inputs, fused.outputs)

@@ -21,6 +21,33 @@ from .registry import REGISTRY, Ctx, OpDef
 HOST_MAX_ELEMS = 4096
 
 
+def _memory_cap() -> int:
+    """Bytes one value may take: MLX's memory limit (else physical memory).
+
+    MLX's CPU allocator does not check for failure: an allocation the machine
+    cannot back crashes the process. A value larger than this is refused first.
+    """
+    try:
+        cap = int(mx.get_memory_limit())
+    except Exception:  # noqa: BLE001
+        cap = 0
+    if cap <= 0:
+        try:
+            import os
+            cap = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            cap = 1 << 40
+    return cap
+
+
+MAX_VALUE_BYTES = _memory_cap()
+
+
+def too_big(label: str, j: int, name: str, v) -> str:
+    return (f"{label}: output {j} ('{name}') of shape {tuple(v.shape)} {v.dtype} would take "
+            f"{v.nbytes / 2**30:.1f} GiB, more than the {MAX_VALUE_BYTES / 2**30:.1f} GiB MLX may allocate here")
+
+
 class KernelError(RuntimeError):
     """A translator failed on a node; the message names the node."""
 
@@ -94,12 +121,19 @@ class Program:
         self.constants = constants_mx
 
     # ------------------------------------------------------------------ per call
-    def run(self, inputs: list[np.ndarray | None]) -> list[Any]:
+    #: ``run`` accepts ``probe`` (``ortmlx.trace.Probe``): it marks the build and eval stages
+    supports_probe = True
+
+    def run(self, inputs: list[np.ndarray | None], probe=None) -> list[Any]:
         """Evaluate the group on host inputs; returns evaluated mx arrays or numpy arrays."""
         with mx.stream(mx_device(self.device)):
+            if probe is not None:
+                probe.mark("build")
             env = self.build(inputs)
             results = [env[o] for o in self.outputs]
             lazy = [r for r in results if isinstance(r, mx.array)]
+            if probe is not None:
+                probe.mark("eval")
             if lazy:
                 mx.eval(*lazy)
         return results
@@ -155,7 +189,9 @@ class Program:
                     continue
                 if j >= len(outs) or outs[j] is None:
                     raise KernelError(f"{st.node.label}: translator produced no output {j} ('{name}')")
-                env[name] = _as_type(outs[j], st.out_types[j])
+                v = env[name] = _as_type(outs[j], st.out_types[j])
+                if isinstance(v, mx.array) and v.nbytes > MAX_VALUE_BYTES:
+                    raise KernelError(too_big(st.node.label, j, name, v))
         return env
 
 

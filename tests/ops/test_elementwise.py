@@ -1,0 +1,163 @@
+"""Elementwise arithmetic and math against ORT's CPU EP."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto as T
+
+from _ewutil import FLOATS, INTS, check, check_refused, node_model, rand, refusal
+
+rng = np.random.default_rng(0)
+ARITH = FLOATS + INTS
+SIGNED = (T.INT8, T.INT16, T.INT32, T.INT64)
+
+# (op, attrs, dtypes, opset, input shapes, value options)
+BINARY = [
+    ("Add", {}, ARITH, 14, [(3, 4), (4,)], {}),
+    ("Sub", {}, ARITH, 14, [(2, 1, 4), (3, 1)], {}),
+    ("Mul", {}, ARITH, 14, [(3, 4), ()], {}),
+    ("Div", {}, FLOATS, 14, [(3, 4), (3, 4)], {"special": True}),
+    ("Div", {}, INTS, 14, [(4, 5), (4, 5)], {"lo": -100, "hi": 100, "nonzero": True}),
+    ("Mod", {}, INTS, 13, [(4, 5), (5,)], {"lo": -100, "hi": 100, "nonzero": True}),
+    ("Mod", {"fmod": 1}, INTS, 13, [(4, 5), (4, 5)], {"lo": -100, "hi": 100, "nonzero": True}),
+    ("Mod", {"fmod": 1}, FLOATS, 13, [(4, 5), (4, 5)], {"nonzero": True}),
+    ("Pow", {}, (T.FLOAT, T.DOUBLE), 15, [(3, 4), (4,)], {"lo": 0.1, "hi": 3}),
+    ("Add", {}, (T.FLOAT,), 14, [(0, 4), (1, 4)], {}),
+    ("Mul", {}, (T.FLOAT,), 14, [(3, 4), (3, 4)], {"special": True}),
+    ("Add", {}, (T.INT32,), 7, [(3, 4), (4,)], {}),
+]
+
+
+@pytest.mark.parametrize("op,attrs,t,opset,shapes,vals",
+                         [(o, a, t, s, sh, v) for o, a, ts, s, sh, v in BINARY for t in ts],
+                         ids=lambda v: str(v))
+def test_binary(op, attrs, t, opset, shapes, vals):
+    m = node_model(op, [t, t], [t], attrs, opset)
+    feeds = [{f"x{i}": rand(t, s, rng, **vals) for i, s in enumerate(shapes)} for _ in range(2)]
+    check(m, feeds, t)
+
+
+def test_int_div_mod_signs():
+    a = np.array([7, -7, 7, -7, 0, 1, -1, 100], np.int32)
+    b = np.array([2, 2, -2, -2, 3, -3, 3, -7], np.int32)
+    for op, attrs in [("Div", {}), ("Mod", {}), ("Mod", {"fmod": 1})]:
+        check(node_model(op, [T.INT32, T.INT32], [T.INT32], attrs, 13), {"x0": a, "x1": b})
+
+
+def test_int64_extremes():
+    a = np.array([np.iinfo(np.int64).max, np.iinfo(np.int64).min, -5], np.int64)
+    b = np.array([3, 7, 2], np.int64)
+    for op in ("Add", "Sub", "Mul", "Div", "Mod"):
+        check(node_model(op, [T.INT64, T.INT64], [T.INT64], {}, 14 if op != "Mod" else 13), {"x0": a, "x1": b})
+
+
+def test_mod_float_fmod0_refused():
+    m = node_model("Mod", [T.FLOAT, T.FLOAT], [T.FLOAT], {}, 13)
+    assert "fmod=0" in refusal(m, "Mod")
+
+
+POW_MIXED = [(T.FLOAT, T.INT64), (T.FLOAT, T.INT32), (T.DOUBLE, T.FLOAT), (T.INT32, T.INT32),
+             (T.INT64, T.INT64), (T.INT64, T.INT32), (T.FLOAT16, T.FLOAT)]
+
+
+@pytest.mark.parametrize("tb,te", POW_MIXED, ids=str)
+def test_pow_mixed(tb, te):
+    m = node_model("Pow", [tb, te], [tb], {}, 15)
+    base = rand(tb, (3, 4), rng, lo=-3, hi=3)
+    if tb in INTS:
+        base = np.concatenate([base, np.array([[0, 0, 0, 0], [50000, -50000, 1 << 20, 7]], base.dtype)])
+    ex = np.array([-1, 2, 3, -2], NP_(te)) if te in INTS else rand(te, (4,), rng, lo=0, hi=3)
+    if te in INTS:
+        base = base if tb in INTS else base.round(1)
+    else:
+        base = np.abs(base)
+    check(m, {"x0": base, "x1": ex}, tb)
+
+
+def test_pow_int_base_float_exp_refused():
+    m = node_model("Pow", [T.INT32, T.FLOAT], [T.INT32], {}, 15)
+    check_refused(m, {"x0": np.array([2, 3], np.int32), "x1": np.array([0.5, 2.0], np.float32)}, "Pow")
+
+
+UNARY = [
+    ("Neg", FLOATS + SIGNED, {}), ("Abs", ARITH, {}), ("Sign", ARITH, {"special": True}),
+    ("Reciprocal", FLOATS, {"nonzero": True}), ("Sqrt", FLOATS, {"lo": 0, "hi": 9}),
+    ("Exp", FLOATS, {"special": True}), ("Log", FLOATS, {"lo": 0.01, "hi": 9}),
+    ("Floor", FLOATS, {"special": True}), ("Ceil", FLOATS, {"special": True}),
+    ("Round", FLOATS, {"special": True}), ("Erf", (T.FLOAT, T.FLOAT16), {}),
+    ("Sin", FLOATS, {}), ("Cos", FLOATS, {}), ("Tan", (T.FLOAT, T.FLOAT16), {"lo": -1.2, "hi": 1.2}),
+    ("Asin", (T.FLOAT, T.FLOAT16), {"lo": -1, "hi": 1}), ("Acos", (T.FLOAT, T.FLOAT16), {"lo": -1, "hi": 1}),
+    ("Atan", (T.FLOAT, T.FLOAT16), {}), ("Sinh", (T.FLOAT, T.FLOAT16), {}),
+    ("Cosh", (T.FLOAT, T.FLOAT16), {}), ("Tanh", FLOATS, {"special": True}),
+    ("Asinh", (T.FLOAT, T.FLOAT16), {}), ("Acosh", (T.FLOAT, T.FLOAT16), {"lo": 1, "hi": 9}),
+    ("Atanh", (T.FLOAT, T.FLOAT16), {"lo": -0.99, "hi": 0.99}),
+]
+
+
+@pytest.mark.parametrize("op,t,vals", [(o, t, v) for o, ts, v in UNARY for t in ts], ids=str)
+def test_unary(op, t, vals):
+    m = node_model(op, [t], [t], {}, 13 if op not in ("Round",) else 11)
+    check(m, [{"x0": rand(t, (4, 6), rng, **vals)}, {"x0": rand(t, (0, 3), rng)}], t)
+
+
+def test_round_half_even():
+    x = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 2.4999, 1e8 + 0.5], np.float32)
+    check(node_model("Round", [T.FLOAT], [T.FLOAT], {}, 11), {"x0": x})
+
+
+def test_int_abs_neg_extremes():
+    x = np.array([np.iinfo(np.int32).min, -1, 0, np.iinfo(np.int32).max], np.int32)
+    for op in ("Abs", "Neg", "Sign"):
+        check(node_model(op, [T.INT32], [T.INT32], {}, 13), {"x0": x})
+
+
+VARIADIC = [("Max", (T.FLOAT, T.FLOAT16, T.DOUBLE, T.INT8, T.UINT8, T.INT32, T.UINT32, T.INT64, T.UINT64)),
+            ("Min", (T.FLOAT, T.FLOAT16, T.DOUBLE, T.INT8, T.UINT8, T.INT32, T.UINT32, T.INT64, T.UINT64)),
+            ("Sum", FLOATS), ("Mean", (T.FLOAT, T.FLOAT16))]
+
+
+@pytest.mark.parametrize("op,t", [(o, t) for o, ts in VARIADIC for t in ts], ids=str)
+@pytest.mark.parametrize("n", [1, 3])
+def test_variadic(op, t, n):
+    shapes = [(2, 3, 4), (3, 1), (4,)][:n]
+    m = node_model(op, [t] * n, [t], {}, 13)
+    check(m, [{f"x{i}": rand(t, s, rng, special=True) for i, s in enumerate(shapes)}], t)
+
+
+def test_max_min_nan_both_sides():
+    a = np.array([np.nan, 1, np.nan, 2], np.float32)
+    b = np.array([1, np.nan, np.nan, 3], np.float32)
+    for op in ("Max", "Min"):
+        check(node_model(op, [T.FLOAT, T.FLOAT], [T.FLOAT], {}, 13), {"x0": a, "x1": b})
+
+
+CLIP_TYPES = FLOATS + (T.INT8, T.UINT8, T.INT32, T.UINT32, T.INT64, T.UINT64)  # ORT has no int16 Clip
+
+
+@pytest.mark.parametrize("t", CLIP_TYPES, ids=str)
+def test_clip13(t):
+    x = rand(t, (3, 5), rng, lo=-20, hi=20)
+    lo, hi = np.array(-3, NP_(t)) if t not in (T.UINT8, T.UINT16, T.UINT32, T.UINT64) else np.array(2, NP_(t)), \
+        np.array(5, NP_(t))
+    check(node_model("Clip", [t, t, t], [t], {}, 13), {"x0": x, "x1": lo, "x2": hi}, t)
+    check(node_model("Clip", [t, None, t], [t], {}, 13), {"x0": x, "x2": hi}, t)
+    check(node_model("Clip", [t, t], [t], {}, 13), {"x0": x, "x1": lo}, t)
+    check(node_model("Clip", [t], [t], {}, 13), {"x0": x}, t)
+
+
+def NP_(t):
+    from _ewutil import NP
+    return NP[t]
+
+
+def test_clip_min_gt_max_and_nan():
+    x = rand(T.FLOAT, (4, 5), rng, special=True)
+    m = node_model("Clip", [T.FLOAT, T.FLOAT, T.FLOAT], [T.FLOAT], {}, 13)
+    check(m, [{"x0": x, "x1": np.array(2, np.float32), "x2": np.array(-1, np.float32)},
+              {"x0": x, "x1": np.array(-1, np.float32), "x2": np.array(1, np.float32)}])
+
+
+def test_clip6_attrs():
+    x = rand(T.FLOAT, (4, 5), rng, special=True)
+    check(node_model("Clip", [T.FLOAT], [T.FLOAT], {"min": -1.0, "max": 0.5}, 6), {"x0": x})
+    check(node_model("Clip", [T.FLOAT], [T.FLOAT], {"max": 0.5}, 6), {"x0": x})

@@ -212,9 +212,9 @@ def install(ffi, lib) -> None:
         try:
             info.compute(kctx)
         except BaseException as e:
-            if getattr(e, "node", None) is None:
+            if getattr(e, "node", None) in (None, info.name):
                 try:
-                    e.node = info.name
+                    e.node = getattr(info, "label", info.name)
                 except Exception:  # noqa: BLE001
                     pass
             raise

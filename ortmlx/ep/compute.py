@@ -34,6 +34,9 @@ class ComputeInfo:
         self.ep = ep
         self.abi = abi
         self.name = plan.name
+        labels = [n.label for n in plan.nodes]
+        self.label = f"{plan.name} ({len(labels)} node{'s' if len(labels) != 1 else ''}: " \
+                     f"{', '.join(labels[:6])}{', ...' if len(labels) > 6 else ''})"
         self.plan = plan
         self.program = Program(plan, ep.device)
         self.runner = make_runner(self.program, ep.options, ep.stats)

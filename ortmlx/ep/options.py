@@ -29,7 +29,8 @@ SPEC: dict[str, tuple[tuple[str, ...], str]] = {
     "trace": (("ORTMLX_TRACE",), "path.json: write a Chrome/Perfetto trace of the session"),
     "verbose": (("ORTMLX_VERBOSE",), "1: print a session summary at release"),
     "disable_ops": (("ORTMLX_DISABLE_OPS",), "comma-separated op types never claimed"),
-    "fault": (("ORTMLX_FAULT",), "testing only: stage[:node] at which to raise (getcapability|compile|compute)"),
+    "fault": (("ORTMLX_FAULT",), "testing only: stage[:node][#count] at which to raise (getcapability|compile|compute|"
+                                 "copy_in|build|eval|copy_out|trace; #N: the first N times only)"),
 }
 
 _BOOLS = {"no_compile", "no_general_compile", "no_prefill_compile", "no_decode_compile", "verbose"}

@@ -1,0 +1,316 @@
+"""com.microsoft attention ops: GroupQueryAttention, MultiHeadAttention, RotaryEmbedding.
+
+Semantics follow ORT's CPU kernels (contrib_ops/cpu/bert). The cores (``gqa_core``,
+``apply_rotary``, ``rotary_tables``) are pure functions of MLX arrays plus Python
+ints/flags: no host reads, no data-dependent shapes, no slicing, so they can be traced.
+"""
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import numpy as np
+
+from .. import dtypes as dt
+from ..registry import MS, register
+
+_FLOATS = {dt.FLOAT, dt.FLOAT16}          # ORT's CPU kernels: float and float16 (no bf16 reference)
+
+
+# ---------------------------------------------------------------------------- rotary
+def rotary_tables(cos_cache, sin_cache, positions, head_size: int, interleaved: bool):
+    """cos/sin per head-dim element for ``positions`` (any int shape P): (*P, head_size) each.
+
+    The sin table carries the sign of the rotation, so ``x*cos + x[perm]*sin`` is the
+    rotated value on the first ``rotary_dim`` features. Beyond rotary_dim: cos 1, sin 0.
+    """
+    half = cos_cache.shape[-1]
+    rd = 2 * half
+    i = np.arange(head_size)
+    col = (i // 2) if interleaved else (i % half)
+    col = np.where(i < rd, col, 0)
+    if interleaved:
+        sign = np.where(i % 2 == 0, -1.0, 1.0)
+    else:
+        sign = np.where(i < half, -1.0, 1.0)
+    c = mx.take(mx.take(cos_cache, positions, axis=0), mx.array(col, mx.int32), axis=-1)
+    s = mx.take(mx.take(sin_cache, positions, axis=0), mx.array(col, mx.int32), axis=-1)
+    s = s * mx.array(sign, s.dtype)
+    return c, s
+
+
+def _rotary_perm(head_size: int, rotary_dim: int, interleaved: bool) -> np.ndarray:
+    """The partner index of each feature in the rotation (identity beyond rotary_dim)."""
+    i = np.arange(head_size)
+    half = rotary_dim // 2
+    if interleaved:
+        p = i ^ 1
+    else:
+        p = np.where(i < half, i + half, i - half)
+    return np.where(i < rotary_dim, p, i).astype(np.int32)
+
+
+def apply_rotary(x, cos, sin, rotary_dim: int, interleaved: bool):
+    """Rotate the first ``rotary_dim`` features of x (..., H); cos/sin broadcast to x."""
+    h = x.shape[-1]
+    partner = mx.take(x, mx.array(_rotary_perm(h, rotary_dim, interleaved)), axis=-1)
+    rot = x * cos + partner * sin
+    if rotary_dim == h:
+        return rot
+    keep = mx.array(np.arange(h) >= rotary_dim)
+    return mx.where(keep, x, rot)
+
+
+# ---------------------------------------------------------------------------- GQA
+def _bnsh(x, n: int):
+    b, s, hidden = x.shape
+    return x.reshape(b, s, n, hidden // n).transpose(0, 2, 1, 3)
+
+
+def _present(past, new, past_len, total: int):
+    """KV cache after appending ``new`` (B,Nkv,S,H) at row ``past_len[b]`` of each batch row.
+
+    Rows below past_len come from ``past`` (None: none), rows past_len..past_len+S-1 from
+    ``new``, the rest are zero; ``total`` rows (ORT: max(total_sequence_length, past length)).
+    """
+    b, n, s, h = new.shape
+    t = mx.arange(total, dtype=mx.int32).reshape(1, 1, total, 1)
+    pl = past_len.reshape(b, 1, 1, 1)
+    idx = t - pl
+    in_new = (idx >= 0) & (idx < s)
+    gathered = mx.take_along_axis(new, mx.broadcast_to(mx.clip(idx, 0, s - 1), (b, n, total, 1)), axis=2)
+    zeros = mx.zeros((1,), new.dtype)
+    out = mx.where(in_new, gathered, zeros)
+    if past is not None:
+        p = past.shape[2]
+        if p < total:
+            past = mx.concatenate([past, mx.zeros((b, n, total - p, h), past.dtype)], axis=2)
+        elif p > total:
+            past = past[:, :, :total]
+        out = mx.where(t < pl, past, out)
+    return out
+
+
+def gqa_mask(past_len, total_len, seq_len: int, kv_len: int, local_window_size: int = -1):
+    """Boolean (B,1,S,T) mask: query s of row b sits at past_len[b]+s and sees keys
+    t <= its position, t < total_len[b], and (local window w > 0) t >= position - w."""
+    b = past_len.shape[0]
+    q_pos = past_len.reshape(b, 1, 1, 1) + mx.arange(seq_len, dtype=mx.int32).reshape(1, 1, seq_len, 1)
+    t = mx.arange(kv_len, dtype=mx.int32).reshape(1, 1, 1, kv_len)
+    m = (t <= q_pos) & (t < total_len.reshape(b, 1, 1, 1))
+    if local_window_size > 0:
+        m = m & (t > q_pos - local_window_size)
+    return m
+
+
+def attention_probs_softmax(scores, mask, sink=None):
+    """Softmax over the last axis in float32 of masked scores; ``sink`` (N,) adds one
+    extra logit per head to the denominator (smooth softmax: sink 0)."""
+    neg = mx.array(-np.inf, mx.float32)
+    scores = mx.where(mask, scores, neg)
+    m = mx.max(scores, axis=-1, keepdims=True)
+    if sink is not None:
+        sk = sink.astype(mx.float32).reshape(1, -1, 1, 1)
+        m = mx.maximum(m, sk)
+    e = mx.exp(scores - m)
+    den = mx.sum(e, axis=-1, keepdims=True)
+    if sink is not None:
+        den = den + mx.exp(sk - m)
+    return e / den
+
+
+def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length: int, num_heads: int,
+             kv_num_heads: int, first_prompt: bool, scale: float = 0.0, softcap: float = 0.0,
+             local_window_size: int = -1, cos_cache=None, sin_cache=None, position_ids=None,
+             rotary_interleaved: bool = False, attention_bias=None, sink=None):
+    """GroupQueryAttention on MLX arrays, as ORT's CPU kernel computes it.
+
+    q (B,S,N*H); k, v (B,S,Nkv*H); past_key/value (B,Nkv,P,H) or None; seqlens_k (B,) int32
+    = total length - 1 per row. ``first_prompt`` (S == total_sequence_length): no past is
+    read and query s sits at position s. Otherwise row b's past length is seqlens_k[b]+1-S.
+    ``sink``: (N,) extra softmax logit (smooth softmax: zeros). Returns (out, present_k, present_v).
+    """
+    b, s, _ = q.shape
+    q, k, v = _bnsh(q, num_heads), _bnsh(k, kv_num_heads), _bnsh(v, kv_num_heads)
+    h = q.shape[-1]
+    seqlens = seqlens_k.astype(mx.int32)
+    total_len = seqlens + 1
+    past_len = mx.zeros((b,), mx.int32) if first_prompt else total_len - s
+    if cos_cache is not None:
+        if position_ids is not None and first_prompt:      # ORT reads only the first id, then +s
+            pos = position_ids.reshape(-1)[:1].reshape(1, 1) + mx.arange(s, dtype=position_ids.dtype).reshape(1, s)
+            pos = mx.broadcast_to(pos, (b, s))
+        elif position_ids is not None:
+            pos = position_ids
+        else:
+            pos = past_len.reshape(b, 1) + mx.arange(s, dtype=mx.int32).reshape(1, s)
+        c, sn = rotary_tables(cos_cache, sin_cache, pos, h, rotary_interleaved)
+        c, sn = c.reshape(b, 1, s, h).astype(q.dtype), sn.reshape(b, 1, s, h).astype(q.dtype)
+        rd = 2 * cos_cache.shape[-1]
+        q = apply_rotary(q, c, sn, rd, rotary_interleaved)
+        k = apply_rotary(k, c, sn, rd, rotary_interleaved)
+    present_len = max(total_sequence_length, past_key.shape[2] if past_key is not None else 0)
+    pk = _present(past_key, k, past_len, present_len)
+    pv = _present(past_value, v, past_len, present_len)
+    mask = gqa_mask(past_len, total_len, s, present_len, local_window_size)
+    alpha = scale if scale != 0.0 else 1.0 / math.sqrt(h)
+    group = num_heads // kv_num_heads
+    qf = q.astype(mx.float32).reshape(b, kv_num_heads, group * s, h)
+    scores = (qf @ pk.astype(mx.float32).swapaxes(-1, -2)) * alpha
+    scores = scores.reshape(b, num_heads, s, present_len)
+    if softcap > 0.0:
+        scores = softcap * mx.tanh(scores / softcap)
+    if attention_bias is not None:          # (B|1, N|1, S, total_sequence_length)
+        bias = attention_bias.astype(mx.float32)
+        extra = present_len - bias.shape[-1]
+        if extra > 0:                         # columns past total_sequence_length are masked anyway
+            bias = mx.concatenate([bias, mx.zeros(bias.shape[:-1] + (extra,), mx.float32)], axis=-1)
+        scores = scores + bias
+    probs = attention_probs_softmax(scores, mask, sink)
+    out = probs.reshape(b, kv_num_heads, group * s, present_len) @ pv.astype(mx.float32)
+    out = out.reshape(b, num_heads, s, h).transpose(0, 2, 1, 3).reshape(b, s, num_heads * h)
+    return out.astype(q.dtype), pk, pv
+
+
+def _gqa_check(v) -> str | None:
+    a = v.attrs
+    t = v.dtype(0)
+    if t not in _FLOATS:
+        return f"dtype {dt.name(t)}: ORT's CPU kernel has float and float16 only"
+    for i in (3, 4):
+        if v.has(i) and v.dtype(i) != t:
+            return f"quantized/mismatched KV cache dtype {dt.name(v.dtype(i))}"
+    for i, what in ((12, "k_scale"), (13, "v_scale"), (14, "q_norm_weight"), (15, "k_norm_weight")):
+        if v.has(i):
+            return f"input {what} not supported"
+    if len(v.node.outputs) > 3 and v.node.outputs[3]:
+        return "output_qk not supported"
+    if a.get("qk_output", 0) != 0:
+        return f"qk_output={a['qk_output']} not supported"
+    if a.get("kv_cache_bit_width", 0) != 0 or a.get("k_quant_type", "NONE") not in ("NONE", b"NONE") \
+            or a.get("v_quant_type", "NONE") not in ("NONE", b"NONE"):
+        return "quantized KV cache not supported"
+    if a.get("sliding_window_cache", 0) != 0:
+        return "sliding_window_cache=1 not supported"
+    if a.get("causal", 1) != 1:
+        return f"causal={a['causal']} not supported"
+    nh, kvh = a["num_heads"], a["kv_num_heads"]
+    if nh <= 0 or kvh <= 0 or nh % kvh:
+        return f"num_heads={nh} not a positive multiple of kv_num_heads={kvh}"
+    if v.has(1) != v.has(2):
+        return "key and value must both be given or both omitted (packed QKV)"
+    if v.has(3) != v.has(4):
+        return "past_key and past_value must both be given"
+    for i in (0, 1, 2):
+        if v.has(i) and v.rank(i) not in (None, 3):
+            return f"input {i} rank {v.rank(i)} (BSNH 3D only)"
+    if v.has(1):
+        sq, sk = v.shape(0), v.shape(1)
+        if sq and sk and isinstance(sq[1], int) and isinstance(sk[1], int) and sq[1] != sk[1]:
+            return "key sequence length differs from query's (shared/cross KV) not supported"
+    if a.get("do_rotary", 0):
+        if not (v.has(7) and v.has(8)):
+            return "do_rotary=1 needs cos_cache and sin_cache"
+    if a.get("smooth_softmax", -1) not in (-1, 0, 1):
+        return f"smooth_softmax={a['smooth_softmax']}"
+    lws = a.get("local_window_size", -1)
+    if lws == 0 or lws < -1:
+        return f"local_window_size={lws} not supported"
+    return None
+
+
+def _int_scalar(x, what: str) -> int:
+    a = np.asarray(x).reshape(-1)
+    if a.size != 1:
+        raise ValueError(f"{what} must have one element, got shape {np.asarray(x).shape}")
+    return int(a[0])
+
+
+def _host_ints(x) -> np.ndarray:
+    """Host copy of a small integer input (evaluates it in eager mode)."""
+    return np.array(x if isinstance(x, np.ndarray) else dt.to_numpy(x))
+
+
+def _validate_gqa(seqlens: np.ndarray, b: int, s: int, total: int, past_len_cap: int, present_len: int,
+                  first_prompt: bool, cache_rows: int | None, positions_max: int | None):
+    if seqlens.shape != (b,) and seqlens.size != b:
+        raise ValueError(f"seqlens_k has shape {seqlens.shape}, expected ({b},)")
+    if s > total and s > 1:
+        raise ValueError(f"total_sequence_length {total} is less than the query sequence length {s}")
+    for i, sl in enumerate(seqlens.reshape(-1)):
+        if sl < 0 or sl >= present_len:
+            raise ValueError(f"seqlens_k[{i}] = {sl} is out of range [0, {present_len})")
+        if not first_prompt and sl + 1 < s:
+            raise ValueError(f"seqlens_k[{i}] = {sl} is too small for sequence_length {s}")
+        if not first_prompt and sl + 1 - s > past_len_cap:
+            raise ValueError(f"seqlens_k[{i}] = {sl} needs {sl + 1 - s} past rows, past has {past_len_cap}")
+    if cache_rows is not None and positions_max is not None and positions_max >= cache_rows:
+        raise ValueError(f"position {positions_max} is beyond the rotary cache ({cache_rows} rows)")
+
+
+@register("GroupQueryAttention", 1, domain=MS, const=(6,), check=_gqa_check)
+def group_query_attention(query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None,
+                          total_sequence_length=None, cos_cache=None, sin_cache=None, position_ids=None,
+                          attention_bias=None, head_sink=None, k_scale=None, v_scale=None,
+                          q_norm_weight=None, k_norm_weight=None, *, num_heads, kv_num_heads, scale=0.0,
+                          softcap=0.0, do_rotary=0, rotary_interleaved=0, local_window_size=-1,
+                          smooth_softmax=-1, causal=1, qk_output=0, kv_cache_bit_width=0,
+                          k_quant_type="NONE", v_quant_type="NONE", sliding_window_cache=0,
+                          qk_norm_epsilon=1e-6):
+    """GroupQueryAttention (com.microsoft, ORT CPU semantics); outputs (output, present_key, present_value)."""
+    if query.ndim != 3:
+        raise ValueError(f"query must be 3D (B,S,hidden), got shape {query.shape}")
+    b, s, hidden = query.shape
+    if key is None:
+        h = hidden // (num_heads + 2 * kv_num_heads)
+        if h * (num_heads + 2 * kv_num_heads) != hidden:
+            raise ValueError(f"packed QKV hidden {hidden} not divisible into {num_heads}+2*{kv_num_heads} heads")
+        qkv = query.reshape(b, s, num_heads + 2 * kv_num_heads, h)
+        query = qkv[:, :, :num_heads].reshape(b, s, num_heads * h)
+        key = qkv[:, :, num_heads:num_heads + kv_num_heads].reshape(b, s, kv_num_heads * h)
+        value = qkv[:, :, num_heads + kv_num_heads:].reshape(b, s, kv_num_heads * h)
+    else:
+        h = hidden // num_heads
+        if h * num_heads != hidden or key.shape != (b, s, kv_num_heads * h) or value.shape != key.shape:
+            raise ValueError(f"query {query.shape}, key {key.shape}, value {value.shape} do not fit "
+                             f"num_heads={num_heads}, kv_num_heads={kv_num_heads}")
+    total = _int_scalar(total_sequence_length, "total_sequence_length")
+    p = 0
+    if past_key is not None:
+        want = (b, kv_num_heads, past_key.shape[2], h)
+        if past_key.shape != want or past_value.shape != want:
+            raise ValueError(f"past_key {past_key.shape} / past_value {past_value.shape}, expected {want}")
+        p = past_key.shape[2]
+    first_prompt = s == total
+    present_len = max(total, p)
+    seqlens = _host_ints(seqlens_k).reshape(-1)
+    pos_max = None
+    if do_rotary:
+        pos_max = int(seqlens.max()) if not first_prompt else s - 1
+        if position_ids is not None:
+            pid = _host_ints(position_ids)
+            if pid.shape != (b, s):
+                raise ValueError(f"position_ids shape {pid.shape}, expected ({b}, {s})")
+            pos_max = int(pid.reshape(-1)[0]) + s - 1 if first_prompt else int(pid.max())
+            if (pid.reshape(-1)[0] if first_prompt else pid.min()) < 0:
+                raise ValueError("position_ids must be non-negative")
+    _validate_gqa(seqlens, b, s, total, p, present_len, first_prompt,
+                  cos_cache.shape[0] if do_rotary else None, pos_max)
+    if do_rotary and cos_cache.shape[-1] * 2 > h:
+        raise ValueError(f"rotary dim {2 * cos_cache.shape[-1]} exceeds head size {h}")
+    if attention_bias is not None:
+        ab = attention_bias.shape
+        if len(ab) != 4 or ab[0] not in (1, b) or ab[1] not in (1, num_heads) or ab[2] != s or ab[3] != total:
+            raise ValueError(f"attention_bias shape {ab}, expected (1|{b}, 1|{num_heads}, {s}, {total})")
+    if head_sink is not None and head_sink.shape != (num_heads,):
+        raise ValueError(f"head_sink shape {head_sink.shape}, expected ({num_heads},)")
+    sink = None
+    if head_sink is not None:
+        sink = head_sink
+    elif smooth_softmax == 1:
+        sink = mx.zeros((num_heads,), mx.float32)
+    return gqa_core(query, key, value, past_key, past_value, seqlens_k, total_sequence_length=total,
+                    num_heads=num_heads, kv_num_heads=kv_num_heads, first_prompt=first_prompt, scale=scale,
+                    softcap=softcap, local_window_size=local_window_size,
+                    cos_cache=cos_cache if do_rotary else None, sin_cache=sin_cache if do_rotary else None,
+                    rotary_interleaved=bool(rotary_interleaved), position_ids=position_ids, attention_bias=attention_bias, sink=sink)

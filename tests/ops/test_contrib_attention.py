@@ -1,0 +1,170 @@
+"""com.microsoft GroupQueryAttention / MultiHeadAttention / RotaryEmbedding vs ORT's CPU EP."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from ortmlx.testing import assert_close, check_against_cpu, make_model, session, unclaimed_ops
+
+MS = {"com.microsoft": 1}
+F32, F16 = TensorProto.FLOAT, TensorProto.FLOAT16
+NP = {F32: np.float32, F16: np.float16}
+TOL = {F32: dict(rtol=1e-4, atol=1e-5), F16: dict(rtol=2e-3, atol=2e-3)}
+
+
+def _rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+def _cos_sin(max_pos, rd, base=10000.0):
+    inv = 1.0 / base ** (np.arange(0, rd, 2) / rd)
+    ang = np.arange(max_pos)[:, None] * inv[None, :]
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+# ------------------------------------------------------------------------------ GQA
+def gqa_model(t, n, kvn, h, *, packed=False, past=True, rotary_dim=0, max_pos=64, extra_inputs=(), **attrs):
+    """A GroupQueryAttention graph as onnxruntime-genai's model builder emits it."""
+    ins = ["query", "" if packed else "key", "" if packed else "value",
+           "past_key" if past else "", "past_value" if past else "", "seqlens_k", "total_sequence_length"]
+    inputs = [("query", t, ["B", "S", (n + 2 * kvn) * h if packed else n * h])]
+    if not packed:
+        inputs += [("key", t, ["B", "S", kvn * h]), ("value", t, ["B", "S", kvn * h])]
+    if past:
+        inputs += [("past_key", t, ["B", kvn, "P", h]), ("past_value", t, ["B", kvn, "P", h])]
+    inputs += [("seqlens_k", TensorProto.INT32, ["B"]), ("total_sequence_length", TensorProto.INT32, [])]
+    inits = {}
+    if rotary_dim:
+        ins += ["cos_cache", "sin_cache"]
+        c, s = _cos_sin(max_pos, rotary_dim)
+        inits = {"cos_cache": c.astype(NP[t]), "sin_cache": s.astype(NP[t])}
+        attrs.setdefault("do_rotary", 1)
+    for name, typ, shape in extra_inputs:
+        while len(ins) < {"position_ids": 9, "attention_bias": 10, "head_sink": 11}[name]:
+            ins.append("")
+        ins.append(name)
+        inputs.append((name, typ, shape))
+    node = helper.make_node("GroupQueryAttention", ins, ["output", "present_key", "present_value"],
+                            domain="com.microsoft", num_heads=n, kv_num_heads=kvn, **attrs)
+    outputs = [("output", t, None), ("present_key", t, None), ("present_value", t, None)]
+    return make_model([node], inputs, outputs, inits, extra_opsets=MS)
+
+
+def gqa_feeds(t, n, kvn, h, b, s, past_cap, seqlens, total, *, packed=False, seed=0, sink=False):
+    r = _rng(seed)
+    f = {}
+    if packed:
+        f["query"] = r.standard_normal((b, s, (n + 2 * kvn) * h)).astype(NP[t])
+    else:
+        f["query"] = r.standard_normal((b, s, n * h)).astype(NP[t])
+        f["key"] = r.standard_normal((b, s, kvn * h)).astype(NP[t])
+        f["value"] = r.standard_normal((b, s, kvn * h)).astype(NP[t])
+    if past_cap is not None:
+        f["past_key"] = r.standard_normal((b, kvn, past_cap, h)).astype(NP[t])
+        f["past_value"] = r.standard_normal((b, kvn, past_cap, h)).astype(NP[t])
+    f["seqlens_k"] = np.asarray(seqlens, np.int32)
+    f["total_sequence_length"] = np.asarray(total, np.int32)
+    if sink:
+        f["head_sink"] = r.standard_normal((n,)).astype(NP[t])
+    return f
+
+
+def compare_gqa(model, feeds_list, tol, first_prompt_valid=None):
+    """Every node on MLX; all outputs equal to CPU. ``first_prompt_valid``: per feed, per batch row,
+    the number of valid (unpadded) query rows of a first prompt; ORT leaves padded rows undefined."""
+    ms = session(model)
+    cs = session(model, "CPUExecutionProvider", record=False)
+    assert not unclaimed_ops(ms), dict(unclaimed_ops(ms))
+    for k, f in enumerate(feeds_list):
+        got, want = ms.run(None, f), cs.run(None, f)
+        if first_prompt_valid is not None:
+            for bi, valid in enumerate(first_prompt_valid[k]):
+                assert_close(got[0][bi, :valid], want[0][bi, :valid], **tol, what=f"feed {k} output row {bi}")
+            got, want = got[1:], want[1:]
+        for name, g, w in zip(["output", "present_key", "present_value"][-len(got):], got, want):
+            assert_close(g, w, **tol, what=f"feed {k} {name}")
+
+
+# (id, dtype, n, kvn, h, attrs, model kwargs, [(b, s, past_cap, seqlens, total)])
+GQA_CASES = [
+    ("prefill_growing", F32, 4, 2, 16, {}, {}, [(1, 5, 0, [4], 5)]),
+    ("decode_growing", F32, 4, 2, 16, {}, {}, [(2, 1, 6, [6, 6], 7)]),
+    ("decode_shared_pad", F32, 4, 1, 16, {}, {}, [(3, 1, 12, [3, 7, 11], 12)]),
+    ("prefill_shared_buffer", F32, 4, 2, 16, {}, {}, [(2, 5, 10, [4, 4], 5)]),
+    ("chunked_prefill", F32, 2, 2, 8, {}, {}, [(1, 3, 10, [6], 7)]),
+    ("rotary", F32, 4, 2, 16, {}, dict(rotary_dim=16), [(1, 6, 0, [5], 6), (2, 1, 8, [6, 3], 7)]),
+    ("rotary_partial", F32, 4, 2, 32, {}, dict(rotary_dim=16), [(1, 6, 0, [5], 6), (2, 1, 8, [6, 3], 7)]),
+    ("rotary_interleaved", F32, 4, 2, 16, dict(rotary_interleaved=1), dict(rotary_dim=16),
+     [(1, 4, 0, [3], 4), (2, 1, 8, [5, 2], 6)]),
+    ("packed_rotary", F32, 4, 2, 16, {}, dict(packed=True, rotary_dim=16), [(1, 4, 0, [3], 4), (2, 1, 8, [5, 7], 8)]),
+    ("local_window", F32, 2, 1, 8, dict(local_window_size=3), {}, [(1, 8, 0, [7], 8), (2, 1, 10, [8, 4], 9)]),
+    ("softcap", F32, 2, 1, 8, dict(softcap=2.0, scale=0.5), {}, [(1, 6, 0, [5], 6), (1, 1, 6, [6], 7)]),
+    ("smooth_softmax", F32, 2, 1, 8, dict(smooth_softmax=1), {}, [(1, 6, 0, [5], 6), (1, 1, 6, [6], 7)]),
+    ("fp16_rotary", F16, 4, 2, 16, {}, dict(rotary_dim=16), [(1, 6, 0, [5], 6), (2, 1, 8, [6, 3], 7)]),
+    ("fp16_decode_pad", F16, 4, 2, 16, {}, {}, [(3, 1, 12, [3, 7, 11], 12)]),
+]
+
+
+@pytest.mark.parametrize("case", GQA_CASES, ids=[c[0] for c in GQA_CASES])
+def test_gqa(case):
+    _, t, n, kvn, h, attrs, mk, runs = case
+    past = any(r[2] for r in runs)
+    model = gqa_model(t, n, kvn, h, past=past, **mk, **attrs)
+    feeds = [gqa_feeds(t, n, kvn, h, b, s, cap if past else None, sl, tot, packed=mk.get("packed", False), seed=i)
+             for i, (b, s, cap, sl, tot) in enumerate(runs)]
+    compare_gqa(model, feeds, TOL[t])
+
+
+def test_gqa_prefill_padded_batch():
+    """batch > 1 first prompt with right padding: seqlens_k differs per row."""
+    model = gqa_model(F32, 4, 2, 16, past=False, rotary_dim=16)
+    feeds = [gqa_feeds(F32, 4, 2, 16, 3, 6, None, [5, 2, 3], 6)]
+    compare_gqa(model, feeds, TOL[F32], first_prompt_valid=[[6, 3, 4]])
+
+
+def test_gqa_bad_seqlens_is_clear_error():
+    model = gqa_model(F32, 2, 1, 8, past=True)
+    f = gqa_feeds(F32, 2, 1, 8, 1, 1, 4, [9], 5)
+    with pytest.raises(Exception, match="seqlens_k"):
+        session(model).run(None, f)
+
+
+# (id, extra input, [(b, s, past_cap, seqlens, total, value)])
+GQA_OPTIONAL_CASES = [
+    ("head_sink", ("head_sink", F32, [4]), [(1, 5, None, [4], 5, "sink"), (2, 1, 8, [5, 7], 8, "sink")]),
+    ("attention_bias_prefill", ("attention_bias", F32, ["a", "b", "c", "d"]),
+     [(2, 5, None, [4, 4], 5, (2, 4, 5, 5)), (1, 5, None, [4], 5, (1, 1, 5, 5))]),
+    ("attention_bias_decode", ("attention_bias", F32, ["a", "b", "c", "d"]),
+     [(2, 1, 8, [5, 7], 8, (2, 1, 1, 8)), (2, 1, 8, [5, 6], 7, (1, 4, 1, 7))]),
+    ("position_ids", ("position_ids", TensorProto.INT64, ["B", "S"]),
+     [(2, 4, None, [3, 3], 4, [[0, 1, 2, 3], [5, 6, 7, 8]]), (2, 1, 8, [5, 6], 7, [[9], [2]]),
+      (1, 3, 8, [6], 7, [[1, 7, 3]])]),
+]
+
+
+@pytest.mark.parametrize("case", GQA_OPTIONAL_CASES, ids=[c[0] for c in GQA_OPTIONAL_CASES])
+def test_gqa_optional_inputs(case):
+    """position_ids (first prompt: ORT reads only the first id), attention_bias, head_sink."""
+    _, extra, runs = case
+    past = any(r[2] for r in runs)
+    model = gqa_model(F32, 4, 2, 16, past=past, rotary_dim=16, extra_inputs=[extra])
+    r = _rng(7)
+    feeds = []
+    for i, (b, s, cap, sl, tot, val) in enumerate(runs):
+        f = gqa_feeds(F32, 4, 2, 16, b, s, (cap or 0) if past else None, sl, tot, seed=i)
+        if val == "sink":
+            f["head_sink"] = r.standard_normal(4).astype(np.float32)
+        elif extra[0] == "attention_bias":
+            f["attention_bias"] = r.standard_normal(val).astype(np.float32)
+        else:
+            f["position_ids"] = np.asarray(val, np.int64)
+        feeds.append(f)
+    compare_gqa(model, feeds, TOL[F32])
+
+
+def test_gqa_position_beyond_cos_cache_is_clear_error():
+    model = gqa_model(F32, 2, 1, 16, past=True, rotary_dim=16, max_pos=8)
+    f = gqa_feeds(F32, 2, 1, 16, 1, 1, 10, [9], 10)
+    with pytest.raises(Exception, match="rotary cache"):
+        session(model).run(None, f)

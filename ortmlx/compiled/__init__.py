@@ -1,7 +1,100 @@
-"""Compiled fast paths (``mx.compile``) over whole claimed subgraphs."""
+"""Compiled fast paths (``mx.compile``) over whole claimed subgraphs.
+
+``make_runner(program, options, stats)`` returns what Compute calls ``run(inputs)`` on:
+a ``CompiledSubgraph`` (general strategy) or, when compilation is off or the group
+cannot use a strategy, the eager ``Program`` itself. See docs/compiled.md.
+"""
 from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+
+from .analysis import is_attention, static_reason
+from .config import DECODE, GENERAL, PREFILL, SHAPE_KEYED, SHAPELESS, CompiledConfig
+from .core import TRACE_LOCK, CompiledSubgraph, tracing
+from .mode import apply_compile_mode
+
+__all__ = ["make_runner", "release_all", "runners", "capture", "stats", "tracing", "CompiledSubgraph",
+           "CompiledConfig", "GENERAL", "PREFILL", "DECODE", "SHAPELESS", "SHAPE_KEYED", "TRACE_LOCK"]
+
+_LOCK = threading.Lock()
+_RUNNERS: "weakref.WeakSet" = weakref.WeakSet()
+_CAPTURES: list[list] = []
+
+
+def choose(program, options) -> tuple[CompiledConfig | None, str]:
+    """The strategy for a group and why (config None: run eagerly)."""
+    if options is None or not options.compile_enabled:
+        return None, "compilation off (no_compile / compile_mode=disabled)"
+    reason = static_reason(program)
+    if reason:
+        return None, reason
+    if is_attention(program):
+        return None, "attention group: no decode/prefill strategy for it yet"
+    if options.no_general_compile:
+        return None, "general compilation off (no_general_compile)"
+    return GENERAL, "general"
 
 
 def make_runner(program, options, stats=None):
-    """The object a compute info calls ``run(inputs)`` on: the eager program for now."""
-    return program
+    """The object a compute info calls ``run(inputs)`` on."""
+    config, why = choose(program, options)
+    if config is not None:
+        why = apply_compile_mode(options.compile_mode)
+        if why:
+            config = None
+    if config is None:
+        if stats is not None and hasattr(stats, "group"):
+            stats.group(program.graph.name)["compiled"] = f"no ({why})"
+        return program
+    runner = CompiledSubgraph(program, config, stats)
+    _track(runner)
+    return runner
+
+
+def _track(runner) -> None:
+    with _LOCK:
+        _RUNNERS.add(runner)
+        for cap in _CAPTURES:
+            cap.append(runner)
+
+
+def runners() -> list[CompiledSubgraph]:
+    """Every live compiled runner of this process."""
+    with _LOCK:
+        return list(_RUNNERS)
+
+
+@contextlib.contextmanager
+def capture():
+    """Collect the compiled runners created inside the block (tests: ``with capture() as rs: session(...)``)."""
+    got: list = []
+    with _LOCK:
+        _CAPTURES.append(got)
+    try:
+        yield got
+    finally:
+        with _LOCK:
+            _CAPTURES.remove(got)
+
+
+def stats() -> dict:
+    """Counters summed over the live runners, plus the number of runners per strategy."""
+    out: dict = {"runners": 0}
+    for r in runners():
+        out["runners"] += 1
+        out[f"runners_{r.config.name}"] = out.get(f"runners_{r.config.name}", 0) + 1
+        for k, v in r.counters.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                out[k] = out.get(k, 0) + v
+    return out
+
+
+def release_all() -> None:
+    """Drop every compiled closure (called at interpreter exit)."""
+    for r in runners():
+        try:
+            r.release()
+        except Exception:  # noqa: BLE001 - exit cleanup must not raise
+            pass

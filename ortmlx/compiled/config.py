@@ -1,0 +1,41 @@
+"""What a compiled subgraph does: one core, three strategies as configurations."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SHAPELESS = "shapeless"
+SHAPE_KEYED = "shape_keyed"
+
+
+@dataclass(frozen=True)
+class CompiledConfig:
+    """How ``CompiledSubgraph`` traces and replays a group.
+
+    - ``shape_mode``: ``shapeless`` (one trace for every length, verified at two lengths
+      before it is trusted) or ``shape_keyed`` (one trace per input-shape key).
+    - ``kv_alias``: present K/V outputs may share the past K/V buffer (genai's shared buffer).
+    - ``rope_as_data``: RoPE position and valid past length are closure inputs, not baked.
+    - ``delta_copyout``: with an aliased KV buffer only the new rows are written back.
+    - ``contiguous_outputs``: outputs are made row-contiguous inside the trace.
+    """
+    name: str
+    shape_mode: str = SHAPE_KEYED
+    kv_alias: bool = False
+    rope_as_data: bool = False
+    delta_copyout: bool = False
+    contiguous_outputs: bool = False
+    #: most closures one runner keeps (new keys beyond it run eagerly)
+    max_keys: int = 16
+
+    def __post_init__(self):
+        if self.shape_mode not in (SHAPELESS, SHAPE_KEYED):
+            raise ValueError(f"shape_mode must be {SHAPELESS!r} or {SHAPE_KEYED!r}, got {self.shape_mode!r}")
+
+    @property
+    def shapeless(self) -> bool:
+        return self.shape_mode == SHAPELESS
+
+
+GENERAL = CompiledConfig("general", SHAPE_KEYED, contiguous_outputs=True)
+PREFILL = CompiledConfig("prefill", SHAPE_KEYED, kv_alias=True, rope_as_data=True, delta_copyout=True)
+DECODE = CompiledConfig("decode", SHAPELESS, kv_alias=True, rope_as_data=True, delta_copyout=True, max_keys=4)

@@ -1,0 +1,296 @@
+"""``CompiledSubgraph``: trace a whole group into an ``mx.compile`` closure, verify, replay.
+
+Per call: key the inputs (shapes, or ranks for shapeless), find the closure for
+the key, and replay it once it is trusted. A closure is trusted only after its
+outputs matched eager on its first call (and, shapeless, again at a second,
+different shape); until then the call answers from eager. Any error or mismatch
+poisons the closure (dropped, never called again) and the call answers from eager.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import mlx.core as mx
+import numpy as np
+
+from ..kernels import dtypes as dt
+from ..kernels.interpreter import mx_device
+from .analysis import HostPlan, host_plan, static_reason
+from .config import CompiledConfig
+from .verify import mismatch
+
+#: MLX's trace state is process-global: one trace at a time (re-entrant for nested groups)
+TRACE_LOCK = threading.RLock()
+_TLS = threading.local()
+
+
+def tracing() -> bool:
+    """True while this thread is inside a compiled closure's traced body."""
+    return getattr(_TLS, "depth", 0) > 0
+
+
+class _Closure:
+    """One compiled closure for one key: its inputs split, its counters and state."""
+
+    __slots__ = ("fn", "dev_idx", "host_vals", "traces", "calls", "verified", "trusted", "poisoned")
+
+    def __init__(self, dev_idx: tuple[int, ...], host_vals: dict[int, np.ndarray | None]):
+        self.fn = None
+        self.dev_idx = dev_idx
+        self.host_vals = host_vals
+        self.traces = 0
+        self.calls = 0
+        self.verified: set = set()
+        self.trusted = False
+        self.poisoned: str | None = None
+
+
+class CompiledSubgraph:
+    """The runner Compute calls: compiled replay with an eager answer on any doubt."""
+
+    supports_probe = True
+
+    def __init__(self, program, config: CompiledConfig, stats=None):
+        self.program = program
+        self.config = config
+        self.stats = stats
+        self.name = program.graph.name
+        self.device = program.device
+        self.static_reason = static_reason(program)
+        self._in_types = [program.types.get(n) for n in program.inputs]
+        self._out_types = [program.types.get(n) for n in program.outputs]
+        self._bf16 = frozenset(j for j, t in enumerate(self._out_types) if t == dt.BFLOAT16)
+        self._plans: dict = {}              # key1 -> HostPlan | str (why not)
+        self._closures: dict = {}           # full key -> _Closure
+        self._lock = threading.Lock()
+        self._said: set[str] = set()
+        self.released = False
+        group = stats.group(self.name) if stats is not None and hasattr(stats, "group") else {}
+        self.counters = group
+        group.update(compiled=config.name, traces=0, compiled_calls=0, eager_calls=0, verify_calls=0,
+                     poisoned="", poisoned_closures=0, keys=0, trace_ms=0.0)
+        if self.static_reason:
+            self._fallback(self.static_reason)
+
+    # ------------------------------------------------------------------ public
+    def run(self, inputs: list, probe=None) -> list:
+        """Outputs for ``inputs``: compiled when trusted, else eager (same answer)."""
+        with mx.stream(mx_device(self.device)):
+            if self.released or self.static_reason:
+                return self._eager(inputs, probe)
+            try:
+                k1 = self._key1(inputs)
+            except Exception as e:  # noqa: BLE001 - an input we cannot key runs eagerly
+                self._fallback(f"cannot key inputs: {type(e).__name__}: {e}")
+                return self._eager(inputs, probe)
+            plan = self._plans.get(k1)
+            if plan is None:
+                return self._first(k1, inputs, probe)
+            if isinstance(plan, str):
+                return self._eager(inputs, probe)
+            key = (k1, _host_bytes(plan, inputs))
+            c = self._closures.get(key)
+            if c is None:
+                return self._first(k1, inputs, probe, plan)
+            if c.poisoned:
+                return self._eager(inputs, probe)
+            sig = _shapes(inputs)
+            if c.trusted or sig in c.verified:
+                out = self._apply(c, inputs, probe)
+                if out is not None:
+                    self.counters["compiled_calls"] += 1
+                    return out
+                return self._eager(inputs, probe)
+            ref, _ = self._eager_env(inputs, probe)
+            self._verify(c, sig, inputs, ref, probe)
+            return ref
+
+    def closures(self) -> list[_Closure]:
+        return list(self._closures.values())
+
+    def trace_counts(self) -> list[int]:
+        """Traces per closure, in key order."""
+        return [c.traces for c in self._closures.values()]
+
+    def release(self) -> None:
+        """Drop every closure (a live closure at interpreter exit can abort the process)."""
+        self.released = True
+        with self._lock:
+            for c in self._closures.values():
+                c.fn = None
+            self._closures.clear()
+            self._plans.clear()
+
+    # ------------------------------------------------------------------ steps
+    def _first(self, k1, inputs: list, probe, plan: HostPlan | None = None) -> list:
+        """First call for a key: eager answer, host analysis, trace and verify."""
+        ref, env = self._eager_env(inputs, probe)
+        try:
+            new = host_plan(self.program, env)
+        except Exception as e:  # noqa: BLE001
+            new = HostPlan(frozenset(), (), frozenset(), f"host analysis failed: {type(e).__name__}: {e}")
+        reason = new.shapeless_reason() if self.config.shapeless else new.reason
+        if plan is not None and not reason and new.host_inputs != plan.host_inputs:
+            reason = "which inputs are read on the host depends on their values"
+        if reason:
+            self._plans[k1] = reason
+            self._fallback(reason)
+            return ref
+        self._plans[k1] = new
+        if len(self._closures) >= self.config.max_keys:
+            self._fallback(f"more than {self.config.max_keys} shape keys: new keys run eagerly")
+            return ref
+        key = (k1, _host_bytes(new, inputs))
+        dev_idx = tuple(i for i, a in enumerate(inputs) if a is not None and i not in new.host_inputs)
+        host_vals = {i: (None if a is None else np.array(a, copy=True))
+                     for i, a in enumerate(inputs) if i not in dev_idx}
+        c = _Closure(dev_idx, host_vals)
+        try:
+            c.fn = self._compile(c)
+        except Exception as e:  # noqa: BLE001
+            c.poisoned = f"compile: {type(e).__name__}: {e}"
+            self._fallback(c.poisoned)
+        with self._lock:
+            self._closures[key] = c
+            self.counters["keys"] = len(self._closures)
+        if c.fn is not None:
+            self._verify(c, _shapes(inputs), inputs, ref, probe)
+        return ref
+
+    def _verify(self, c: _Closure, sig, inputs: list, ref: list, probe) -> None:
+        """Run the closure next to an eager answer; trust, or poison on any difference."""
+        self.counters["verify_calls"] += 1
+        got = self._apply(c, inputs, None)
+        if got is None:
+            return
+        try:
+            want = [_host(r) for r in ref]
+            why = mismatch(got, want, self._bf16)
+        except Exception as e:  # noqa: BLE001
+            why = f"comparison failed: {type(e).__name__}: {e}"
+        if why:
+            self._poison(c, f"outputs differ from eager at shapes {list(sig)}: {why}")
+            return
+        c.verified.add(sig)
+        c.trusted = not self.config.shapeless or len(c.verified) >= 2
+
+    def _apply(self, c: _Closure, inputs: list, probe) -> list | None:
+        """Host outputs of the closure, or None after poisoning it on any error."""
+        stage = "inputs"
+        try:
+            dev = [dt.to_mx(np.asarray(inputs[i]), self._in_types[i] or dt.onnx_type_of(inputs[i]))
+                   for i in c.dev_idx]
+            stage = "trace" if c.traces == 0 else "apply"
+            if probe is not None:
+                probe.mark("build")
+            t0 = time.perf_counter_ns()
+            fn = c.fn
+            if fn is None:
+                raise RuntimeError("closure was released")
+            with TRACE_LOCK:
+                outs = fn(*dev)
+            if stage == "trace":
+                self.counters["trace_ms"] += (time.perf_counter_ns() - t0) / 1e6
+            stage = "eval"
+            if probe is not None:
+                probe.mark("eval")
+            mx.eval(*outs)
+            stage = "copy-out"
+            host = [_host(o) for o in outs]
+            c.calls += 1
+            return host
+        except Exception as e:  # noqa: BLE001 - any failure: poison and answer eagerly
+            self._poison(c, f"{stage}: {type(e).__name__}: {e}")
+            return None
+
+    def _compile(self, c: _Closure):
+        """The ``mx.compile`` closure of the whole program for one key."""
+        program, counters, stats, name = self.program, self.counters, self.stats, self.name
+        n, dev_idx, host_vals = len(program.inputs), c.dev_idx, c.host_vals
+        out_types, contiguous = self._out_types, self.config.contiguous_outputs
+
+        def body(*dev):
+            c.traces += 1                       # a Python side effect: runs only while tracing
+            counters["traces"] += 1
+            _TLS.depth = getattr(_TLS, "depth", 0) + 1
+            try:
+                if stats is not None and getattr(stats, "faults", None) is not None:
+                    stats.fault("trace", name)
+                inputs: list = [None] * n
+                for i, a in zip(dev_idx, dev):
+                    inputs[i] = a
+                for i, v in host_vals.items():
+                    inputs[i] = v
+                env = program.build(inputs)
+                return [_device_output(env[o], t, contiguous) for o, t in zip(program.outputs, out_types)]
+            finally:
+                _TLS.depth -= 1
+
+        return mx.compile(body, shapeless=self.config.shapeless)
+
+    def _eager(self, inputs: list, probe) -> list:
+        self.counters["eager_calls"] += 1
+        if probe is not None:
+            return self.program.run(inputs, probe=probe)
+        return self.program.run(inputs)
+
+    def _eager_env(self, inputs: list, probe) -> tuple[list, dict]:
+        """Eager results (evaluated) and the whole value environment of the call."""
+        self.counters["eager_calls"] += 1
+        if probe is not None:
+            probe.mark("build")
+        env = self.program.build(list(inputs))
+        res = [env[o] for o in self.program.outputs]
+        lazy = [r for r in res if isinstance(r, mx.array)]
+        if probe is not None:
+            probe.mark("eval")
+        if lazy:
+            mx.eval(*lazy)
+        return res, env
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _poison(self, c: _Closure, why: str) -> None:
+        c.poisoned = why
+        c.fn = None
+        c.trusted = False
+        self.counters["poisoned"] = why[:300]
+        self.counters["poisoned_closures"] += 1
+        self._fallback(f"{self.config.name} closure poisoned: {why}", once=False)
+
+    def _fallback(self, why: str, once: bool = True) -> None:
+        if once:
+            if why in self._said:
+                return
+            self._said.add(why)
+        if self.stats is not None and hasattr(self.stats, "fallback"):
+            self.stats.fallback(self.name, why[:500])
+
+    def _key1(self, inputs: list) -> tuple:
+        if len(inputs) != len(self._in_types):
+            raise ValueError(f"expected {len(self._in_types)} inputs, got {len(inputs)}")
+        if self.config.shapeless:
+            return tuple(None if a is None else (np.asarray(a).dtype.str, np.ndim(a)) for a in inputs)
+        return tuple(None if a is None else (np.asarray(a).dtype.str, np.shape(a)) for a in inputs)
+
+
+def _shapes(inputs: list) -> tuple:
+    return tuple(None if a is None else np.shape(a) for a in inputs)
+
+
+def _host_bytes(plan: HostPlan, inputs: list) -> tuple:
+    """The values of the inputs a trace bakes in (part of the key)."""
+    return tuple(None if inputs[i] is None else np.ascontiguousarray(inputs[i]).tobytes()
+                 for i in sorted(plan.host_inputs))
+
+
+def _host(v) -> np.ndarray:
+    return dt.to_numpy(v) if isinstance(v, mx.array) else np.asarray(v)
+
+
+def _device_output(v, t: int | None, contiguous: bool) -> mx.array:
+    """A traced output as an MLX array (host outputs become constants of this key's trace)."""
+    if not isinstance(v, mx.array):
+        a = np.asarray(v)
+        v = dt.to_mx(a, t if t is not None else dt.onnx_type_of(a))
+    return mx.contiguous(v) if contiguous else v

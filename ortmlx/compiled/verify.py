@@ -1,0 +1,54 @@
+"""Compare a compiled closure's outputs with eager ones (verify-then-trust)."""
+from __future__ import annotations
+
+import numpy as np
+
+#: (rtol, atol) per host dtype kind/size; integers and bools must match exactly
+_TOL = {np.dtype(np.float64): (1e-9, 1e-12), np.dtype(np.float32): (1e-4, 1e-5),
+        np.dtype(np.float16): (4e-3, 1e-3)}
+_BF16_TOL = (2e-2, 1e-2)
+
+
+def mismatch(got: list, want: list, bf16: frozenset[int] = frozenset()) -> str | None:
+    """Why ``got`` differs from ``want`` (None: equal within the dtype's tolerance).
+
+    Both are host arrays (numpy; bfloat16 as uint16 bits, listed in ``bf16`` by position).
+    """
+    if len(got) != len(want):
+        return f"{len(got)} outputs, eager has {len(want)}"
+    for j, (g, w) in enumerate(zip(got, want)):
+        g, w = np.asarray(g), np.asarray(w)
+        if g.shape != w.shape:
+            return f"output {j}: shape {g.shape} != eager {w.shape}"
+        if g.dtype != w.dtype:
+            return f"output {j}: dtype {g.dtype} != eager {w.dtype}"
+        why = _values_differ(g, w, j in bf16)
+        if why:
+            return f"output {j}: {why}"
+    return None
+
+
+def _values_differ(g: np.ndarray, w: np.ndarray, bf16: bool) -> str | None:
+    if bf16:
+        g, w = _bf16_to_f32(g), _bf16_to_f32(w)
+        rtol, atol = _BF16_TOL
+    elif g.dtype.kind == "f":
+        rtol, atol = _TOL.get(g.dtype, (1e-4, 1e-5))
+    else:
+        if np.array_equal(g, w):
+            return None
+        k = int(np.argmax((g != w).reshape(-1)))
+        return f"{int((g != w).sum())} elements differ (first at flat {k}: {g.reshape(-1)[k]!r} vs {w.reshape(-1)[k]!r})"
+    gn, wn = np.isnan(g), np.isnan(w)
+    if not np.array_equal(gn, wn):
+        return "NaN positions differ"
+    ok = np.isclose(g, w, rtol=rtol, atol=atol) | gn
+    if ok.all():
+        return None
+    k = int(np.argmin(ok.reshape(-1)))
+    return (f"{int((~ok).sum())} of {ok.size} elements differ beyond rtol {rtol} atol {atol} "
+            f"(first at flat {k}: {g.reshape(-1)[k]!r} vs {w.reshape(-1)[k]!r})")
+
+
+def _bf16_to_f32(a: np.ndarray) -> np.ndarray:
+    return (a.astype(np.uint32) << 16).view(np.float32)

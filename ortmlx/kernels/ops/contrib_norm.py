@@ -1,0 +1,111 @@
+"""Fused normalizations of onnxruntime's model builders: SkipLayerNormalization,
+SkipSimplifiedLayerNormalization (com.microsoft) and SimplifiedLayerNormalization
+(ORT registers it in the ai.onnx domain, opset 1).
+
+As ORT's CPU kernels do, half inputs are upcast and every statistic is float32;
+the variance is E[x^2] - E[x]^2 and the result is x / sqrt(var + eps).
+"""
+from __future__ import annotations
+
+import mlx.core as mx
+
+from .. import dtypes as dt
+from ..registry import MS, register
+
+_SKIP_TYPES = {dt.FLOAT, dt.FLOAT16}       # what ORT's CPU kernel has (no bf16 reference)
+
+
+def _f32(x):
+    return None if x is None else x.astype(mx.float32)
+
+
+def _skip_check(v, n_params: int) -> str | None:
+    """Shapes: input rank 2/3, skip broadcastable to it, gamma/beta/bias (hidden,)."""
+    r = v.rank(0)
+    if r is not None and r not in (2, 3):
+        return f"input rank {r} (2D or 3D only)"
+    for i in range(1, 2 + n_params):
+        if v.has(i) and v.dtype(i) != v.dtype(0):
+            return f"input {i} is {dt.name(v.dtype(i))}, input 0 {dt.name(v.dtype(0))}"
+    return None
+
+
+def _skip_sum(input, skip, bias):
+    """input + skip (+ bias) in float32, as (x, shape-checked)."""
+    h = input.shape[-1]
+    ok = skip.shape == input.shape or (input.ndim == 3 and skip.shape in ((1,) + input.shape[1:], input.shape[1:]))
+    if not ok:
+        raise ValueError(f"skip shape {skip.shape} does not fit input shape {input.shape}")
+    x = _f32(input) + _f32(skip)
+    if bias is not None:
+        if bias.shape != (h,):
+            raise ValueError(f"bias shape {bias.shape}, expected ({h},)")
+        x = x + _f32(bias)
+    return x
+
+
+def _check_param(p, h: int, what: str):
+    if p is not None and p.shape != (h,):
+        raise ValueError(f"{what} shape {p.shape}, expected ({h},)")
+
+
+def _skip_outputs(input, x, y, mean, inv_std, n_outputs: int):
+    outs = [y.astype(input.dtype)]
+    if n_outputs > 1:
+        outs += [mean, inv_std, x.astype(input.dtype)][:n_outputs - 1]
+    return tuple(outs)
+
+
+@register("SkipLayerNormalization", 1, domain=MS, dtypes=_SKIP_TYPES, check=lambda v: _skip_check(v, 3))
+def skip_layer_norm(input, skip, gamma, beta=None, bias=None, *, epsilon=1e-12, ctx):
+    """LayerNorm(input + skip + bias) * gamma + beta; optional mean, inv_std_var, sum outputs."""
+    h = input.shape[-1]
+    _check_param(gamma, h, "gamma")
+    _check_param(beta, h, "beta")
+    x = _skip_sum(input, skip, bias)
+    mean = mx.mean(x, axis=-1, keepdims=True)
+    var = mx.mean(x * x, axis=-1, keepdims=True) - mean * mean
+    inv_std = 1.0 / mx.sqrt(var + epsilon)
+    y = (x - mean) * inv_std * _f32(gamma)
+    if beta is not None:
+        y = y + _f32(beta)
+    return _skip_outputs(input, x, y, mean, inv_std, ctx.n_outputs)
+
+
+@register("SkipSimplifiedLayerNormalization", 1, domain=MS, dtypes=_SKIP_TYPES,
+          check=lambda v: _skip_check(v, 2))
+def skip_simplified_layer_norm(input, skip, gamma, bias=None, *, epsilon=1e-12, ctx):
+    """RMSNorm(input + skip + bias) * gamma; optional mean, inv_std_var, sum outputs."""
+    h = input.shape[-1]
+    _check_param(gamma, h, "gamma")
+    x = _skip_sum(input, skip, bias)
+    inv_std = 1.0 / mx.sqrt(mx.mean(x * x, axis=-1, keepdims=True) + epsilon)
+    y = x * inv_std * _f32(gamma)
+    return _skip_outputs(input, x, y, mx.zeros_like(inv_std), inv_std, ctx.n_outputs)
+
+
+def _simplified_check(v) -> str | None:
+    if v.attrs.get("stash_type", 1) != 1:
+        return f"stash_type {v.attrs['stash_type']} (float32 statistics only)"
+    t, s = v.dtype(0), v.dtype(1)
+    if t not in (dt.FLOAT, dt.FLOAT16) or s != t:
+        return f"X {dt.name(t)} with scale {dt.name(s)} (same float32/float16 type only)"
+    r = v.rank(0)
+    a = v.attrs.get("axis", -1)
+    if r is not None and not -r <= a < r:
+        return f"axis {a} out of range for rank {r}"
+    return None
+
+
+@register("SimplifiedLayerNormalization", 1, check=_simplified_check)
+def simplified_layer_norm(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1, ctx):
+    """RMS normalization over axes [axis, rank): Y = X / sqrt(mean(X^2) + eps) * scale."""
+    a = axis % X.ndim
+    axes = tuple(range(a, X.ndim))
+    if tuple(scale.shape) != tuple(X.shape[a:]) and scale.size != 1:
+        if tuple(scale.shape) != tuple(X.shape[X.ndim - scale.ndim:]):
+            raise ValueError(f"scale shape {scale.shape} does not fit X shape {X.shape} at axis {axis}")
+    x = _f32(X)
+    inv_std = 1.0 / mx.sqrt(mx.mean(x * x, axis=axes, keepdims=True) + epsilon)
+    y = (x * inv_std * _f32(scale)).astype(X.dtype)
+    return (y, inv_std) if ctx.n_outputs > 1 else y

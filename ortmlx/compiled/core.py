@@ -66,6 +66,7 @@ class CompiledSubgraph:
         self._lock = threading.Lock()
         self._said: set[str] = set()
         self.released = False
+        self._eval = mx.eval                # the compiled path's eval (tests inject failures here)
         group = stats.group(self.name) if stats is not None and hasattr(stats, "group") else {}
         self.counters = group
         group.update(compiled=config.name, traces=0, compiled_calls=0, eager_calls=0, verify_calls=0,
@@ -138,11 +139,22 @@ class CompiledSubgraph:
             self._fallback(reason)
             return ref
         self._plans[k1] = new
-        if len(self._closures) >= self.config.max_keys:
-            self._fallback(f"more than {self.config.max_keys} shape keys: new keys run eagerly")
-            return ref
         key = (k1, _host_bytes(new, inputs))
-        dev_idx = tuple(i for i, a in enumerate(inputs) if a is not None and i not in new.host_inputs)
+        with self._lock:
+            if key in self._closures:
+                return ref                  # another thread made it meanwhile
+            if len(self._closures) >= self.config.max_keys:
+                self._fallback(f"more than {self.config.max_keys} shape keys: new keys run eagerly")
+                return ref
+            self._closures[key] = c = self._new_closure(new, inputs)
+            self.counters["keys"] = len(self._closures)
+        if c.fn is not None:
+            self._verify(c, _shapes(inputs), inputs, ref, probe)
+        return ref
+
+    def _new_closure(self, plan: HostPlan, inputs: list) -> _Closure:
+        """A closure for one key: device inputs are traced, the others baked in (copied)."""
+        dev_idx = tuple(i for i, a in enumerate(inputs) if a is not None and i not in plan.host_inputs)
         host_vals = {i: (None if a is None else np.array(a, copy=True))
                      for i, a in enumerate(inputs) if i not in dev_idx}
         c = _Closure(dev_idx, host_vals)
@@ -151,12 +163,7 @@ class CompiledSubgraph:
         except Exception as e:  # noqa: BLE001
             c.poisoned = f"compile: {type(e).__name__}: {e}"
             self._fallback(c.poisoned)
-        with self._lock:
-            self._closures[key] = c
-            self.counters["keys"] = len(self._closures)
-        if c.fn is not None:
-            self._verify(c, _shapes(inputs), inputs, ref, probe)
-        return ref
+        return c
 
     def _verify(self, c: _Closure, sig, inputs: list, ref: list, probe) -> None:
         """Run the closure next to an eager answer; trust, or poison on any difference."""
@@ -195,7 +202,7 @@ class CompiledSubgraph:
             stage = "eval"
             if probe is not None:
                 probe.mark("eval")
-            mx.eval(*outs)
+            self._eval(*outs)
             stage = "copy-out"
             host = [_host(o) for o in outs]
             c.calls += 1

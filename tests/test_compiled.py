@@ -1,0 +1,268 @@
+"""Compiled general strategy: verify-then-trust, poisoning, fault injection, kill switches."""
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from onnx import TensorProto as T
+from onnx import helper
+
+import ortmlx.compiled as C
+from ortmlx.compiled.config import SHAPELESS, CompiledConfig
+from ortmlx.testing import assert_close, make_model, session
+
+RNG = np.random.default_rng(0)
+W1 = RNG.standard_normal((16, 32)).astype(np.float32)
+B1 = RNG.standard_normal(32).astype(np.float32)
+W2 = RNG.standard_normal((32, 8)).astype(np.float32)
+
+
+def mlp():
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("Add", ["h", "B1"], ["h2"]),
+             helper.make_node("Relu", ["h2"], ["h3"]), helper.make_node("MatMul", ["h3", "W2"], ["h4"]),
+             helper.make_node("Softmax", ["h4"], ["y"], axis=-1)]
+    return make_model(nodes, [("x", T.FLOAT, ["N", 16])], [("y", T.FLOAT, ["N", 8])],
+                      {"W1": W1, "B1": B1, "W2": W2})
+
+
+def feed(n):
+    return {"x": RNG.standard_normal((n, 16)).astype(np.float32)}
+
+
+def compiled_session(model, options=None):
+    """An MLX session and the compiled runners its creation made."""
+    with C.capture() as rs:
+        s = session(model, options=options)
+    return s, list(rs)
+
+
+def check(s, model, feeds):
+    cpu = session(model, "CPUExecutionProvider", record=False)
+    for f in feeds:
+        for g, w in zip(s.run(None, f), cpu.run(None, f)):
+            assert_close(g, w, what="mlx vs cpu")
+
+
+def relu_step(runner):
+    return next(st for st in runner.program.steps if st.node.op_type == "Relu")
+
+
+def swap(step, fn):
+    """Replace one step's translator (fault injection) for this program only."""
+    step.opdef = dataclasses.replace(step.opdef, fn=fn)
+
+
+# ---------------------------------------------------------------------------- general strategy
+def test_general_traces_once_per_shape_and_matches_cpu():
+    m = mlp()
+    s, rs = compiled_session(m)
+    assert len(rs) == 1 and rs[0].config.name == "general"
+    r = rs[0]
+    check(s, m, [feed(4), feed(4), feed(4), feed(7), feed(7), feed(4)])
+    assert r.trace_counts() == [1, 1]
+    assert r.counters["verify_calls"] == 2
+    assert r.counters["compiled_calls"] == 4
+    assert r.counters["poisoned_closures"] == 0
+
+
+def test_host_read_input_is_part_of_the_key():
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"]), helper.make_node("Relu", ["r"], ["y"])]
+    m = make_model(nodes, [("x", T.FLOAT, [2, 6]), ("shape", T.INT64, [2])], [("y", T.FLOAT, None)])
+    s, rs = compiled_session(m)
+    x = RNG.standard_normal((2, 6)).astype(np.float32)
+    feeds = [{"x": x, "shape": np.array(v, np.int64)} for v in ([3, 4], [4, 3], [3, 4], [4, 3], [6, 2])]
+    check(s, m, feeds)
+    r = rs[0]
+    assert r.trace_counts() == [1, 1, 1]           # one closure per shape value, each traced once
+    assert r.counters["compiled_calls"] == 2
+
+
+def test_host_computed_op_is_never_traced():
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("NonZero", ["r"], ["y"])]
+    m = make_model(nodes, [("x", T.FLOAT, [3, 4])], [("y", T.INT64, None)])
+    s, rs = compiled_session(m)
+    check(s, m, [{"x": RNG.standard_normal((3, 4)).astype(np.float32)} for _ in range(2)])
+    assert all(r.counters["traces"] == 0 for r in rs)
+
+
+def test_threads_share_one_runner():
+    m = mlp()
+    s, rs = compiled_session(m)
+    cpu = session(m, "CPUExecutionProvider", record=False)
+    feeds = [feed(n) for n in (3, 5, 3, 5, 3, 5, 8, 8)]
+    want = [cpu.run(None, f)[0] for f in feeds]
+    errors = []
+
+    def work(k):
+        try:
+            for _ in range(3):
+                for f, w in zip(feeds[k::2], want[k::2]):
+                    assert_close(s.run(None, f)[0], w, what=f"thread {k}")
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    ts = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors
+    # MLX keys its trace cache on the stream, which is per thread: at most one trace per thread
+    assert all(1 <= t <= 2 for t in rs[0].trace_counts()), rs[0].trace_counts()
+    assert not any(c.poisoned for c in rs[0].closures())
+
+
+# ---------------------------------------------------------------------------- fault injection
+def test_translator_raising_during_trace_falls_back_and_poisons():
+    m = mlp()
+    s, (r,) = compiled_session(m)
+    st = relu_step(r)
+    orig = st.opdef.fn
+
+    def bomb(x):
+        if C.tracing():
+            raise RuntimeError("injected trace failure")
+        return orig(x)
+
+    swap(st, bomb)
+    check(s, m, [feed(4), feed(4), feed(4)])
+    (c,) = r.closures()
+    assert c.poisoned and "injected trace failure" in c.poisoned and c.fn is None
+    assert c.traces == 1 and c.calls == 0
+    assert r.counters["compiled_calls"] == 0 and r.counters["eager_calls"] == 3
+
+
+def test_wrong_closure_output_is_caught_and_never_called_again():
+    m = mlp()
+    s, (r,) = compiled_session(m)
+    st = relu_step(r)
+    orig = st.opdef.fn
+    swap(st, lambda x: orig(x) + 1.0 if C.tracing() else orig(x))
+    check(s, m, [feed(5), feed(5), feed(5)])
+    (c,) = r.closures()
+    assert c.poisoned and "differ from eager" in c.poisoned
+    assert c.calls == 1 and c.traces == 1          # called once (the verification), never again
+    assert r.counters["compiled_calls"] == 0
+
+
+def test_eval_failure_falls_back_to_eager():
+    m = mlp()
+    s, (r,) = compiled_session(m)
+    check(s, m, [feed(6)])                          # trusted after the first call
+    (c,) = r.closures()
+    assert c.trusted
+
+    def failing_eval(*arrays):
+        raise RuntimeError("injected eval failure")
+
+    r._eval = failing_eval
+    check(s, m, [feed(6), feed(6)])
+    assert c.poisoned and "eval: RuntimeError: injected eval failure" in c.poisoned
+    assert c.fn is None and r.counters["compiled_calls"] == 0
+
+
+def test_trace_fault_option_falls_back():
+    m = mlp()
+    s, (r,) = compiled_session(m, {"fault": "trace"})
+    check(s, m, [feed(3), feed(3)])
+    (c,) = r.closures()
+    assert c.poisoned and "injected fault at trace" in c.poisoned
+    assert r.counters["eager_calls"] == 2
+
+
+# ---------------------------------------------------------------------------- shapeless core
+def _shapeless(runner):
+    return C.CompiledSubgraph(runner.program, CompiledConfig("test", SHAPELESS))
+
+
+def test_shapeless_traces_once_and_is_trusted_after_two_lengths():
+    s, (r,) = compiled_session(mlp())
+    sl = _shapeless(r)
+    for n in (4, 4, 6, 9, 13, 4):
+        x = feed(n)["x"]
+        got = sl.run([x])
+        want = r.program.run([x])
+        assert_close(np.asarray(got[0]), np.asarray(want[0]), what=f"n={n}")
+    (c,) = sl.closures()
+    assert c.traces == 1 and c.trusted
+    assert sl.counters["verify_calls"] == 2        # at n=4 and n=6; n=4 again was already verified
+    assert sl.counters["compiled_calls"] == 4
+
+
+def test_shapeless_shape_baked_constant_is_caught_at_second_length():
+    s, (r,) = compiled_session(mlp())
+    sl = _shapeless(r)
+    st = relu_step(sl)
+    orig = st.opdef.fn
+    swap(st, lambda x: orig(x) / x.shape[0])         # the divisor is baked by a shapeless trace
+    for n in (4, 6, 6):
+        x = feed(n)["x"]
+        assert_close(np.asarray(sl.run([x])[0]), np.asarray(sl.program.run([x])[0]), what=f"n={n}")
+    (c,) = sl.closures()
+    assert c.poisoned and "differ from eager" in c.poisoned
+    assert c.traces == 1 and c.calls == 2          # verified at 4, caught at 6, not called at the second 6
+    assert sl.counters["compiled_calls"] == 0
+
+
+# ---------------------------------------------------------------------------- kill switches
+@pytest.mark.parametrize("options,env,compiled", [
+    ({}, {}, True),
+    ({"no_compile": "1"}, {}, False),
+    ({"no_general_compile": "1"}, {}, False),
+    ({"compile_mode": "disabled"}, {}, False),
+    ({"no_decode_compile": "1", "no_prefill_compile": "1"}, {}, True),
+    ({}, {"ORTMLX_NO_COMPILE": "1"}, False),
+    ({}, {"ORTMLX_NO_COMPILE": "0"}, True),
+    ({}, {"ORTMLX_NO_COMPILE": ""}, True),
+    ({}, {"ONNX_GENAI_MLX_NO_COMPILE": "1"}, False),
+    ({}, {"ONNXRUNTIME_EP_MLX_NO_COMPILE": "1"}, False),
+    ({}, {"MLX_EP_NO_GENERAL_COMPILE": "1"}, False),
+    ({}, {"ONNXRUNTIME_EP_MLX_NO_GENERAL_COMPILE": "1"}, False),
+    ({}, {"ORTMLX_NO_GENERAL_COMPILE": "1"}, False),
+    ({}, {"MLX_EP_NO_PREFILL_COMPILE": "1", "ORTMLX_NO_DECODE_COMPILE": "1"}, True),
+    ({}, {"ORTMLX_COMPILE_MODE": "disabled"}, False),
+])
+def test_kill_switches_flip_the_general_path(monkeypatch, options, env, compiled):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    m = mlp()
+    s, rs = compiled_session(m, options)
+    check(s, m, [feed(4), feed(4)])
+    traces = sum(r.counters["traces"] for r in rs)
+    assert traces == (1 if compiled else 0)
+    assert (len(rs) == 1) == compiled
+
+
+@pytest.mark.parametrize("mode", ["no_fuse", "no_simplify"])
+def test_compile_modes_compile_and_match(mode):
+    m = mlp()
+    try:
+        s, rs = compiled_session(m, {"compile_mode": mode})
+        check(s, m, [feed(4), feed(4)])
+        assert rs and rs[0].counters["traces"] == 1 and rs[0].counters["compiled_calls"] == 1
+    finally:
+        from ortmlx.compiled.mode import apply_compile_mode
+        assert apply_compile_mode("enabled") is None
+
+
+def test_release_all_drops_closures_and_keeps_answering():
+    m = mlp()
+    s, (r,) = compiled_session(m)
+    check(s, m, [feed(4)])
+    assert r.closures()
+    C.release_all()
+    assert r.closures() == [] and r.released
+    check(s, m, [feed(4)])
+    assert r.counters["traces"] == 1
+
+
+def test_stats_are_visible():
+    s, (r,) = compiled_session(mlp())
+    s.run(None, feed(2))
+    total = C.stats()
+    assert total["runners"] >= 1 and total["traces"] >= 1
+    assert r.counters["compiled"] == "general"
+    mx.clear_cache()

@@ -1,0 +1,678 @@
+"""Random small ONNX graphs from the registered ops, checked MLX EP == CPU EP.
+
+``cases()`` is a hypothesis strategy drawing a :class:`Case` (a model and its
+feeds); ``check_case`` runs it on both EPs and raises ``FuzzFailure`` on a
+wrong answer or an MLX-only error. Only op types that have a translator
+registered *now* are generated (the registry grows), at the versions the model's
+opset resolves to.
+
+Values are tracked with their dtype, shape and two flags that keep the
+comparison honest: ``exact`` (the value is bit-identical on any correct
+implementation: graph inputs, constants, and exact ops on exact values) and
+``finite``. Discontinuous ops (Floor, comparisons, Cast to int, ArgMax ...) only
+read exact values, so a 1-ulp difference upstream cannot flip them; integer
+Div/Mod get a fresh non-zero divisor; float inputs are multiples of 1/8 in
+[-4, 4] with optional NaN/Inf/-0.0.
+
+Used by tests/test_fuzz.py (fixed budget, CI) and scripts/fuzz.py (long runs).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import onnx.defs
+from onnx import TensorProto as T
+from onnx import helper
+
+OPSET = 21
+F32, F64, I32, I64, BOOL = T.FLOAT, T.DOUBLE, T.INT32, T.INT64, T.BOOL
+FLOATS = (F32, F64)
+INTS = (I32, I64)
+NUM = FLOATS + INTS
+NP = {F32: np.float32, F64: np.float64, I32: np.int32, I64: np.int64, BOOL: np.bool_}
+
+
+class FuzzFailure(AssertionError):
+    """MLX EP and CPU EP disagree (or only MLX fails) on a generated case."""
+
+
+@dataclass
+class V:
+    name: str
+    dtype: int
+    shape: tuple
+    exact: bool = True
+    finite: bool = True
+
+
+@dataclass
+class Case:
+    model: onnx.ModelProto
+    feeds: dict
+    ops: list[str]
+    desc: str = ""
+
+    def __repr__(self) -> str:      # what hypothesis prints for a falsifying example
+        return f"Case(ops={self.ops})\n{self.desc}"
+
+
+def _since(op: str) -> int | None:
+    try:
+        return onnx.defs.get_schema(op, OPSET).since_version
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def registered_ops() -> set[str]:
+    """Op types (default domain) with a translator for the fuzz opset's version."""
+    from .kernels import ops as _ops  # noqa: F401 - importing registers every translator
+    from .kernels.registry import REGISTRY
+    import importlib
+    import pkgutil
+    for m in pkgutil.iter_modules(_ops.__path__):
+        importlib.import_module(f"{_ops.__name__}.{m.name}")
+    out = set()
+    for op in REGISTRY.op_types(""):
+        s = _since(op)
+        if s is not None and REGISTRY.resolve("", op, s) is not None:
+            out.add(op)
+    return out
+
+
+# ---------------------------------------------------------------------------- the builder
+class Builder:
+    def __init__(self, draw, st):
+        self.draw, self.st = draw, st
+        self.values: list[V] = []
+        self.nodes = []
+        self.inits: dict[str, np.ndarray] = {}
+        self.inputs = []               # ValueInfoProtos
+        self.feeds: dict[str, np.ndarray] = {}
+        self.ops: list[str] = []
+        self.n = itertools.count()
+        self.rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+        self.specials = draw(st.booleans())
+
+    def name(self, p: str = "v") -> str:
+        return f"{p}{next(self.n)}"
+
+    def choice(self, seq):
+        seq = list(seq)
+        return seq[self.draw(self.st.integers(0, len(seq) - 1))]
+
+    def flag(self, p: float = 0.5) -> bool:
+        return self.draw(self.st.floats(0, 1)) < p
+
+    # ------------------------------------------------------------------ raw values
+    def data(self, dtype: int, shape: tuple, nonzero: bool = False) -> tuple[np.ndarray, bool]:
+        r = self.rng
+        finite = True
+        if dtype in FLOATS:
+            a = (r.integers(-32, 33, shape) / 8.0).astype(NP[dtype])
+            if nonzero:
+                a[a == 0] = 0.5
+            elif self.specials and a.size and r.random() < 0.5:
+                k = max(1, a.size // 4)
+                idx = r.integers(0, a.size, k)
+                a.reshape(-1)[idx] = r.choice(np.array([np.nan, np.inf, -np.inf, -0.0], NP[dtype]), k)
+                finite = bool(np.isfinite(a).all())
+        elif dtype in INTS:
+            a = r.integers(-9, 10, shape).astype(NP[dtype])
+            if nonzero:
+                a[a == 0] = 3
+        else:
+            a = r.random(shape) < 0.5
+        return np.ascontiguousarray(a), finite
+
+    def raw(self, dtype: int, shape: tuple, const: bool | None = None, nonzero: bool = False) -> V:
+        a, finite = self.data(dtype, shape, nonzero)
+        const = self.flag(0.35) if const is None else const
+        n = self.name("c" if const else "x")
+        if const:
+            self.inits[n] = a
+        else:
+            self.feeds[n] = a
+            mode = self.draw(self.st.integers(0, 5))
+            if mode == 0:
+                decl = None                                          # unknown rank
+            elif mode == 1:
+                decl = [f"{n}_d{i}" for i in range(len(shape))]      # symbolic dims
+            else:
+                decl = list(shape)
+            self.inputs.append(helper.make_tensor_value_info(n, dtype, decl))
+        v = V(n, dtype, tuple(shape), True, finite)
+        self.values.append(v)
+        return v
+
+    def shape(self, max_rank: int = 4, min_rank: int = 0) -> tuple:
+        rank = self.draw(self.st.integers(min_rank, max_rank))
+        dims = []
+        for _ in range(rank):
+            dims.append(0 if self.flag(0.04) else self.draw(self.st.integers(1, 4)))
+        return tuple(dims)
+
+    def bcast_partner(self, shape: tuple) -> tuple:
+        out = [d if self.flag(0.7) else 1 for d in shape]
+        drop = self.draw(self.st.integers(0, len(out)))
+        out = out[drop:] if self.flag(0.3) else out
+        if self.flag(0.15):
+            out = [self.draw(self.st.integers(1, 3))] + out
+        return tuple(out)
+
+    def pick(self, pred, make_dtype=None, make_shape=None) -> V:
+        """An existing value satisfying ``pred`` (mostly) or a fresh raw one."""
+        cands = [v for v in self.values if pred(v)]
+        if cands and self.flag(0.75):
+            return self.choice(cands)
+        dt = make_dtype if make_dtype is not None else self.choice(NUM)
+        return self.raw(dt, make_shape if make_shape is not None else self.shape())
+
+    def partner(self, v: V, dtype: int | None = None, nonzero: bool = False) -> V:
+        dtype = v.dtype if dtype is None else dtype
+        if not nonzero:
+            cands = [w for w in self.values if w.dtype == dtype and _bshape(v.shape, w.shape) is not None]
+            if cands and self.flag(0.5):
+                return self.choice(cands)
+        return self.raw(dtype, self.bcast_partner(v.shape), nonzero=nonzero)
+
+    def emit(self, op: str, ins: list[str], outs: list[V], **attrs) -> None:
+        self.nodes.append(helper.make_node(op, ins, [o.name for o in outs], name=self.name(op.lower() + "_"),
+                                           **attrs))
+        self.values.extend(outs)
+        self.ops.append(op)
+
+    def const_i64(self, vals) -> str:
+        n = self.name("k")
+        self.inits[n] = np.asarray(vals, np.int64)
+        return n
+
+    def out(self, dtype, shape, exact, finite=True) -> V:
+        return V(self.name("t"), dtype, tuple(shape), exact, finite)
+
+
+def _bshape(a: tuple, b: tuple) -> tuple | None:
+    try:
+        return tuple(np.broadcast_shapes(a, b))
+    except ValueError:
+        return None
+
+
+# ---------------------------------------------------------------------------- op builders
+UNARY_EXACT = {"Neg": NUM, "Abs": NUM, "Relu": FLOATS, "Identity": NUM + (BOOL,)}
+UNARY_STEP = {"Floor": FLOATS, "Ceil": FLOATS, "Round": FLOATS, "Sign": NUM}
+UNARY_F = {"Exp": FLOATS, "Log": FLOATS, "Sqrt": FLOATS, "Tanh": FLOATS, "Sigmoid": FLOATS, "Erf": (F32,),
+           "Sin": FLOATS, "Cos": FLOATS, "Reciprocal": FLOATS, "Softplus": (F32,), "Softsign": (F32,),
+           "Atan": (F32,), "Elu": (F32,), "Selu": (F32,), "HardSigmoid": (F32,), "HardSwish": (F32,),
+           "LeakyRelu": (F32,), "Celu": (F32,), "Mish": (F32,), "Gelu": (F32,)}
+BINARY = {"Add": NUM, "Sub": NUM, "Mul": NUM, "Div": NUM, "Pow": FLOATS, "Mod": NUM}
+VARIADIC = {"Max": NUM, "Min": NUM, "Sum": FLOATS, "Mean": FLOATS}
+COMPARE = {"Equal": NUM, "Less": NUM, "Greater": NUM, "LessOrEqual": NUM, "GreaterOrEqual": NUM}
+LOGICAL = {"And", "Or", "Xor"}
+REDUCE = {"ReduceSum": NUM, "ReduceMax": NUM, "ReduceMin": NUM, "ReduceMean": FLOATS, "ReduceProd": FLOATS,
+          "ReduceL1": FLOATS, "ReduceL2": FLOATS, "ReduceSumSquare": FLOATS, "ReduceLogSumExp": FLOATS}
+
+
+def b_unary(b: Builder, op: str) -> None:
+    types = {**UNARY_EXACT, **UNARY_STEP, **UNARY_F}[op]
+    step = op in UNARY_STEP
+    v = b.pick(lambda w: w.dtype in types and (w.exact or not step), b.choice(types))
+    if v.dtype not in types:
+        return
+    attrs = {}
+    if op == "LeakyRelu":
+        attrs["alpha"] = b.choice([0.01, 0.2, 1.5])
+    if op == "Gelu":
+        attrs["approximate"] = b.choice(["none", "tanh"])
+    if op in ("Elu", "Celu"):
+        attrs["alpha"] = b.choice([1.0, 0.5])
+    exact = v.exact and (op in UNARY_EXACT or op in UNARY_STEP)
+    b.emit(op, [v.name], [b.out(v.dtype, v.shape, exact, v.finite and op not in UNARY_F)], **attrs)
+
+
+def b_binary(b: Builder, op: str) -> None:
+    types = BINARY[op]
+    a = b.pick(lambda w: w.dtype in types and (op != "Mod" or w.exact), b.choice(types))
+    if a.dtype not in types:
+        return
+    attrs = {}
+    if op in ("Div", "Mod") and a.dtype in INTS:
+        c = b.partner(a, nonzero=True)
+    elif op == "Mod":
+        c = b.partner(a, nonzero=True)
+    else:
+        c = b.partner(a)
+    if op == "Mod":
+        attrs["fmod"] = 1 if a.dtype in FLOATS else b.choice([0, 1])
+    if op == "Pow":
+        c = b.raw(a.dtype, b.bcast_partner(a.shape))             # exponents stay small
+    shp = _bshape(a.shape, c.shape)
+    if shp is None:
+        return
+    if a.dtype in INTS and op == "Mul" and not (a.exact and c.exact and _small(b, a) and _small(b, c)):
+        return                                                  # keep integer products far from overflow
+    exact = a.exact and c.exact and (op in ("Add", "Sub") or (op in ("Mul", "Mod") and _raw(b, a) and _raw(b, c))
+                                     or (a.dtype in INTS and op == "Div"))
+    ins = [a.name, c.name] if b.flag(0.8) or op in ("Sub", "Div", "Pow", "Mod") else [c.name, a.name]
+    b.emit(op, ins, [b.out(a.dtype, shp, exact, a.finite and c.finite and op in ("Add", "Sub", "Mul"))], **attrs)
+
+
+def _raw(b: Builder, v: V) -> bool:
+    return v.name in b.inits or v.name in b.feeds
+
+
+def _small(b: Builder, v: V) -> bool:
+    return _raw(b, v)
+
+
+def b_variadic(b: Builder, op: str) -> None:
+    types = VARIADIC[op]
+    a = b.pick(lambda w: w.dtype in types, b.choice(types))
+    if a.dtype not in types:
+        return
+    ins = [a]
+    for _ in range(b.draw(b.st.integers(0, 2))):
+        ins.append(b.partner(a))
+    shp = a.shape
+    for w in ins[1:]:
+        shp = _bshape(shp, w.shape)
+        if shp is None:
+            return
+    exact = all(w.exact for w in ins) and op in ("Max", "Min")
+    b.emit(op, [w.name for w in ins], [b.out(a.dtype, shp, exact, all(w.finite for w in ins))])
+
+
+def b_compare(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: w.dtype in NUM and w.exact, b.choice(NUM))
+    if a.dtype not in NUM or not a.exact:
+        return
+    c = b.partner(a)
+    if not c.exact:
+        return
+    shp = _bshape(a.shape, c.shape)
+    if shp is not None:
+        b.emit(op, [a.name, c.name], [b.out(BOOL, shp, True)])
+
+
+def b_logical(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: w.dtype == BOOL, BOOL)
+    c = b.partner(a, BOOL)
+    shp = _bshape(a.shape, c.shape)
+    if shp is not None:
+        b.emit(op, [a.name, c.name], [b.out(BOOL, shp, True)])
+
+
+def b_not(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: w.dtype == BOOL, BOOL)
+    b.emit(op, [a.name], [b.out(BOOL, a.shape, True)])
+
+
+def b_isx(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: w.dtype in FLOATS and w.exact, b.choice(FLOATS))
+    if a.dtype in FLOATS and a.exact:
+        b.emit(op, [a.name], [b.out(BOOL, a.shape, True)])
+
+
+def b_where(b: Builder, op: str) -> None:
+    cnd = b.pick(lambda w: w.dtype == BOOL, BOOL)
+    x = b.pick(lambda w: w.dtype in NUM, b.choice(NUM))
+    if x.dtype not in NUM:
+        return
+    y = b.partner(x)
+    shp = _bshape(cnd.shape, x.shape)
+    shp = _bshape(shp, y.shape) if shp is not None else None
+    if shp is not None:
+        b.emit(op, [cnd.name, x.name, y.name], [b.out(x.dtype, shp, x.exact and y.exact, x.finite and y.finite)])
+
+
+def b_cast(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: True, b.choice(NUM + (BOOL,)))
+    to = b.choice([t for t in NUM + (BOOL,) if t != a.dtype] or [a.dtype])
+    if a.dtype in FLOATS and to not in FLOATS and not (a.exact and a.finite):
+        return                                                  # float -> int of NaN/Inf or inexact: UB/unstable
+    exact = a.exact and (to != F32 or a.dtype != F64)
+    b.emit(op, [a.name], [b.out(to, a.shape, exact, a.finite or to not in FLOATS)], to=int(to))
+
+
+def b_transpose(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: len(w.shape) >= 1)
+    perm = list(b.rng.permutation(len(a.shape)))
+    attrs = {"perm": [int(p) for p in perm]} if b.flag(0.8) else {}
+    if not attrs:
+        perm = list(range(len(a.shape)))[::-1]
+    b.emit(op, [a.name], [b.out(a.dtype, tuple(a.shape[p] for p in perm), a.exact, a.finite)], **attrs)
+
+
+def b_reshape(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: 0 not in w.shape)
+    if 0 in a.shape:
+        return
+    n = int(np.prod(a.shape, dtype=np.int64))
+    dims, rest = [], n
+    for _ in range(b.draw(b.st.integers(0, 3))):
+        divs = [d for d in range(1, rest + 1) if rest % d == 0]
+        d = b.choice(divs)
+        dims.append(d)
+        rest //= d
+    dims.append(rest)
+    out = tuple(dims)
+    spec = list(dims)
+    if b.flag(0.3):
+        spec[b.draw(b.st.integers(0, len(spec) - 1))] = -1
+    b.emit(op, [a.name, b.const_i64(spec)], [b.out(a.dtype, out, a.exact, a.finite)])
+
+
+def b_flatten(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: True)
+    r = len(a.shape)
+    axis = b.draw(b.st.integers(-r, r)) if r else 0
+    k = axis % (r + 1) if r else 0
+    if axis < 0:
+        k = axis + r
+    out = (int(np.prod(a.shape[:k], dtype=np.int64)), int(np.prod(a.shape[k:], dtype=np.int64)))
+    b.emit(op, [a.name], [b.out(a.dtype, out, a.exact, a.finite)], axis=axis)
+
+
+def b_unsqueeze(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: len(w.shape) <= 4)
+    r = len(a.shape)
+    k = b.draw(b.st.integers(1, 2))
+    axes = sorted(set(int(x) for x in b.rng.choice(r + k, size=k, replace=False)))
+    out = list(a.shape)
+    for ax in axes:
+        out.insert(ax, 1)
+    spec = [ax - (r + len(axes)) if b.flag(0.3) else ax for ax in axes]
+    b.emit(op, [a.name, b.const_i64(spec)], [b.out(a.dtype, tuple(out), a.exact, a.finite)])
+
+
+def b_squeeze(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: 1 in w.shape, make_shape=(2, 1, 3))
+    ones = [i for i, d in enumerate(a.shape) if d == 1]
+    if not ones:
+        return
+    if b.flag(0.2):
+        b.emit(op, [a.name], [b.out(a.dtype, tuple(d for d in a.shape if d != 1), a.exact, a.finite)])
+        return
+    axes = sorted(set(b.choice(ones) for _ in range(b.draw(b.st.integers(1, len(ones))))))
+    out = tuple(d for i, d in enumerate(a.shape) if i not in axes)
+    b.emit(op, [a.name, b.const_i64(axes)], [b.out(a.dtype, out, a.exact, a.finite)])
+
+
+def b_concat(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: len(w.shape) >= 1)
+    r = len(a.shape)
+    axis = b.draw(b.st.integers(-r, r - 1))
+    ins, total = [a], a.shape[axis]
+    for _ in range(b.draw(b.st.integers(1, 2))):
+        shp = list(a.shape)
+        shp[axis] = b.draw(b.st.integers(0, 3))
+        ins.append(b.raw(a.dtype, tuple(shp)))
+        total += shp[axis]
+    out = list(a.shape)
+    out[axis] = total
+    b.emit(op, [w.name for w in ins], [b.out(a.dtype, tuple(out), all(w.exact for w in ins),
+                                             all(w.finite for w in ins))], axis=axis)
+
+
+def b_expand(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: len(w.shape) <= 3)
+    tgt = [d if d != 1 or b.flag(0.5) else b.draw(b.st.integers(1, 3)) for d in a.shape]
+    tgt = [1 if b.flag(0.2) else d for d in tgt]                 # Expand also accepts 1 where the input is larger
+    if b.flag(0.3):
+        tgt = [2] + tgt
+    out = _bshape(a.shape, tuple(tgt))
+    if out is not None:
+        b.emit(op, [a.name, b.const_i64(tgt)], [b.out(a.dtype, out, a.exact, a.finite)])
+
+
+def b_tile(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: len(w.shape) >= 1)
+    reps = [b.draw(b.st.integers(0 if b.flag(0.05) else 1, 3)) for _ in a.shape]
+    out = tuple(d * r for d, r in zip(a.shape, reps))
+    b.emit(op, [a.name, b.const_i64(reps)], [b.out(a.dtype, out, a.exact, a.finite)])
+
+
+def b_slice(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: len(w.shape) >= 1)
+    r = len(a.shape)
+    axes = sorted(set(b.draw(b.st.integers(0, r - 1)) for _ in range(b.draw(b.st.integers(1, r)))))
+    starts, ends, steps, out = [], [], [], list(a.shape)
+    for ax in axes:
+        d = a.shape[ax]
+        step = b.choice([1, 1, 2, -1, -2])
+        s = b.draw(b.st.integers(-d - 2, d + 2))
+        e = b.choice([b.draw(b.st.integers(-d - 2, d + 2)), 2**62 if step > 0 else -(2**62)])
+        starts.append(s)
+        ends.append(e)
+        steps.append(step)
+        out[ax] = len(range(*slice(s, e, step).indices(d)))
+    ins = [a.name, b.const_i64(starts), b.const_i64(ends)]
+    if b.flag(0.8):
+        ins.append(b.const_i64([ax - r if b.flag(0.3) else ax for ax in axes]))
+        ins.append(b.const_i64(steps))
+    elif steps != [1] * len(steps) or axes != list(range(len(axes))):
+        return
+    b.emit(op, ins, [b.out(a.dtype, tuple(out), a.exact, a.finite)])
+
+
+def b_gather(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: len(w.shape) >= 1 and w.shape[0] > 0)
+    r = len(a.shape)
+    axis = b.draw(b.st.integers(-r, r - 1))
+    d = a.shape[axis]
+    if d == 0:
+        return
+    ishape = b.shape(max_rank=2)
+    idx = b.rng.integers(-d, d, ishape).astype(np.int64)
+    n = b.name("k")
+    b.inits[n] = idx
+    ax = axis % r
+    out = a.shape[:ax] + tuple(ishape) + a.shape[ax + 1:]
+    b.emit(op, [a.name, n], [b.out(a.dtype, out, a.exact, a.finite)], axis=axis)
+
+
+def b_shape(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: True)
+    b.emit(op, [a.name], [b.out(I64, (len(a.shape),), True)])
+
+
+def b_reduce(b: Builder, op: str) -> None:
+    types = REDUCE[op]
+    a = b.pick(lambda w: w.dtype in types and len(w.shape) >= 1, b.choice(types))
+    if a.dtype not in types or not a.shape:
+        return
+    if op in ("ReduceMax", "ReduceMin") and 0 in a.shape:
+        return                                                  # empty max/min: no identity (implementation-defined)
+    r = len(a.shape)
+    keep = b.choice([0, 1])
+    ins = [a.name]
+    if b.flag(0.8):
+        axes = sorted(set(b.draw(b.st.integers(0, r - 1)) for _ in range(b.draw(b.st.integers(1, r)))))
+        ins.append(b.const_i64([ax - r if b.flag(0.3) else ax for ax in axes]))
+    else:
+        axes = list(range(r))
+    out = tuple((1 if keep else None) if i in axes else d for i, d in enumerate(a.shape))
+    out = tuple(d for d in out if d is not None)
+    if a.dtype in INTS and op in ("ReduceSum",) and int(np.prod(a.shape)) > 64:
+        return
+    exact = a.exact and op in ("ReduceMax", "ReduceMin") or (a.exact and op == "ReduceSum" and _raw(b, a))
+    b.emit(op, ins, [b.out(a.dtype, out, exact, a.finite and op in ("ReduceMax", "ReduceMin", "ReduceSum"))],
+           keepdims=keep)
+
+
+def b_softmax(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: w.dtype in FLOATS and len(w.shape) >= 1, b.choice(FLOATS))
+    if a.dtype not in FLOATS or not a.shape:
+        return
+    r = len(a.shape)
+    b.emit(op, [a.name], [b.out(a.dtype, a.shape, False, False)], axis=b.draw(b.st.integers(-r, r - 1)))
+
+
+def b_argx(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: w.dtype in NUM and w.exact and len(w.shape) >= 1 and 0 not in w.shape, F32)
+    if a.dtype not in NUM or not a.exact or not a.shape or 0 in a.shape or not a.finite:
+        return
+    r = len(a.shape)
+    axis = b.draw(b.st.integers(-r, r - 1))
+    keep = b.choice([0, 1])
+    out = list(a.shape)
+    if keep:
+        out[axis] = 1
+    else:
+        del out[axis]
+    b.emit(op, [a.name], [b.out(I64, tuple(out), True)], axis=axis, keepdims=keep,
+           select_last_index=b.choice([0, 1]))
+
+
+def b_matmul(b: Builder, op: str) -> None:
+    t = b.choice(FLOATS)
+    m, k, n = (b.draw(b.st.integers(1, 4)) for _ in range(3))
+    batch = b.shape(max_rank=2)
+    ra = b.choice([1, 2, 2 + len(batch)])
+    rb = b.choice([1, 2, 2 + len(batch)])
+    sa = (k,) if ra == 1 else (batch + (m, k) if ra > 2 else (m, k))
+    sb = (k,) if rb == 1 else (batch + (k, n) if rb > 2 else (k, n))
+    a = b.pick(lambda w: w.dtype == t and w.shape == sa, t, sa)
+    c = b.pick(lambda w: w.dtype == t and w.shape == sb, t, sb)
+    ea = np.empty(sa, np.float32)
+    eb = np.empty(sb, np.float32)
+    out = np.matmul(ea, eb).shape
+    b.emit(op, [a.name, c.name], [b.out(t, out, False, False)])
+
+
+def b_clip(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: w.dtype in FLOATS, F32)
+    if a.dtype not in FLOATS:
+        return
+    ins = [a.name]
+    lo = b.choice([None, -1.0, 0.5])
+    hi = b.choice([None, 2.0, 0.5])
+    for val in (lo, hi):
+        if val is None:
+            ins.append("")
+        else:
+            nm = b.name("k")
+            b.inits[nm] = np.asarray(val, NP[a.dtype])
+            ins.append(nm)
+    while ins and ins[-1] == "":
+        ins.pop()
+    b.emit(op, ins, [b.out(a.dtype, a.shape, a.exact, a.finite)])
+
+
+BUILDERS = {}
+for _op in UNARY_EXACT.keys() | UNARY_STEP.keys() | UNARY_F.keys():
+    BUILDERS[_op] = b_unary
+for _op in BINARY:
+    BUILDERS[_op] = b_binary
+for _op in VARIADIC:
+    BUILDERS[_op] = b_variadic
+for _op in COMPARE:
+    BUILDERS[_op] = b_compare
+for _op in LOGICAL:
+    BUILDERS[_op] = b_logical
+for _op in REDUCE:
+    BUILDERS[_op] = b_reduce
+BUILDERS.update({"Not": b_not, "IsNaN": b_isx, "IsInf": b_isx, "Where": b_where, "Cast": b_cast,
+                 "Transpose": b_transpose, "Reshape": b_reshape, "Flatten": b_flatten, "Unsqueeze": b_unsqueeze,
+                 "Squeeze": b_squeeze, "Concat": b_concat, "Expand": b_expand, "Tile": b_tile, "Slice": b_slice,
+                 "Gather": b_gather, "Shape": b_shape, "Softmax": b_softmax, "LogSoftmax": b_softmax,
+                 "ArgMax": b_argx, "ArgMin": b_argx, "MatMul": b_matmul, "Clip": b_clip})
+
+
+def fuzzable_ops(only: set[str] | None = None) -> list[str]:
+    ops = registered_ops() & set(BUILDERS)
+    if only:
+        ops &= set(only)
+    return sorted(ops)
+
+
+def cases(ops: list[str] | None = None, max_nodes: int = 6):
+    """Hypothesis strategy of :class:`Case` over ``ops`` (default: every registered op we can build)."""
+    from hypothesis import strategies as st
+
+    pool = list(ops) if ops is not None else fuzzable_ops()
+    if not pool:
+        raise RuntimeError("no fuzzable op is registered")
+
+    @st.composite
+    def _case(draw):
+        b = Builder(draw, st)
+        first = b.raw(draw(st.sampled_from(NUM + (BOOL,))), b.shape(), const=False)
+        for _ in range(draw(st.integers(1, max_nodes))):
+            op = draw(st.sampled_from(pool))
+            BUILDERS[op](b, op)
+        produced = [v for v in b.values if v.name not in b.inits and v.name not in b.feeds]
+        if not produced:
+            b.emit("Identity", [first.name], [b.out(first.dtype, first.shape, True, first.finite)])
+            produced = b.values[-1:]
+        outs = [produced[-1]] + [v for v in produced[:-1] if draw(st.booleans())]
+        inputs = list(b.inputs)
+        used = {i for n in b.nodes for i in n.input}
+        # graph inputs nobody reads are still legal; keep them (ORT warns, both EPs ignore them)
+        graph = helper.make_graph(
+            b.nodes, "fuzz", inputs,
+            [helper.make_tensor_value_info(v.name, v.dtype, None) for v in outs],
+            [onnx.numpy_helper.from_array(a, k) for k, a in b.inits.items() if k in used])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=10)
+        desc = "\n".join(f"  {n.op_type}({', '.join(n.input)}) -> {', '.join(n.output)} "
+                         f"{ {a.name: helper.get_attribute_value(a) for a in n.attribute} or ''}" for n in b.nodes)
+        desc += "\n  inputs: " + ", ".join(f"{k}{v.dtype}{list(v.shape)}" for k, v in b.feeds.items())
+        desc += "\n  consts: " + ", ".join(f"{k}{v.dtype}{list(v.shape)}" for k, v in b.inits.items() if k in used)
+        return Case(model, dict(b.feeds), list(b.ops), desc)
+
+    return _case()
+
+
+# ---------------------------------------------------------------------------- checking
+@dataclass
+class Outcome:
+    status: str                  # "ok", "cpu_rejects" (no reference), "both_fail"
+    claimed: int = 0
+    nodes: int = 0
+    info: dict = field(default_factory=dict)
+
+
+def _close(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    if got.shape != want.shape:
+        raise FuzzFailure(f"{what}: shape {got.shape} != CPU {want.shape}")
+    if got.dtype != want.dtype:
+        raise FuzzFailure(f"{what}: dtype {got.dtype} != CPU {want.dtype}")
+    if got.dtype.kind == "f":
+        fin = want[np.isfinite(want)]
+        scale = max(1.0, float(np.abs(fin).max())) if fin.size else 1.0
+        try:
+            np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * scale, equal_nan=True)
+        except AssertionError as e:
+            raise FuzzFailure(f"{what}: {e}") from None
+    elif not np.array_equal(got, want):
+        bad = np.argwhere(got != want)[:5].tolist()
+        raise FuzzFailure(f"{what}: values differ at {bad}: MLX {got.ravel()[:8]} CPU {want.ravel()[:8]}")
+
+
+def check_case(case: Case, options: dict | None = None) -> Outcome:
+    """Run ``case`` on the CPU EP and the MLX EP; raise FuzzFailure when MLX is wrong."""
+    from .testing import session, unclaimed_ops
+    blob = case.model.SerializeToString()
+    try:
+        cpu = session(blob, "CPUExecutionProvider", record=False)
+        want = cpu.run(None, case.feeds)
+    except Exception as e:  # noqa: BLE001 - no reference answer: the CPU EP rejects the model itself
+        cpu_err = f"{type(e).__name__}: {str(e)[:200]}"
+    else:
+        cpu_err = None
+    try:
+        s = session(blob, options=options)
+        got = s.run(None, case.feeds)
+    except Exception as e:  # noqa: BLE001
+        if cpu_err is not None:
+            return Outcome("both_fail", info={"cpu": cpu_err})
+        raise FuzzFailure(f"MLX EP failed where the CPU EP succeeded: {type(e).__name__}: {str(e)[:1500]}") from None
+    if cpu_err is not None:
+        return Outcome("cpu_rejects", info={"cpu": cpu_err})
+    n = len(case.model.graph.node)
+    left = sum(unclaimed_ops(s).values())
+    for o, g, w in zip(s.get_outputs(), got, want):
+        _close(np.asarray(g), np.asarray(w), f"output {o.name}")
+    return Outcome("ok", claimed=n - left, nodes=n)

@@ -1,0 +1,117 @@
+"""Block-quantized weights of onnxruntime's model builders: MatMulNBits, GatherBlockQuantized.
+
+MatMulNBits: B is (N, k_blocks, blob) uint8, ``bits``-bit values packed low bits first;
+W[n, k] = (q - zp) * scale per block of ``block_size`` along K (default zp 2^(bits-1));
+Y = A @ W^T (+ bias). ORT's packing read as little-endian uint32 words is MLX's affine
+packing, so when the blocks tile K exactly and MLX has the group size, the product runs
+as ``mx.quantized_matmul`` with bias = -zp * scale; otherwise W is dequantized first.
+accuracy_level is a speed hint: we always compute in float (ORT at level 4 quantizes A to
+int8 on the CPU; tests compare level 0 exactly and level 4 with a stated tolerance).
+"""
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from .. import dtypes as dt
+from ..registry import MS, register
+
+_TYPES = {dt.FLOAT, dt.FLOAT16}
+_MLX_GROUPS = {32, 64, 128}
+
+
+# ------------------------------------------------------------------ unpacking
+def unpack_bits(packed, bits: int):
+    """uint8 (..., n) -> uint8 (..., n * 8 / bits), low bits first."""
+    if bits == 8:
+        return packed
+    lo = packed & mx.array(0x0F, mx.uint8)
+    hi = packed >> mx.array(4, mx.uint8)
+    return mx.stack([lo, hi], axis=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+
+
+def block_zero_points(zero_points, n: int, k_blocks: int, bits: int, dtype):
+    """(N, k_blocks) zero points in ``dtype``: packed uint8 rows, float, or the default."""
+    if zero_points is None:
+        return mx.full((n, k_blocks), float(1 << (bits - 1)), dtype)
+    if zero_points.dtype == mx.uint8:
+        row = -(-k_blocks * bits // 8)
+        z = unpack_bits(zero_points.reshape(n, row), bits)
+        return z[:, :k_blocks].astype(dtype)
+    return zero_points.reshape(n, k_blocks).astype(dtype)
+
+
+def dequantize_blocks(B, scales, zero_points, *, K: int, N: int, bits: int, block_size: int, dtype):
+    """The (N, K) float weight of MatMulNBits."""
+    k_blocks = B.shape[1]
+    q = unpack_bits(B.reshape(N, k_blocks, -1), bits).astype(dtype)           # (N, kb, block)
+    s = scales.reshape(N, k_blocks, 1).astype(dtype)
+    z = block_zero_points(zero_points, N, k_blocks, bits, dtype).reshape(N, k_blocks, 1)
+    w = ((q - z) * s).reshape(N, k_blocks * block_size)
+    return w if k_blocks * block_size == K else w[:, :K]
+
+
+# ------------------------------------------------------------------ MatMulNBits
+def _mnb_check(v) -> str | None:
+    a = v.attrs
+    bits, bs, K, N = a.get("bits", 4), a["block_size"], a["K"], a["N"]
+    if bits not in (4, 8):
+        return f"bits={bits} (4 and 8 only)"
+    if bs < 16 or bs & (bs - 1):
+        return f"block_size={bs} is not a power of two >= 16"
+    if a.get("weight_prepacked", 0):
+        return "weight_prepacked=1 (an EP-specific layout)"
+    if v.has(4):
+        return "g_idx (act-order) not supported"
+    if v.dtype(2) != v.dtype(0):
+        return f"scales {dt.name(v.dtype(2))} differ from A {dt.name(v.dtype(0))}"
+    if v.has(3) and v.dtype(3) not in (dt.UINT8, v.dtype(0)):
+        return f"zero_points dtype {dt.name(v.dtype(3))}"
+    if v.has(3) and v.dtype(3) != dt.UINT8 and bits != 4:
+        return f"float zero points with bits={bits} (ORT's CPU kernel has none to verify against)"
+    if v.has(5) and v.dtype(5) != v.dtype(0):
+        return f"bias dtype {dt.name(v.dtype(5))}"
+    kb = -(-K // bs)
+    sb = v.shape(1)
+    if sb is not None and all(isinstance(d, int) for d in sb) and tuple(sb) != (N, kb, bs * bits // 8):
+        return f"B shape {tuple(sb)} is not ({N}, {kb}, {bs * bits // 8})"
+    sa = v.shape(0)
+    if sa is not None and sa and isinstance(sa[-1], int) and sa[-1] != K:
+        return f"A's last dim {sa[-1]} != K={K}"
+    return None
+
+
+def _mlx_quantized(A, B, scales, zero_points, *, K, N, bits, block_size):
+    """A @ W^T via mx.quantized_matmul (blocks tile K, group size MLX has)."""
+    kb = K // block_size
+    w = B.reshape(N, kb * block_size * bits // 8).view(mx.uint32)
+    s = scales.reshape(N, kb).astype(A.dtype)
+    z = block_zero_points(zero_points, N, kb, bits, A.dtype)
+    return mx.quantized_matmul(A, w, s, -z * s, transpose=True, group_size=block_size, bits=bits)
+
+
+@register("MatMulNBits", 1, domain=MS, dtypes=_TYPES, check=_mnb_check)
+def matmul_nbits(A, B, scales, zero_points=None, g_idx=None, bias=None, *, K, N, block_size, bits=4,
+                 accuracy_level=0, weight_prepacked=0):
+    """Y = A @ dequant(B)^T (+ bias); A (..., K), Y (..., N)."""
+    kb = -(-K // block_size)
+    if A.shape[-1] != K:
+        raise ValueError(f"A's last dim {A.shape[-1]} != K={K}")
+    if B.size != N * kb * block_size * bits // 8:
+        raise ValueError(f"B has {B.size} bytes, expected {N}x{kb}x{block_size * bits // 8}")
+    if scales.size != N * kb:
+        raise ValueError(f"scales has {scales.size} elements, expected {N * kb}")
+    if zero_points is not None:
+        want = N * (-(-kb * bits // 8)) if zero_points.dtype == mx.uint8 else N * kb
+        if zero_points.size != want:
+            raise ValueError(f"zero_points has {zero_points.size} elements, expected {want}")
+    if bias is not None and bias.shape != (N,):
+        raise ValueError(f"bias shape {bias.shape}, expected ({N},)")
+    if K % block_size == 0 and block_size in _MLX_GROUPS:
+        y = _mlx_quantized(A, B, scales, zero_points, K=K, N=N, bits=bits, block_size=block_size)
+    else:
+        w = dequantize_blocks(B, scales, zero_points, K=K, N=N, bits=bits, block_size=block_size, dtype=A.dtype)
+        y = A @ w.T
+    if bias is not None:
+        y = y + bias
+    return y

@@ -1,0 +1,88 @@
+"""MatMulNBits and GatherBlockQuantized vs ORT's CPU EP."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from ortmlx.testing import check_against_cpu, make_model, session, unclaimed_ops
+
+MS = {"com.microsoft": 1}
+F32, F16 = TensorProto.FLOAT, TensorProto.FLOAT16
+NP = {F32: np.float32, F16: np.float16}
+#: fp32: ORT (MLAS, blockwise) and MLX sum K products in different orders
+TOL = {F32: dict(rtol=1e-4, atol=1e-4), F16: dict(rtol=1e-2, atol=2e-2)}
+
+
+def nbits_model(t, K, N, bits, bs, *, zp=None, bias=False, a_shape=("M", None), accuracy_level=None, seed=0):
+    """zp: None, 'u8' (packed uint8) or 'float'."""
+    r = np.random.default_rng(seed)
+    kb = -(-K // bs)
+    blob = bs * bits // 8
+    inits = {"B": r.integers(0, 256, (N, kb, blob), dtype=np.uint8),
+             "scales": (r.standard_normal(N * kb) * 0.05).astype(NP[t])}
+    ins = ["A", "B", "scales"]
+    if zp == "u8":
+        inits["zp"] = r.integers(0, 256, N * (-(-kb * bits // 8)), dtype=np.uint8)
+    elif zp == "float":
+        inits["zp"] = (r.standard_normal(N * kb) * 2 + (1 << (bits - 1))).astype(NP[t])
+    ins.append("zp" if zp else "")
+    if bias:
+        ins += ["", "bias"]
+        inits["bias"] = r.standard_normal(N).astype(NP[t])
+    attrs = dict(K=K, N=N, bits=bits, block_size=bs)
+    if accuracy_level is not None:
+        attrs["accuracy_level"] = accuracy_level
+    node = helper.make_node("MatMulNBits", ins, ["Y"], domain="com.microsoft", **attrs)
+    shape = [d if d is not None else K for d in a_shape]
+    return make_model([node], [("A", t, shape)], [("Y", t, None)], inits, extra_opsets=MS)
+
+
+# (id, dtype, K, N, bits, block_size, kwargs, A shapes)
+NBITS_CASES = [
+    ("int4_bs32", F32, 64, 24, 4, 32, {}, [(3, 64), (1, 64)]),
+    ("int4_bs16_dequant_path", F32, 64, 8, 4, 16, {}, [(2, 64)]),
+    ("int4_bs64_zp_u8", F32, 128, 16, 4, 64, dict(zp="u8"), [(5, 128)]),
+    ("int4_bs128_zp_odd_blocks", F32, 384, 8, 4, 128, dict(zp="u8"), [(2, 384)]),
+    ("int4_bs256_dequant_path", F32, 256, 8, 4, 256, dict(zp="u8"), [(2, 256)]),
+    ("int4_k_not_multiple", F32, 80, 8, 4, 32, dict(zp="u8", bias=True), [(3, 80)]),
+    ("int4_zp_float", F32, 64, 8, 4, 32, dict(zp="float"), [(2, 64)]),
+    ("int4_bias_3d", F32, 64, 8, 4, 32, dict(bias=True, a_shape=("B", "S", None)), [(2, 3, 64)]),
+    ("int8_bs32", F32, 64, 16, 8, 32, {}, [(3, 64)]),
+    ("int8_bs128_zp", F32, 256, 8, 8, 128, dict(zp="u8", bias=True), [(4, 256)]),
+    ("int8_bs16_zp_k_odd", F32, 40, 8, 8, 16, dict(zp="u8"), [(2, 40)]),
+    ("int4_acc_level0", F32, 64, 8, 4, 32, dict(accuracy_level=0), [(2, 64)]),
+    ("fp16_int4", F16, 64, 16, 4, 32, dict(zp="u8", bias=True), [(3, 64)]),
+    ("fp16_int8", F16, 64, 16, 8, 64, {}, [(3, 64)]),
+]
+
+
+@pytest.mark.parametrize("case", NBITS_CASES, ids=[c[0] for c in NBITS_CASES])
+def test_matmul_nbits(case):
+    _, t, K, N, bits, bs, kw, shapes = case
+    model = nbits_model(t, K, N, bits, bs, **kw)
+    r = np.random.default_rng(1)
+    feeds = [{"A": r.standard_normal(s).astype(NP[t])} for s in shapes]
+    check_against_cpu(model, feeds, **TOL[t])
+
+
+def test_matmul_nbits_int8_float_zp_refused():
+    """ORT's CPU kernel cannot run 8-bit with float zero points: we refuse it too."""
+    s = session(nbits_model(F32, 64, 8, 8, 32, zp="float"))
+    assert unclaimed_ops(s) == {"MatMulNBits": 1}
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_matmul_nbits_accuracy_level4(bits):
+    """Level 4: ORT's CPU quantizes A to int8 per block; we compute in float. Stated tolerance:
+    |MLX - CPU| <= 1% of max|Y| (the int8 rounding of A, <= max|A_block|/254 per element)."""
+    model = nbits_model(F32, 128, 16, bits, 32, zp="u8", accuracy_level=4)
+    a = np.random.default_rng(1).standard_normal((4, 128)).astype(np.float32)
+    ms = session(model)
+    assert not unclaimed_ops(ms)
+    got = ms.run(None, {"A": a})[0]
+    want = session(model, "CPUExecutionProvider", record=False).run(None, {"A": a})[0]
+    exact = session(nbits_model(F32, 128, 16, bits, 32, zp="u8", accuracy_level=0),
+                    "CPUExecutionProvider", record=False).run(None, {"A": a})[0]
+    np.testing.assert_allclose(got, exact, rtol=1e-4, atol=1e-4)
+    assert np.abs(got - want).max() <= 1e-2 * np.abs(want).max()

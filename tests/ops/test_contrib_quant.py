@@ -86,3 +86,50 @@ def test_matmul_nbits_accuracy_level4(bits):
                     "CPUExecutionProvider", record=False).run(None, {"A": a})[0]
     np.testing.assert_allclose(got, exact, rtol=1e-4, atol=1e-4)
     assert np.abs(got - want).max() <= 1e-2 * np.abs(want).max()
+
+
+def gbq_model(st, rows, cols, bits, bs, idx_shape, *, zp=False, gather_axis=0, quantize_axis=1,
+              lead=(), itype=TensorProto.INT64, seed=0):
+    r = np.random.default_rng(seed)
+    kb = -(-cols // bs)
+    shape = tuple(lead) + (rows, cols * bits // 8)
+    inits = {"data": r.integers(0, 256, shape, dtype=np.uint8),
+             "scales": (r.standard_normal(tuple(lead) + (rows, kb)) * 0.1).astype(NP[st])}
+    ins = ["data", "indices", "scales"]
+    if zp:
+        inits["zp"] = r.integers(0, 256, tuple(lead) + (rows, -(-kb * bits // 8)), dtype=np.uint8)
+        ins.append("zp")
+    node = helper.make_node("GatherBlockQuantized", ins, ["out"], domain="com.microsoft", bits=bits,
+                            block_size=bs, gather_axis=gather_axis, quantize_axis=quantize_axis)
+    return make_model([node], [("indices", itype, idx_shape)], [("out", st, None)], inits, extra_opsets=MS)
+
+
+# (id, scale dtype, rows, cols, bits, block, indices, kwargs)
+GBQ_CASES = [
+    ("int4_bs32", F32, 10, 64, 4, 32, [[1, 4, 9]], {}),
+    ("int4_zp", F32, 10, 64, 4, 16, [0, 9, 3, 3], dict(zp=True)),
+    ("int4_zp_odd_blocks", F32, 6, 96, 4, 32, [5, 0], dict(zp=True)),
+    ("int8_zp", F32, 10, 64, 8, 32, [[2], [7]], dict(zp=True)),
+    ("int8_bs128", F32, 5, 256, 8, 128, [4, 1], {}),
+    ("int4_cols_not_multiple", F32, 5, 48, 4, 32, [4, 1], dict(zp=True)),
+    ("int32_indices", F32, 8, 64, 4, 32, [7, 0], dict(itype=TensorProto.INT32)),
+    ("negative_indices", F32, 8, 64, 4, 32, [-1, -8, 3], {}),
+    ("fp16", F16, 10, 64, 4, 32, [[1, 4, 9]], dict(zp=True)),
+    ("rank3", F32, 6, 64, 4, 32, [[2, 0]], dict(lead=(3,), quantize_axis=2, zp=True)),
+]
+
+
+@pytest.mark.parametrize("case", GBQ_CASES, ids=[c[0] for c in GBQ_CASES])
+def test_gather_block_quantized(case):
+    _, st, rows, cols, bits, bs, idx, kw = case
+    idx = np.asarray(idx)
+    itype = kw.get("itype", TensorProto.INT64)
+    model = gbq_model(st, rows, cols, bits, bs, list(idx.shape), **kw)
+    feeds = [{"indices": idx.astype(np.int32 if itype == TensorProto.INT32 else np.int64)}]
+    check_against_cpu(model, feeds, rtol=1e-6, atol=1e-7)
+
+
+def test_gather_block_quantized_bad_index_is_clear_error():
+    model = gbq_model(F32, 8, 64, 4, 32, [2])
+    with pytest.raises(Exception, match="out of range"):
+        session(model).run(None, {"indices": np.array([1, 8], np.int64)})

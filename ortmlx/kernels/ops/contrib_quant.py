@@ -115,3 +115,69 @@ def matmul_nbits(A, B, scales, zero_points=None, g_idx=None, bias=None, *, K, N,
     if bias is not None:
         y = y + bias
     return y
+
+
+# ------------------------------------------------------------------ GatherBlockQuantized
+def _gbq_check(v) -> str | None:
+    a = v.attrs
+    bits, bs = a.get("bits", 4), a.get("block_size", 128)
+    if v.dtype(0) != dt.UINT8:
+        return f"data {dt.name(v.dtype(0))} (uint8 packed data only)"
+    if bits not in (4, 8):
+        return f"bits={bits} (4 and 8 only)"
+    if bs < 16 or bs & (bs - 1):
+        return f"block_size={bs} is not a power of two >= 16"
+    r = v.rank(0)
+    if r is None:
+        return "data rank unknown"
+    qa, ga = a.get("quantize_axis", 1), a.get("gather_axis", 0)
+    if qa % r != r - 1:
+        return f"quantize_axis={qa} is not the last axis (rank {r})"
+    if ga != 0:
+        return f"gather_axis={ga} (ORT: uint8 data gathers along axis 0 only)"
+    if v.has(3) and v.dtype(3) != dt.UINT8:
+        return f"zero_points {dt.name(v.dtype(3))}"
+    if v.dtype(2) not in (dt.FLOAT, dt.FLOAT16):
+        return f"scales {dt.name(v.dtype(2))} (ORT's CPU kernel: float and float16)"
+    return None
+
+
+@register("GatherBlockQuantized", 1, domain=MS, check=_gbq_check)
+def gather_block_quantized(data, indices, scales, zero_points=None, *, bits=4, block_size=128,
+                           quantize_axis=1, gather_axis=0):
+    """Gather along gather_axis, then dequantize (q - zp) * scale per block of the last axis."""
+    r = data.ndim
+    ga = gather_axis % r
+    cols = data.shape[-1] * 8 // bits
+    kb = -(-cols // block_size)
+    if tuple(scales.shape) != tuple(data.shape[:-1]) + (kb,):
+        raise ValueError(f"scales shape {scales.shape}, expected {tuple(data.shape[:-1]) + (kb,)}")
+    idx = _host_ints(indices)
+    n = data.shape[ga]
+    if idx.size and (idx.min() < -n or idx.max() >= n):
+        raise ValueError(f"indices out of range [-{n}, {n - 1}]")
+    flat = mx.array(np.where(idx < 0, idx + n, idx).reshape(-1).astype(np.int32))
+    q = unpack_bits(mx.take(data, flat, axis=ga), bits)
+    s = mx.take(scales, flat, axis=ga)
+    if zero_points is None:
+        z = mx.full(s.shape, float(1 << (bits - 1)), s.dtype)
+    else:
+        zrow = -(-kb * bits // 8)
+        if tuple(zero_points.shape) != tuple(data.shape[:-1]) + (zrow,):
+            raise ValueError(f"zero_points shape {zero_points.shape}, expected {tuple(data.shape[:-1]) + (zrow,)}")
+        z = unpack_bits(mx.take(zero_points, flat, axis=ga), bits)
+        z = z.reshape(-1, z.shape[-1])[:, :kb].reshape(s.shape).astype(s.dtype)
+    lead = q.shape[:-1]
+    qb = q.reshape(*lead, kb, block_size) if kb * block_size == q.shape[-1] else \
+        mx.concatenate([q, mx.zeros((*lead, kb * block_size - q.shape[-1]), q.dtype)], axis=-1) \
+        .reshape(*lead, kb, block_size)
+    w = ((qb.astype(s.dtype) - z[..., None]) * s[..., None]).reshape(*lead, kb * block_size)
+    if kb * block_size != cols:
+        w = w[..., :cols]
+    out_shape = data.shape[:ga] + tuple(idx.shape) + data.shape[ga + 1:-1] + (cols,)
+    return w.reshape(out_shape)
+
+
+def _host_ints(x) -> np.ndarray:
+    """Host copy of a small integer input (evaluates it in eager mode)."""
+    return np.array(x if isinstance(x, np.ndarray) else dt.to_numpy(x))

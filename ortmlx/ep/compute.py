@@ -35,6 +35,7 @@ class ComputeInfo:
         self.abi = abi
         self.name = plan.name
         labels = [n.label for n in plan.nodes]
+        ep.stats.group_nodes[plan.name] = frozenset(n.name for n in plan.nodes if n.name)
         self.label = f"{plan.name} ({len(labels)} node{'s' if len(labels) != 1 else ''}: " \
                      f"{', '.join(labels[:6])}{', ...' if len(labels) > 6 else ''})"
         self.plan = plan

@@ -34,7 +34,10 @@ CALL_STAGES = frozenset({"compute", "copy_in", "build", "run", "eval", "copy_out
 
 
 class FaultSpec:
-    """``stage[:node][#count]``: raise at ``stage`` (for ``node`` only, the first ``count`` times only)."""
+    """``stage[:node][#count]``: raise at ``stage`` (for ``node`` only, the first ``count`` times only).
+
+    ``node`` is a fused group's name or the name of any node inside the group.
+    """
 
     def __init__(self, text: str):
         spec, _, count = text.strip().partition("#")
@@ -51,8 +54,9 @@ class FaultSpec:
         self.hits = 0
         self.lock = threading.Lock()
 
-    def fire(self, stage: str, node: str) -> bool:
-        if stage != self.stage or (self.node and self.node != node):
+    def fire(self, stage: str, node: str, members: frozenset = frozenset()) -> bool:
+        """``node`` is the fused group's name; ``members`` the names of the nodes in it."""
+        if stage != self.stage or (self.node and self.node != node and self.node not in members):
             return False
         with self.lock:
             if self.remaining == 0:
@@ -73,6 +77,7 @@ class SessionStats:
         self.time_ns: dict[str, int] = defaultdict(int)
         self.reports: list = []
         self.groups: dict[str, dict] = {}
+        self.group_nodes: dict[str, frozenset] = {}     # fused group name -> names of its nodes
         self.tracer = None
         self.faults: FaultSpec | None = None
         fault = getattr(options, "fault", "") if options is not None else ""
@@ -163,7 +168,7 @@ class SessionStats:
     def fault(self, stage: str, node: str = "") -> None:
         """Testing hook: raise when the ``fault`` option targets this stage (and node)."""
         f = self.faults
-        if f is not None and f.fire(stage, node):
+        if f is not None and f.fire(stage, node, self.group_nodes.get(node, frozenset())):
             raise EpError(f"injected fault at {stage}" + (f" in {node}" if node else ""), node=node or None)
 
     # ------------------------------------------------------------------ output

@@ -42,8 +42,11 @@ def stays_on_cpu(model, feeds, op, rtol=1e-5, atol=1e-6):
     return s
 
 
-def check_bf16(op, inputs, n_out=1, attrs=None, opset=21, feeds=None, rtol=2e-2, atol=2e-2, inits=None):
+def check_bf16(op, inputs, n_out=1, attrs=None, opset=21, feeds=None, rtol=2e-2, atol=2e-2, inits=None,
+               t=T.BFLOAT16):
     """bf16 case ORT's CPU EP has no kernel for: compare with the op run in float32 on bf16-rounded inputs.
+
+    ``t=FLOAT16`` does the same for a float16 case ORT's CPU EP cannot run.
 
     ``inputs``: list of (name, shape); ``feeds``: float32 arrays. The MLX model casts inputs to bf16
     (Cast nodes run wherever they are claimed), runs ``op`` in bf16 and casts back. The reference model
@@ -60,7 +63,7 @@ def check_bf16(op, inputs, n_out=1, attrs=None, opset=21, feeds=None, rtol=2e-2,
                 names.append("")
                 continue
             gin.append((n, T.FLOAT, shape))
-            nodes.append(helper.make_node("Cast", [n], [n + "_b"], to=T.BFLOAT16))
+            nodes.append(helper.make_node("Cast", [n], [n + "_b"], to=t))
             src = n + "_b"
             if reference:
                 nodes.append(helper.make_node("Cast", [src], [n + "_f"], to=T.FLOAT))
@@ -70,15 +73,28 @@ def check_bf16(op, inputs, n_out=1, attrs=None, opset=21, feeds=None, rtol=2e-2,
         nodes.append(helper.make_node(op, names, [o + "_m" for o in outs], **attrs))
         for o in outs:
             if reference:
-                nodes.append(helper.make_node("Cast", [o + "_m"], [o + "_r"], to=T.BFLOAT16))
+                nodes.append(helper.make_node("Cast", [o + "_m"], [o + "_r"], to=t))
                 nodes.append(helper.make_node("Cast", [o + "_r"], [o], to=T.FLOAT))
             else:
                 nodes.append(helper.make_node("Cast", [o + "_m"], [o], to=T.FLOAT))
         return make_model(nodes, gin, [(o, T.FLOAT, None) for o in outs], inits, opset=opset)
 
-    mlx_s = session(build(T.BFLOAT16, False))
+    mlx_s = session(build(t, False))
     assert op in assignment(mlx_s).get(EP_NAME, {}), f"bf16 {op} not claimed by MLX"
     ref_s = session(build(T.FLOAT, True), "CPUExecutionProvider", record=False)
     got, want = mlx_s.run(None, feeds), ref_s.run(None, feeds)
     for k, (g, w) in enumerate(zip(got, want)):
         assert_close(g, w, rtol, atol, what=f"bf16 {op} output {k}")
+
+
+def check_reference(model, feeds, rtol=1e-4, atol=1e-5):
+    """For a case ORT's CPU EP cannot run: MLX (every node claimed) against onnx.reference."""
+    from onnx.reference import ReferenceEvaluator
+
+    s = session(model)
+    left = {k: v for k, v in assignment(s).items() if k != EP_NAME}
+    assert not left, f"nodes left off MLX: {left}"
+    got = s.run(None, feeds)
+    want = ReferenceEvaluator(model).run(None, feeds)
+    for k, (g, w) in enumerate(zip(got, want)):
+        assert_close(g, np.asarray(w).astype(g.dtype), rtol, atol, what=f"output {k} vs onnx.reference")

@@ -168,3 +168,41 @@ def test_gqa_position_beyond_cos_cache_is_clear_error():
     f = gqa_feeds(F32, 2, 1, 16, 1, 1, 10, [9], 10)
     with pytest.raises(Exception, match="rotary cache"):
         session(model).run(None, f)
+
+
+# ------------------------------------------------------------------------------ RotaryEmbedding
+def rope_model(t, in_shape, rd_cache, max_pos=32, pos_shape=("B", "S"), **attrs):
+    c, s = _cos_sin(max_pos, rd_cache)
+    node = helper.make_node("RotaryEmbedding", ["input", "position_ids", "cos_cache", "sin_cache"], ["output"],
+                            domain="com.microsoft", **attrs)
+    return make_model([node], [("input", t, in_shape), ("position_ids", TensorProto.INT64, list(pos_shape))],
+                      [("output", t, None)], {"cos_cache": c.astype(NP[t]), "sin_cache": s.astype(NP[t])},
+                      extra_opsets=MS)
+
+
+# (id, dtype, input shape, cos columns*2, position_ids, attrs)
+ROPE_CASES = [
+    ("bsd_full", F32, [2, 3, 32], 16, np.array([[0, 1, 2], [5, 6, 7]]), dict(num_heads=2)),
+    ("bsd_offset_scalar", F32, [2, 3, 32], 16, np.array([4]), dict(num_heads=2)),
+    ("bsd_no_num_heads", F32, [1, 4, 48], 16, np.array([[3, 1, 0, 9]]), {}),
+    ("bsd_partial", F32, [2, 3, 64], 16, np.array([[0, 1, 2], [5, 6, 7]]), dict(num_heads=2, rotary_embedding_dim=16)),
+    ("bsd_interleaved", F32, [2, 3, 32], 16, np.array([[0, 1, 2], [5, 6, 7]]), dict(num_heads=2, interleaved=1)),
+    ("bnsh", F32, [2, 3, 5, 16], 16, np.array([[0, 1, 2, 3, 4], [9, 8, 7, 6, 5]]), {}),
+    ("bnsh_partial_interleaved", F32, [1, 2, 4, 32], 16, np.array([2]),
+     dict(num_heads=2, rotary_embedding_dim=16, interleaved=1)),
+    ("fp16", F16, [2, 3, 32], 16, np.array([[0, 1, 2], [5, 6, 7]]), dict(num_heads=2)),
+]
+
+
+@pytest.mark.parametrize("case", ROPE_CASES, ids=[c[0] for c in ROPE_CASES])
+def test_rotary_embedding(case):
+    _, t, shape, rd, pos, attrs = case
+    model = rope_model(t, shape, rd, pos_shape=[f"p{i}" for i in range(pos.ndim)], **attrs)
+    x = _rng(0).standard_normal(shape).astype(NP[t])
+    check_against_cpu(model, [{"input": x, "position_ids": pos.astype(np.int64)}], **TOL[t])
+
+
+def test_rotary_embedding_position_out_of_cache_is_clear_error():
+    model = rope_model(F32, [1, 2, 16], 16, max_pos=8, pos_shape=["a"])
+    with pytest.raises(Exception, match="rotary cache"):
+        session(model).run(None, {"input": np.ones((1, 2, 16), np.float32), "position_ids": np.array([7])})

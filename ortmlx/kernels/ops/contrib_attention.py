@@ -314,3 +314,66 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
                     softcap=softcap, local_window_size=local_window_size,
                     cos_cache=cos_cache if do_rotary else None, sin_cache=sin_cache if do_rotary else None,
                     rotary_interleaved=bool(rotary_interleaved), position_ids=position_ids, attention_bias=attention_bias, sink=sink)
+
+
+# ---------------------------------------------------------------------------- RotaryEmbedding
+def _rope_check(v) -> str | None:
+    a = v.attrs
+    if v.dtype(0) not in _FLOATS:
+        return f"dtype {dt.name(v.dtype(0))}: ORT's CPU kernel has float and float16 only"
+    if a.get("is_packed_batching", 0):
+        return "is_packed_batching=1 not supported"
+    if a.get("scale", 1.0) != 1.0:
+        return f"scale={a['scale']} not supported"
+    if v.rank(0) not in (3, 4):
+        return f"input rank {v.rank(0)} (3D or 4D only)"
+    if v.rank(2) not in (None, 2):
+        return f"cos_cache rank {v.rank(2)} (2D only)"
+    if a.get("rotary_embedding_dim", 0) > 0 and v.rank(0) == 3 and a.get("num_heads", 0) <= 0:
+        return "rotary_embedding_dim without num_heads"
+    return None
+
+
+def _rope_positions(position_ids, b: int, s: int, max_pos: int):
+    """(B,S) positions: a one-element position_ids is a start offset, else it is (B,S)."""
+    pid = _host_ints(position_ids)
+    if pid.size == 1:
+        start = int(pid.reshape(-1)[0])
+        if start < 0 or start + s > max_pos:
+            raise ValueError(f"positions {start}..{start + s - 1} outside the rotary cache ({max_pos} rows)")
+        pos = mx.arange(s, dtype=mx.int32).reshape(1, s) + start
+        return mx.broadcast_to(pos, (b, s))
+    if pid.shape != (b, s):
+        raise ValueError(f"position_ids shape {pid.shape}, expected (1,) or ({b}, {s})")
+    if pid.min() < 0 or pid.max() >= max_pos:
+        raise ValueError(f"position_ids outside [0, {max_pos}) of the rotary cache")
+    return position_ids
+
+
+@register("RotaryEmbedding", 1, domain=MS, check=_rope_check)
+def rotary_embedding(input, position_ids, cos_cache, sin_cache, *, interleaved=0, is_packed_batching=0,
+                     num_heads=0, rotary_embedding_dim=0, scale=1.0):
+    """Rotary position embedding of (B,S,N*H) or (B,N,S,H) input with cos/sin cache rows by position."""
+    half = cos_cache.shape[-1]
+    rd = rotary_embedding_dim if rotary_embedding_dim > 0 else 2 * half
+    if rd != 2 * half or sin_cache.shape != cos_cache.shape:
+        raise ValueError(f"cos_cache {cos_cache.shape} / sin_cache {sin_cache.shape} do not fit rotary dim {rd}")
+    if input.ndim == 4:
+        b, n, s, h = input.shape
+        x = input
+    else:
+        b, s, hidden = input.shape
+        n = num_heads if num_heads > 0 else hidden // rd
+        h = hidden // n
+        if n * h != hidden:
+            raise ValueError(f"hidden size {hidden} not divisible by num_heads {n}")
+        x = input.reshape(b, s, n, h).transpose(0, 2, 1, 3)
+    if rd > h:
+        raise ValueError(f"rotary dim {rd} exceeds head size {h}")
+    pos = _rope_positions(position_ids, b, s, cos_cache.shape[0])
+    c, sn = rotary_tables(cos_cache, sin_cache, pos, h, bool(interleaved))
+    y = apply_rotary(x, c.reshape(b, 1, s, h).astype(x.dtype), sn.reshape(b, 1, s, h).astype(x.dtype),
+                     rd, bool(interleaved))
+    if input.ndim == 4:
+        return y
+    return y.transpose(0, 2, 1, 3).reshape(b, s, n * h)

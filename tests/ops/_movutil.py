@@ -60,8 +60,21 @@ def one_node(op, inputs, attrs=None, opset=21, out_types=None, n_out=1, consts=(
     return make_model(nodes, ins, outs, inits, opset=opset), feeds
 
 
+def skip_without_cpu_kernel(model):
+    """Skip (with the reason) when ORT's CPU EP has no kernel for the case: nothing to verify against."""
+    try:
+        session(model, "CPUExecutionProvider", record=False)
+    except Exception as e:  # noqa: BLE001
+        if "NOT_IMPLEMENTED" in str(e) or "Could not find an implementation" in str(e):
+            pytest.skip(f"ORT CPU has no kernel: {str(e).split(':')[-1].strip()[:120]}")
+        if "Type Error" in str(e):
+            pytest.skip(f"the op schema does not allow this type: {str(e).split('Type Error:')[-1][:120]}")
+        raise
+
+
 def check(model, feeds, op=None, tol=None, bf16=False):
     """Compare with the CPU EP; with ``bf16`` only ``op`` must be on MLX (the Casts may not be)."""
+    skip_without_cpu_kernel(model)
     kw = dict(rtol=1e-2, atol=1e-2) if bf16 else (tol or {})
     s = check_against_cpu(model, [feeds], all_on_mlx=not bf16, **kw)
     if bf16:
@@ -87,3 +100,12 @@ def check_error(model, feeds, node_name):
     assert not unclaimed_ops(s), f"expected the node on MLX: {assignment(s)}"
     with pytest.raises(Exception, match=node_name):
         s.run(None, feeds)
+
+
+def refusal_reason(model, op):
+    """The MLX EP's reason for leaving ``op`` on the CPU EP."""
+    import ortmlx
+    session(model)
+    reasons = [u.reason for u in ortmlx.partition_reports()[-1].unclaimed if u.op == op]
+    assert reasons, f"{op} was claimed by MLX"
+    return reasons[0]

@@ -1,0 +1,435 @@
+"""Indexing and data movement: Slice, Gather*, Scatter*, Pad, TopK, NonZero, Unique,
+Compress, ReverseSequence, CenterCropPad.
+
+Index tensors are host values (``const=``): they are range-checked on the host
+(ORT errors on an out-of-range index, so do we) and turned into flat positions
+before they reach MLX.
+"""
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import numpy as np
+
+from .. import dtypes as dt
+from ..registry import register
+from .shape import ints, norm_axes, norm_axis, twin
+
+
+def _idx(a: np.ndarray) -> mx.array:
+    """Host positions as an MLX index array."""
+    a = np.asarray(a, dtype=np.int64)
+    return mx.array(a.astype(np.int32) if a.size == 0 or a.max() < 2**31 else a)
+
+
+def check_indices(indices, n: int, what: str = "index") -> np.ndarray:
+    """Indices in [-n, n) as non-negative int64; ValueError naming the first bad one."""
+    idx = np.asarray(indices).astype(np.int64)
+    bad = (idx < -n) | (idx >= n)
+    if bad.any():
+        raise ValueError(f"{what} {int(idx[bad].reshape(-1)[0])} out of range [{-n}, {n - 1}]")
+    return np.where(idx < 0, idx + n, idx)
+
+
+# ---------------------------------------------------------------- Slice
+def slice_spec(shape, starts, ends, axes=None, steps=None) -> tuple:
+    """Python slices with ONNX Slice semantics (negative and out-of-range starts/ends clamp)."""
+    starts, ends = ints(starts), ints(ends)
+    r = len(shape)
+    axes = list(range(len(starts))) if axes is None else norm_axes(ints(axes), r)
+    steps = [1] * len(starts) if steps is None else ints(steps)
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise ValueError(f"starts {starts}, ends {ends}, axes {axes}, steps {steps} differ in length")
+    sl = [slice(None)] * r
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        if st == 0:
+            raise ValueError(f"step 0 on axis {a}")
+        d = shape[a]
+        s, e = s + d if s < 0 else s, e + d if e < 0 else e
+        if st > 0:
+            s, e = min(max(s, 0), d), min(max(e, 0), d)
+        else:
+            s, e = min(max(s, 0), d - 1), min(max(e, -1), d - 1)
+        sl[a] = slice(s, None if e < 0 else e, st) if d > 0 else slice(0, 0)
+    return tuple(sl)
+
+
+def _slice(xp, data, starts, ends, axes=None, steps=None):
+    return data[slice_spec(data.shape, starts, ends, axes, steps)]
+
+
+def _slice1_host(data, *, starts, ends, axes=None):
+    return _slice(np, data, starts, ends, axes)
+
+
+@register("Slice", 1, host=_slice1_host)
+def slice_v1(data, *, starts, ends, axes=None):
+    """Slice-1: starts/ends/axes as attributes."""
+    return _slice(mx, data, starts, ends, axes)
+
+
+@register("Slice", 10, const=(1, 2, 3, 4), host=twin(_slice))
+def slice_(data, starts, ends, axes=None, steps=None):
+    """Slice-10+: starts/ends/axes/steps as host inputs; negative steps walk backwards."""
+    return _slice(mx, data, starts, ends, axes, steps)
+
+
+# ---------------------------------------------------------------- Gather family
+def _gather(xp, data, indices, axis=0):
+    a = norm_axis(axis, data.ndim)
+    idx = check_indices(indices, data.shape[a])
+    return np.take(data, idx, axis=a) if xp is np else mx.take(data, _idx(idx), axis=a)
+
+
+@register("Gather", 1, const=(1,), host=twin(_gather))
+def gather(data, indices, *, axis=0):
+    """Gather along ``axis``; negative indices count from the end; out of range is an error."""
+    return _gather(mx, data, indices, axis)
+
+
+def _gather_elements(xp, data, indices, axis=0):
+    r = data.ndim
+    a = norm_axis(axis, r)
+    idx = np.asarray(indices)
+    if idx.ndim != r:
+        raise ValueError(f"indices rank {idx.ndim} != data rank {r}")
+    if any(i > d for k, (i, d) in enumerate(zip(idx.shape, data.shape)) if k != a):
+        raise ValueError(f"indices shape {idx.shape} exceeds data shape {tuple(data.shape)} off axis {a}")
+    idx = check_indices(idx, data.shape[a])
+    sl = tuple(slice(None) if k == a else slice(0, i) for k, i in enumerate(idx.shape))
+    d = data[sl]
+    if idx.size == 0:
+        return xp.zeros(idx.shape, dtype=data.dtype)
+    return np.take_along_axis(d, idx, a) if xp is np else mx.take_along_axis(d, _idx(idx), axis=a)
+
+
+@register("GatherElements", 11, const=(1,), host=twin(_gather_elements))
+def gather_elements(data, indices, *, axis=0):
+    return _gather_elements(mx, data, indices, axis)
+
+
+def nd_positions(shape, indices, batch_dims: int = 0) -> tuple[np.ndarray, int, tuple]:
+    """GatherND/ScatterND addressing: flat slice numbers (shape indices.shape[:-1]), slice size, slice shape."""
+    idx = np.asarray(indices).astype(np.int64)
+    b, r = int(batch_dims), len(shape)
+    if idx.ndim < 1 or not 0 <= b < min(idx.ndim, r):
+        raise ValueError(f"batch_dims {b} invalid for indices rank {idx.ndim} and data rank {r}")
+    k = idx.shape[-1]
+    if k > r - b:
+        raise ValueError(f"index tuples of length {k} exceed data rank {r} - batch_dims {b}")
+    if tuple(idx.shape[:b]) != tuple(shape[:b]):
+        raise ValueError(f"batch dims of indices {idx.shape[:b]} != data {tuple(shape[:b])}")
+    dims = shape[b:b + k]
+    flat = np.zeros(idx.shape[:-1], np.int64)
+    for j, n in enumerate(dims):
+        flat = flat * n + check_indices(idx[..., j], n)
+    nb, p = math.prod(shape[:b]), math.prod(dims)
+    flat = (flat.reshape(nb, -1) + (np.arange(nb, dtype=np.int64) * p)[:, None]).reshape(idx.shape[:-1])
+    rest = tuple(shape[b + k:])
+    return flat, math.prod(rest), rest
+
+
+def _gather_nd(xp, data, indices, batch_dims=0):
+    flat, inner, rest = nd_positions(data.shape, indices, batch_dims)
+    src = xp.reshape(data, (math.prod(data.shape[:data.ndim - len(rest)]), *rest))
+    out = np.take(src, flat.reshape(-1), axis=0) if xp is np else mx.take(src, _idx(flat.reshape(-1)), axis=0)
+    return xp.reshape(out, (*flat.shape, *rest))
+
+
+@register("GatherND", 11, const=(1,), host=twin(_gather_nd))
+def gather_nd(data, indices, *, batch_dims=0):
+    """GatherND (batch_dims from opset 12)."""
+    return _gather_nd(mx, data, indices, batch_dims)
+
+
+def _scatter_flat(data, pos: np.ndarray, updates, reduction: str):
+    """Scatter ``updates`` (same size as ``pos``) into the flattened data at host positions."""
+    flat = mx.reshape(data, (-1,))
+    upd = mx.reshape(updates, (-1,))
+    pos = pos.reshape(-1)
+    if pos.size == 0:
+        return data
+    if reduction == "none":              # ORT writes in order: the last duplicate wins
+        _, first_rev = np.unique(pos[::-1], return_index=True)
+        keep = np.sort(pos.size - 1 - first_rev)
+        if keep.size != pos.size:
+            upd = mx.take(upd, _idx(keep), axis=0)
+            pos = pos[keep]
+        out = mx.put_along_axis(flat, _idx(pos), upd, axis=0)
+    else:
+        at = flat.at[_idx(pos)]
+        out = {"add": at.add, "mul": at.multiply, "max": at.maximum, "min": at.minimum}[reduction](upd)
+    return mx.reshape(out, data.shape)
+
+
+def _reduction_check(allowed):
+    def check(view):
+        red = view.attrs.get("reduction", "none")
+        if red not in allowed:
+            return f"reduction {red!r}"
+        if red != "none" and view.dtype(0) in (dt.BOOL, dt.FLOAT16, dt.BFLOAT16):
+            return f"reduction {red!r} on {dt.name(view.dtype(0))} (ORT's CPU kernel rejects it)"
+        return None
+    return check
+
+
+def _scatter_elements(data, indices, updates, axis, reduction):
+    r = data.ndim
+    a = norm_axis(axis, r)
+    idx = np.asarray(indices)
+    if idx.ndim != r or tuple(idx.shape) != tuple(updates.shape):
+        raise ValueError(f"indices shape {idx.shape} must equal updates shape {tuple(updates.shape)} "
+                         f"and have the data rank {r}")
+    if any(i > d for k, (i, d) in enumerate(zip(idx.shape, data.shape)) if k != a):
+        raise ValueError(f"indices shape {idx.shape} exceeds data shape {tuple(data.shape)} off axis {a}")
+    idx = check_indices(idx, data.shape[a])
+    coords = list(np.indices(idx.shape, sparse=True))
+    coords[a] = idx
+    pos = np.ravel_multi_index(tuple(np.broadcast_arrays(*coords)), data.shape) if idx.size else idx
+    return _scatter_flat(data, pos, updates, reduction)
+
+
+@register("Scatter", 9, const=(1,))
+def scatter(data, indices, updates, *, axis=0):
+    """Scatter (deprecated alias of ScatterElements without reduction)."""
+    return _scatter_elements(data, indices, updates, axis, "none")
+
+
+@register("ScatterElements", 11, const=(1,), check=_reduction_check({"none", "add", "mul", "max", "min"}))
+def scatter_elements(data, indices, updates, *, axis=0, reduction="none"):
+    """ScatterElements; reduction add/mul from opset 16, max/min from 18."""
+    return _scatter_elements(data, indices, updates, axis, reduction)
+
+
+@register("ScatterND", 11, const=(1,), check=_reduction_check({"none", "add", "mul", "max", "min"}))
+def scatter_nd(data, indices, updates, *, reduction="none"):
+    """ScatterND; reduction add/mul from opset 16, max/min from 18."""
+    flat, inner, rest = nd_positions(data.shape, indices)
+    if tuple(updates.shape) != (*flat.shape, *rest):
+        raise ValueError(f"updates shape {tuple(updates.shape)} != {(*flat.shape, *rest)}")
+    pos = flat[..., None] * inner + np.arange(inner, dtype=np.int64)
+    return _scatter_flat(data, pos, updates, reduction)
+
+
+# ---------------------------------------------------------------- Pad
+def _pad_check(view):
+    mode = view.attrs.get("mode", "constant")
+    allowed = ("constant", "reflect", "edge") + (("wrap",) if view.since_version >= 19 else ())
+    if mode not in allowed:
+        return f"mode {mode!r}"
+    return None
+
+
+def _pad_index(d: int, before: int, after: int, mode: str) -> np.ndarray:
+    i = np.arange(-before, d + after)
+    if mode == "edge":
+        return np.clip(i, 0, d - 1)
+    if mode == "wrap":
+        return np.mod(i, d)
+    if d == 1:
+        return np.zeros_like(i)
+    period = 2 * (d - 1)
+    i = np.mod(i, period)
+    return np.where(i < d, i, period - i)
+
+
+def _pad(data, pads, value, mode, axes, vtype):
+    r = data.ndim
+    pads = ints(pads)
+    axes = list(range(r)) if axes is None else norm_axes(ints(axes), r)
+    if len(pads) != 2 * len(axes):
+        raise ValueError(f"pads {pads} must have 2 entries per axis ({len(axes)} axes)")
+    n = len(axes)
+    crop = [slice(None)] * r
+    grow = [(0, 0)] * r
+    for k, a in enumerate(axes):
+        b, e, d = pads[k], pads[k + n], data.shape[a]
+        if b < 0 or e < 0:
+            lo, hi = max(-b, 0), d - max(-e, 0)
+            if hi < lo:
+                raise ValueError(f"negative pads {(b, e)} remove more than the {d} elements of axis {a}")
+            crop[a] = slice(lo, hi)
+        grow[a] = (max(b, 0), max(e, 0))
+    x = data[tuple(crop)]
+    if mode == "constant":
+        if all(g == (0, 0) for g in grow):
+            return x
+        v = mx.array(0, x.dtype) if value is None else value
+        return mx.pad(x, grow, constant_values=v)
+    for a, (b, e) in enumerate(grow):
+        if b or e:
+            d = x.shape[a]
+            if d == 0:
+                raise ValueError(f"{mode} padding of axis {a}, which is empty")
+            if mode == "reflect" and (b >= d or e >= d) and d > 1:
+                raise ValueError(f"reflect pads {(b, e)} must be smaller than dim {d} of axis {a}")
+            x = mx.take(x, _idx(_pad_index(d, b, e, mode)), axis=a)
+    return x
+
+
+@register("Pad", 2, check=_pad_check)
+def pad_v2(data, *, pads, mode="constant", value=0.0):
+    """Pad-2: pads and value as attributes."""
+    return _pad(data, pads, mx.array(value).astype(data.dtype), mode, None, None)
+
+
+@register("Pad", 11, const=(1, 2, 3), check=_pad_check)
+def pad(data, pads, constant_value=None, axes=None, *, mode="constant", ctx):
+    """Pad-11+: pads/constant_value (and axes from 18) as host inputs; wrap from 19."""
+    v = None
+    if constant_value is not None and np.asarray(constant_value).size:
+        t = ctx.in_dtypes[2] or ctx.in_dtypes[0]
+        v = dt.to_mx(np.asarray(constant_value).reshape(-1)[:1].reshape(()), t).astype(data.dtype)
+    return _pad(data, pads, v, mode, axes, ctx.in_dtypes[0])
+
+
+# ---------------------------------------------------------------- TopK
+_TOPK_TYPES = {dt.FLOAT, dt.DOUBLE, dt.INT32, dt.INT64, dt.FLOAT16, dt.BFLOAT16, dt.INT8, dt.UINT8,
+               dt.INT16, dt.UINT16, dt.UINT32, dt.UINT64}
+
+
+def _topk_check(view):
+    if not view.attrs.get("sorted", 1):
+        return "sorted=0: ORT's unsorted order is implementation-defined"
+    return None
+
+
+def _topk(x, k: int, axis: int, largest: int):
+    a = norm_axis(axis, x.ndim)
+    n = x.shape[a]
+    if not 0 <= k <= n:
+        raise ValueError(f"k={k} out of range for axis {a} of size {n}")
+    if x.dtype in (mx.float32, mx.float16, mx.bfloat16, mx.float64):
+        key = -x if largest else x
+    else:
+        key = mx.bitwise_invert(x) if largest else x       # order-reversing and exact for every int type
+    order = mx.argsort(key, axis=a)                         # stable: ties keep the lower index first
+    sl = [slice(None)] * x.ndim
+    sl[a] = slice(0, k)
+    idx = order[tuple(sl)]
+    return mx.take_along_axis(x, idx, axis=a), idx.astype(mx.int64)
+
+
+@register("TopK", 1, dtypes=_TOPK_TYPES, check=_topk_check)
+def topk_v1(X, *, k, axis=-1):
+    return _topk(X, int(k), axis, 1)
+
+
+@register("TopK", 10, const=(1,), dtypes=_TOPK_TYPES, check=_topk_check)
+def topk_v10(X, K, *, axis=-1):
+    return _topk(X, ints(K)[0] if np.asarray(K).size == 1 else _bad_k(K), axis, 1)
+
+
+@register("TopK", 11, const=(1,), dtypes=_TOPK_TYPES, check=_topk_check)
+def topk(X, K, *, axis=-1, largest=1, sorted=1):
+    """TopK; ties resolve to the lower index (ORT's order). sorted=0 is refused."""
+    return _topk(X, ints(K)[0] if np.asarray(K).size == 1 else _bad_k(K), axis, largest)
+
+
+def _bad_k(K):
+    raise ValueError(f"K must hold a single value, got shape {np.asarray(K).shape}")
+
+
+# ---------------------------------------------------------------- host-computed: NonZero, Unique
+def _host(x) -> np.ndarray:
+    return dt.to_numpy(x) if isinstance(x, mx.array) else np.asarray(x)
+
+
+@register("NonZero", 9, host_computed=True)
+def nonzero(X, *, ctx):
+    """Indices of the non-zero elements, (rank, n) int64 in row-major order."""
+    x = _host(X)
+    if ctx.in_dtypes[0] == dt.BFLOAT16:
+        x = x & 0x7FFF                      # bf16 bits: +-0 are the only zeros
+    if x.ndim == 0:                         # ORT: one coordinate row for a scalar
+        return np.zeros((1, int(bool(x))), np.int64)
+    return np.array(np.nonzero(x), dtype=np.int64).reshape(x.ndim, -1)
+
+
+_UNIQUE_TYPES = dt.NUMERIC - {dt.BFLOAT16} | {dt.BOOL}      # bf16 bits would not sort as numbers
+
+
+@register("Unique", 11, dtypes=_UNIQUE_TYPES, host_computed=True)
+def unique(X, *, axis=None, sorted=1):
+    """Unique values (or slices along ``axis``): Y, first indices, inverse indices, counts."""
+    x = _host(X)
+    if axis is None:
+        flat = x.reshape(-1)
+    else:
+        a = norm_axis(axis, x.ndim)
+        flat = np.moveaxis(x, a, 0).reshape(x.shape[a], -1)
+    y, first, inverse, counts = np.unique(flat, return_index=True, return_inverse=True, return_counts=True,
+                                          axis=None if axis is None else 0)
+    inverse = inverse.reshape(-1)
+    if not sorted:                            # order of first occurrence
+        order = np.argsort(first, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(order.size)
+        y, first, counts, inverse = y[order], first[order], counts[order], rank[inverse]
+    if axis is not None:
+        a = norm_axis(axis, x.ndim)
+        rest = tuple(np.delete(np.array(x.shape), a))
+        y = np.moveaxis(y.reshape((y.shape[0], *rest)), 0, a)
+    i64 = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
+    return np.ascontiguousarray(y), i64(first), i64(inverse), i64(counts)
+
+
+# ---------------------------------------------------------------- Compress / ReverseSequence / CenterCropPad
+@register("Compress", 9, const=(1,))
+def compress(input, condition, *, axis=None):
+    """Elements (or slices along ``axis``) where ``condition`` is true."""
+    cond = np.asarray(condition).astype(bool).reshape(-1)
+    x = mx.reshape(input, (-1,)) if axis is None else input
+    a = 0 if axis is None else norm_axis(axis, input.ndim)
+    if cond.size > x.shape[a]:
+        raise ValueError(f"condition has {cond.size} entries, axis has only {x.shape[a]}")
+    return mx.take(x, _idx(np.nonzero(cond)[0]), axis=a)
+
+
+@register("ReverseSequence", 10, const=(1,))
+def reverse_sequence(input, sequence_lens, *, batch_axis=1, time_axis=0):
+    """Reverse the first sequence_lens[b] steps along ``time_axis`` of every batch entry."""
+    x = input
+    if x.ndim < 2:
+        raise ValueError(f"input rank {x.ndim} < 2")
+    ba, ta = norm_axis(batch_axis, x.ndim, "batch_axis"), norm_axis(time_axis, x.ndim, "time_axis")
+    if ba == ta or {ba, ta} - {0, 1}:
+        raise ValueError(f"batch_axis {batch_axis} and time_axis {time_axis} must be 0 and 1")
+    lens = np.asarray(sequence_lens).astype(np.int64).reshape(-1)
+    nb, nt = x.shape[ba], x.shape[ta]
+    if lens.size != nb:
+        raise ValueError(f"sequence_lens has {lens.size} entries, batch axis has {nb}")
+    if ((lens < 0) | (lens > nt)).any():
+        raise ValueError(f"sequence_lens {lens.tolist()} out of range [0, {nt}]")
+    t = np.arange(nt)[None, :]
+    src = np.where(t < lens[:, None], lens[:, None] - 1 - t, t)       # (batch, time)
+    if ta < ba:
+        src = src.T
+    shape = list(src.shape) + [1] * (x.ndim - 2)
+    idx = mx.broadcast_to(_idx(src.reshape(shape)), x.shape)
+    return mx.take_along_axis(x, idx, axis=ta)
+
+
+@register("CenterCropPad", 18, const=(1,))
+def center_crop_pad(input_data, shape, *, axes=None):
+    """Crop or zero-pad each axis to ``shape``, centred (odd remainders go to the end)."""
+    x = input_data
+    shape = ints(shape)
+    axes = list(range(x.ndim)) if axes is None else norm_axes(axes, x.ndim)
+    if len(shape) != len(axes):
+        raise ValueError(f"shape {shape} has {len(shape)} entries for {len(axes)} axes")
+    crop = [slice(None)] * x.ndim
+    grow = [(0, 0)] * x.ndim
+    for a, s in zip(axes, shape):
+        d = x.shape[a]
+        if s < 0:
+            raise ValueError(f"negative target size {s}")
+        if s < d:
+            lo = (d - s) // 2
+            crop[a] = slice(lo, lo + s)
+        elif s > d:
+            lo = (s - d) // 2
+            grow[a] = (lo, s - d - lo)
+    y = x[tuple(crop)]
+    return mx.pad(y, grow) if any(g != (0, 0) for g in grow) else y

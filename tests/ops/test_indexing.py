@@ -1,0 +1,202 @@
+"""Indexing / data movement vs the CPU EP: Slice, Gather, GatherElements, GatherND, Scatter,
+ScatterElements, ScatterND, Pad, TopK, NonZero, Unique, Compress, ReverseSequence, CenterCropPad."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto as T, helper
+
+from ortmlx.testing import check_against_cpu, make_model
+
+from _movutil import DTYPES, check, check_error, check_refused, data, i64, one_node, refusal_reason
+
+BIG = 2**63 - 1
+D = "data"     # placeholder: the data tensor of the case's dtype and shape
+
+
+def dup_idx():
+    return np.array([[1, 0, 2], [0, 2, 1], [1, 1, 0]], np.int64)     # column 0 hits row 1 twice
+
+
+# id: (op, data shape, inputs after data (D = another data tensor of the same type), attrs, opset, n_out,
+#      consts, out_types (None: data type); "I64" stands for int64)
+CASES = {
+    # Slice
+    "slice_v1": ("Slice", (3, 5), [], {"starts": [1, -3], "ends": [3, BIG], "axes": [0, 1]}, 9, 1, (), None),
+    "slice_basic": ("Slice", (4, 6), [i64(1, 0), i64(3, 5)], {}, 13, 1, (), None),
+    "slice_axes_steps": ("Slice", (4, 6, 3), [i64(0, 5), i64(BIG, 1), i64(0, -2), i64(2, -1)], {}, 13, 1, (),
+                         None),
+    "slice_neg_step_clamp": ("Slice", (5, 4), [i64(-10, 100), i64(-100, -BIG), i64(0, 1), i64(-1, -2)], {}, 13,
+                             1, (), None),
+    "slice_neg_step_end": ("Slice", (7,), [i64(BIG), i64(-BIG), i64(0), i64(-3)], {}, 13, 1, (1, 2, 3, 4), None),
+    "slice_empty": ("Slice", (4, 3), [i64(3), i64(1), i64(0)], {}, 13, 1, (), None),
+    "slice_zero_dim": ("Slice", (0, 3), [i64(0, 1), i64(1, 3)], {}, 13, 1, (), None),
+    "slice_int32": ("Slice", (4, 6), [np.array([1], np.int32), np.array([-1], np.int32),
+                                      np.array([-1], np.int32)], {}, 13, 1, (), None),
+    # Gather family
+    "gather_axis0": ("Gather", (5, 3), [i64(0, 4, -1, 2)], {}, 13, 1, (), None),
+    "gather_axis1_2d": ("Gather", (2, 5, 3), [np.array([[0, -5], [4, 1]], np.int32)], {"axis": 1}, 13, 1, (),
+                        None),
+    "gather_scalar": ("Gather", (4, 3), [np.array(-2, np.int64)], {"axis": -2}, 13, 1, (1,), None),
+    "gather_empty_idx": ("Gather", (4, 3), [np.zeros((0,), np.int64)], {"axis": 1}, 13, 1, (), None),
+    "gather_elements": ("GatherElements", (3, 4), [np.array([[0, -1, 2, 3], [3, 0, 1, -4]], np.int64)],
+                        {"axis": 1}, 13, 1, (), None),
+    "gather_elements_ax0": ("GatherElements", (3, 4), [np.array([[2, 0], [-1, 1]], np.int64)], {"axis": 0},
+                            11, 1, (), None),
+    "gather_nd": ("GatherND", (3, 4, 2), [np.array([[0, 1], [2, -1]], np.int64)], {}, 11, 1, (), None),
+    "gather_nd_full": ("GatherND", (3, 4), [np.array([[[1, 2]], [[0, 3]]], np.int64)], {}, 13, 1, (), None),
+    "gather_nd_batch": ("GatherND", (2, 3, 4), [np.array([[[1], [2]], [[0], [-1]]], np.int64)],
+                        {"batch_dims": 1}, 13, 1, (), None),
+    # Scatter family
+    "scatter_v9": ("Scatter", (3, 3), [np.array([[1, 0, 2], [0, 2, 1]], np.int64), "upd"], {"axis": 0}, 9, 1,
+                   (), None),
+    "scatter_elements": ("ScatterElements", (3, 4), [np.array([[1, -1], [0, 2]], np.int64), "upd"],
+                         {"axis": 1}, 13, 1, (), None),
+    "scatter_elements_dup": ("ScatterElements", (3, 3), [dup_idx(), "upd"], {"axis": 0}, 13, 1, (), None),
+    "scatter_elements_add": ("ScatterElements", (3, 3), [dup_idx(), "upd"], {"reduction": "add"}, 16, 1, (),
+                             None),
+    "scatter_elements_mul": ("ScatterElements", (3, 3), [dup_idx(), "upd"], {"reduction": "mul"}, 16, 1, (),
+                             None),
+    "scatter_elements_max": ("ScatterElements", (3, 3), [dup_idx(), "upd"], {"reduction": "max", "axis": -1},
+                             18, 1, (), None),
+    "scatter_elements_min": ("ScatterElements", (3, 3), [dup_idx(), "upd"], {"reduction": "min"}, 18, 1, (),
+                             None),
+    "scatter_nd": ("ScatterND", (4, 3), [np.array([[1], [-1]], np.int64), "upd"], {}, 13, 1, (), None),
+    "scatter_nd_dup": ("ScatterND", (4, 3), [np.array([[1, 0], [2, 2], [1, 0]], np.int64), "upd"], {}, 13, 1,
+                       (), None),
+    "scatter_nd_add": ("ScatterND", (4, 3), [np.array([[1], [1], [3]], np.int64), "upd"], {"reduction": "add"},
+                       16, 1, (), None),
+    "scatter_nd_mul": ("ScatterND", (4, 3), [np.array([[1], [1]], np.int64), "upd"], {"reduction": "mul"}, 16,
+                       1, (), None),
+    "scatter_nd_max": ("ScatterND", (4, 3), [np.array([[0, 1], [0, 1]], np.int64), "upd"], {"reduction": "max"},
+                       18, 1, (), None),
+    "scatter_nd_min": ("ScatterND", (4, 3), [np.array([[2], [2]], np.int64), "upd"], {"reduction": "min"}, 18,
+                       1, (), None),
+    # Pad
+    "pad_v2": ("Pad", (2, 3), [], {"pads": [0, 1, 1, 2], "value": 1.5}, 9, 1, (), None),
+    "pad_v2_reflect": ("Pad", (3, 4), [], {"pads": [1, 2, 2, 1], "mode": "reflect"}, 9, 1, (), None),
+    "pad_const": ("Pad", (2, 3), [i64(1, 0, 0, 2), "value"], {}, 13, 1, (), None),
+    "pad_const_default": ("Pad", (2, 3), [i64(1, 1, 1, 1)], {}, 13, 1, (1,), None),
+    "pad_negative": ("Pad", (4, 5), [i64(-1, 2, 1, -3), "value"], {}, 13, 1, (), None),
+    "pad_reflect": ("Pad", (3, 4), [i64(2, 3, 1, 3)], {"mode": "reflect"}, 13, 1, (), None),
+    "pad_edge": ("Pad", (3, 4), [i64(2, 5, 1, 0)], {"mode": "edge"}, 13, 1, (), None),
+    "pad_axes": ("Pad", (2, 3, 4), [i64(1, 2, 0, 1), "value", i64(-1, 0)], {}, 18, 1, (), None),
+    "pad_wrap": ("Pad", (3, 4), [i64(1, 5, 4, 2)], {"mode": "wrap"}, 19, 1, (), None),
+    "pad_zero_dim": ("Pad", (0, 3), [i64(1, 0, 1, 0), "value"], {}, 13, 1, (), None),
+    # TopK
+    "topk_v1": ("TopK", (3, 5), [], {"k": 2}, 9, 2, (), [None, T.INT64]),
+    "topk_largest": ("TopK", (3, 6), [i64(3)], {}, 13, 2, (), [None, T.INT64]),
+    "topk_smallest_axis0": ("TopK", (4, 3), [i64(2)], {"axis": 0, "largest": 0}, 13, 2, (1,), [None, T.INT64]),
+    "topk_ties": ("TopK", "ties", [i64(4)], {}, 13, 2, (), [None, T.INT64]),
+    "topk_ties_smallest": ("TopK", "ties", [i64(4)], {"largest": 0}, 13, 2, (), [None, T.INT64]),
+    "topk_k0": ("TopK", (2, 3), [i64(0)], {}, 13, 2, (), [None, T.INT64]),
+    # host computed
+    "nonzero": ("NonZero", (3, 4), [], {}, 13, 1, (), [T.INT64]),
+    "nonzero_scalar": ("NonZero", (), [], {}, 13, 1, (), [T.INT64]),
+    "unique_sorted": ("Unique", "ties", [], {}, 11, 4, (), [None, T.INT64, T.INT64, T.INT64]),
+    "unique_unsorted": ("Unique", "ties", [], {"sorted": 0}, 11, 4, (), [None, T.INT64, T.INT64, T.INT64]),
+    "unique_axis": ("Unique", "rows", [], {"axis": 0}, 11, 4, (), [None, T.INT64, T.INT64, T.INT64]),
+    "unique_axis_unsorted": ("Unique", "rows", [], {"axis": -2, "sorted": 0}, 11, 4, (),
+                             [None, T.INT64, T.INT64, T.INT64]),
+    # Compress / ReverseSequence / CenterCropPad
+    "compress_flat": ("Compress", (2, 3), [np.array([1, 0, 1, 1], bool)], {}, 13, 1, (), None),
+    "compress_axis": ("Compress", (3, 4), [np.array([0, 1, 1], bool)], {"axis": 0}, 13, 1, (), None),
+    "compress_short": ("Compress", (3, 4), [np.array([1, 0], bool)], {"axis": -1}, 13, 1, (1,), None),
+    "revseq_time0": ("ReverseSequence", (4, 3, 2), [i64(4, 1, 2)], {}, 13, 1, (), None),
+    "revseq_batch0": ("ReverseSequence", (3, 4), [i64(1, 4, 0)], {"batch_axis": 0, "time_axis": 1}, 13, 1, (),
+                      None),
+    "center_crop_pad": ("CenterCropPad", (5, 4, 3), [i64(2, 7)], {"axes": [0, -1]}, 18, 1, (), None),
+    "center_crop_pad_all": ("CenterCropPad", (4, 3), [i64(3, 6)], {}, 18, 1, (), None),
+}
+NEEDS_UNIQUE = {"ties": (2, 6), "rows": (5, 3)}
+
+
+def make_data(t, shape, seed=0):
+    if shape == "ties":        # small value set: many equal values
+        return (data(T.INT64, (3, 6), seed) % 3).astype(data(t, (1,)).dtype) if t != T.BOOL else \
+            data(t, (3, 6), seed)
+    if shape == "rows":        # repeated rows
+        rows = data(t, (3, 3), seed)
+        return rows[[0, 2, 0, 1, 2]]
+    return data(t, shape, seed)
+
+
+def build(case, t, bf16=False):
+    op, shape, extra, attrs, opset, n_out, consts, out_types = CASES[case]
+    x = make_data(t, shape)
+    ins = [x]
+    for k, e in enumerate(extra):
+        if isinstance(e, str) and e == "upd":
+            ins.append(data(t, np.asarray(extra[0]).shape[:1] + x.shape[np.asarray(extra[0]).shape[-1]:], 7)
+                       if op == "ScatterND" else data(t, np.asarray(extra[0]).shape, 7))
+        elif isinstance(e, str) and e == "value":
+            ins.append(data(t, (), 9))
+        else:
+            ins.append(e)
+    ots = [t if o is None else o for o in (out_types or [None] * n_out)]
+    return one_node(op, ins, attrs, opset, ots, n_out, consts, bf16=bf16)
+
+
+@pytest.mark.parametrize("t", DTYPES, ids=lambda t: T.DataType.Name(t).lower())
+@pytest.mark.parametrize("case", list(CASES))
+def test_indexing_ops(case, t):
+    model, feeds = build(case, t)
+    if CASES[case][3].get("reduction", "none") != "none" and t in (T.BOOL, T.FLOAT16):
+        assert "ORT's CPU kernel rejects it" in refusal_reason(model, CASES[case][0])
+        return
+    check(model, feeds)
+
+
+@pytest.mark.parametrize("case", ["slice_axes_steps", "gather_axis1_2d", "gather_nd_batch", "scatter_elements_dup",
+                                  "scatter_nd", "pad_reflect", "pad_const", "revseq_time0"])
+def test_indexing_bf16(case):
+    model, feeds = build(case, T.FLOAT, bf16=True)
+    check(model, feeds, op=CASES[case][0], bf16=True)
+
+
+def test_topk_nan_free_float64():
+    model, feeds = one_node("TopK", [data(T.DOUBLE, (4, 7)), i64(3)], {"largest": 0}, 13,
+                            [T.DOUBLE, T.INT64], 2)
+    check(model, feeds)
+
+
+# ------------------------------------------------------------------ refused cases
+def test_topk_unsorted_refused():
+    model, feeds = one_node("TopK", [data(T.FLOAT, (3, 5)), i64(2)], {"sorted": 0}, 13, [T.FLOAT, T.INT64], 2)
+    check_refused(model, feeds, "TopK")
+
+
+def test_gather_device_indices_refused():
+    """Indices computed on the device cannot be range-checked on the host: Gather stays on CPU."""
+    nodes = [helper.make_node("TopK", ["v", "k"], ["vals", "idx"]),
+             helper.make_node("Gather", ["x", "idx"], ["y"], axis=0)]
+    model = make_model(nodes, [("x", T.FLOAT, ["a", "b"]), ("v", T.FLOAT, ["c"])],
+                       [("y", T.FLOAT, None)], {"k": i64(2)}, opset=13)
+    check_refused(model, {"x": data(T.FLOAT, (5, 3)), "v": data(T.FLOAT, (5,))}, "Gather")
+
+
+# ------------------------------------------------------------------ errors name the node
+@pytest.mark.parametrize("op,ins,attrs,opset", [
+    ("Gather", [data(T.FLOAT, (3, 2)), i64(0, 3)], {}, 13),
+    ("Gather", [data(T.FLOAT, (3, 2)), i64(-4)], {}, 13),
+    ("GatherElements", [data(T.FLOAT, (3, 2)), np.array([[0, 2]], np.int64)], {"axis": 1}, 13),
+    ("GatherND", [data(T.FLOAT, (3, 2)), np.array([[3, 0]], np.int64)], {}, 13),
+    ("ScatterElements", [data(T.FLOAT, (3, 2)), np.array([[5]], np.int64), data(T.FLOAT, (1, 1))], {}, 13),
+    ("ScatterND", [data(T.FLOAT, (3, 2)), np.array([[-4]], np.int64), data(T.FLOAT, (1, 2))], {}, 13),
+    ("TopK", [data(T.FLOAT, (3, 2)), i64(3)], {}, 13),
+    ("Slice", [data(T.FLOAT, (3, 2)), i64(0), i64(1), i64(0), i64(0)], {}, 13),
+], ids=["gather_high", "gather_low", "gather_elements", "gather_nd", "scatter_elements", "scatter_nd",
+        "topk_k", "slice_step0"])
+def test_indexing_errors(op, ins, attrs, opset):
+    n_out = 2 if op == "TopK" else 1
+    out_types = [T.FLOAT, T.INT64] if op == "TopK" else None
+    model, feeds = one_node(op, ins, attrs, opset, out_types, n_out)
+    check_error(model, feeds, f"{op}_0")
+
+
+def test_gather_embedding_on_mlx():
+    """Gather(weight initializer, ids graph input) -> Unsqueeze: the embedding lookup pattern."""
+    nodes = [helper.make_node("Gather", ["w", "ids"], ["e"]), helper.make_node("Relu", ["e"], ["y"])]
+    model = make_model(nodes, [("ids", T.INT64, ["b", "s"])], [("y", T.FLOAT, None)],
+                       {"w": data(T.FLOAT, (10, 4))}, opset=13)
+    check_against_cpu(model, [{"ids": np.array([[1, 9, -1]], np.int64)}, {"ids": np.zeros((2, 0), np.int64)}])

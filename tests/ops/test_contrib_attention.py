@@ -206,3 +206,55 @@ def test_rotary_embedding_position_out_of_cache_is_clear_error():
     model = rope_model(F32, [1, 2, 16], 16, max_pos=8, pos_shape=["a"])
     with pytest.raises(Exception, match="rotary cache"):
         session(model).run(None, {"input": np.ones((1, 2, 16), np.float32), "position_ids": np.array([7])})
+
+
+# ------------------------------------------------------------------------------ MultiHeadAttention
+def mha_model(t, n, h, *, past=False, mask=False, bias=False, hv=None, **attrs):
+    """MultiHeadAttention as the model builder emits it for fp16/CPU (rotary done before, mask as bias)."""
+    hv = hv or h
+    ins = ["query", "key", "value", "bias" if bias else "", "", "attention_bias" if mask else ""]
+    inputs = [("query", t, ["B", "S", n * h]), ("key", t, ["B", "L", n * h]), ("value", t, ["B", "L", n * hv])]
+    inits = {}
+    if bias:
+        inits["bias"] = _rng(5).standard_normal(2 * n * h + n * hv).astype(NP[t])
+    if mask:
+        inputs.append(("attention_bias", t, ["a", "b", "S", "T"]))
+    outs = ["output"]
+    if past:
+        ins += ["past_key", "past_value"]
+        inputs += [("past_key", t, ["B", n, "P", h]), ("past_value", t, ["B", n, "P", hv])]
+        outs += ["present_key", "present_value"]
+    node = helper.make_node("MultiHeadAttention", ins, outs, domain="com.microsoft", num_heads=n, **attrs)
+    return make_model([node], inputs, [(o, t, None) for o in outs], inits, extra_opsets=MS)
+
+
+def mha_feeds(t, n, h, b, s, l, p=None, mask=None, hv=None, seed=0):
+    hv = hv or h
+    r = _rng(seed)
+    f = {"query": r.standard_normal((b, s, n * h)), "key": r.standard_normal((b, l, n * h)),
+         "value": r.standard_normal((b, l, n * hv))}
+    if p is not None:
+        f["past_key"] = r.standard_normal((b, n, p, h))
+        f["past_value"] = r.standard_normal((b, n, p, hv))
+    if mask is not None:
+        f["attention_bias"] = np.where(r.random(mask) < 0.3, np.finfo(np.float32).min if t == F32 else -65504.0, 0.0)
+    return {k: v.astype(NP[t]) for k, v in f.items()}
+
+
+# (id, dtype, n, h, model kwargs, [(b, s, l, past, mask shape)])
+MHA_CASES = [
+    ("plain", F32, 2, 8, {}, [(2, 4, 6, None, None)]),
+    ("scale_mask", F32, 2, 8, dict(mask=True, scale=0.3), [(2, 4, 4, None, (2, 1, 4, 4)), (1, 3, 3, None, (1, 2, 3, 3))]),
+    ("past_mask", F32, 4, 8, dict(past=True, mask=True), [(2, 3, 3, 0, (2, 1, 3, 3)), (2, 1, 1, 5, (2, 1, 1, 6))]),
+    ("unidirectional_past", F32, 2, 8, dict(past=True, unidirectional=1), [(1, 4, 4, 3, None)]),
+    ("bias_vdim", F32, 2, 8, dict(bias=True, hv=4), [(2, 3, 5, None, None)]),
+    ("fp16_past_mask", F16, 4, 16, dict(past=True, mask=True), [(2, 5, 5, 0, (2, 1, 5, 5)), (2, 1, 1, 5, (2, 1, 1, 6))]),
+]
+
+
+@pytest.mark.parametrize("case", MHA_CASES, ids=[c[0] for c in MHA_CASES])
+def test_mha(case):
+    _, t, n, h, mk, runs = case
+    model = mha_model(t, n, h, **mk)
+    feeds = [mha_feeds(t, n, h, b, s, l, p, m, hv=mk.get("hv"), seed=i) for i, (b, s, l, p, m) in enumerate(runs)]
+    check_against_cpu(model, feeds, **TOL[t])

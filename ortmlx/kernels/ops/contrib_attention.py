@@ -377,3 +377,70 @@ def rotary_embedding(input, position_ids, cos_cache, sin_cache, *, interleaved=0
     if input.ndim == 4:
         return y
     return y.transpose(0, 2, 1, 3).reshape(b, s, n * h)
+
+
+# ---------------------------------------------------------------------------- MultiHeadAttention
+def _mha_check(v) -> str | None:
+    a = v.attrs
+    if v.dtype(0) not in _FLOATS:
+        return f"dtype {dt.name(v.dtype(0))}: ORT's CPU kernel has float and float16 only"
+    if not (v.has(1) and v.has(2)):
+        return "packed QKV/KV (key or value omitted) not supported"
+    for i in (0, 1, 2):
+        if v.rank(i) not in (None, 3):
+            return f"input {i} rank {v.rank(i)} (3D BSD query/key/value only)"
+    for i, what in ((4, "key_padding_mask"), (8, "past_sequence_length"), (9, "cache_indirection")):
+        if v.has(i):
+            return f"input {what} not supported"
+    if v.has(6) != v.has(7):
+        return "past_key and past_value must both be given"
+    if len(v.node.outputs) > 3 and v.node.outputs[3]:
+        return "qk output not supported"
+    if a["num_heads"] <= 0:
+        return f"num_heads={a['num_heads']}"
+    if a.get("unidirectional", 0) not in (0, 1):
+        return f"unidirectional={a['unidirectional']}"
+    ab = v.shape(5)
+    if ab is not None and len(ab) != 4:
+        return f"attention_bias rank {len(ab)} (4D only)"
+    return None
+
+
+@register("MultiHeadAttention", 1, domain=MS, check=_mha_check)
+def multi_head_attention(query, key=None, value=None, bias=None, key_padding_mask=None, attention_bias=None,
+                         past_key=None, past_value=None, past_sequence_length=None, cache_indirection=None, *,
+                         num_heads, scale=0.0, mask_filter_value=-10000.0, unidirectional=0, ctx):
+    """softmax(Q K^T * scale + attention_bias [causal]) V with optional past (present = concat)."""
+    b, s, d = query.shape
+    _, l, dk = key.shape
+    dv = value.shape[-1]
+    if key.shape[0] != b or value.shape[:2] != key.shape[:2] or dk != d or d % num_heads or dv % num_heads:
+        raise ValueError(f"query {query.shape}, key {key.shape}, value {value.shape} do not fit num_heads={num_heads}")
+    if bias is not None:
+        if bias.shape != (2 * d + dv,):
+            raise ValueError(f"bias shape {bias.shape}, expected ({2 * d + dv},)")
+        query, key, value = query + bias[:d], key + bias[d:2 * d], value + bias[2 * d:]
+    h, hv = d // num_heads, dv // num_heads
+    q, k, vv = _bnsh(query, num_heads), _bnsh(key, num_heads), _bnsh(value, num_heads)
+    if past_key is not None:
+        if past_key.shape[:2] != (b, num_heads) or past_key.shape[3] != h or \
+                past_value.shape != past_key.shape[:3] + (hv,):
+            raise ValueError(f"past_key {past_key.shape} / past_value {past_value.shape} do not fit")
+        k = mx.concatenate([past_key, k], axis=2)
+        vv = mx.concatenate([past_value, vv], axis=2)
+    t = k.shape[2]
+    alpha = scale if scale != 0.0 else 1.0 / math.sqrt(h)
+    scores = (q.astype(mx.float32) @ k.astype(mx.float32).swapaxes(-1, -2)) * alpha
+    if attention_bias is not None:
+        ab = attention_bias.shape
+        if len(ab) != 4 or ab[0] not in (1, b) or ab[1] not in (1, num_heads) or ab[2] != s or ab[3] != t:
+            raise ValueError(f"attention_bias shape {ab}, expected (1|{b}, 1|{num_heads}, {s}, {t})")
+        scores = scores + attention_bias.astype(mx.float32)
+    if unidirectional:
+        past = t - s
+        qpos = mx.arange(s, dtype=mx.int32).reshape(s, 1) + past
+        scores = mx.where(mx.arange(t, dtype=mx.int32).reshape(1, t) <= qpos, scores,
+                          mx.array(mask_filter_value, mx.float32))
+    probs = mx.softmax(scores, axis=-1)
+    out = (probs @ vv.astype(mx.float32)).transpose(0, 2, 1, 3).reshape(b, s, num_heads * hv).astype(query.dtype)
+    return (out, k, vv)[:max(ctx.n_outputs, 1)]

@@ -1,0 +1,196 @@
+"""Conv and ConvTranspose (1-D/2-D/3-D, groups, dilations, strides, pads, auto_pad).
+
+MLX convolutions are channels-last: inputs are transposed NC... -> N...C and weights
+M C/g k... -> M k... C/g, and the result is transposed back. ConvTranspose is a
+convolution of the stride-dilated input with the flipped kernel.
+"""
+from __future__ import annotations
+
+import mlx.core as mx
+
+from .. import dtypes as dt
+from ..registry import register
+
+CONV_TYPES = frozenset({dt.FLOAT, dt.FLOAT16, dt.BFLOAT16})
+AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+
+
+def _s(v):
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def to_channels_last(x):
+    return x.transpose(0, *range(2, x.ndim), 1)
+
+
+def to_channels_first(x):
+    return x.transpose(0, x.ndim - 1, *range(1, x.ndim - 1))
+
+
+def same_pads(in_sizes, kernel, strides, dilations, auto_pad):
+    """(begin, end) pads of SAME_UPPER / SAME_LOWER: output = ceil(input / stride)."""
+    lo, hi = [], []
+    for n, k, s, d in zip(in_sizes, kernel, strides, dilations):
+        out = -(-n // s)
+        total = max(0, (out - 1) * s + (k - 1) * d + 1 - n)
+        small = total // 2
+        lo.append(small if auto_pad == "SAME_UPPER" else total - small)
+        hi.append(total - lo[-1])
+    return lo, hi
+
+
+def _conv_check(view, transpose=False):
+    for i in range(view.n_inputs):
+        t = view.dtype(i)
+        if view.has(i) and t is not None and t not in CONV_TYPES:
+            return f"input {i} is {dt.name(t)} (MLX convolutions are float-only; ORT CPU has no float64 Conv)"
+    r = view.rank(1) or view.rank(0)
+    if r is not None and not 3 <= r <= 5:
+        return f"{r - 2}-D convolution (only 1-D, 2-D, 3-D)"
+    ap = _s(view.attrs.get("auto_pad", "NOTSET"))
+    if ap not in AUTO_PADS:
+        return f"auto_pad {ap!r}"
+    ws = view.shape(1)
+    ks = view.attrs.get("kernel_shape")
+    if ks is not None and ws is not None and all(isinstance(d, int) for d in ws[2:]) and list(ks) != list(ws[2:]):
+        return f"kernel_shape {list(ks)} differs from the weight's {list(ws[2:])}"
+    for name in ("strides", "dilations"):
+        v = view.attrs.get(name)
+        if v is not None and any(int(a) < 1 for a in v):
+            return f"{name} {list(v)} must be >= 1"
+    pads = view.attrs.get("pads")
+    if pads is not None and any(int(p) < 0 for p in pads):
+        return f"negative pads {list(pads)}"
+    dil = view.attrs.get("dilations")
+    if not transpose and ap.startswith("SAME") and dil is not None and any(int(d) != 1 for d in dil):
+        return f"dilations {list(dil)} with auto_pad {ap} (ORT's CPU EP rejects it: nothing to verify against)"
+    return None
+
+
+def _conv_general(x, w, groups, **kw):
+    """mx.conv_general; groups of a 3-D convolution (MLX: 1-D/2-D only) run one by one."""
+    if groups == 1 or x.ndim <= 4:
+        return mx.conv_general(x, w, groups=groups, **kw)
+    cin, cout = x.shape[-1] // groups, w.shape[0] // groups
+    return mx.concatenate([mx.conv_general(x[..., g * cin:(g + 1) * cin], w[g * cout:(g + 1) * cout], **kw)
+                           for g in range(groups)], axis=-1)
+
+
+def _attrs(nsp, strides, dilations, pads):
+    strides = list(strides) if strides is not None else [1] * nsp
+    dilations = list(dilations) if dilations is not None else [1] * nsp
+    pads = list(pads) if pads is not None else [0] * (2 * nsp)
+    if len(strides) != nsp or len(dilations) != nsp or len(pads) != 2 * nsp:
+        raise ValueError(f"strides {strides} / dilations {dilations} / pads {pads} do not fit {nsp} spatial dims")
+    return strides, dilations, pads[:nsp], pads[nsp:]
+
+
+def _crop(y, lo_neg, hi_neg):
+    """Remove the (positive) amounts ``lo_neg``/``hi_neg`` from each spatial dim of a channels-last y."""
+    if not any(lo_neg) and not any(hi_neg):
+        return y
+    idx = [slice(None)] + [slice(a, y.shape[i + 1] - b) for i, (a, b) in enumerate(zip(lo_neg, hi_neg))] + [slice(None)]
+    return y[tuple(idx)]
+
+
+@register("Conv", 1, dtypes=CONV_TYPES, check=_conv_check)
+def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+    """N-D cross-correlation of X (N, C, ...) with W (M, C/group, k...), plus bias B (M,)."""
+    nsp = X.ndim - 2
+    if W.ndim != X.ndim:
+        raise ValueError(f"weight rank {W.ndim} != input rank {X.ndim}")
+    if X.shape[1] != W.shape[1] * group or W.shape[0] % group:
+        raise ValueError(f"input channels {X.shape[1]} / weight {W.shape} do not fit group {group}")
+    strides, dilations, lo, hi = _attrs(nsp, strides, dilations, pads)
+    ap = _s(auto_pad)
+    kernel = W.shape[2:]
+    if ap in ("SAME_UPPER", "SAME_LOWER"):
+        lo, hi = same_pads(X.shape[2:], kernel, strides, dilations, ap)
+    elif ap == "VALID":
+        lo, hi = [0] * nsp, [0] * nsp
+    x = to_channels_last(X)
+    w = to_channels_last(W)
+    out_sp = [(n + a + b - ((k - 1) * d + 1)) // s + 1 for n, a, b, k, d, s in
+              zip(X.shape[2:], lo, hi, kernel, dilations, strides)]
+    if X.shape[0] == 0 or any(o <= 0 for o in out_sp) or W.shape[0] == 0:
+        if any(o < 0 for o in out_sp):
+            raise ValueError(f"kernel {list(kernel)} larger than padded input {list(X.shape[2:])}")
+        return mx.zeros((X.shape[0], W.shape[0], *out_sp), X.dtype)
+    y = _conv_general(x, w, group, stride=strides, padding=(lo, hi), kernel_dilation=dilations)
+    if B is not None:
+        y = y + B
+    return to_channels_first(y)
+
+
+def _convt_check(view):
+    reason = _conv_check(view, transpose=True)
+    if reason:
+        return reason
+    op = view.attrs.get("output_padding")
+    st = view.attrs.get("strides")
+    dl = view.attrs.get("dilations")
+    if op is not None:
+        n = len(op)
+        st = list(st) if st is not None else [1] * n
+        dl = list(dl) if dl is not None else [1] * n
+        if any(o < 0 or (o >= s and o >= d) for o, s, d in zip(op, st, dl)):
+            return f"output_padding {list(op)} must be smaller than strides or dilations"
+    return None
+
+
+def convt_pads(in_sizes, kernel, strides, dilations, out_pad, pads, output_shape, auto_pad):
+    """(begin, end) pads and output sizes of ConvTranspose, following ORT's CPU kernel."""
+    nsp = len(in_sizes)
+    full = [s * (n - 1) + o + (k - 1) * d + 1 for n, k, s, d, o in zip(in_sizes, kernel, strides, dilations, out_pad)]
+    if output_shape is not None:
+        target = list(output_shape)[-nsp:]
+    elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        target = [n * s for n, s in zip(in_sizes, strides)]
+    else:
+        lo, hi = pads[:nsp], pads[nsp:]
+        return lo, hi, [f - a - b for f, a, b in zip(full, lo, hi)]
+    lo, hi = [], []
+    for f, t in zip(full, target):
+        total = f - t
+        if auto_pad == "SAME_UPPER":
+            lo.append(total // 2)
+        else:
+            lo.append(total - total // 2)
+        hi.append(total - lo[-1])
+    return lo, hi, target
+
+
+@register("ConvTranspose", 1, dtypes=CONV_TYPES, check=_convt_check)
+def conv_transpose(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+                   output_padding=None, output_shape=None, pads=None, strides=None):
+    """Transposed convolution of X (N, C, ...) with W (C, M/group, k...), plus bias B (M,)."""
+    nsp = X.ndim - 2
+    if W.ndim != X.ndim:
+        raise ValueError(f"weight rank {W.ndim} != input rank {X.ndim}")
+    C = X.shape[1]
+    if W.shape[0] != C or C % group:
+        raise ValueError(f"input channels {C} / weight {W.shape} do not fit group {group}")
+    strides, dilations, _, _ = _attrs(nsp, strides, dilations, pads)
+    pads = list(pads) if pads is not None else [0] * (2 * nsp)
+    out_pad = list(output_padding) if output_padding is not None else [0] * nsp
+    kernel = W.shape[2:]
+    lo, hi, out_sp = convt_pads(X.shape[2:], kernel, strides, dilations, out_pad,
+                                pads if _s(auto_pad) != "VALID" else [0] * (2 * nsp), output_shape, _s(auto_pad))
+    M = W.shape[1] * group
+    if X.shape[0] == 0 or M == 0 or any(o <= 0 for o in out_sp):
+        if any(o < 0 for o in out_sp):
+            raise ValueError(f"negative output size {out_sp}")
+        return mx.zeros((X.shape[0], M, *out_sp), X.dtype)
+    # weight (C, M/g, k...) -> (g, C/g, M/g, k...) -> (M, k..., C/g)
+    w = W.reshape(group, C // group, W.shape[1], *kernel)
+    w = w.transpose(0, 2, *range(3, 3 + nsp), 1).reshape(M, *kernel, C // group)
+    clo = [d * (k - 1) - a for k, d, a in zip(kernel, dilations, lo)]
+    chi = [d * (k - 1) - b + o for k, d, b, o in zip(kernel, dilations, hi, out_pad)]
+    # output sizes can exceed the full conv (output_shape larger): extra zeros come from more padding
+    x = to_channels_last(X)
+    y = _conv_general(x, w, group, stride=1, padding=([max(0, a) for a in clo], [max(0, b) for b in chi]),
+                      kernel_dilation=dilations, input_dilation=strides, flip=True)
+    y = _crop(y, [max(0, -a) for a in clo], [max(0, -b) for b in chi])
+    if B is not None:
+        y = y + B
+    return to_channels_first(y)

@@ -1,0 +1,118 @@
+"""Conv / ConvTranspose against ORT's CPU EP (fp32 rtol 1e-4 atol 1e-4: sums of <= ~100 products of
+values in [-1, 1]; fp16 rtol/atol 1e-2)."""
+import numpy as np
+import pytest
+from onnx import TensorProto as T
+
+from _nnutil import check, check_bf16, one_node, rand, stays_on_cpu
+
+F = [T.FLOAT, T.FLOAT16]
+
+CONV = [  # (x shape, w shape, bias, attrs)
+    ((1, 2, 7), (3, 2, 3), True, {}),
+    ((2, 3, 6, 5), (4, 3, 3, 3), True, {}),
+    ((1, 2, 4, 5, 6), (3, 2, 2, 3, 2), True, {}),
+    ((1, 2, 7, 7), (3, 2, 3, 3), False, {"strides": [2, 2]}),
+    ((1, 2, 7, 8), (3, 2, 3, 3), True, {"pads": [1, 2, 0, 1], "strides": [2, 1]}),
+    ((1, 2, 9, 9), (2, 2, 3, 3), True, {"dilations": [2, 3], "pads": [2, 2, 2, 2]}),
+    ((1, 4, 6, 6), (6, 2, 3, 3), True, {"group": 2}),
+    ((1, 4, 6, 6), (4, 1, 3, 3), True, {"group": 4, "pads": [1, 1, 1, 1]}),        # depthwise
+    ((1, 4, 6, 6), (8, 1, 3, 3), True, {"group": 4}),                              # depthwise x2
+    ((1, 2, 7, 6), (3, 2, 3, 2), True, {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+    ((1, 2, 7, 6), (3, 2, 4, 2), True, {"auto_pad": "SAME_LOWER", "strides": [2, 3]}),
+    ((1, 2, 7, 6), (3, 2, 3, 2), True, {"auto_pad": "VALID", "strides": [2, 1]}),
+    ((1, 2, 8), (3, 2, 2), True, {"auto_pad": "SAME_UPPER", "strides": [3]}),
+    ((1, 2, 5, 5, 5), (4, 1, 3, 3, 3), False, {"group": 2, "strides": [1, 2, 2], "pads": [1, 0, 1, 1, 0, 1]}),
+    ((0, 2, 5, 5), (3, 2, 3, 3), True, {}),
+    ((1, 2, 5, 5), (3, 2, 3, 3), True, {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
+]
+
+
+@pytest.mark.parametrize("t", F)
+@pytest.mark.parametrize("xs,ws,bias,attrs", CONV)
+def test_conv(xs, ws, bias, attrs, t):
+    ins = [("x", t, xs), ("w", t, ws)] + ([("b", t, (ws[0],))] if bias else [])
+    feeds = {"x": rand(xs, t, 0), "w": rand(ws, t, 1)}
+    if bias:
+        feeds["b"] = rand((ws[0],), t, 2)
+    check(one_node("Conv", ins, [("y", t, None)], attrs, opset=11), feeds, t, atol=1e-4 if t == T.FLOAT else None)
+
+
+@pytest.mark.parametrize("opset", [1, 11, 22])
+def test_conv_opsets(opset):
+    m = one_node("Conv", [("x", T.FLOAT, (1, 2, 5, 5)), ("w", T.FLOAT, (3, 2, 3, 3))], [("y", T.FLOAT, None)],
+                 {"pads": [1, 1, 1, 1]}, opset=opset)
+    check(m, {"x": rand((1, 2, 5, 5)), "w": rand((3, 2, 3, 3), seed=1)}, atol=1e-4)
+
+
+def test_conv_bf16():
+    check_bf16("Conv", [("x", (1, 4, 6, 6)), ("w", (4, 2, 3, 3)), ("b", (4,))], attrs={"group": 2}, opset=22,
+               feeds={"x": rand((1, 4, 6, 6)), "w": rand((4, 2, 3, 3), seed=1), "b": rand((4,), seed=2)})
+
+
+def test_conv_same_dilated_refused():
+    # ORT's CPU EP rejects dilations with auto_pad SAME_*: refused, so the CPU EP reports the same error
+    from ortmlx import partition_reports
+    from ortmlx.testing import session
+    m = one_node("Conv", [("x", T.FLOAT, (1, 2, 8)), ("w", T.FLOAT, (3, 2, 2))], [("y", T.FLOAT, None)],
+                 {"auto_pad": "SAME_UPPER", "dilations": [2]})
+    with pytest.raises(Exception, match="Dilation not supported"):
+        session(m).run(None, {"x": rand((1, 2, 8)), "w": rand((3, 2, 2))})
+    assert any(u.op == "Conv" for u in partition_reports()[-1].unclaimed)
+
+
+def test_conv_double_refused():
+    # ORT's CPU EP has no float64 Conv, so nothing could verify ours: refused (the session then fails to load)
+    from ortmlx import partition_reports
+    from ortmlx.testing import session
+    m = one_node("Conv", [("x", T.DOUBLE, (1, 1, 3, 3)), ("w", T.DOUBLE, (1, 1, 2, 2))], [("y", T.DOUBLE, None)])
+    with pytest.raises(Exception):
+        session(m)
+    assert any(u.op == "Conv" for u in partition_reports()[-1].unclaimed)
+
+
+CONVT = [  # (x shape, w shape, bias, attrs)
+    ((1, 2, 5), (2, 3, 3), True, {}),
+    ((2, 3, 4, 5), (3, 2, 3, 3), True, {}),
+    ((1, 2, 3, 4, 3), (2, 2, 2, 3, 2), True, {}),
+    ((1, 2, 4, 4), (2, 3, 3, 3), False, {"strides": [2, 2]}),
+    ((1, 2, 4, 4), (2, 3, 3, 3), True, {"strides": [2, 3], "pads": [1, 0, 2, 1]}),
+    ((1, 2, 4, 4), (2, 3, 3, 3), True, {"strides": [2, 2], "output_padding": [1, 0]}),
+    ((1, 2, 4, 4), (2, 3, 3, 2), True, {"dilations": [2, 2], "pads": [1, 1, 0, 2]}),
+    ((1, 4, 4, 4), (4, 3, 3, 3), True, {"group": 2, "strides": [2, 1]}),
+    ((1, 4, 4, 4), (4, 1, 3, 3), True, {"group": 4}),
+    ((1, 2, 4, 4), (2, 3, 3, 3), True, {"strides": [2, 2], "output_shape": [9, 10]}),
+    ((1, 2, 4, 4), (2, 3, 3, 3), True, {"strides": [2, 2], "output_shape": [8, 8]}),
+    ((1, 2, 4, 4), (2, 3, 3, 3), True, {"strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+    ((1, 2, 4, 5), (2, 3, 4, 3), True, {"strides": [2, 3], "auto_pad": "SAME_LOWER"}),
+    ((1, 2, 4, 5), (2, 3, 4, 3), True, {"strides": [2, 3], "auto_pad": "SAME_UPPER"}),
+    ((1, 2, 4, 4), (2, 3, 3, 3), True, {"strides": [2, 2], "auto_pad": "VALID"}),
+    ((1, 2, 3, 3), (2, 3, 3, 3), True, {"pads": [2, 1, 1, 3]}),                       # crops into the output
+    ((1, 4, 2, 3, 2), (4, 2, 2, 2, 2), True, {"group": 2, "strides": [2, 1, 2]}),
+    ((0, 2, 4, 4), (2, 3, 3, 3), True, {"strides": [2, 2]}),
+]
+
+
+@pytest.mark.parametrize("t", F)
+@pytest.mark.parametrize("xs,ws,bias,attrs", CONVT)
+def test_conv_transpose(xs, ws, bias, attrs, t):
+    m_out = ws[1] * attrs.get("group", 1)
+    ins = [("x", t, xs), ("w", t, ws)] + ([("b", t, (m_out,))] if bias else [])
+    feeds = {"x": rand(xs, t, 0), "w": rand(ws, t, 1)}
+    if bias:
+        feeds["b"] = rand((m_out,), t, 2)
+    check(one_node("ConvTranspose", ins, [("y", t, None)], attrs, opset=11), feeds, t,
+          atol=1e-4 if t == T.FLOAT else None)
+
+
+def test_conv_transpose_bf16():
+    check_bf16("ConvTranspose", [("x", (1, 2, 4, 4)), ("w", (2, 3, 3, 3))], attrs={"strides": [2, 2]}, opset=22,
+               feeds={"x": rand((1, 2, 4, 4)), "w": rand((2, 3, 3, 3), seed=1)})
+
+
+def test_conv_int_refused():
+    x = np.arange(9, dtype=np.int8).reshape(1, 1, 3, 3)
+    w = np.ones((1, 1, 2, 2), np.int8)
+    m = one_node("ConvInteger", [("x", T.INT8, (1, 1, 3, 3)), ("w", T.INT8, (1, 1, 2, 2))], [("y", T.INT32, None)],
+                 opset=10)
+    stays_on_cpu(m, {"x": x, "w": w}, "ConvInteger")

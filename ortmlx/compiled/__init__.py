@@ -11,6 +11,7 @@ import threading
 import weakref
 
 from .analysis import is_attention, static_reason
+from .attention import AttentionRunner
 from .config import DECODE, GENERAL, PREFILL, SHAPE_KEYED, SHAPELESS, CompiledConfig
 from .core import TRACE_LOCK, CompiledSubgraph, tracing
 from .mode import apply_compile_mode
@@ -23,7 +24,7 @@ _RUNNERS: "weakref.WeakSet" = weakref.WeakSet()
 _CAPTURES: list[list] = []
 
 
-def choose(program, options) -> tuple[CompiledConfig | None, str]:
+def choose(program, options) -> tuple[CompiledConfig | str | None, str]:
     """The strategy for a group and why (config None: run eagerly)."""
     if options is None or not options.compile_enabled:
         return None, "compilation off (no_compile / compile_mode=disabled)"
@@ -31,7 +32,9 @@ def choose(program, options) -> tuple[CompiledConfig | None, str]:
     if reason:
         return None, reason
     if is_attention(program):
-        return None, "attention group: no decode/prefill strategy for it yet"
+        if options.no_decode_compile and options.no_prefill_compile:
+            return None, "decode and prefill compilation off (no_decode_compile, no_prefill_compile)"
+        return "attention", "attention"
     if options.no_general_compile:
         return None, "general compilation off (no_general_compile)"
     return GENERAL, "general"
@@ -48,7 +51,10 @@ def make_runner(program, options, stats=None):
         if stats is not None and hasattr(stats, "group"):
             stats.group(program.graph.name)["compiled"] = f"no ({why})"
         return program
-    runner = CompiledSubgraph(program, config, stats)
+    if config == "attention":
+        runner = AttentionRunner(program, options, stats)
+    else:
+        runner = CompiledSubgraph(program, config, stats)
     _track(runner)
     return runner
 
@@ -82,13 +88,18 @@ def capture():
 def stats() -> dict:
     """Counters summed over the live runners, plus the number of runners per strategy."""
     out: dict = {"runners": 0}
-    for r in runners():
+    for r in parts():
         out["runners"] += 1
         out[f"runners_{r.config.name}"] = out.get(f"runners_{r.config.name}", 0) + 1
         for k, v in r.counters.items():
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 out[k] = out.get(k, 0) + v
     return out
+
+
+def parts() -> list[CompiledSubgraph]:
+    """Every live CompiledSubgraph (an attention runner's decode and prefill closures separately)."""
+    return [p for r in runners() for p in (r.parts() if hasattr(r, "parts") else [r])]
 
 
 def release_all() -> None:

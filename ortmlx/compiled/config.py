@@ -26,6 +26,8 @@ class CompiledConfig:
     contiguous_outputs: bool = False
     #: most closures one runner keeps (new keys beyond it run eagerly)
     max_keys: int = 16
+    #: stop tracing new keys once this many exist and none was ever replayed
+    thrash_keys: int = 4
 
     def __post_init__(self):
         if self.shape_mode not in (SHAPELESS, SHAPE_KEYED):

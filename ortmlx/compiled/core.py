@@ -18,7 +18,11 @@ from ..kernels import dtypes as dt
 from ..kernels.interpreter import mx_device
 from .analysis import HostPlan, host_plan, static_reason
 from .config import CompiledConfig
+from .decode_ops import collect_guards, stop_guards
 from .verify import mismatch
+
+#: what ``_apply`` returns when a guard computed in the graph said "not this call"
+GUARD_FAILED = object()
 
 #: MLX's trace state is process-global: one trace at a time (re-entrant for nested groups)
 TRACE_LOCK = threading.RLock()
@@ -33,7 +37,8 @@ def tracing() -> bool:
 class _Closure:
     """One compiled closure for one key: its inputs split, its counters and state."""
 
-    __slots__ = ("fn", "dev_idx", "host_vals", "traces", "calls", "verified", "trusted", "poisoned")
+    __slots__ = ("fn", "dev_idx", "host_vals", "traces", "calls", "verified", "trusted", "poisoned", "guarded",
+                 "guard_fails")
 
     def __init__(self, dev_idx: tuple[int, ...], host_vals: dict[int, np.ndarray | None]):
         self.fn = None
@@ -44,6 +49,8 @@ class _Closure:
         self.verified: set = set()
         self.trusted = False
         self.poisoned: str | None = None
+        self.guarded = False            # the last output is a guard (set while tracing)
+        self.guard_fails = 0
 
 
 class CompiledSubgraph:
@@ -51,11 +58,17 @@ class CompiledSubgraph:
 
     supports_probe = True
 
-    def __init__(self, program, config: CompiledConfig, stats=None):
+    def __init__(self, program, config: CompiledConfig, stats=None, overrides: dict | None = None,
+                 free_dims: frozenset = frozenset(), label: str | None = None):
         self.program = program
         self.config = config
         self.stats = stats
         self.name = program.graph.name
+        self.label = label or config.name
+        #: the program the traces build: steps whose translator is replaced by a traced form
+        self.trace_program = with_overrides(program, overrides or {})
+        #: (input, axis) dims a shapeless key leaves free (all dims when empty)
+        self.free_dims = frozenset(free_dims)
         self.device = program.device
         self.static_reason = static_reason(program)
         self._in_types = [program.types.get(n) for n in program.inputs]
@@ -67,10 +80,16 @@ class CompiledSubgraph:
         self._said: set[str] = set()
         self.released = False
         self._eval = mx.eval                # the compiled path's eval (tests inject failures here)
-        group = stats.group(self.name) if stats is not None and hasattr(stats, "group") else {}
-        self.counters = group
-        group.update(compiled=config.name, traces=0, compiled_calls=0, eager_calls=0, verify_calls=0,
-                     poisoned="", poisoned_closures=0, keys=0, trace_ms=0.0)
+        self.counters = {"compiled": self.label, "traces": 0, "compiled_calls": 0, "eager_calls": 0,
+                         "verify_calls": 0, "guard_fails": 0, "poisoned": "", "poisoned_closures": 0, "keys": 0,
+                         "trace_ms": 0.0}
+        if stats is not None and hasattr(stats, "group"):
+            g = stats.group(self.name)
+            if label is None:
+                g.update(self.counters)
+                self.counters = g
+            else:
+                g[label] = self.counters
         if self.static_reason:
             self._fallback(self.static_reason)
 
@@ -99,13 +118,16 @@ class CompiledSubgraph:
             sig = _shapes(inputs)
             if c.trusted or sig in c.verified:
                 out = self._apply(c, inputs, probe)
-                if out is not None:
+                if out is not None and out is not GUARD_FAILED:
                     self.counters["compiled_calls"] += 1
                     return out
                 return self._eager(inputs, probe)
             ref, _ = self._eager_env(inputs, probe)
             self._verify(c, sig, inputs, ref, probe)
             return ref
+
+    def parts(self) -> list["CompiledSubgraph"]:
+        return [self]
 
     def closures(self) -> list[_Closure]:
         return list(self._closures.values())
@@ -128,7 +150,7 @@ class CompiledSubgraph:
         """First call for a key: eager answer, host analysis, trace and verify."""
         ref, env = self._eager_env(inputs, probe)
         try:
-            new = host_plan(self.program, env)
+            new = host_plan(self.trace_program, env)
         except Exception as e:  # noqa: BLE001
             new = HostPlan(frozenset(), (), frozenset(), f"host analysis failed: {type(e).__name__}: {e}")
         reason = new.shapeless_reason() if self.config.shapeless else new.reason
@@ -145,6 +167,10 @@ class CompiledSubgraph:
                 return ref                  # another thread made it meanwhile
             if len(self._closures) >= self.config.max_keys:
                 self._fallback(f"more than {self.config.max_keys} shape keys: new keys run eagerly")
+                return ref
+            if len(self._closures) >= self.config.thrash_keys and self.counters["compiled_calls"] == 0:
+                self._fallback(f"{len(self._closures)} shape keys and no closure reused: shapes change "
+                               "every call, new keys run eagerly")
                 return ref
             self._closures[key] = c = self._new_closure(new, inputs)
             self.counters["keys"] = len(self._closures)
@@ -169,7 +195,7 @@ class CompiledSubgraph:
         """Run the closure next to an eager answer; trust, or poison on any difference."""
         self.counters["verify_calls"] += 1
         got = self._apply(c, inputs, None)
-        if got is None:
+        if got is None or got is GUARD_FAILED:
             return
         try:
             want = [_host(r) for r in ref]
@@ -203,17 +229,23 @@ class CompiledSubgraph:
             if probe is not None:
                 probe.mark("eval")
             self._eval(*outs)
-            stage = "copy-out"
-            host = [_host(o) for o in outs]
             c.calls += 1
-            return host
+            if c.guarded:
+                stage = "guard"
+                if not bool(outs[-1].item()):
+                    c.guard_fails += 1
+                    self.counters["guard_fails"] += 1
+                    return GUARD_FAILED
+                outs = outs[:-1]
+            stage = "copy-out"
+            return [_host(o) for o in outs]
         except Exception as e:  # noqa: BLE001 - any failure: poison and answer eagerly
             self._poison(c, f"{stage}: {type(e).__name__}: {e}")
             return None
 
     def _compile(self, c: _Closure):
         """The ``mx.compile`` closure of the whole program for one key."""
-        program, counters, stats, name = self.program, self.counters, self.stats, self.name
+        program, counters, stats, name = self.trace_program, self.counters, self.stats, self.name
         n, dev_idx, host_vals = len(program.inputs), c.dev_idx, c.host_vals
         out_types, contiguous = self._out_types, self.config.contiguous_outputs
 
@@ -229,9 +261,15 @@ class CompiledSubgraph:
                     inputs[i] = a
                 for i, v in host_vals.items():
                     inputs[i] = v
+                guards = collect_guards()
                 env = program.build(inputs)
-                return [_device_output(env[o], t, contiguous) for o, t in zip(program.outputs, out_types)]
+                outs = [_device_output(env[o], t, contiguous) for o, t in zip(program.outputs, out_types)]
+                c.guarded = bool(guards)
+                if guards:
+                    outs.append(mx.all(mx.stack([mx.all(g) for g in guards])))
+                return outs
             finally:
+                stop_guards()
                 _TLS.depth -= 1
 
         return mx.compile(body, shapeless=self.config.shapeless)
@@ -277,7 +315,11 @@ class CompiledSubgraph:
         if len(inputs) != len(self._in_types):
             raise ValueError(f"expected {len(self._in_types)} inputs, got {len(inputs)}")
         if self.config.shapeless:
-            return tuple(None if a is None else (np.asarray(a).dtype.str, np.ndim(a)) for a in inputs)
+            free = self.free_dims
+            if not free:
+                return tuple(None if a is None else (np.asarray(a).dtype.str, np.ndim(a)) for a in inputs)
+            return tuple(None if a is None else (np.asarray(a).dtype.str, tuple(
+                -1 if (i, ax) in free else d for ax, d in enumerate(np.shape(a)))) for i, a in enumerate(inputs))
         return tuple(None if a is None else (np.asarray(a).dtype.str, np.shape(a)) for a in inputs)
 
 
@@ -301,3 +343,15 @@ def _device_output(v, t: int | None, contiguous: bool) -> mx.array:
         a = np.asarray(v)
         v = dt.to_mx(a, t if t is not None else dt.onnx_type_of(a))
     return mx.contiguous(v) if contiguous else v
+
+
+def with_overrides(program, overrides: dict):
+    """A shallow copy of ``program`` whose steps ``i`` use ``overrides[i]`` (an OpDef)."""
+    if not overrides:
+        return program
+    import copy
+    import dataclasses
+    p = copy.copy(program)
+    p.steps = [dataclasses.replace(st, opdef=overrides[i]) if i in overrides else st
+               for i, st in enumerate(program.steps)]
+    return p

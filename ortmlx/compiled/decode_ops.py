@@ -1,0 +1,139 @@
+"""Trace-friendly GroupQueryAttention for the decode and prefill closures.
+
+The eager translator (``kernels/ops/contrib_attention.py``) validates ``seqlens_k`` on
+the host and bakes ``total_sequence_length``; neither works in a trace. Here the
+valid lengths stay data: ``seqlens_k`` and ``total_sequence_length`` are MLX
+arrays, the RoPE rows are gathered by data positions (``rotary_tables`` takes
+positions as an array; the rotate-half is a permutation ``take`` plus ``where`` for
+partial rotary), packed QKV is split with ``take`` (no Slice in a shapeless graph),
+and the eager translator's host validation becomes a *guard*: a boolean computed in
+the graph, returned next to the outputs and checked after eval; a false guard makes
+the call answer from eager (which raises the eager error or gives its answer).
+The attention math itself is the eager translator's ``gqa_core``.
+"""
+from __future__ import annotations
+
+import threading
+
+import mlx.core as mx
+import numpy as np
+
+from ..kernels.ops.contrib_attention import gqa_core
+
+_GUARDS = threading.local()
+
+_GQA_INPUTS = ("query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length",
+               "cos_cache", "sin_cache", "position_ids", "attention_bias", "head_sink", "k_scale", "v_scale",
+               "q_norm_weight", "k_norm_weight")
+_GQA_DEFAULTS = dict(scale=0.0, softcap=0.0, do_rotary=0, rotary_interleaved=0, local_window_size=-1,
+                     smooth_softmax=-1, causal=1, qk_output=0, kv_cache_bit_width=0, k_quant_type="NONE",
+                     v_quant_type="NONE", sliding_window_cache=0, qk_norm_epsilon=1e-6)
+
+
+def collect_guards() -> list:
+    """Start collecting guards on this thread (inside a traced body); returns the list."""
+    _GUARDS.items = []
+    return _GUARDS.items
+
+
+def stop_guards() -> None:
+    _GUARDS.items = None
+
+
+def add_guard(ok: mx.array) -> None:
+    """A boolean scalar that must be true for the traced answer to be used."""
+    items = getattr(_GUARDS, "items", None)
+    if items is None:
+        raise RuntimeError("a guarded traced op ran outside a compiled trace")
+    items.append(ok)
+
+
+def split_packed_qkv(qkv, num_heads: int, kv_num_heads: int):
+    """(B,S,(N+2Nkv)*H) -> q, k, v with ``take`` (shapeless-safe, no static slices)."""
+    b, s, hidden = qkv.shape
+    heads = num_heads + 2 * kv_num_heads
+    h = hidden // heads
+    if h * heads != hidden:
+        raise ValueError(f"packed QKV hidden {hidden} not divisible into {num_heads}+2*{kv_num_heads} heads")
+    x = qkv.reshape(b, s, heads, h)
+
+    def part(lo: int, n: int):
+        return mx.take(x, mx.arange(lo, lo + n, dtype=mx.int32), axis=2).reshape(b, s, n * h)
+    return part(0, num_heads), part(num_heads, kv_num_heads), part(num_heads + kv_num_heads, kv_num_heads)
+
+
+def gqa_traced(decode: bool):
+    """A GroupQueryAttention translator for traces: ``decode`` (S == 1, KV buffer of
+    fixed length P, total length as data) or prefill (total length baked: shape-keyed)."""
+    def gqa(*args, **attrs):
+        a = {**_GQA_DEFAULTS, **attrs}
+        x = dict(zip(_GQA_INPUTS, list(args) + [None] * (len(_GQA_INPUTS) - len(args))))
+        for k in ("k_scale", "v_scale", "q_norm_weight", "k_norm_weight"):
+            if x[k] is not None:
+                raise NotImplementedError(f"traced GroupQueryAttention: input {k}")
+        if x["past_key"] is None or x["past_value"] is None:
+            raise NotImplementedError("traced GroupQueryAttention needs past_key/past_value")
+        nh, kvh = a["num_heads"], a["kv_num_heads"]
+        q, k, v = x["query"], x["key"], x["value"]
+        if k is None:
+            q, k, v = split_packed_qkv(q, nh, kvh)
+        b, s, hidden = q.shape
+        h = hidden // nh
+        past_k, past_v = x["past_key"], x["past_value"]
+        p = past_k.shape[2]
+        if past_k.shape != (b, kvh, p, h) or past_v.shape != past_k.shape or k.shape != (b, s, kvh * h):
+            raise ValueError(f"traced GroupQueryAttention: shapes q {q.shape} k {k.shape} past {past_k.shape}")
+        seqlens = x["seqlens_k"].reshape(-1).astype(mx.int32)
+        total = x["total_sequence_length"]
+        if decode:
+            if s != 1 or x["position_ids"] is not None or x["attention_bias"] is not None:
+                raise NotImplementedError("traced decode GroupQueryAttention: S == 1, no position_ids/bias")
+            total_arr = mx.array(total).reshape(-1).astype(mx.int32) if not isinstance(total, mx.array) \
+                else total.reshape(-1).astype(mx.int32)
+            present_len, first_prompt = p, False
+            # eager: present rows max(total, P) == P needs total <= P; S == 1 makes first/next prompt agree
+            ok = mx.all(total_arr <= p) & mx.all(total_arr >= 1)
+            # total == 1 is eager's first prompt: past length 0 whatever seqlens says; equal only at 0
+            ok = ok & (mx.all(total_arr > 1) | mx.all(seqlens == 0))
+            tot = None
+        else:
+            tot = int(np.asarray(total).reshape(-1)[0])
+            if x["position_ids"] is not None:
+                raise NotImplementedError("traced prefill GroupQueryAttention: position_ids")
+            if s > tot and s > 1:
+                raise ValueError(f"total_sequence_length {tot} is less than the sequence length {s}")
+            present_len, first_prompt = max(tot, p), s == tot
+            ok = mx.array(True)
+        ok = ok & mx.all(seqlens >= 0) & mx.all(seqlens < present_len)
+        if not first_prompt:
+            ok = ok & mx.all(seqlens + 1 >= s) & mx.all(seqlens + 1 - s <= p)
+        if a["do_rotary"]:
+            cos = x["cos_cache"]
+            if cos is None or x["sin_cache"] is None:
+                raise ValueError("do_rotary=1 needs cos_cache and sin_cache")
+            if cos.shape[-1] * 2 > h:
+                raise ValueError(f"rotary dim {2 * cos.shape[-1]} exceeds head size {h}")
+            rows = cos.shape[0]
+            if first_prompt:
+                if s - 1 >= rows:
+                    raise ValueError(f"position {s - 1} is beyond the rotary cache ({rows} rows)")
+            else:
+                ok = ok & mx.all(seqlens < rows)
+        if x["attention_bias"] is not None:
+            ab = x["attention_bias"].shape
+            if len(ab) != 4 or ab[0] not in (1, b) or ab[1] not in (1, nh) or ab[2] != s or ab[3] != tot:
+                raise NotImplementedError(f"traced GroupQueryAttention: attention_bias shape {ab}")
+        sink = x["head_sink"]
+        if sink is not None and sink.shape != (nh,):
+            raise ValueError(f"head_sink shape {sink.shape}, expected ({nh},)")
+        if sink is None and a["smooth_softmax"] == 1:
+            sink = mx.zeros((nh,), mx.float32)
+        add_guard(ok)
+        return gqa_core(q, k, v, past_k, past_v, seqlens, total_sequence_length=present_len, num_heads=nh,
+                        kv_num_heads=kvh, first_prompt=first_prompt, scale=a["scale"], softcap=a["softcap"],
+                        local_window_size=a["local_window_size"],
+                        cos_cache=x["cos_cache"] if a["do_rotary"] else None,
+                        sin_cache=x["sin_cache"] if a["do_rotary"] else None,
+                        rotary_interleaved=bool(a["rotary_interleaved"]), position_ids=None,
+                        attention_bias=x["attention_bias"], sink=sink)
+    return gqa

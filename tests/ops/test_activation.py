@@ -22,7 +22,7 @@ CASES = [
     ("HardSwish", 14, F, {}), ("Softplus", 1, (T.FLOAT,), {}), ("Softsign", 1, (T.FLOAT,), {}),
     ("ThresholdedRelu", 10, F, {}), ("ThresholdedRelu", 10, (T.FLOAT,), {"alpha": -0.5}),
     ("Gelu", 20, F, {}), ("Gelu", 20, F, {"approximate": "tanh"}),
-    ("Mish", 18, FD, {}),
+    ("Mish", 18, FD, {}), ("Swish", 24, FD, {}), ("Swish", 24, (T.FLOAT,), {"alpha": 0.7}),
     ("Shrink", 9, FD, {}), ("Shrink", 9, (T.FLOAT,), {"bias": 1.5, "lambd": 1.0}),
     ("Shrink", 9, INTS, {"bias": 1.0, "lambd": 1.5}),
 ]

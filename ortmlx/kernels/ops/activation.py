@@ -153,3 +153,10 @@ def shrink(input, *, bias=0.0, lambd=0.5):
     if mx.issubdtype(X.dtype, mx.integer) or X.dtype in HALF:
         return shrink(X.astype(mx.float32), bias=bias, lambd=lambd).astype(X.dtype)
     return mx.where(X < -lambd, X + _s(bias, X), mx.where(X > lambd, X - _s(bias, X), _s(0, X)))
+
+
+@register("Swish", 24, dtypes=FD)
+@_f32
+def swish(X, *, alpha=1.0):
+    """X * sigmoid(alpha * X)."""
+    return X * mx.sigmoid(_s(alpha, X) * X)

@@ -105,7 +105,10 @@ def check_error(model, feeds, node_name):
 def refusal_reason(model, op):
     """The MLX EP's reason for leaving ``op`` on the CPU EP."""
     import ortmlx
-    session(model)
+    try:
+        session(model)
+    except Exception:  # noqa: BLE001 - the CPU EP may have no kernel for the case either; our claim is what matters
+        pass
     reasons = [u.reason for u in ortmlx.partition_reports()[-1].unclaimed if u.op == op]
     assert reasons, f"{op} was claimed by MLX"
     return reasons[0]

@@ -99,6 +99,8 @@ GQA_CASES = [
      [(1, 4, 0, [3], 4), (2, 1, 8, [5, 2], 6)]),
     ("packed_rotary", F32, 4, 2, 16, {}, dict(packed=True, rotary_dim=16), [(1, 4, 0, [3], 4), (2, 1, 8, [5, 7], 8)]),
     ("local_window", F32, 2, 1, 8, dict(local_window_size=3), {}, [(1, 8, 0, [7], 8), (2, 1, 10, [8, 4], 9)]),
+    ("local_window_rotary_softcap", F32, 4, 2, 16, dict(local_window_size=2, softcap=1.5), dict(rotary_dim=16),
+     [(2, 5, 0, [4, 4], 5), (2, 1, 8, [7, 5], 8)]),
     ("softcap", F32, 2, 1, 8, dict(softcap=2.0, scale=0.5), {}, [(1, 6, 0, [5], 6), (1, 1, 6, [6], 7)]),
     ("smooth_softmax", F32, 2, 1, 8, dict(smooth_softmax=1), {}, [(1, 6, 0, [5], 6), (1, 1, 6, [6], 7)]),
     ("fp16_rotary", F16, 4, 2, 16, {}, dict(rotary_dim=16), [(1, 6, 0, [5], 6), (2, 1, 8, [6, 3], 7)]),
@@ -121,6 +123,14 @@ def test_gqa_prefill_padded_batch():
     model = gqa_model(F32, 4, 2, 16, past=False, rotary_dim=16)
     feeds = [gqa_feeds(F32, 4, 2, 16, 3, 6, None, [5, 2, 3], 6)]
     compare_gqa(model, feeds, TOL[F32], first_prompt_valid=[[6, 3, 4]])
+
+
+def test_gqa_chunked_prefill_batch2_is_clear_error():
+    """ORT: batch_size must be 1 when sequence_length > 1 and past context is given."""
+    model = gqa_model(F32, 2, 1, 16, past=True)
+    f = gqa_feeds(F32, 2, 1, 16, 2, 3, 10, [6, 8], 9)
+    with pytest.raises(Exception, match="batch_size must be 1"):
+        session(model).run(None, f)
 
 
 def test_gqa_bad_seqlens_is_clear_error():

@@ -82,11 +82,9 @@ def _present(past, new, past_len, total: int):
     zeros = mx.zeros((1,), new.dtype)
     out = mx.where(in_new, gathered, zeros)
     if past is not None:
-        p = past.shape[2]
+        p = past.shape[2]                      # callers give total >= p
         if p < total:
             past = mx.concatenate([past, mx.zeros((b, n, total - p, h), past.dtype)], axis=2)
-        elif p > total:
-            past = past[:, :, :total]
         out = mx.where(t < pl, past, out)
     return out
 
@@ -237,6 +235,8 @@ def _validate_gqa(seqlens: np.ndarray, b: int, s: int, total: int, past_len_cap:
         raise ValueError(f"seqlens_k has shape {seqlens.shape}, expected ({b},)")
     if s > total and s > 1:
         raise ValueError(f"total_sequence_length {total} is less than the query sequence length {s}")
+    if not first_prompt and s > 1 and b > 1:
+        raise ValueError(f"batch_size must be 1 when sequence_length > 1 and past context is given (B={b}, S={s})")
     for i, sl in enumerate(seqlens.reshape(-1)):
         if sl < 0 or sl >= present_len:
             raise ValueError(f"seqlens_k[{i}] = {sl} is out of range [0, {present_len})")
@@ -296,8 +296,9 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
                 raise ValueError("position_ids must be non-negative")
     _validate_gqa(seqlens, b, s, total, p, present_len, first_prompt,
                   cos_cache.shape[0] if do_rotary else None, pos_max)
-    if do_rotary and cos_cache.shape[-1] * 2 > h:
-        raise ValueError(f"rotary dim {2 * cos_cache.shape[-1]} exceeds head size {h}")
+    if do_rotary and (h % 16 or cos_cache.shape[-1] * 2 > h or cos_cache.shape[-1] % 8):
+        raise ValueError(f"rotary needs head_size % 16 == 0 and cos_cache dim 1 <= head_size/2, a multiple of 8; "
+                         f"got head_size {h}, cos_cache {cos_cache.shape}")
     if attention_bias is not None:
         ab = attention_bias.shape
         if len(ab) != 4 or ab[0] not in (1, b) or ab[1] not in (1, num_heads) or ab[2] != s or ab[3] != total:

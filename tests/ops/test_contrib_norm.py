@@ -101,3 +101,30 @@ def test_skip_norm_bad_skip_shape_is_clear_error():
     f = {"input": np.ones((2, 3, 16), np.float32), "skip": np.ones((2, 2, 16), np.float32)}
     with pytest.raises(Exception, match="skip shape"):
         session(model).run(None, f)
+
+
+# (id, dtype, shape, axis, with bias, n outputs)
+LN1_CASES = [
+    ("last_axis", F32, [2, 3, 16], -1, True, 1),
+    ("stats", F32, [2, 3, 16], -1, True, 3),
+    ("axis1_no_bias", F32, [2, 3, 8], 1, False, 1),
+    ("fp16", F16, [2, 4, 32], -1, True, 1),
+]
+
+
+@pytest.mark.parametrize("case", LN1_CASES, ids=[c[0] for c in LN1_CASES])
+def test_layer_norm_opset1(case):
+    """ORT's ai.onnx LayerNormalization-1 (used by models exported below opset 17)."""
+    _, t, shape, axis, bias, n_out = case
+    r = np.random.default_rng(4)
+    pshape = shape[axis % len(shape):]
+    inits = {"scale": r.standard_normal(pshape).astype(NP[t])}
+    ins = ["X", "scale"]
+    if bias:
+        inits["B"] = r.standard_normal(pshape).astype(NP[t])
+        ins.append("B")
+    outs = ["Y", "Mean", "InvStdDev"][:n_out]
+    node = helper.make_node("LayerNormalization", ins, outs, axis=axis, epsilon=1e-5)
+    model = make_model([node], [("X", t, shape)], [(o, t if o == "Y" else F32, None) for o in outs], inits, opset=16)
+    x = (r.standard_normal(shape) * 2 + 1).astype(NP[t])
+    check_against_cpu(model, [{"X": x}], **TOL[t])

@@ -11,6 +11,7 @@ import mlx.core as mx
 
 from .. import dtypes as dt
 from ..registry import MS, register
+from .normalization import _ln_check, layer_norm
 
 _SKIP_TYPES = {dt.FLOAT, dt.FLOAT16}       # what ORT's CPU kernel has (no bf16 reference)
 
@@ -109,3 +110,18 @@ def simplified_layer_norm(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1, ctx)
     inv_std = 1.0 / mx.sqrt(mx.mean(x * x, axis=axes, keepdims=True) + epsilon)
     y = (x * inv_std * _f32(scale)).astype(X.dtype)
     return (y, inv_std) if ctx.n_outputs > 1 else y
+
+
+# ORT's own LayerNormalization (ai.onnx domain, opset 1; the ONNX op arrived in opset 17 with the
+# same attributes and outputs): models exported with opset < 17 use it.
+def _ln1_check(v) -> str | None:
+    for i in (1, 2):
+        if v.has(i) and v.dtype(i) != v.dtype(0):
+            return f"input {i} is {dt.name(v.dtype(i))}, X {dt.name(v.dtype(0))} (mixed types not handled)"
+    return _ln_check(v)
+
+
+@register("LayerNormalization", 1, dtypes=dt.FLOATS - {dt.BFLOAT16}, check=_ln1_check)
+def layer_norm_1(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1, ctx):
+    """ORT's pre-opset-17 LayerNormalization: the opset-17 translator."""
+    return layer_norm(X, Scale, B, axis=axis, epsilon=epsilon, stash_type=stash_type, ctx=ctx)

@@ -268,3 +268,18 @@ def test_mha(case):
     model = mha_model(t, n, h, **mk)
     feeds = [mha_feeds(t, n, h, b, s, l, p, m, hv=mk.get("hv"), seed=i) for i, (b, s, l, p, m) in enumerate(runs)]
     check_against_cpu(model, feeds, **TOL[t])
+
+
+# (id, attrs) refused at claim time; ORT's CPU EP runs them
+GQA_REFUSED = [
+    ("local_window_0", dict(local_window_size=0)),
+    ("non_causal", dict(causal=0)),
+]
+
+
+@pytest.mark.parametrize("case", GQA_REFUSED, ids=[c[0] for c in GQA_REFUSED])
+def test_gqa_refused_stays_on_cpu(case):
+    _, attrs = case
+    model = gqa_model(F32, 2, 1, 16, past=False, **attrs)
+    assert unclaimed_ops(session(model)) == {"GroupQueryAttention": 1}
+    check_against_cpu(model, [gqa_feeds(F32, 2, 1, 16, 1, 4, None, [3], 4)], all_on_mlx=False)

@@ -133,3 +133,10 @@ def test_gather_block_quantized_bad_index_is_clear_error():
     model = gbq_model(F32, 8, 64, 4, 32, [2])
     with pytest.raises(Exception, match="out of range"):
         session(model).run(None, {"indices": np.array([1, 8], np.int64)})
+
+
+def test_matmul_nbits_2bit_refused_stays_on_cpu():
+    model = nbits_model(F32, 64, 8, 2, 32)
+    assert unclaimed_ops(session(model)) == {"MatMulNBits": 1}
+    a = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
+    check_against_cpu(model, [{"A": a}], all_on_mlx=False)

@@ -283,3 +283,33 @@ def test_gqa_refused_stays_on_cpu(case):
     model = gqa_model(F32, 2, 1, 16, past=False, **attrs)
     assert unclaimed_ops(session(model)) == {"GroupQueryAttention": 1}
     check_against_cpu(model, [gqa_feeds(F32, 2, 1, 16, 1, 4, None, [3], 4)], all_on_mlx=False)
+
+
+# ------------------------------------------------------------------------------ ONNX RotaryEmbedding-23
+# (id, input shape, rotary dim, with position_ids, attrs)
+ROPE23_CASES = [
+    ("bnsh_pos", [2, 3, 4, 16], 16, True, {}),
+    ("bsd_pos_partial", [2, 4, 32], 8, True, dict(num_heads=2, rotary_embedding_dim=8)),
+    ("bsd_interleaved", [2, 4, 32], 16, True, dict(num_heads=2, interleaved=1)),
+    ("bnsh_no_pos", [2, 2, 3, 16], 16, False, {}),
+]
+
+
+@pytest.mark.parametrize("case", ROPE23_CASES, ids=[c[0] for c in ROPE23_CASES])
+def test_rotary_embedding_23(case):
+    _, shape, rd, with_pos, attrs = case
+    b, s = shape[0], shape[-2] if len(shape) == 4 else shape[1]
+    c, sn = _cos_sin(16, rd)
+    pos = np.array([[(3 * i + j) % 16 for j in range(s)] for i in range(b)], np.int64)
+    ins = ["X", "cos", "sin"] + (["pos"] if with_pos else [])
+    inputs = [("X", F32, shape)] + ([("pos", TensorProto.INT64, [b, s])] if with_pos else [])
+    if with_pos:
+        inits = {"cos": c, "sin": sn}
+    else:
+        inits = {"cos": c[pos], "sin": sn[pos]}
+    node = helper.make_node("RotaryEmbedding", ins, ["Y"], **attrs)
+    model = make_model([node], inputs, [("Y", F32, None)], inits, opset=23)
+    f = {"X": _rng(0).standard_normal(shape).astype(np.float32)}
+    if with_pos:
+        f["pos"] = pos
+    check_against_cpu(model, [f])

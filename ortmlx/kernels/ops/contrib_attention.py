@@ -445,3 +445,54 @@ def multi_head_attention(query, key=None, value=None, bias=None, key_padding_mas
     probs = mx.softmax(scores, axis=-1)
     out = (probs @ vv.astype(mx.float32)).transpose(0, 2, 1, 3).reshape(b, s, num_heads * hv).astype(query.dtype)
     return (out, k, vv)[:max(ctx.n_outputs, 1)]
+
+
+# ---------------------------------------------------------------------------- ONNX RotaryEmbedding-23
+def _rope23_check(v) -> str | None:
+    if v.dtype(0) not in _FLOATS:
+        return f"dtype {dt.name(v.dtype(0))}: ORT's CPU kernel has float and float16 only"
+    if v.rank(0) not in (3, 4):
+        return f"input rank {v.rank(0)} (3D or 4D only)"
+    want = 2 if v.has(3) else 3
+    if v.rank(1) not in (None, want):
+        return f"cos_cache rank {v.rank(1)} (expected {want}D {'with' if v.has(3) else 'without'} position_ids)"
+    if v.rank(0) == 3 and v.attrs.get("num_heads", 0) <= 0:
+        return "3D input needs num_heads"
+    return None
+
+
+@register("RotaryEmbedding", 23, check=_rope23_check)
+def rotary_embedding_23(X, cos_cache, sin_cache, position_ids=None, *, interleaved=0, num_heads=0,
+                        rotary_embedding_dim=0):
+    """ONNX RotaryEmbedding: X (B,N,S,H) or (B,S,N*H); cos/sin (P, rd/2) gathered by position_ids,
+    or (B, S, rd/2) already per position."""
+    if X.ndim == 4:
+        b, n, s, h = X.shape
+        x = X
+    else:
+        b, s, hidden = X.shape
+        n, h = num_heads, hidden // num_heads
+        if n * h != hidden:
+            raise ValueError(f"hidden size {hidden} not divisible by num_heads {n}")
+        x = X.reshape(b, s, n, h).transpose(0, 2, 1, 3)
+    half = cos_cache.shape[-1]
+    rd = rotary_embedding_dim if rotary_embedding_dim > 0 else h
+    if rd != 2 * half or rd > h or sin_cache.shape != cos_cache.shape:
+        raise ValueError(f"cos_cache {cos_cache.shape} / sin_cache {sin_cache.shape} do not fit rotary dim {rd}, "
+                         f"head size {h}")
+    if position_ids is not None:
+        pos = _rope_positions(position_ids, b, s, cos_cache.shape[0]) if position_ids.size != 1 else None
+        if pos is None:
+            raise ValueError(f"position_ids shape {position_ids.shape}, expected ({b}, {s})")
+        c, sn = rotary_tables(cos_cache, sin_cache, pos, h, bool(interleaved))
+    else:
+        if cos_cache.shape[:2] != (b, s):
+            raise ValueError(f"cos_cache shape {cos_cache.shape}, expected ({b}, {s}, {half}) without position_ids")
+        pos = mx.broadcast_to(mx.arange(s, dtype=mx.int32).reshape(1, s), (b, s))
+        c, sn = rotary_tables(cos_cache.reshape(b * s, half), sin_cache.reshape(b * s, half),
+                              pos + mx.arange(b, dtype=mx.int32).reshape(b, 1) * s, h, bool(interleaved))
+    y = apply_rotary(x, c.reshape(b, 1, s, h).astype(x.dtype), sn.reshape(b, 1, s, h).astype(x.dtype),
+                     rd, bool(interleaved))
+    if X.ndim == 4:
+        return y
+    return y.transpose(0, 2, 1, 3).reshape(b, s, n * h)

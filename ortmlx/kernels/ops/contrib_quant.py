@@ -107,14 +107,15 @@ def matmul_nbits(A, B, scales, zero_points=None, g_idx=None, bias=None, *, K, N,
             raise ValueError(f"zero_points has {zero_points.size} elements, expected {want}")
     if bias is not None and bias.shape != (N,):
         raise ValueError(f"bias shape {bias.shape}, expected ({N},)")
+    a = A.astype(mx.float32)                 # half inputs: float32 math, one rounding (as ORT's CPU)
     if K % block_size == 0 and block_size in _MLX_GROUPS:
-        y = _mlx_quantized(A, B, scales, zero_points, K=K, N=N, bits=bits, block_size=block_size)
+        y = _mlx_quantized(a, B, scales, zero_points, K=K, N=N, bits=bits, block_size=block_size)
     else:
-        w = dequantize_blocks(B, scales, zero_points, K=K, N=N, bits=bits, block_size=block_size, dtype=A.dtype)
-        y = A @ w.T
+        w = dequantize_blocks(B, scales, zero_points, K=K, N=N, bits=bits, block_size=block_size, dtype=mx.float32)
+        y = a @ w.T
     if bias is not None:
-        y = y + bias
-    return y
+        y = y + bias.astype(mx.float32)
+    return y.astype(A.dtype)
 
 
 # ------------------------------------------------------------------ GatherBlockQuantized

@@ -1,0 +1,113 @@
+"""Pooling against ORT's CPU EP (fp32 rtol 1e-4 atol 1e-5, fp16 1e-2; max pooling and indices exact)."""
+import numpy as np
+import pytest
+from onnx import TensorProto as T, helper
+
+from _nnutil import check, check_bf16, one_node, rand, stays_on_cpu
+from ortmlx.testing import check_against_cpu, make_model
+
+F = [T.FLOAT, T.FLOAT16]
+
+POOL = [  # (x shape, attrs)
+    ((1, 2, 7), {"kernel_shape": [3]}),
+    ((2, 3, 6, 5), {"kernel_shape": [2, 2]}),
+    ((1, 2, 4, 5, 6), {"kernel_shape": [2, 3, 2], "strides": [2, 1, 2]}),
+    ((1, 2, 7, 7), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ((1, 2, 7, 8), {"kernel_shape": [3, 2], "strides": [2, 3], "pads": [0, 1, 2, 1]}),
+    ((1, 2, 7, 8), {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
+    ((1, 2, 8, 8), {"kernel_shape": [3, 3], "strides": [3, 3], "pads": [1, 1, 1, 1], "ceil_mode": 1}),
+    ((1, 2, 9, 9), {"kernel_shape": [2, 3], "dilations": [2, 2]}),
+    ((1, 2, 9, 9), {"kernel_shape": [2, 2], "dilations": [2, 3], "strides": [2, 1], "pads": [1, 0, 1, 1],
+                    "ceil_mode": 1}),
+    ((1, 2, 7, 6), {"kernel_shape": [3, 2], "auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+    ((1, 2, 7, 6), {"kernel_shape": [2, 3], "auto_pad": "SAME_LOWER", "strides": [2, 1]}),
+    ((1, 2, 7, 6), {"kernel_shape": [3, 2], "auto_pad": "VALID", "strides": [2, 2]}),
+    ((0, 2, 5, 5), {"kernel_shape": [2, 2]}),
+]
+
+
+@pytest.mark.parametrize("t", F + [T.DOUBLE])
+@pytest.mark.parametrize("xs,attrs", POOL)
+def test_maxpool(xs, attrs, t):
+    check(one_node("MaxPool", [("x", t, xs)], [("y", t, None)], attrs, opset=12), {"x": rand(xs, t)}, t)
+
+
+@pytest.mark.parametrize("storage_order", [0, 1])
+@pytest.mark.parametrize("xs,attrs", [c for c in POOL if "dilations" not in c[1] or c[0][2] == 9])
+def test_maxpool_indices(xs, attrs, storage_order):
+    x = np.round(rand(xs) * 4) / 4           # ties: the first maximum in the window must win
+    m = one_node("MaxPool", [("x", T.FLOAT, xs)], [("y", T.FLOAT, None), ("i", T.INT64, None)],
+                 {**attrs, "storage_order": storage_order}, opset=12)
+    if len(xs) != 4 and storage_order:
+        stays_on_cpu(m, {"x": x}, "MaxPool")      # ORT applies storage_order=1 to 2-D pooling only: refused
+    else:
+        check(m, {"x": x})
+
+
+@pytest.mark.parametrize("t", [T.INT8, T.UINT8])
+def test_maxpool_int8(t):
+    x = np.random.default_rng(0).integers(0 if t == T.UINT8 else -128, 127, (1, 2, 5, 5)).astype(
+        np.uint8 if t == T.UINT8 else np.int8)
+    m = one_node("MaxPool", [("x", t, x.shape)], [("y", t, None)], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]},
+                 opset=12)
+    check_against_cpu(m, [{"x": x}])
+
+
+@pytest.mark.parametrize("opset", [1, 8, 10, 11, 12, 22])
+def test_maxpool_opsets(opset):
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
+    check(one_node("MaxPool", [("x", T.FLOAT, (1, 2, 7, 7))], [("y", T.FLOAT, None)], attrs, opset=opset),
+          {"x": rand((1, 2, 7, 7))})
+
+
+AVG_EXTRA = [{}, {"count_include_pad": 1}]
+
+
+@pytest.mark.parametrize("t", F)
+@pytest.mark.parametrize("extra", AVG_EXTRA, ids=["exclude_pad", "include_pad"])
+@pytest.mark.parametrize("xs,attrs", POOL)
+def test_average_pool(xs, attrs, extra, t):
+    check(one_node("AveragePool", [("x", t, xs)], [("y", t, None)], {**attrs, **extra}, opset=19), {"x": rand(xs, t)},
+          t)
+
+
+@pytest.mark.parametrize("opset", [7, 10, 11])
+@pytest.mark.parametrize("extra", AVG_EXTRA, ids=["exclude_pad", "include_pad"])
+def test_average_pool_opsets(opset, extra):
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], **extra}
+    if opset >= 10:
+        attrs["ceil_mode"] = 1
+    check(one_node("AveragePool", [("x", T.FLOAT, (1, 2, 8, 8))], [("y", T.FLOAT, None)], attrs, opset=opset),
+          {"x": rand((1, 2, 8, 8))})
+
+
+@pytest.mark.parametrize("p", [1, 2, 3])
+@pytest.mark.parametrize("xs,attrs", [c for c in POOL if "dilations" not in c[1] and "ceil_mode" not in c[1]])
+def test_lp_pool(xs, attrs, p):
+    check(one_node("LpPool", [("x", T.FLOAT, xs)], [("y", T.FLOAT, None)], {**attrs, "p": p}, opset=11),
+          {"x": rand(xs)})
+
+
+@pytest.mark.parametrize("xs,attrs", [c for c in POOL if "dilations" in c[1] or "ceil_mode" in c[1]])
+def test_lp_pool_18(xs, attrs):
+    check(one_node("LpPool", [("x", T.FLOAT, xs)], [("y", T.FLOAT, None)], attrs, opset=18), {"x": rand(xs)})
+
+
+GLOBAL = [(1, 3, 5), (2, 3, 4, 5), (1, 2, 3, 2, 4), (0, 3, 4, 4)]
+
+
+@pytest.mark.parametrize("t", F)
+@pytest.mark.parametrize("op,attrs", [("GlobalAveragePool", {}), ("GlobalMaxPool", {}), ("GlobalLpPool", {}),
+                                      ("GlobalLpPool", {"p": 1}), ("GlobalLpPool", {"p": 3})])
+@pytest.mark.parametrize("xs", GLOBAL)
+def test_global_pool(op, attrs, xs, t):
+    if op == "GlobalLpPool" and t == T.FLOAT16:
+        pytest.skip("ORT's CPU EP has no float16 GlobalLpPool kernel")
+    check(one_node(op, [("x", t, xs)], [("y", t, None)], attrs, opset=13), {"x": rand(xs, t)}, t)
+
+
+def test_pool_bf16():
+    check_bf16("MaxPool", [("x", (1, 2, 5, 5))], attrs={"kernel_shape": [2, 2]}, opset=22,
+               feeds={"x": rand((1, 2, 5, 5))}, rtol=0, atol=0)
+    check_bf16("AveragePool", [("x", (1, 2, 5, 5))], attrs={"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]},
+               opset=22, feeds={"x": rand((1, 2, 5, 5))})

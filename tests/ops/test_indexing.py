@@ -82,6 +82,8 @@ CASES = {
     "pad_edge": ("Pad", (3, 4), [i64(2, 5, 1, 0)], {"mode": "edge"}, 13, 1, (), None),
     "pad_axes": ("Pad", (2, 3, 4), [i64(1, 2, 0, 1), "value", i64(-1, 0)], {}, 18, 1, (), None),
     "pad_wrap": ("Pad", (3, 4), [i64(1, 5, 4, 2)], {"mode": "wrap"}, 19, 1, (), None),
+    "pad_crop_past_end": ("Pad", (3, 4), [i64(0, -6, 0, 8), "value"], {}, 13, 1, (), None),
+    "pad_reflect_cropped": ("Pad", (3, 5), [i64(0, -1, 0, 2)], {"mode": "reflect"}, 13, 1, (), None),
     "pad_zero_dim": ("Pad", (0, 3), [i64(1, 0, 1, 0), "value"], {}, 13, 1, (), None),
     # TopK
     "topk_v1": ("TopK", (3, 5), [], {"k": 2}, 9, 2, (), [None, T.INT64]),
@@ -102,6 +104,7 @@ CASES = {
     "compress_flat": ("Compress", (2, 3), [np.array([1, 0, 1, 1], bool)], {}, 13, 1, (), None),
     "compress_axis": ("Compress", (3, 4), [np.array([0, 1, 1], bool)], {"axis": 0}, 13, 1, (), None),
     "compress_short": ("Compress", (3, 4), [np.array([1, 0], bool)], {"axis": -1}, 13, 1, (1,), None),
+    "compress_long_cond": ("Compress", (3, 4), [np.array([1, 0, 1, 1, 0], bool)], {"axis": 0}, 13, 1, (), None),
     "revseq_time0": ("ReverseSequence", (4, 3, 2), [i64(4, 1, 2)], {}, 13, 1, (), None),
     "revseq_batch0": ("ReverseSequence", (3, 4), [i64(1, 4, 0)], {"batch_axis": 0, "time_axis": 1}, 13, 1, (),
                       None),
@@ -185,11 +188,19 @@ def test_gather_device_indices_refused():
     ("ScatterND", [data(T.FLOAT, (3, 2)), np.array([[-4]], np.int64), data(T.FLOAT, (1, 2))], {}, 13),
     ("TopK", [data(T.FLOAT, (3, 2)), i64(3)], {}, 13),
     ("Slice", [data(T.FLOAT, (3, 2)), i64(0), i64(1), i64(0), i64(0)], {}, 13),
+    ("Slice", [data(T.FLOAT, (3, 2)), i64(0, 0), i64(1, 1), i64(0, -2)], {}, 13),
+    ("Pad", [data(T.FLOAT, (3, 2)), i64(3, 0, 0, 0)], {"mode": "reflect"}, 13),
+    ("Pad", [data(T.FLOAT, (1, 2)), i64(1, 0, 0, 0)], {"mode": "reflect"}, 13),
+    ("Pad", [data(T.FLOAT, (3, 2)), i64(-3, 0, 0, 0)], {"mode": "edge"}, 13),
+    ("Pad", [data(T.FLOAT, (3, 2)), i64(-3, 0, -1, 0)], {}, 13),
+    ("ReverseSequence", [data(T.FLOAT, (3, 2)), i64(4, 1)], {}, 13),
+    ("OneHot", [i64(1), i64(0), np.array([0, 1], np.float32)], {}, 11),
 ], ids=["gather_high", "gather_low", "gather_elements", "gather_nd", "scatter_elements", "scatter_nd",
-        "topk_k", "slice_step0"])
+        "topk_k", "slice_step0", "slice_dup_axes", "pad_reflect_big", "pad_reflect_len1", "pad_edge_cropped_empty",
+        "pad_negative_size", "revseq_len", "onehot_depth0"])
 def test_indexing_errors(op, ins, attrs, opset):
     n_out = 2 if op == "TopK" else 1
-    out_types = [T.FLOAT, T.INT64] if op == "TopK" else None
+    out_types = [T.FLOAT, T.INT64] if op == "TopK" else [T.FLOAT] if op == "OneHot" else None
     model, feeds = one_node(op, ins, attrs, opset, out_types, n_out)
     check_error(model, feeds, f"{op}_0")
 
@@ -200,3 +211,12 @@ def test_gather_embedding_on_mlx():
     model = make_model(nodes, [("ids", T.INT64, ["b", "s"])], [("y", T.FLOAT, None)],
                        {"w": data(T.FLOAT, (10, 4))}, opset=13)
     check_against_cpu(model, [{"ids": np.array([[1, 9, -1]], np.int64)}, {"ids": np.zeros((2, 0), np.int64)}])
+
+
+def test_unique_nan_errors():
+    """ORT's Unique compares NaN as equal to anything (order-dependent); we raise instead of guessing."""
+    from _movutil import session
+    model, feeds = one_node("Unique", [np.array([1, np.nan, 2], np.float32)], {}, 11,
+                            [T.FLOAT, T.INT64, T.INT64, T.INT64], 4)
+    with pytest.raises(Exception, match="Unique_0.*NaN"):
+        session(model).run(None, feeds)

@@ -22,6 +22,7 @@ CASES = {
     "reshape": ("Reshape", (2, 3, 4), [i64(4, -1)], {}, 21, 1, (), None),
     "reshape_zero_copy": ("Reshape", (2, 3, 4), [i64(0, -1, 2)], {}, 13, 1, (1,), None),
     "reshape_allowzero": ("Reshape", (0, 3), [i64(3, 0)], {"allowzero": 1}, 14, 1, (), None),
+    "reshape_allowzero_infer": ("Reshape", (0, 6), [i64(-1, 0, 3)], {"allowzero": 1}, 14, 1, (), None),
     "reshape_scalar": ("Reshape", (1, 1), [np.zeros(0, np.int64)], {}, 21, 1, (), None),
     "transpose_default": ("Transpose", (2, 3, 4), [], {}, 21, 1, (), None),
     "transpose_perm": ("Transpose", (2, 3, 4, 1), [], {"perm": [2, 0, 3, 1]}, 13, 1, (), None),
@@ -33,9 +34,11 @@ CASES = {
     "split_input": ("Split", (2, 7), [i64(3, 0, 4)], {"axis": -1}, 13, 3, (1,), None),
     "split_input_dyn": ("Split", (2, 7), [i64(5, 2)], {"axis": 1}, 18, 2, (), None),
     "split_num_outputs": ("Split", (7, 2), [], {"num_outputs": 3}, 18, 3, (), None),
+    "split_num_outputs_uneven": ("Split", (2, 7), [], {"axis": 1, "num_outputs": 4}, 18, 4, (), None),
     "squeeze_all": ("Squeeze", (1, 3, 1, 2), [], {}, 11, 1, (), None),
     "squeeze_attr": ("Squeeze", (1, 3, 1, 2), [], {"axes": [-2]}, 11, 1, (), None),
     "squeeze_input": ("Squeeze", (1, 3, 1, 2), [i64(0, 2)], {}, 13, 1, (), None),
+    "squeeze_dup_axes": ("Squeeze", (1, 3, 1), [i64(0, -3, 2)], {}, 13, 1, (), None),
     "squeeze_input_const": ("Squeeze", (1, 3, 1), [i64(-1)], {}, 21, 1, (1,), None),
     "unsqueeze_attr": ("Unsqueeze", (3, 2), [], {"axes": [0, -1]}, 11, 1, (), None),
     "unsqueeze_input": ("Unsqueeze", (3, 2), [i64(1, 4, 0)], {}, 13, 1, (), None),
@@ -124,9 +127,14 @@ def test_reshape_shape_from_device_refused():
     ("Squeeze", [data(T.FLOAT, (2, 3)), i64(0)], {}, 13),
     ("Split", [data(T.FLOAT, (5, 3))], {"axis": 0}, 13),
     ("Tile", [data(T.FLOAT, (2, 3)), i64(2)], {}, 13),
+    ("Split", [data(T.FLOAT, (4, 3))], {"num_outputs": 3}, 18),
+    ("Reshape", [data(T.FLOAT, (0, 3)), i64(0, -1)], {}, 14),
+    ("Unsqueeze", [data(T.FLOAT, (3,)), i64(0, 0)], {}, 13),
+    ("Reshape", [data(T.FLOAT, (0, 3)), i64(2, -1, 0)], {"allowzero": 1}, 14),
 ], ids=["reshape_size", "reshape_two_unknown", "expand_incompatible", "squeeze_non1", "split_uneven",
-        "tile_rank"])
+        "tile_rank", "split_empty_last_chunk", "reshape_zero_size_unknown", "unsqueeze_dup",
+        "reshape_allowzero_indivisible"])
 def test_shape_errors(op, ins, attrs, opset):
-    n_out = 2 if op == "Split" else 1
+    n_out = attrs.get("num_outputs", 2) if op == "Split" else 1
     model, feeds = one_node(op, ins, attrs, opset, n_out=n_out)
     check_error(model, feeds, f"{op}_0")

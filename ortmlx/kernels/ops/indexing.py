@@ -245,12 +245,18 @@ def _pad(data, pads, value, mode, axes, vtype):
     grow = [(0, 0)] * r
     for k, a in enumerate(axes):
         b, e, d = pads[k], pads[k + n], data.shape[a]
-        if b < 0 or e < 0:
-            lo, hi = max(-b, 0), d - max(-e, 0)
-            if hi < lo:
-                raise ValueError(f"negative pads {(b, e)} remove more than the {d} elements of axis {a}")
-            crop[a] = slice(lo, hi)
+        lo, hi = max(-b, 0), d - max(-e, 0)
+        if d + b + e < 0:
+            raise ValueError(f"pads {(b, e)} leave a negative size on axis {a} of size {d}")
+        if hi <= lo and (b or e) and mode != "constant":
+            raise ValueError(f"{mode} padding of axis {a}, which is empty after cropping")
+        if hi < lo:                          # cropped past the end: only constant values remain
+            crop[a], grow[a] = slice(0, 0), (d + b + e, 0)
+            continue
+        crop[a] = slice(lo, hi)
         grow[a] = (max(b, 0), max(e, 0))
+        if mode == "reflect" and (b > 0 or e > 0) and max(b, e) > hi - lo - 1:
+            raise ValueError(f"reflect pads {(b, e)} exceed {hi - lo - 1}, the most axis {a} allows")
     x = data[tuple(crop)]
     if mode == "constant":
         if all(g == (0, 0) for g in grow):
@@ -260,10 +266,6 @@ def _pad(data, pads, value, mode, axes, vtype):
     for a, (b, e) in enumerate(grow):
         if b or e:
             d = x.shape[a]
-            if d == 0:
-                raise ValueError(f"{mode} padding of axis {a}, which is empty")
-            if mode == "reflect" and (b >= d or e >= d) and d > 1:
-                raise ValueError(f"reflect pads {(b, e)} must be smaller than dim {d} of axis {a}")
             x = mx.take(x, _idx(_pad_index(d, b, e, mode)), axis=a)
     return x
 
@@ -354,6 +356,9 @@ _UNIQUE_TYPES = dt.NUMERIC - {dt.BFLOAT16} | {dt.BOOL}      # bf16 bits would no
 def unique(X, *, axis=None, sorted=1):
     """Unique values (or slices along ``axis``): Y, first indices, inverse indices, counts."""
     x = _host(X)
+    if x.dtype.kind == "f" and np.isnan(x).any():
+        raise ValueError("NaN input: ORT's Unique treats NaN as equal to whatever it is compared with, "
+                         "an order-dependent result that is not reproduced")
     if axis is None:
         flat = x.reshape(-1)
     else:
@@ -382,8 +387,7 @@ def compress(input, condition, *, axis=None):
     cond = np.asarray(condition).astype(bool).reshape(-1)
     x = mx.reshape(input, (-1,)) if axis is None else input
     a = 0 if axis is None else norm_axis(axis, input.ndim)
-    if cond.size > x.shape[a]:
-        raise ValueError(f"condition has {cond.size} entries, axis has only {x.shape[a]}")
+    cond = cond[:x.shape[a]]                # ORT ignores entries past the end of the axis
     return mx.take(x, _idx(np.nonzero(cond)[0]), axis=a)
 
 

@@ -92,6 +92,15 @@ def reshape_target(in_shape, shape, allowzero: int = 0) -> list[int]:
         raise ValueError(f"shape {shape} has more than one -1")
     if unknown:
         known = math.prod(s for i, s in enumerate(out) if i != unknown[0])
+        if known == 0 and allowzero and total == 0:
+            # ORT (allowzero, a 0 beside the -1): -1 = product of the non-zero input dims over the
+            # product of the non-zero requested dims
+            num = math.prod(d for d in in_shape if d)
+            den = math.prod(s for i, s in enumerate(out) if i != unknown[0] and s)
+            if num % den:
+                raise ValueError(f"cannot reshape input of shape {tuple(in_shape)} to {shape}")
+            out[unknown[0]] = num // den
+            return out
         if known == 0 or total % known:
             raise ValueError(f"cannot reshape input of shape {tuple(in_shape)} to {shape}")
         out[unknown[0]] = total // known
@@ -171,7 +180,7 @@ def split_sizes(dim: int, n_outputs: int, split=None, num_outputs=None) -> list[
             raise ValueError(f"num_outputs={num_outputs} but the node has {n_outputs} outputs")
         chunk = -(-dim // num_outputs)
         sizes = [chunk] * (num_outputs - 1) + [dim - chunk * (num_outputs - 1)]
-        if sizes[-1] < 0:
+        if sizes[-1] <= 0:                  # ORT rejects an empty (or negative) last chunk
             raise ValueError(f"dim {dim} cannot be split into {num_outputs} chunks of {chunk}")
         return sizes
     if dim % n_outputs:
@@ -223,7 +232,7 @@ def _squeeze(xp, data, axes=None):
     if axes is None:
         ax = [i for i, d in enumerate(data.shape) if d == 1]
     else:
-        ax = norm_axes(ints(axes), data.ndim)
+        ax = sorted({norm_axis(a, data.ndim, "axes") for a in ints(axes)})   # ORT accepts duplicates here
         bad = [a for a in ax if data.shape[a] != 1]
         if bad:
             raise ValueError(f"cannot squeeze axis {bad[0]} of size {data.shape[bad[0]]}")

@@ -51,10 +51,12 @@ def _rotary_perm(head_size: int, rotary_dim: int, interleaved: bool) -> np.ndarr
 
 
 def apply_rotary(x, cos, sin, rotary_dim: int, interleaved: bool):
-    """Rotate the first ``rotary_dim`` features of x (..., H); cos/sin broadcast to x."""
+    """Rotate the first ``rotary_dim`` features of x (..., H); cos/sin broadcast to x.
+    Half inputs compute in float32 and round once."""
     h = x.shape[-1]
     partner = mx.take(x, mx.array(_rotary_perm(h, rotary_dim, interleaved)), axis=-1)
-    rot = x * cos + partner * sin
+    f32 = mx.float32
+    rot = (x.astype(f32) * cos.astype(f32) + partner.astype(f32) * sin.astype(f32)).astype(x.dtype)
     if rotary_dim == h:
         return rot
     keep = mx.array(np.arange(h) >= rotary_dim)
@@ -143,7 +145,7 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
         else:
             pos = past_len.reshape(b, 1) + mx.arange(s, dtype=mx.int32).reshape(1, s)
         c, sn = rotary_tables(cos_cache, sin_cache, pos, h, rotary_interleaved)
-        c, sn = c.reshape(b, 1, s, h).astype(q.dtype), sn.reshape(b, 1, s, h).astype(q.dtype)
+        c, sn = c.reshape(b, 1, s, h), sn.reshape(b, 1, s, h)
         rd = 2 * cos_cache.shape[-1]
         q = apply_rotary(q, c, sn, rd, rotary_interleaved)
         k = apply_rotary(k, c, sn, rd, rotary_interleaved)
@@ -373,7 +375,7 @@ def rotary_embedding(input, position_ids, cos_cache, sin_cache, *, interleaved=0
         raise ValueError(f"rotary dim {rd} exceeds head size {h}")
     pos = _rope_positions(position_ids, b, s, cos_cache.shape[0])
     c, sn = rotary_tables(cos_cache, sin_cache, pos, h, bool(interleaved))
-    y = apply_rotary(x, c.reshape(b, 1, s, h).astype(x.dtype), sn.reshape(b, 1, s, h).astype(x.dtype),
+    y = apply_rotary(x, c.reshape(b, 1, s, h), sn.reshape(b, 1, s, h),
                      rd, bool(interleaved))
     if input.ndim == 4:
         return y
@@ -491,7 +493,7 @@ def rotary_embedding_23(X, cos_cache, sin_cache, position_ids=None, *, interleav
         pos = mx.broadcast_to(mx.arange(s, dtype=mx.int32).reshape(1, s), (b, s))
         c, sn = rotary_tables(cos_cache.reshape(b * s, half), sin_cache.reshape(b * s, half),
                               pos + mx.arange(b, dtype=mx.int32).reshape(b, 1) * s, h, bool(interleaved))
-    y = apply_rotary(x, c.reshape(b, 1, s, h).astype(x.dtype), sn.reshape(b, 1, s, h).astype(x.dtype),
+    y = apply_rotary(x, c.reshape(b, 1, s, h), sn.reshape(b, 1, s, h),
                      rd, bool(interleaved))
     if X.ndim == 4:
         return y

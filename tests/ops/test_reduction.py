@@ -1,0 +1,128 @@
+"""Reductions, ArgMax/ArgMin and CumSum against ORT's CPU EP."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto as T
+
+from _ewutil import NP, check, node_model, rand, refusal
+
+rng = np.random.default_rng(4)
+FD = (T.FLOAT, T.FLOAT16, T.DOUBLE)
+RED = FD + (T.INT32, T.INT64)
+MAXMIN = FD + (T.INT8, T.UINT8, T.INT32, T.INT64, T.BOOL)
+# op, dtypes, opset where axes became an input, value range
+OPS = [("ReduceSum", RED, 13, (-3, 3)), ("ReduceMean", RED, 18, (-9, 9)), ("ReduceMax", MAXMIN, 18, (-9, 9)),
+       ("ReduceMin", MAXMIN, 18, (-9, 9)), ("ReduceProd", RED, 18, (-2, 2)), ("ReduceL1", RED, 18, (-3, 3)),
+       ("ReduceL2", RED, 18, (-3, 3)), ("ReduceLogSum", RED, 18, (0.5, 3)), ("ReduceLogSumExp", RED, 18, (-3, 3)),
+       ("ReduceSumSquare", RED, 18, (-3, 3))]
+AXES = [None, [], [0], [-1], [0, 2], [1, -1], [0, 1, 2]]
+
+
+@pytest.mark.parametrize("op,t,new,vr", [(o, t, n, v) for o, ts, n, v in OPS for t in ts], ids=str)
+def test_reduce_dtypes(op, t, new, vr):
+    x = rand(t, (2, 3, 4), rng, lo=vr[0], hi=vr[1])
+    m = node_model(op, [t, T.INT64], [t], {"keepdims": 0}, max(new, 20) if t == T.BOOL else new)
+    check(m, [{"x0": x, "x1": np.array([1], np.int64)}, {"x0": x, "x1": np.array([0, -1], np.int64)}], t)
+
+
+@pytest.mark.parametrize("op,new,vr", [(o, n, v) for o, ts, n, v in OPS], ids=str)
+def test_reduce_axes_forms(op, new, vr):
+    t = T.FLOAT
+    x = rand(t, (2, 3, 4), rng, lo=vr[0], hi=vr[1])
+    for keepdims in (0, 1):
+        for axes in AXES:
+            for noop in ((0, 1) if axes == [] or axes is None else (0,)):
+                attrs = {"keepdims": keepdims, "noop_with_empty_axes": noop}
+                if axes is None:
+                    m = node_model(op, [t], [t], attrs, new)
+                    feeds = {"x0": x}
+                else:
+                    m = node_model(op, [t, T.INT64], [t], attrs, new)
+                    feeds = {"x0": x, "x1": np.array(axes, np.int64)}
+                check(m, feeds, t)
+
+
+@pytest.mark.parametrize("op,t", [(o, t) for o, ts, n, v in OPS for t in ts if t != T.BOOL][::3], ids=str)
+def test_reduce_axes_attr(op, t):
+    x = rand(t, (2, 3, 4), rng, lo=0.5, hi=3)
+    for attrs in ({}, {"axes": [1]}, {"axes": [0, -1], "keepdims": 0}, {"keepdims": 0}):
+        for opset in ((11, 1) if op == "ReduceSum" else (12, 13)):
+            check(node_model(op, [t], [t], attrs, opset), {"x0": x}, t)
+
+
+@pytest.mark.parametrize("op,t", [(o, t) for o, ts, n, v in OPS for t in ts if t in (T.FLOAT, T.INT32)], ids=str)
+def test_reduce_empty_set(op, t):
+    m = node_model(op, [t, T.INT64], [t], {"keepdims": 1}, 18)
+    m0 = node_model(op, [t, T.INT64], [t], {"keepdims": 0}, 18)
+    x = np.zeros((0, 3), NP[t])
+    feeds = [{"x0": x, "x1": np.array([0], np.int64)}, {"x0": x, "x1": np.array([1], np.int64)},
+             {"x0": x, "x1": np.array([], np.int64)}]
+    check(m, feeds)
+    check(m0, feeds)
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean", "ReduceLogSumExp", "ReduceL2"])
+def test_reduce_nan_inf(op):
+    x = rand(T.FLOAT, (4, 6), rng, special=True)
+    check(node_model(op, [T.FLOAT, T.INT64], [T.FLOAT], {}, 18), {"x0": x, "x1": np.array([1], np.int64)})
+
+
+def test_reduce_max_nan_propagates():
+    """ORT's CPU NaN handling here depends on position/vectorisation; we follow the ONNX reference (numpy)."""
+    from ortmlx.testing import session
+    x = np.arange(24, dtype=np.float32).reshape(3, 8)
+    x[0, 3] = np.nan
+    for op, ref in (("ReduceMax", np.max), ("ReduceMin", np.min)):
+        m = node_model(op, [T.FLOAT, T.INT64], [T.FLOAT], {"keepdims": 0}, 18)
+        got = session(m).run(None, {"x0": x, "x1": np.array([1], np.int64)})[0]
+        np.testing.assert_array_equal(got, ref(x, axis=1))
+
+
+def test_reduce_sum_large_fp16():
+    x = rand(T.FLOAT16, (4, 2048), rng, lo=0, hi=1)
+    check(node_model("ReduceSum", [T.FLOAT16, T.INT64], [T.FLOAT16], {}, 13), {"x0": x, "x1": np.array([1], np.int64)},
+          T.FLOAT16, rtol=5e-3)
+
+
+ARG = FD + (T.INT8, T.UINT8, T.INT32, T.INT64)
+
+
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+@pytest.mark.parametrize("t", ARG, ids=str)
+def test_arg(op, t):
+    x = rand(t, (3, 5, 4), rng, lo=-3, hi=3)          # small range: plenty of ties
+    for attrs in ({}, {"axis": 1}, {"axis": -1, "keepdims": 0}, {"axis": 1, "select_last_index": 1},
+                  {"axis": 2, "keepdims": 0, "select_last_index": 1}):
+        check(node_model(op, [t], [T.INT64], attrs, 13), {"x0": x})
+    check(node_model(op, [t], [T.INT64], {"axis": 1}, 11), {"x0": x})
+
+
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+def test_arg_nan(op):
+    x = np.array([[np.nan, 1, np.nan, 3], [2, np.nan, 5, 5], [1, 1, 1, 1], [np.nan] * 4,
+                  [-np.inf, np.nan, -np.inf, 0], [np.inf, np.nan, -np.inf, np.inf]], np.float32)
+    for last in (0, 1):
+        check(node_model(op, [T.FLOAT], [T.INT64], {"axis": 1, "select_last_index": last}, 13), {"x0": x})
+    big = rand(T.FLOAT, (4, 37), rng, special=True)
+    check(node_model(op, [T.FLOAT], [T.INT64], {"axis": 1}, 13), {"x0": big})
+
+
+def test_arg_empty_axis_refused():
+    m = node_model("ArgMax", [T.FLOAT], [T.INT64], {"axis": 0}, 13, in_shapes=[(0, 3)])
+    assert "empty axis" in refusal(m, "ArgMax")
+
+
+CUMSUM = (T.FLOAT, T.FLOAT16, T.DOUBLE, T.INT32, T.INT64)
+
+
+@pytest.mark.parametrize("t", CUMSUM, ids=str)
+@pytest.mark.parametrize("exclusive,reverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_cumsum(t, exclusive, reverse):
+    x = rand(t, (3, 4, 5), rng, lo=-5, hi=5)
+    for axis in (0, 1, -1):
+        m = node_model("CumSum", [t, T.INT64], [t], {"exclusive": exclusive, "reverse": reverse}, 14,
+                       initializers={"x1": np.array(axis, np.int64)})
+        check(m, {"x0": x}, t)
+    m = node_model("CumSum", [t, T.INT32], [t], {"exclusive": exclusive, "reverse": reverse}, 14)
+    check(m, [{"x0": x, "x1": np.array(1, np.int32)}, {"x0": np.zeros((0, 3), NP[t]), "x1": np.array(1, np.int32)}], t)

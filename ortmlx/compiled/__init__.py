@@ -11,7 +11,7 @@ import threading
 import weakref
 
 from .analysis import is_attention, static_reason
-from .attention import AttentionRunner
+from .attention import AttentionRunner, traced_overrides
 from .config import DECODE, GENERAL, PREFILL, SHAPE_KEYED, SHAPELESS, CompiledConfig
 from .core import TRACE_LOCK, CompiledSubgraph, tracing
 from .mode import apply_compile_mode
@@ -54,7 +54,7 @@ def make_runner(program, options, stats=None):
     if config == "attention":
         runner = AttentionRunner(program, options, stats)
     else:
-        runner = CompiledSubgraph(program, config, stats)
+        runner = CompiledSubgraph(program, config, stats, traced_overrides(program, None))
     _track(runner)
     return runner
 

@@ -22,9 +22,11 @@ ATTENTION_OPS = frozenset({"GroupQueryAttention", "MultiHeadAttention", "Attenti
 @dataclass(frozen=True)
 class HostPlan:
     host_inputs: frozenset[int]        # group inputs whose values are read on the host
-    dynamic_host: tuple[str, ...]      # labels of host steps that read traced values (shapes)
+    dynamic_host: tuple[str, ...]      # shape-derived values a trace would bake (not hoisted)
     host_outputs: frozenset[int]       # group outputs that are host (numpy) values
     reason: str | None                 # why this group cannot be traced (None: it can)
+    hoist: tuple[str, ...] = ()        # shape-derived values fed to a shapeless closure as data
+    hoist_steps: frozenset[int] = frozenset()   # steps that compute them (run per call, not traced)
 
     def shapeless_reason(self) -> str | None:
         """Why a shapeless trace of this plan could bake something wrong (None: nothing found)."""
@@ -33,7 +35,7 @@ class HostPlan:
         if self.host_inputs:
             return f"group inputs {sorted(self.host_inputs)} are read on the host"
         if self.dynamic_host:
-            return f"host shape math on traced values ({', '.join(self.dynamic_host[:3])})"
+            return f"values computed from traced shapes would be baked ({', '.join(self.dynamic_host[:3])})"
         if self.host_outputs:
             return f"outputs {sorted(self.host_outputs)} are host values"
         return None
@@ -53,49 +55,99 @@ def is_attention(program) -> bool:
     return any(st.node.op_type in ATTENTION_OPS for st in program.steps)
 
 
-def host_plan(program, env: dict) -> HostPlan:
-    """Replay ``Program.build``'s host decisions using the values of an eager call (``env``)."""
+def host_plan(program, env: dict, hoist: bool = False) -> HostPlan:
+    """Replay ``Program.build``'s host decisions using the values of an eager call (``env``).
+
+    Pass 1 finds which steps run on the host and which group inputs they read by value.
+    Pass 2 follows two taints: *traced* (computed from traced inputs' data) and *shaped*
+    (computed from traced inputs' shapes: a trace bakes them). With ``hoist``, shaped
+    values that only feed traced computations become closure inputs computed per call.
+    """
     reason = static_reason(program)
+    if reason:
+        return HostPlan(frozenset(), (), frozenset(), reason)
     in_pos = {n: i for i, n in enumerate(program.inputs)}
     host = {n: True for n in program.inputs}
-    dynamic = set(program.inputs)
     host_inputs: set[int] = set()
-    dyn_host: list[str] = []
+    on_host: list[bool] = []
     for st in program.steps:
-        if reason:
-            break
         od = st.opdef
         names = [n for n in st.inputs if n]
         flags = [True if not n else host.get(n, False) for n in st.inputs]
         sizes_ok = all(not host.get(n, False) or _size(env.get(n)) <= HOST_MAX_ELEMS for n in names)
-        on_host = host_evaluable(od, st.out_types, flags) and sizes_ok
-        is_dyn = any(n in dynamic for n in names)
-        if on_host:
+        h = host_evaluable(od, st.out_types, flags) and sizes_ok
+        on_host.append(h)
+        if h:
             if not od.shape_only:
                 host_inputs.update(in_pos[n] for n in names if n in in_pos and host.get(n))
-            if is_dyn:
-                dyn_host.append(st.node.label)
             outs_host = {o: True for o in st.outputs if o}
         else:
             for i, n in enumerate(st.inputs):
                 if not n:
                     continue
                 if i in od.const_inputs:
-                    if host.get(n):
-                        if n in in_pos:
-                            host_inputs.add(in_pos[n])
-                        elif n in dynamic:
-                            dyn_host.append(st.node.label)
-                    elif n not in program.constants:
-                        reason = f"{st.node.label}: input {i} ('{n}') is read on the host from an MLX value"
+                    if host.get(n) and n in in_pos:
+                        host_inputs.add(in_pos[n])
                 else:
                     host[n] = False
             outs_host = {o: isinstance(env.get(o), np.ndarray) for o in st.outputs if o}
         host.update(outs_host)
-        if is_dyn:
-            dynamic.update(o for o in st.outputs if o)
     host_outputs = frozenset(j for j, o in enumerate(program.outputs) if host.get(o, False))
-    return HostPlan(frozenset(host_inputs), tuple(dyn_host), host_outputs, reason)
+
+    traced = {n for i, n in enumerate(program.inputs) if i not in host_inputs}
+    shaped: set[str] = set()
+    uses: list[tuple[int, str]] = []            # (step, shaped value) a traced computation consumes
+    producer: dict[str, int] = {}
+    for k, st in enumerate(program.steps):
+        od = st.opdef
+        names = [n for n in st.inputs if n]
+        t_in = any(n in traced for n in names)
+        for i, n in enumerate(st.inputs):
+            if n and not on_host[k] and i in od.const_inputs and n in traced:
+                return HostPlan(frozenset(host_inputs), (), host_outputs,
+                                f"{st.node.label}: input {i} ('{n}') is read on the host from a traced value")
+        outs = [o for o in st.outputs if o]
+        for o in outs:
+            producer[o] = k
+        if on_host[k]:
+            if t_in or any(n in shaped for n in names):
+                shaped.update(outs)
+        elif t_in:
+            traced.update(outs)
+            uses.extend((k, n) for i, n in enumerate(st.inputs)
+                        if n in shaped and i not in od.const_inputs)
+            baked = [n for i, n in enumerate(st.inputs) if n in shaped and i in od.const_inputs]
+            if baked:
+                uses.append((k, "@" + baked[0]))     # read on the host: cannot be hoisted
+        elif any(n in shaped for n in names):
+            shaped.update(outs)
+    out_shaped = [o for o in program.outputs if o in shaped]
+    need = sorted({n for _, n in uses} | set(out_shaped))
+    if not need:
+        return HostPlan(frozenset(host_inputs), (), host_outputs, None)
+    if not hoist or any(n.startswith("@") for n in need) or out_shaped:
+        return HostPlan(frozenset(host_inputs), tuple(n.lstrip("@") for n in need), host_outputs, None)
+    steps = _ancestors(program, need, producer)
+    if any(o in traced for k in steps for o in program.steps[k].outputs if o):
+        return HostPlan(frozenset(host_inputs), tuple(need), host_outputs, None)   # would hoist traced work
+    leaked = [o for k in steps for o in program.steps[k].outputs
+              if o and o not in need and any(o in st.inputs for j, st in enumerate(program.steps) if j not in steps)]
+    if leaked:
+        return HostPlan(frozenset(host_inputs), tuple(need), host_outputs, None)
+    return HostPlan(frozenset(host_inputs), (), host_outputs, None, tuple(need), frozenset(steps))
+
+
+def _ancestors(program, names, producer: dict) -> set[int]:
+    """Indices of the steps ``names`` are computed by (transitively, within the group)."""
+    todo, seen = list(names), set()
+    while todo:
+        n = todo.pop()
+        k = producer.get(n)
+        if k is None or k in seen:
+            continue
+        seen.add(k)
+        todo.extend(i for i in program.steps[k].inputs if i)
+    return seen
 
 
 def _size(v) -> int:

@@ -6,18 +6,24 @@ import dataclasses
 from ..kernels.registry import MS, norm_domain
 from .config import DECODE, PREFILL
 from .core import CompiledSubgraph
-from .decode_ops import gqa_traced
+from .decode_ops import gather_traced, gqa_traced
 
-#: symbolic dims a decode key leaves free (the growing KV/total length)
-FREE_DIM_NAMES = frozenset({"total_sequence_length", "past_sequence_length"})
+#: symbolic dims a decode key leaves free: the growing attention-mask length. The past
+#: length stays in the key: with genai's shared buffer it is the buffer size (fixed for a
+#: generation), and the traced attention bakes it into the present's shape.
+FREE_DIM_NAMES = frozenset({"total_sequence_length"})
 SEQ_DIM_NAME = "sequence_length"
 
 
-def gqa_overrides(program, decode: bool) -> dict:
-    """Step index -> traced GroupQueryAttention OpDef (total length as data for decode)."""
+def traced_overrides(program, decode: bool | None) -> dict:
+    """Step index -> OpDef with a trace-friendly translator: Gather (indices as data) and, for
+    attention closures, GroupQueryAttention (``decode``: total length as data too)."""
     out = {}
     for i, st in enumerate(program.steps):
-        if st.node.op_type == "GroupQueryAttention" and norm_domain(st.node.domain) == MS:
+        dom = norm_domain(st.node.domain)
+        if st.node.op_type == "Gather" and dom == "":
+            out[i] = dataclasses.replace(st.opdef, fn=gather_traced, const_inputs=frozenset(), wants_ctx=False)
+        elif decode is not None and st.node.op_type == "GroupQueryAttention" and dom == MS:
             const = frozenset() if decode else st.opdef.const_inputs
             out[i] = dataclasses.replace(st.opdef, fn=gqa_traced(decode), const_inputs=const, wants_ctx=False)
     return out
@@ -42,10 +48,10 @@ class AttentionRunner:
         self.decode = None
         self.prefill = None
         if not options.no_decode_compile and self.seq_dims:
-            self.decode = CompiledSubgraph(program, DECODE, stats, gqa_overrides(program, True),
+            self.decode = CompiledSubgraph(program, DECODE, stats, traced_overrides(program, True),
                                            dims_named(program, FREE_DIM_NAMES), label="decode")
         if not options.no_prefill_compile:
-            self.prefill = CompiledSubgraph(program, PREFILL, stats, gqa_overrides(program, False), label="prefill")
+            self.prefill = CompiledSubgraph(program, PREFILL, stats, traced_overrides(program, False), label="prefill")
         if stats is not None and hasattr(stats, "group"):
             stats.group(self.name)["compiled"] = "+".join(p.label for p in self.parts())
         self.eager_calls = 0
@@ -63,7 +69,7 @@ class AttentionRunner:
 
     def run(self, inputs: list, probe=None) -> list:
         s = self.seq_len(inputs)
-        r = self.decode if s == 1 and self.decode is not None else self.prefill
+        r = self.decode if s == 1 else self.prefill     # a path switched off runs eagerly
         if r is None:
             self.eager_calls += 1
             return self.program.run(inputs, probe=probe) if probe is not None else self.program.run(inputs)

@@ -38,12 +38,15 @@ class _Closure:
     """One compiled closure for one key: its inputs split, its counters and state."""
 
     __slots__ = ("fn", "dev_idx", "host_vals", "traces", "calls", "verified", "trusted", "poisoned", "guarded",
-                 "guard_fails")
+                 "guard_fails", "hoist", "hoist_prog", "trace_prog")
 
     def __init__(self, dev_idx: tuple[int, ...], host_vals: dict[int, np.ndarray | None]):
         self.fn = None
         self.dev_idx = dev_idx
         self.host_vals = host_vals
+        self.hoist: tuple[str, ...] = ()     # values computed per call (hoist_prog) and fed as data
+        self.hoist_prog = None
+        self.trace_prog = None
         self.traces = 0
         self.calls = 0
         self.verified: set = set()
@@ -59,7 +62,7 @@ class CompiledSubgraph:
     supports_probe = True
 
     def __init__(self, program, config: CompiledConfig, stats=None, overrides: dict | None = None,
-                 free_dims: frozenset = frozenset(), label: str | None = None):
+                 free_dims: frozenset | None = None, label: str | None = None):
         self.program = program
         self.config = config
         self.stats = stats
@@ -67,8 +70,8 @@ class CompiledSubgraph:
         self.label = label or config.name
         #: the program the traces build: steps whose translator is replaced by a traced form
         self.trace_program = with_overrides(program, overrides or {})
-        #: (input, axis) dims a shapeless key leaves free (all dims when empty)
-        self.free_dims = frozenset(free_dims)
+        #: (input, axis) dims a shapeless key leaves free (None: every dim, the key is ranks only)
+        self.free_dims = None if free_dims is None else frozenset(free_dims)
         self.device = program.device
         self.static_reason = static_reason(program)
         self._in_types = [program.types.get(n) for n in program.inputs]
@@ -150,7 +153,7 @@ class CompiledSubgraph:
         """First call for a key: eager answer, host analysis, trace and verify."""
         ref, env = self._eager_env(inputs, probe)
         try:
-            new = host_plan(self.trace_program, env)
+            new = host_plan(self.trace_program, env, hoist=self.config.shapeless)
         except Exception as e:  # noqa: BLE001
             new = HostPlan(frozenset(), (), frozenset(), f"host analysis failed: {type(e).__name__}: {e}")
         reason = new.shapeless_reason() if self.config.shapeless else new.reason
@@ -184,6 +187,13 @@ class CompiledSubgraph:
         host_vals = {i: (None if a is None else np.array(a, copy=True))
                      for i, a in enumerate(inputs) if i not in dev_idx}
         c = _Closure(dev_idx, host_vals)
+        c.trace_prog = self.trace_program
+        if plan.hoist:
+            c.hoist = plan.hoist
+            c.hoist_prog = sub_program(self.program, plan.hoist_steps, self.program.inputs, plan.hoist)
+            keep = [k for k in range(len(self.trace_program.steps)) if k not in plan.hoist_steps]
+            c.trace_prog = sub_program(self.trace_program, keep, self.program.inputs + list(plan.hoist),
+                                       self.program.outputs)
         try:
             c.fn = self._compile(c)
         except Exception as e:  # noqa: BLE001
@@ -214,6 +224,9 @@ class CompiledSubgraph:
         try:
             dev = [dt.to_mx(np.asarray(inputs[i]), self._in_types[i] or dt.onnx_type_of(inputs[i]))
                    for i in c.dev_idx]
+            if c.hoist:
+                stage = "hoisted values"
+                dev.extend(self._hoisted(c, inputs))
             stage = "trace" if c.traces == 0 else "apply"
             if probe is not None:
                 probe.mark("build")
@@ -245,8 +258,9 @@ class CompiledSubgraph:
 
     def _compile(self, c: _Closure):
         """The ``mx.compile`` closure of the whole program for one key."""
-        program, counters, stats, name = self.trace_program, self.counters, self.stats, self.name
-        n, dev_idx, host_vals = len(program.inputs), c.dev_idx, c.host_vals
+        program, counters, stats, name = c.trace_prog, self.counters, self.stats, self.name
+        n, host_vals = len(program.inputs), c.host_vals
+        dev_idx = c.dev_idx + tuple(range(len(self.program.inputs), n))      # then the hoisted values
         out_types, contiguous = self._out_types, self.config.contiguous_outputs
 
         def body(*dev):
@@ -273,6 +287,18 @@ class CompiledSubgraph:
                 _TLS.depth -= 1
 
         return mx.compile(body, shapeless=self.config.shapeless)
+
+    def _hoisted(self, c: _Closure, inputs: list) -> list:
+        """The hoisted (shape-derived) values of this call, as MLX arrays."""
+        env = c.hoist_prog.build(list(inputs))
+        out = []
+        for n in c.hoist:
+            v = env[n]
+            if not isinstance(v, mx.array):
+                a = np.asarray(v)
+                v = dt.to_mx(a, self.program.types.get(n) or dt.onnx_type_of(a))
+            out.append(v)
+        return out
 
     def _eager(self, inputs: list, probe) -> list:
         self.counters["eager_calls"] += 1
@@ -316,7 +342,7 @@ class CompiledSubgraph:
             raise ValueError(f"expected {len(self._in_types)} inputs, got {len(inputs)}")
         if self.config.shapeless:
             free = self.free_dims
-            if not free:
+            if free is None:
                 return tuple(None if a is None else (np.asarray(a).dtype.str, np.ndim(a)) for a in inputs)
             return tuple(None if a is None else (np.asarray(a).dtype.str, tuple(
                 -1 if (i, ax) in free else d for ax, d in enumerate(np.shape(a)))) for i, a in enumerate(inputs))
@@ -354,4 +380,15 @@ def with_overrides(program, overrides: dict):
     p = copy.copy(program)
     p.steps = [dataclasses.replace(st, opdef=overrides[i]) if i in overrides else st
                for i, st in enumerate(program.steps)]
+    return p
+
+
+def sub_program(program, steps, inputs: list, outputs):
+    """A shallow copy of ``program`` keeping ``steps`` (indices), with new inputs and outputs."""
+    import copy
+    keep = set(steps)
+    p = copy.copy(program)
+    p.steps = [st for k, st in enumerate(program.steps) if k in keep]
+    p.inputs = list(inputs)
+    p.outputs = list(outputs)
     return p

@@ -137,3 +137,15 @@ def gqa_traced(decode: bool):
                         rotary_interleaved=bool(a["rotary_interleaved"]), position_ids=None,
                         attention_bias=x["attention_bias"], sink=sink)
     return gqa
+
+
+def gather_traced(data, indices, *, axis=0):
+    """Gather with the indices as data: out-of-range indices fail a guard (eager raises)."""
+    from ..kernels.ops.shape import norm_axis
+    a = norm_axis(axis, data.ndim)
+    n = data.shape[a]
+    idx = indices if isinstance(indices, mx.array) else mx.array(np.asarray(indices))
+    idx = idx.astype(mx.int64)
+    add_guard(mx.all((idx >= -n) & (idx < n)))
+    idx = mx.where(idx < 0, idx + n, idx)
+    return mx.take(data, idx.astype(mx.int32) if n < 2**31 else idx, axis=a)

@@ -1,0 +1,135 @@
+"""Compiled decode/prefill on the tiny genai LLMs: one decode trace, tokens identical to eager and CPU.
+
+The models come from models/build_llm.py (built once, cached under models/out/). On MLX's CPU
+backend the first run JIT-builds fused kernels with g++ (cached under $TMPDIR/mlx): the first
+test takes tens of seconds on a cold cache, about a second warm.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+og = pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (pip install .[genai])")
+
+import ortmlx.compiled as C  # noqa: E402
+from ortmlx import genai as mg  # noqa: E402
+
+pytestmark = pytest.mark.genai
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.environ.get("ORTMLX_MODELS_OUT", os.path.join(ROOT, "models", "out"))
+PROMPTS = ([510, 5, 17, 33, 90, 12, 7, 100, 200, 3, 4, 5, 6, 7, 8, 9], [510, 44, 45, 46, 47, 48, 9])
+N = 64
+SHARE = {"search": {"past_present_share_buffer": True}}
+NOSHARE = {"search": {"past_present_share_buffer": False}}
+
+
+def model_dir(arch: str, precision: str = "fp32") -> str:
+    """The tiny model, built if missing (a subprocess: torch stays out of the test process)."""
+    path = os.path.join(OUT, f"{arch}-tiny-{precision}")
+    if not os.path.exists(os.path.join(path, "genai_config.json")):
+        for mod in ("torch", "transformers", "tokenizers", "onnx_ir"):
+            pytest.importorskip(mod, reason=f"{mod} is needed to build the test LLMs (pip install .[genai])")
+        res = subprocess.run([sys.executable, os.path.join(ROOT, "models", "build_llm.py"), "--arch", arch,
+                              "--precision", precision, "--size", "tiny", "--out", OUT],
+                             capture_output=True, text=True, timeout=900)
+        assert res.returncode == 0, res.stderr[-3000:]
+    return path
+
+
+class Snap:
+    """What one compiled part did (read before the session releases its closures)."""
+
+    def __init__(self, part):
+        self.trace_counts = part.trace_counts()
+        self.n_closures = len(part.closures())
+        self.counters = dict(part.counters)
+
+
+class Runner:
+    def __init__(self, r):
+        self.is_attention = hasattr(r, "decode")
+        self.decode = Snap(r.decode) if self.is_attention and r.decode is not None else None
+        self.prefill = Snap(r.prefill) if self.is_attention and r.prefill is not None else None
+        self.eager_calls = getattr(r, "eager_calls", 0)
+        self.parts = [Snap(p) for p in r.parts()]
+
+
+def run(path: str, provider: str = "mlx", options: dict | None = None, overlay: dict | None = None):
+    """(greedy tokens for every prompt, snapshots of the compiled runners the session made)."""
+    with C.capture() as rs:
+        model, _ = mg.load_model(path, provider, options, overlay or SHARE)
+    toks = [mg.greedy(model, p, N) for p in PROMPTS]
+    snaps = [Runner(r) for r in rs]
+    del model
+    return toks, snaps
+
+
+def attention_parts(rs):
+    att = [r for r in rs if r.is_attention]
+    assert len(att) == 1, rs
+    return att[0]
+
+
+def no_poison(rs):
+    return [p.counters["poisoned"] for r in rs for p in r.parts if p.counters["poisoned"]]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "phi3"])
+def test_decode_traces_once_tokens_match_eager_and_cpu(arch):
+    path = model_dir(arch)
+    cpu, _ = run(path, "cpu")
+    eager, none = run(path, options={"no_compile": "1"})
+    got, rs = run(path)
+    assert none == []
+    assert got == eager == cpu
+    att = attention_parts(rs)
+    # one shapeless decode closure per generation (the shared KV buffer's length, genai's
+    # max_length, differs per prompt and is part of the key), traced exactly once; of the N - 1
+    # decode calls, the first two (two different lengths) verify against eager, the rest replay
+    assert att.decode.trace_counts == [1] * len(PROMPTS), (att.decode.counters, att.decode.n_closures)
+    assert att.decode.counters["verify_calls"] == 2 * len(PROMPTS), att.decode.counters
+    assert att.decode.counters["compiled_calls"] == len(PROMPTS) * (N - 3), att.decode.counters
+    assert att.prefill.trace_counts == [1] * len(PROMPTS), att.prefill.counters
+    assert no_poison(rs) == []
+
+
+@pytest.mark.parametrize("options,env,decode,prefill", [
+    ({"no_decode_compile": "1"}, {}, False, True),
+    ({"no_prefill_compile": "1"}, {}, True, False),
+    ({}, {"MLX_EP_NO_PREFILL_COMPILE": "1"}, True, False),
+    ({}, {"ORTMLX_NO_DECODE_COMPILE": "1"}, False, True),
+    ({"no_general_compile": "1"}, {}, True, True),
+    ({}, {"ONNX_GENAI_MLX_NO_COMPILE": "1"}, False, False),
+    ({"compile_mode": "disabled"}, {}, False, False),
+])
+def test_kill_switches_flip_decode_and_prefill(monkeypatch, options, env, decode, prefill):
+    path = model_dir("llama")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    want, _ = run(path, options={"no_compile": "1"})
+    got, rs = run(path, options=options)
+    assert got == want
+    att = [r for r in rs if r.is_attention]
+    if not (decode or prefill):
+        assert att == []
+        return
+    (att,) = att
+    assert (att.decode is not None) == decode and (att.prefill is not None) == prefill
+    if decode:
+        assert att.decode.trace_counts == [1] * len(PROMPTS) and att.decode.counters["compiled_calls"] > 0
+    else:
+        assert att.eager_calls >= 2 * (N - 1)            # every decode call ran eagerly
+    if prefill:
+        assert att.prefill.trace_counts == [1] * len(PROMPTS)
+
+
+def test_noshare_kv_contract_same_tokens():
+    """Past and present are separate, growing buffers: whatever compiles, the tokens are eager's."""
+    path = model_dir("llama")
+    want, _ = run(path, options={"no_compile": "1"}, overlay=NOSHARE)
+    got, rs = run(path, overlay=NOSHARE)
+    assert got == want

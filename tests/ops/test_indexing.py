@@ -220,3 +220,22 @@ def test_unique_nan_errors():
                             [T.FLOAT, T.INT64, T.INT64, T.INT64], 4)
     with pytest.raises(Exception, match="Unique_0.*NaN"):
         session(model).run(None, feeds)
+
+
+# Col2Im: (input shape, image_shape, block_shape, attrs)
+COL2IM = {
+    "basic": ((1, 5, 5), i64(5, 5), i64(1, 5), {}),
+    "strides": ((1, 9, 4), i64(5, 5), i64(3, 3), {"strides": [2, 2]}),
+    "pads": ((2, 4, 12), i64(3, 4), i64(2, 2), {"pads": [1, 0, 0, 1]}),
+    "dilations": ((1, 8, 9), i64(5, 6), i64(2, 2), {"dilations": [2, 3]}),
+    "1d": ((2, 6, 4), i64(5,), i64(3,), {"pads": [1, 0]}),
+    "3d": ((1, 8, 8), i64(3, 3, 3), i64(2, 2, 2), {}),
+}
+
+
+@pytest.mark.parametrize("const", [False, True], ids=["dynamic", "const"])
+@pytest.mark.parametrize("case", list(COL2IM))
+def test_col2im(case, const):
+    shape, image, block, attrs = COL2IM[case]
+    model, feeds = one_node("Col2Im", [data(T.FLOAT, shape), image, block], attrs, 18, consts=(1, 2) if const else ())
+    check(model, feeds)

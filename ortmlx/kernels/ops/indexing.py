@@ -437,3 +437,53 @@ def center_crop_pad(input_data, shape, *, axes=None):
             grow[a] = (lo, s - d - lo)
     y = x[tuple(crop)]
     return mx.pad(y, grow) if any(g != (0, 0) for g in grow) else y
+
+
+# ---------------------------------------------------------------- Col2Im
+def col2im_positions(image, block, dilations, pads, strides) -> np.ndarray:
+    """Flat image position of every (kernel offset, column) pair, -1 where it falls in the padding."""
+    n = len(image)
+    grids = []
+    for d in range(n):
+        span = dilations[d] * (block[d] - 1) + 1
+        n_out = (image[d] + pads[d] + pads[d + n] - span) // strides[d] + 1
+        if n_out < 1:
+            raise ValueError(f"block {block[d]} (dilation {dilations[d]}) does not fit image dim {image[d]} "
+                             f"with pads {(pads[d], pads[d + n])}")
+        k = np.arange(block[d])[:, None]
+        o = np.arange(n_out)[None, :]
+        grids.append(o * strides[d] - pads[d] + k * dilations[d])           # (block[d], n_out[d])
+    pos = np.zeros([1] * (2 * n), np.int64)
+    ok = np.ones([1] * (2 * n), bool)
+    for d, g in enumerate(grids):
+        shape = [1] * (2 * n)
+        shape[d], shape[n + d] = g.shape
+        g = g.reshape(shape)
+        pos = pos * image[d] + g
+        ok = ok & (g >= 0) & (g < image[d])
+    pos = np.where(ok, pos, -1)
+    return pos.reshape(math.prod(block), -1)                                  # (prod(block), L)
+
+
+@register("Col2Im", 18, const=(1, 2), dtypes={dt.FLOAT})   # ORT's CPU kernel: float only (nothing to verify others)
+def col2im(input, image_shape, block_shape, *, dilations=None, pads=None, strides=None):
+    """Sum the columns of ``input`` (N, C*prod(block), L) back into images (N, C, *image_shape)."""
+    image, block = ints(image_shape), ints(block_shape)
+    n = len(image)
+    dil = [1] * n if dilations is None else list(dilations)
+    st = [1] * n if strides is None else list(strides)
+    pd = [0] * (2 * n) if pads is None else list(pads)
+    if len(block) != n or len(dil) != n or len(st) != n or len(pd) != 2 * n or min(block + dil + st) < 1:
+        raise ValueError(f"image_shape {image}, block_shape {block}, dilations {dil}, strides {st}, pads {pd} "
+                         "are inconsistent")
+    pos = col2im_positions(image, block, dil, pd, st)
+    nb, c_k, length = input.shape
+    k = math.prod(block)
+    if c_k % k or pos.shape[1] != length:
+        raise ValueError(f"input shape {tuple(input.shape)} does not match block {block} and {pos.shape[1]} columns")
+    c = c_k // k
+    keep = np.nonzero(pos.reshape(-1) >= 0)[0]
+    cols = mx.transpose(mx.reshape(input, (nb * c, k * length)))                # (K*L, N*C)
+    cols = mx.take(cols, _idx(keep), axis=0)
+    out = mx.zeros((math.prod(image), nb * c), input.dtype).at[_idx(pos.reshape(-1)[keep])].add(cols)
+    return mx.reshape(mx.transpose(out), (nb, c, *image))

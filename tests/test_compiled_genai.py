@@ -6,6 +6,7 @@ test takes tens of seconds on a cold cache, about a second warm.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -133,3 +134,33 @@ def test_noshare_kv_contract_same_tokens():
     want, _ = run(path, options={"no_compile": "1"}, overlay=NOSHARE)
     got, rs = run(path, overlay=NOSHARE)
     assert got == want
+
+
+@pytest.mark.parametrize("fault", ["wrong", "raise"])
+def test_decode_fault_falls_back_with_same_tokens(fault):
+    """A decode closure that computes a wrong value (or fails to trace) is poisoned at its first
+    verification; every decode call then answers from eager, with the same tokens."""
+    path = model_dir("llama")
+    want, _ = run(path, options={"no_compile": "1"})
+    with C.capture() as rs:
+        model, _ = mg.load_model(path, "mlx", None, SHARE)
+    (att,) = [r for r in rs if hasattr(r, "decode")]
+    steps = att.decode.trace_program.steps
+    k = next(i for i, st in enumerate(steps) if st.node.op_type == "GroupQueryAttention")
+    orig = steps[k].opdef.fn
+
+    def bad(*args, **attrs):
+        if fault == "raise":
+            raise RuntimeError("injected decode trace failure")
+        out, pk, pv = orig(*args, **attrs)
+        return out + 1e-2, pk, pv
+
+    steps[k].opdef = dataclasses.replace(steps[k].opdef, fn=bad)
+    got = [mg.greedy(model, p, N) for p in PROMPTS]
+    d = att.decode
+    counters, closures = dict(d.counters), d.closures()
+    del model
+    assert got == want
+    assert counters["compiled_calls"] == 0 and counters["poisoned_closures"] == len(PROMPTS), counters
+    assert all(c.fn is None and c.traces == 1 and c.calls == (1 if fault == "wrong" else 0) for c in closures)
+    assert counters["eager_calls"] == len(PROMPTS) * (N - 1)

@@ -34,6 +34,19 @@ def tracing() -> bool:
     return getattr(_TLS, "depth", 0) > 0
 
 
+class Call:
+    """One call as a closure sees it: its inputs (maybe padded), the shapes that verify it
+    (the real ones), and ``post`` mapping the closure's host outputs to the call's."""
+
+    __slots__ = ("inputs", "sig", "post", "padded")
+
+    def __init__(self, inputs: list, sig: tuple, post=None, padded: bool = False):
+        self.inputs = inputs
+        self.sig = sig
+        self.post = post
+        self.padded = padded
+
+
 class _Closure:
     """One compiled closure for one key: its inputs split, its counters and state."""
 
@@ -103,31 +116,37 @@ class CompiledSubgraph:
             if self.released or self.static_reason:
                 return self._eager(inputs, probe)
             try:
-                k1 = self._key1(inputs)
+                call = self._prepare(inputs)
+                if call is None:
+                    return self._eager(inputs, probe)
+                k1 = self._key1(call.inputs)
             except Exception as e:  # noqa: BLE001 - an input we cannot key runs eagerly
                 self._fallback(f"cannot key inputs: {type(e).__name__}: {e}")
                 return self._eager(inputs, probe)
             plan = self._plans.get(k1)
             if plan is None:
-                return self._first(k1, inputs, probe)
+                return self._first(k1, inputs, call, probe)
             if isinstance(plan, str):
                 return self._eager(inputs, probe)
-            key = (k1, _host_bytes(plan, inputs))
+            key = (k1, _host_bytes(plan, call.inputs))
             c = self._closures.get(key)
             if c is None:
-                return self._first(k1, inputs, probe, plan)
+                return self._first(k1, inputs, call, probe, plan)
             if c.poisoned:
                 return self._eager(inputs, probe)
-            sig = _shapes(inputs)
-            if c.trusted or sig in c.verified:
-                out = self._apply(c, inputs, probe)
+            if c.trusted or call.sig in c.verified:
+                out = self._apply(c, call, probe)
                 if out is not None and out is not GUARD_FAILED:
                     self.counters["compiled_calls"] += 1
                     return out
                 return self._eager(inputs, probe)
             ref, _ = self._eager_env(inputs, probe)
-            self._verify(c, sig, inputs, ref, probe)
+            self._verify(c, call, ref)
             return ref
+
+    def _prepare(self, inputs: list) -> "Call | None":
+        """What the closure runs on for this call (None: this call runs eagerly)."""
+        return Call(inputs, _shapes(inputs))
 
     def parts(self) -> list["CompiledSubgraph"]:
         return [self]
@@ -149,7 +168,7 @@ class CompiledSubgraph:
             self._plans.clear()
 
     # ------------------------------------------------------------------ steps
-    def _first(self, k1, inputs: list, probe, plan: HostPlan | None = None) -> list:
+    def _first(self, k1, inputs: list, call: "Call", probe, plan: HostPlan | None = None) -> list:
         """First call for a key: eager answer, host analysis, trace and verify."""
         ref, env = self._eager_env(inputs, probe)
         try:
@@ -164,7 +183,7 @@ class CompiledSubgraph:
             self._fallback(reason)
             return ref
         self._plans[k1] = new
-        key = (k1, _host_bytes(new, inputs))
+        key = (k1, _host_bytes(new, call.inputs))
         with self._lock:
             if key in self._closures:
                 return ref                  # another thread made it meanwhile
@@ -175,10 +194,10 @@ class CompiledSubgraph:
                 self._fallback(f"{len(self._closures)} shape keys and no closure reused: shapes change "
                                "every call, new keys run eagerly")
                 return ref
-            self._closures[key] = c = self._new_closure(new, inputs)
+            self._closures[key] = c = self._new_closure(new, call.inputs)
             self.counters["keys"] = len(self._closures)
         if c.fn is not None:
-            self._verify(c, _shapes(inputs), inputs, ref, probe)
+            self._verify(c, call, ref)
         return ref
 
     def _new_closure(self, plan: HostPlan, inputs: list) -> _Closure:
@@ -201,10 +220,11 @@ class CompiledSubgraph:
             self._fallback(c.poisoned)
         return c
 
-    def _verify(self, c: _Closure, sig, inputs: list, ref: list, probe) -> None:
+    def _verify(self, c: _Closure, call: "Call", ref: list) -> None:
         """Run the closure next to an eager answer; trust, or poison on any difference."""
         self.counters["verify_calls"] += 1
-        got = self._apply(c, inputs, None)
+        sig = call.sig
+        got = self._apply(c, call, None)
         if got is None or got is GUARD_FAILED:
             return
         try:
@@ -216,11 +236,12 @@ class CompiledSubgraph:
             self._poison(c, f"outputs differ from eager at shapes {list(sig)}: {why}")
             return
         c.verified.add(sig)
-        c.trusted = not self.config.shapeless or len(c.verified) >= 2
+        c.trusted = not (self.config.shapeless or call.padded) or len(c.verified) >= 2
 
-    def _apply(self, c: _Closure, inputs: list, probe) -> list | None:
+    def _apply(self, c: _Closure, call: "Call", probe) -> list | None:
         """Host outputs of the closure, or None after poisoning it on any error."""
         stage = "inputs"
+        inputs = call.inputs
         try:
             dev = [dt.to_mx(np.asarray(inputs[i]), self._in_types[i] or dt.onnx_type_of(inputs[i]))
                    for i in c.dev_idx]
@@ -251,7 +272,8 @@ class CompiledSubgraph:
                     return GUARD_FAILED
                 outs = outs[:-1]
             stage = "copy-out"
-            return [_host(o) for o in outs]
+            host = [_host(o) for o in outs]
+            return call.post(host) if call.post is not None else host
         except Exception as e:  # noqa: BLE001 - any failure: poison and answer eagerly
             self._poison(c, f"{stage}: {type(e).__name__}: {e}")
             return None

@@ -112,3 +112,26 @@ def refusal_reason(model, op):
     reasons = [u.reason for u in ortmlx.partition_reports()[-1].unclaimed if u.op == op]
     assert reasons, f"{op} was claimed by MLX"
     return reasons[0]
+
+
+def _paths():
+    """(dtype, path) pairs: integer/bool data runs on the numpy twins ('host') when every input is a
+    host value and on the MLX translators ('device') when host evaluation is switched off."""
+    out = []
+    for t in DTYPES:
+        for path in (("device",) if t in (T.FLOAT, T.FLOAT16) else ("host", "device")):
+            out.append(pytest.param(t, path, id=f"{T.DataType.Name(t).lower()}-{path}"))
+    return out
+
+
+DTYPE_PATHS = _paths()
+
+
+def force_path(monkeypatch, path):
+    """'device': no host evaluation at all (the size limit for host values drops below zero)."""
+    if path == "device":
+        import ortmlx.compiled.analysis as an
+        import ortmlx.kernels.interpreter as it
+        monkeypatch.setattr(it, "HOST_MAX_ELEMS", -1)
+        if hasattr(an, "HOST_MAX_ELEMS"):
+            monkeypatch.setattr(an, "HOST_MAX_ELEMS", -1)

@@ -8,7 +8,7 @@ from onnx import TensorProto as T, helper
 
 from ortmlx.testing import check_against_cpu, make_model
 
-from _movutil import DTYPES, check, check_error, check_refused, data, i64, one_node, refusal_reason
+from _movutil import DTYPE_PATHS, DTYPES, force_path, check, check_error, check_refused, data, i64, one_node, refusal_reason
 
 BIG = 2**63 - 1
 D = "data"     # placeholder: the data tensor of the case's dtype and shape
@@ -140,9 +140,10 @@ def build(case, t, bf16=False):
     return one_node(op, ins, attrs, opset, ots, n_out, consts, bf16=bf16)
 
 
-@pytest.mark.parametrize("t", DTYPES, ids=lambda t: T.DataType.Name(t).lower())
+@pytest.mark.parametrize("t,path", DTYPE_PATHS)
 @pytest.mark.parametrize("case", list(CASES))
-def test_indexing_ops(case, t):
+def test_indexing_ops(case, t, path, monkeypatch):
+    force_path(monkeypatch, path)
     model, feeds = build(case, t)
     if CASES[case][3].get("reduction", "none") != "none" and t in (T.BOOL, T.FLOAT16):
         assert "ORT's CPU kernel rejects it" in refusal_reason(model, CASES[case][0])

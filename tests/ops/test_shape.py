@@ -8,7 +8,7 @@ from onnx import TensorProto as T, helper
 
 from ortmlx.testing import check_against_cpu, make_model
 
-from _movutil import DTYPES, check, check_error, check_refused, data, i64, one_node
+from _movutil import DTYPE_PATHS, DTYPES, force_path, check, check_error, check_refused, data, i64, one_node
 
 # id: (op, data shape, extra inputs, attrs, opset, n_out, consts, out_types)
 # extra inputs are host tensors; consts lists input positions given as initializers
@@ -70,9 +70,10 @@ def build(case, t, bf16=False):
     return one_node(op, ins, attrs, opset, out_types, n_out, consts, bf16=bf16)
 
 
-@pytest.mark.parametrize("t", DTYPES, ids=lambda t: T.DataType.Name(t).lower())
+@pytest.mark.parametrize("t,path", DTYPE_PATHS)
 @pytest.mark.parametrize("case", list(CASES))
-def test_shape_ops(case, t):
+def test_shape_ops(case, t, path, monkeypatch):
+    force_path(monkeypatch, path)
     op = CASES[case][0]
     if (op, t) in NO_KERNEL:
         pytest.skip(f"ORT CPU has no {op} kernel for {T.DataType.Name(t)}")
@@ -89,8 +90,13 @@ def test_shape_ops_bf16(case):
     check(model, feeds, op=op, bf16=True)
 
 
-def test_shape_chain_on_mlx():
-    """Shape -> Gather -> Unsqueeze -> Concat -> Reshape (plus Slice / Squeeze shape math) all claimed."""
+@pytest.mark.parametrize("params", ["initializers", "graph_inputs"])
+def test_shape_chain_on_mlx(params):
+    """Shape -> Gather -> Unsqueeze -> Concat -> Reshape (plus Slice / Size shape math) all claimed.
+
+    With graph-input parameters every shape op runs on the numpy twins; with initializers the
+    parameters live in MLX and the device translators run.
+    """
     nodes = [
         helper.make_node("Shape", ["x"], ["s"]),
         helper.make_node("Gather", ["s", "i0"], ["b"], axis=0),
@@ -101,10 +107,30 @@ def test_shape_chain_on_mlx():
         helper.make_node("Size", ["x"], ["n"]),
         helper.make_node("Mul", ["tail", "tail"], ["t2"]),
     ]
-    inits = {"i0": np.array(0, np.int64), "st": i64(1), "en": i64(2**62), "ax": i64(0), "m1": i64(-1)}
-    model = make_model(nodes, [("x", T.FLOAT, ["N", "C", "H"])],
-                       [("y", T.FLOAT, None), ("n", T.INT64, None), ("t2", T.INT64, None)], inits, opset=21)
-    check_against_cpu(model, [{"x": data(T.FLOAT, (2, 3, 4))}, {"x": data(T.FLOAT, (5, 1, 2))}])
+    consts = {"i0": np.array(0, np.int64), "st": i64(1), "en": i64(2**62), "ax": i64(0), "m1": i64(-1)}
+    ins = [("x", T.FLOAT, ["N", "C", "H"])]
+    if params == "graph_inputs":
+        ins += [(k, T.INT64, list(v.shape)) for k, v in consts.items()]
+    outs = [("y", T.FLOAT, None), ("n", T.INT64, None), ("t2", T.INT64, None)]
+    model = make_model(nodes, ins, outs, consts if params == "initializers" else {}, opset=21)
+    extra = consts if params == "graph_inputs" else {}
+    check_against_cpu(model, [{"x": data(T.FLOAT, (2, 3, 4)), **extra}, {"x": data(T.FLOAT, (5, 1, 2)), **extra}])
+
+
+def test_reversed_host_slice_feeds_device():
+    """A host Slice with a negative step (a negative-stride numpy view) consumed by a device op.
+
+    The slice parameters are graph inputs: host values (constant initializers live in MLX).
+    """
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Slice", ["s", "st", "en", "ax", "step"], ["r"]),
+             helper.make_node("Cast", ["r"], ["rf"], to=T.FLOAT),
+             helper.make_node("Mul", ["rf", "w"], ["y"])]
+    ins = [("x", T.FLOAT, ["a", "b", "c"]), ("w", T.FLOAT, [3])] + [(n, T.INT64, [1]) for n in ("st", "en", "ax", "step")]
+    model = make_model(nodes, ins, [("y", T.FLOAT, None)])
+    feeds = {"x": data(T.FLOAT, (2, 3, 4)), "w": np.ones(3, np.float32), "st": i64(-1), "en": i64(-2**63),
+             "ax": i64(0), "step": i64(-1)}
+    check_against_cpu(model, [feeds])
 
 
 # ------------------------------------------------------------------ refused cases

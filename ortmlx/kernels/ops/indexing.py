@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..registry import register
-from .shape import ints, norm_axes, norm_axis, twin
+from .shape import contiguous, ints, norm_axes, norm_axis, twin
 
 
 def _idx(a: np.ndarray) -> mx.array:
@@ -60,7 +60,7 @@ def _slice(xp, data, starts, ends, axes=None, steps=None):
 
 
 def _slice1_host(data, *, starts, ends, axes=None):
-    return _slice(np, data, starts, ends, axes)
+    return contiguous(_slice(np, data, starts, ends, axes))
 
 
 @register("Slice", 1, host=_slice1_host)

@@ -36,10 +36,18 @@ def norm_axes(axes, rank: int, what: str = "axes") -> list[int]:
     return out
 
 
+def contiguous(out):
+    """Host results as contiguous arrays (MLX cannot import negative strides, e.g. reversed slices)."""
+    if isinstance(out, tuple):
+        return tuple(contiguous(o) for o in out)
+    out = np.asarray(out)
+    return out if out.flags.c_contiguous else out.copy(order="C")      # (ascontiguousarray makes 0-d 1-d)
+
+
 def twin(core):
     """The numpy twin of a core taking the array module first."""
     def host(*args, **attrs):
-        return core(np, *args, **attrs)
+        return contiguous(core(np, *args, **attrs))
     host.__name__ = f"{core.__name__}_host"
     return host
 

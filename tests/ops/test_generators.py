@@ -9,7 +9,7 @@ from ortmlx.kernels.interpreter import Program
 from ortmlx.subgraph.ir import Graph, Node, ValueInfo
 from ortmlx.testing import check_against_cpu, make_model, session
 
-from _movutil import DTYPES, NP_OF, check, check_error, data, i64, one_node
+from _movutil import DTYPES, force_path, NP_OF, check, check_error, data, i64, one_node
 
 
 def sc(v, dtype):
@@ -24,9 +24,11 @@ RANGE = {
 RANGE_TYPES = [T.FLOAT, T.DOUBLE, T.INT16, T.INT32, T.INT64]
 
 
+@pytest.mark.parametrize("path", ["host", "device"])
 @pytest.mark.parametrize("t", RANGE_TYPES, ids=lambda t: T.DataType.Name(t).lower())
 @pytest.mark.parametrize("case", list(RANGE))
-def test_range(case, t):
+def test_range(case, t, path, monkeypatch):
+    force_path(monkeypatch, path)
     if case in ("frac", "long") and t not in (T.FLOAT, T.DOUBLE):
         pytest.skip("fractional range: float types only")
     s, lim, d = (sc(v, NP_OF[t]) for v in RANGE[case])
@@ -52,8 +54,10 @@ COS = {
 }
 
 
+@pytest.mark.parametrize("path", ["host", "device"])
 @pytest.mark.parametrize("case", list(COS))
-def test_constant_of_shape(case):
+def test_constant_of_shape(case, path, monkeypatch):
+    force_path(monkeypatch, path)
     """The shape is a graph input (an initializer would be constant-folded by ORT before we see it)."""
     shape, value = COS[case]
     out_t = value.data_type if value is not None else T.FLOAT

@@ -240,3 +240,11 @@ def test_col2im(case, const):
     shape, image, block, attrs = COL2IM[case]
     model, feeds = one_node("Col2Im", [data(T.FLOAT, shape), image, block], attrs, 18, consts=(1, 2) if const else ())
     check(model, feeds)
+
+
+@pytest.mark.parametrize("largest", [1, 0])
+def test_topk_k1_nan(largest):
+    """k=1 with NaNs follows ORT's scan: a leading NaN wins, later NaNs never do."""
+    x = np.array([[np.nan, 1, 3], [2, np.nan, 5], [4, 4, np.nan], [np.nan, np.nan, 1]], np.float32)
+    model, feeds = one_node("TopK", [x, i64(1)], {"largest": largest}, 13, [T.FLOAT, T.INT64], 2)
+    check(model, feeds)

@@ -34,6 +34,7 @@ def _constant_value(value=None, value_float=None, value_floats=None, value_int=N
 
 
 def _constant_check(view):
+    """Refuses a value attribute that did not arrive as a tensor (e.g. sparse)."""
     v = view.attrs.get("value")
     if v is not None and not isinstance(v, np.ndarray):
         return f"value attribute of type {type(v).__name__}"
@@ -71,6 +72,7 @@ def _cos_host(input, value=None):
 
 
 def _cos_check(view):
+    """Refuses a value attribute that is not a one-element tensor."""
     v = view.attrs.get("value")
     if v is not None and (not isinstance(v, np.ndarray) or v.size != 1):
         return "value attribute is not a one-element tensor"
@@ -137,6 +139,7 @@ def _onehot(indices, depth, values, axis, wrap_negative: bool):
 
 
 def _onehot_check(view):
+    """Refuses float indices (ORT's truncation rules are not reproduced)."""
     t = view.dtype(0)
     if t in dt.FLOATS:
         return f"float indices ({dt.name(t)})"

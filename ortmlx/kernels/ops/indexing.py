@@ -165,6 +165,7 @@ def _scatter_flat(data, pos: np.ndarray, updates, reduction: str):
 
 def _reduction_check(allowed):
     def check(view):
+        """Refuses unknown reductions and reductions on bool/float16/bfloat16 (ORT's CPU kernel rejects them)."""
         red = view.attrs.get("reduction", "none")
         if red not in allowed:
             return f"reduction {red!r}"
@@ -214,6 +215,7 @@ def scatter_nd(data, indices, updates, *, reduction="none"):
 
 # ---------------------------------------------------------------- Pad
 def _pad_check(view):
+    """Refuses unknown modes (wrap only from opset 19)."""
     mode = view.attrs.get("mode", "constant")
     allowed = ("constant", "reflect", "edge") + (("wrap",) if view.since_version >= 19 else ())
     if mode not in allowed:
@@ -292,6 +294,7 @@ _TOPK_TYPES = {dt.FLOAT, dt.DOUBLE, dt.INT32, dt.INT64, dt.FLOAT16, dt.BFLOAT16,
 
 
 def _topk_check(view):
+    """Refuses sorted=0: ORT's unsorted order is implementation-defined."""
     if not view.attrs.get("sorted", 1):
         return "sorted=0: ORT's unsorted order is implementation-defined"
     return None
@@ -310,6 +313,11 @@ def _topk(x, k: int, axis: int, largest: int):
     sl = [slice(None)] * x.ndim
     sl[a] = slice(0, k)
     idx = order[tuple(sl)]
+    if k == 1 and key.dtype == x.dtype and mx.issubdtype(x.dtype, mx.floating):
+        # ORT's k=1 scan keeps the first element when it is NaN (nothing compares greater/less);
+        # otherwise NaNs never win, as here. (k > 1 with NaNs: ORT's heap order is not reproduced.)
+        sl[a] = slice(0, 1)
+        idx = mx.where(mx.isnan(x[tuple(sl)]), mx.zeros_like(idx), idx)
     return mx.take_along_axis(x, idx, axis=a), idx.astype(mx.int64)
 
 

@@ -122,6 +122,7 @@ def _reshape(xp, data, shape, allowzero=0):
 
 
 def _reshape_check(view):
+    """Refuses allowzero values other than 0/1."""
     if view.attrs.get("allowzero", 0) not in (0, 1):
         return f"allowzero={view.attrs['allowzero']!r}"
     return None
@@ -208,6 +209,7 @@ def _split(x, axis, sizes):
 
 
 def _split_attr_check(view):
+    """Refuses an empty split attribute (ambiguous between versions)."""
     s = view.attrs.get("split")
     return "empty split attribute" if s is not None and len(s) == 0 else None
 
@@ -322,6 +324,7 @@ def tile(input, repeats):
 
 # ---------------------------------------------------------------- DepthToSpace / SpaceToDepth
 def _d2s_check(view):
+    """Refuses modes other than DCR/CRD."""
     if view.attrs.get("mode", "DCR") not in ("DCR", "CRD"):
         return f"mode {view.attrs['mode']!r}"
     return None

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 og = pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (pip install .[genai])")
@@ -22,8 +23,12 @@ pytestmark = pytest.mark.genai
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.environ.get("ORTMLX_MODELS_OUT", os.path.join(ROOT, "models", "out"))
-PROMPTS = ([510, 5, 17, 33, 90, 12, 7, 100, 200, 3, 4, 5, 6, 7, 8, 9], [510, 44, 45, 46, 47, 48, 9])
+#: prompt lengths 16, 7, 11, 20: prefill buckets 16, 16, 16, 32
+PROMPTS = ([510, 5, 17, 33, 90, 12, 7, 100, 200, 3, 4, 5, 6, 7, 8, 9], [510, 44, 45, 46, 47, 48, 9],
+           [510, 300, 301, 302, 8, 9, 10, 11, 12, 13, 14], [510] + list(range(60, 79)))
 N = 64
+#: genai's max_length: the shared KV buffer's length, the same for every prompt
+MAX_LENGTH = 160
 SHARE = {"search": {"past_present_share_buffer": True}}
 NOSHARE = {"search": {"past_present_share_buffer": False}}
 
@@ -55,6 +60,7 @@ class Runner:
         self.is_attention = hasattr(r, "decode")
         self.decode = Snap(r.decode) if self.is_attention and r.decode is not None else None
         self.prefill = Snap(r.prefill) if self.is_attention and r.prefill is not None else None
+        self.prefill_exact = Snap(r.prefill_exact) if self.is_attention and r.prefill_exact is not None else None
         self.eager_calls = getattr(r, "eager_calls", 0)
         self.parts = [Snap(p) for p in r.parts()]
 
@@ -63,10 +69,22 @@ def run(path: str, provider: str = "mlx", options: dict | None = None, overlay: 
     """(greedy tokens for every prompt, snapshots of the compiled runners the session made)."""
     with C.capture() as rs:
         model, _ = mg.load_model(path, provider, options, overlay or SHARE)
-    toks = [mg.greedy(model, p, N) for p in PROMPTS]
+    toks = [greedy(model, p) for p in PROMPTS]
     snaps = [Runner(r) for r in rs]
     del model
     return toks, snaps
+
+
+def greedy(model, ids) -> list[int]:
+    """N greedy tokens after ``ids`` with a fixed max_length (one KV buffer size for all prompts)."""
+    params = mg.search_options(model, MAX_LENGTH, len(ids) + N)
+    gen = og.Generator(model, params)
+    gen.append_tokens(np.asarray(ids, np.int32))
+    out = []
+    while len(out) < N and not gen.is_done():
+        gen.generate_next_token()
+        out.append(int(gen.get_next_tokens()[0]))
+    return out
 
 
 def attention_parts(rs):
@@ -88,13 +106,16 @@ def test_decode_traces_once_tokens_match_eager_and_cpu(arch):
     assert none == []
     assert got == eager == cpu
     att = attention_parts(rs)
-    # one shapeless decode closure per generation (the shared KV buffer's length, genai's
-    # max_length, differs per prompt and is part of the key), traced exactly once; of the N - 1
-    # decode calls, the first two (two different lengths) verify against eager, the rest replay
-    assert att.decode.trace_counts == [1] * len(PROMPTS), (att.decode.counters, att.decode.n_closures)
-    assert att.decode.counters["verify_calls"] == 2 * len(PROMPTS), att.decode.counters
-    assert att.decode.counters["compiled_calls"] == len(PROMPTS) * (N - 3), att.decode.counters
-    assert att.prefill.trace_counts == [1] * len(PROMPTS), att.prefill.counters
+    # one shapeless decode closure for all generations, traced exactly once; the first two decode
+    # calls (two different lengths) verify against eager, every later one replays
+    assert att.decode.trace_counts == [1], (att.decode.counters, att.decode.n_closures)
+    assert att.decode.counters["verify_calls"] == 2, att.decode.counters
+    assert att.decode.counters["compiled_calls"] == len(PROMPTS) * (N - 1) - 2, att.decode.counters
+    # prefill: one trace per bucket (16: lengths 16, 7, 11; 32: length 20); a bucket is trusted
+    # after two lengths matched eager (16 and 7), so length 11 replays
+    assert att.prefill.trace_counts == [1, 1], att.prefill.counters
+    assert att.prefill.counters["verify_calls"] == 3 and att.prefill.counters["compiled_calls"] == 1
+    assert att.prefill_exact.trace_counts == []
     assert no_poison(rs) == []
 
 
@@ -121,11 +142,13 @@ def test_kill_switches_flip_decode_and_prefill(monkeypatch, options, env, decode
     (att,) = att
     assert (att.decode is not None) == decode and (att.prefill is not None) == prefill
     if decode:
-        assert att.decode.trace_counts == [1] * len(PROMPTS) and att.decode.counters["compiled_calls"] > 0
+        assert att.decode.trace_counts == [1] and att.decode.counters["compiled_calls"] > 0
     else:
-        assert att.eager_calls >= 2 * (N - 1)            # every decode call ran eagerly
+        assert att.eager_calls == len(PROMPTS) * (N - 1)  # every decode call ran eagerly
     if prefill:
-        assert att.prefill.trace_counts == [1] * len(PROMPTS)
+        assert att.prefill.trace_counts == [1, 1]
+    else:
+        assert att.eager_calls >= len(PROMPTS)           # every prefill call ran eagerly
 
 
 def test_noshare_kv_contract_same_tokens():
@@ -156,11 +179,11 @@ def test_decode_fault_falls_back_with_same_tokens(fault):
         return out + 1e-2, pk, pv
 
     steps[k].opdef = dataclasses.replace(steps[k].opdef, fn=bad)
-    got = [mg.greedy(model, p, N) for p in PROMPTS]
+    got = [greedy(model, p) for p in PROMPTS]
     d = att.decode
     counters, closures = dict(d.counters), d.closures()
     del model
     assert got == want
-    assert counters["compiled_calls"] == 0 and counters["poisoned_closures"] == len(PROMPTS), counters
-    assert all(c.fn is None and c.traces == 1 and c.calls == (1 if fault == "wrong" else 0) for c in closures)
+    assert counters["compiled_calls"] == 0 and counters["poisoned_closures"] == 1, counters
+    assert [(c.fn, c.traces, c.calls) for c in closures] == [(None, 1, 1 if fault == "wrong" else 0)]
     assert counters["eager_calls"] == len(PROMPTS) * (N - 1)

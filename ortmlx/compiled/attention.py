@@ -5,7 +5,9 @@ import dataclasses
 
 from ..kernels.registry import MS, norm_domain
 from .config import DECODE, PREFILL
-from .core import CompiledSubgraph
+import numpy as np
+
+from .core import Call, CompiledSubgraph
 from .decode_ops import gather_traced, gqa_traced
 
 #: symbolic dims a decode key leaves free: the growing attention-mask length. The past
@@ -13,9 +15,104 @@ from .decode_ops import gather_traced, gqa_traced
 #: generation), and the traced attention bakes it into the present's shape.
 FREE_DIM_NAMES = frozenset({"total_sequence_length"})
 SEQ_DIM_NAME = "sequence_length"
+TOTAL_DIM_NAME = "total_sequence_length"
+PAST_DIM_NAME = "past_sequence_length"
+BATCH_DIM_NAME = "batch_size"
+#: prefill buckets: 16, 32, 64, ... (capped by the KV buffer and the rotary cache)
+BUCKET_MIN = 16
 
 
-def traced_overrides(program, decode: bool | None) -> dict:
+def bucket_for(s: int, cap: int) -> int | None:
+    """The padded length for a prompt of ``s`` tokens (None: no bucket fits under ``cap``)."""
+    b = BUCKET_MIN
+    while b < s:
+        b *= 2
+    b = min(b, cap)
+    return b if b >= s else None
+
+
+def rope_rows(program) -> int | None:
+    """Rows of the constant rotary caches of the group's GroupQueryAttention nodes (None: unknown)."""
+    rows = []
+    for st in program.steps:
+        if st.node.op_type == "GroupQueryAttention" and st.attrs.get("do_rotary", 0):
+            c = program.constants.get(st.inputs[7]) if len(st.inputs) > 7 else None
+            if c is None:
+                return None
+            rows.append(int(c.shape[0]))
+    return min(rows) if rows else 1 << 30
+
+
+class BucketedPrefill(CompiledSubgraph):
+    """Prefill on prompts padded to a bucket: one trace per bucket, not per prompt length.
+
+    Only for a first prompt of batch 1 whose mask-like inputs (``total_sequence_length`` dims)
+    are all ones, with a shared KV buffer at least as long as the bucket. Inputs are padded with
+    zeros along their ``sequence_length``/``total_sequence_length`` dims; outputs are cropped
+    back along ``sequence_length``; present rows past the valid length are zeroed in the trace.
+    A bucket's closure is trusted after matching eager at two different prompt lengths.
+    """
+
+    def __init__(self, program, stats=None):
+        super().__init__(program, PREFILL, stats, traced_overrides(program, False, padded=True), label="prefill")
+        self.seq = sorted(dims_named(program, {SEQ_DIM_NAME}))
+        self.total = sorted(dims_named(program, {TOTAL_DIM_NAME}))
+        self.batch = sorted(dims_named(program, {BATCH_DIM_NAME}))
+        self.past = sorted(dims_named(program, {PAST_DIM_NAME}))
+        self.rows = rope_rows(program)
+        g = program.graph
+        self.out_seq = [(j, ax) for j, n in enumerate(program.outputs)
+                        for ax, d in enumerate(g.value(n).shape or ()) if d == SEQ_DIM_NAME]
+
+    def bucket(self, inputs: list) -> tuple[int, int] | None:
+        """(prompt length, bucket) when this call can be padded, else None."""
+        if not (self.seq and self.total and self.past) or self.rows is None:
+            return None
+        size = {(i, ax): inputs[i].shape[ax] for i, ax in self.seq + self.total + self.batch + self.past
+                if inputs[i] is not None and inputs[i].ndim > ax}
+        if len(size) != len(self.seq) + len(self.total) + len(self.batch) + len(self.past):
+            return None
+        s = {size[d] for d in self.seq + self.total}
+        p = {size[d] for d in self.past}
+        if len(s) != 1 or len(p) != 1 or any(size[d] != 1 for d in self.batch):
+            return None
+        (s,), (p,) = s, p
+        if s < 2:
+            return None
+        for i in {i for i, _ in self.total}:
+            a = inputs[i]
+            if a.dtype.kind not in "iub" or not np.all(a == 1):
+                return None
+        b = bucket_for(s, min(p, self.rows))
+        return (s, b) if b is not None else None
+
+    def _prepare(self, inputs: list):
+        sb = self.bucket(inputs)
+        if sb is None:
+            return None
+        s, b = sb
+        axes = {}
+        for i, ax in self.seq + self.total:
+            axes.setdefault(i, []).append(ax)
+        padded = list(inputs)
+        for i, ax_list in axes.items():
+            widths = [(0, 0)] * inputs[i].ndim
+            for ax in ax_list:
+                widths[ax] = (0, b - s)
+            padded[i] = np.pad(inputs[i], widths)
+        crop = self.out_seq
+
+        def post(outs: list) -> list:
+            outs = list(outs)
+            for j, ax in crop:
+                idx = [slice(None)] * outs[j].ndim
+                idx[ax] = slice(0, s)
+                outs[j] = outs[j][tuple(idx)]
+            return outs
+        return Call(padded, tuple(None if a is None else a.shape for a in inputs), post, padded=True)
+
+
+def traced_overrides(program, decode: bool | None, padded: bool = False) -> dict:
     """Step index -> OpDef with a trace-friendly translator: Gather (indices as data) and, for
     attention closures, GroupQueryAttention (``decode``: total length as data too)."""
     out = {}
@@ -25,7 +122,8 @@ def traced_overrides(program, decode: bool | None) -> dict:
             out[i] = dataclasses.replace(st.opdef, fn=gather_traced, const_inputs=frozenset(), wants_ctx=False)
         elif decode is not None and st.node.op_type == "GroupQueryAttention" and dom == MS:
             const = frozenset() if decode else st.opdef.const_inputs
-            out[i] = dataclasses.replace(st.opdef, fn=gqa_traced(decode), const_inputs=const, wants_ctx=False)
+            out[i] = dataclasses.replace(st.opdef, fn=gqa_traced(decode, padded), const_inputs=const,
+                                         wants_ctx=False)
     return out
 
 
@@ -50,14 +148,17 @@ class AttentionRunner:
         if not options.no_decode_compile and self.seq_dims:
             self.decode = CompiledSubgraph(program, DECODE, stats, traced_overrides(program, True),
                                            dims_named(program, FREE_DIM_NAMES), label="decode")
+        self.prefill_exact = None
         if not options.no_prefill_compile:
-            self.prefill = CompiledSubgraph(program, PREFILL, stats, traced_overrides(program, False), label="prefill")
+            self.prefill = BucketedPrefill(program, stats)
+            self.prefill_exact = CompiledSubgraph(program, PREFILL, stats, traced_overrides(program, False),
+                                                  label="prefill_exact")
         if stats is not None and hasattr(stats, "group"):
             stats.group(self.name)["compiled"] = "+".join(p.label for p in self.parts())
         self.eager_calls = 0
 
     def parts(self) -> list[CompiledSubgraph]:
-        return [p for p in (self.decode, self.prefill) if p is not None]
+        return [p for p in (self.decode, self.prefill, self.prefill_exact) if p is not None]
 
     def seq_len(self, inputs: list) -> int | None:
         """The call's query length (None when no input has a ``sequence_length`` dim)."""
@@ -69,7 +170,12 @@ class AttentionRunner:
 
     def run(self, inputs: list, probe=None) -> list:
         s = self.seq_len(inputs)
-        r = self.decode if s == 1 else self.prefill     # a path switched off runs eagerly
+        if s == 1:
+            r = self.decode                             # a path switched off runs eagerly
+        elif self.prefill is not None and self.prefill.bucket(inputs) is not None:
+            r = self.prefill
+        else:
+            r = self.prefill_exact
         if r is None:
             self.eager_calls += 1
             return self.program.run(inputs, probe=probe) if probe is not None else self.program.run(inputs)

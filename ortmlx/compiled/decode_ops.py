@@ -62,10 +62,25 @@ def split_packed_qkv(qkv, num_heads: int, kv_num_heads: int):
     return part(0, num_heads), part(num_heads, kv_num_heads), part(num_heads + kv_num_heads, kv_num_heads)
 
 
-def gqa_traced(decode: bool):
+def gqa_traced(decode: bool, padded: bool = False):
     """A GroupQueryAttention translator for traces: ``decode`` (S == 1, KV buffer of
-    fixed length P, total length as data) or prefill (total length baked: shape-keyed)."""
+    fixed length P, total length as data) or prefill (total length baked: shape-keyed).
+
+    ``padded``: a bucketed prefill whose prompt was padded past its valid length; the
+    present rows at or beyond the valid length are zero, as for the unpadded prompt.
+    """
     def gqa(*args, **attrs):
+        out = _gqa(*args, **attrs)
+        if not padded:
+            return out
+        o, pk, pv = out
+        seqlens = args[5].reshape(-1).astype(mx.int32)
+        b, t = pk.shape[0], pk.shape[2]
+        keep = mx.arange(t, dtype=mx.int32).reshape(1, 1, t, 1) < (seqlens + 1).reshape(b, 1, 1, 1)
+        zero = mx.zeros((1,), pk.dtype)
+        return o, mx.where(keep, pk, zero), mx.where(keep, pv, zero)
+
+    def _gqa(*args, **attrs):
         a = {**_GQA_DEFAULTS, **attrs}
         x = dict(zip(_GQA_INPUTS, list(args) + [None] * (len(_GQA_INPUTS) - len(args))))
         for k in ("k_scale", "v_scale", "q_norm_weight", "k_norm_weight"):

@@ -44,6 +44,7 @@ import os
 import pickle
 import queue
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -439,6 +440,7 @@ def run_cases(cases: list[dict], workers: int = 2, timeout: float = 60.0, progre
             except subprocess.TimeoutExpired:
                 w.proc.kill()
             w.log.close()
+        shutil.rmtree(logdir, ignore_errors=True)       # crash records already carry the log tail
     return results  # type: ignore[return-value]
 
 
@@ -552,6 +554,10 @@ def write_markdown(path: str, results: list[dict], t: dict, when: str, vers: dic
     p("- Claim = nodes ORT assigns to the MLX EP after its own graph optimizations "
       "(`session.record_ep_graph_assignment_info`); the MLX session runs with fallback disabled.")
     p()
+    p("Run it: `python scripts/conformance.py [--filter REGEX] [--show STATUS,...] [--json out.json]`; "
+      "statuses and the CI gate are described in the script's docstring. CI: `tests/test_conformance.py` "
+      "fails on any failing case not listed with a reason in `scripts/conformance_known.py`.")
+    p()
     p("## Totals")
     p()
     p("| | cases |")
@@ -581,7 +587,7 @@ def write_markdown(path: str, results: list[dict], t: dict, when: str, vers: dic
         for r in bad:
             m = r.get("mlx") or {}
             p(f"| {r['name']} | {r['op']} | {r['status']} | {', '.join(m.get('blame', []))} | "
-              f"{_md_escape(known.get(r['name'], ''))} | {_md_escape(m.get('error', '')[:200])} |")
+              f"{_md_escape(known.get(r['name'], '')[:100])} | {_md_escape(m.get('error', '')[:200])} |")
     p()
     p("## Bonus: the CPU EP fails, MLX passes")
     p()

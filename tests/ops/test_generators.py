@@ -91,11 +91,12 @@ ONEHOT = {
 }
 
 
+@pytest.mark.parametrize("opset", [9, 11])
 @pytest.mark.parametrize("const", [False, True], ids=["dynamic", "const_depth"])
 @pytest.mark.parametrize("case", list(ONEHOT))
-def test_one_hot(case, const):
+def test_one_hot(case, const, opset):
     idx, depth, values, attrs = ONEHOT[case]
-    model, feeds = one_node("OneHot", [idx, depth, values], attrs, 11, [{np.float32: T.FLOAT,
+    model, feeds = one_node("OneHot", [idx, depth, values], attrs, opset, [{np.float32: T.FLOAT,
                             np.int64: T.INT64}[values.dtype.type]], consts=(1,) if const else ())
     check(model, feeds)
 

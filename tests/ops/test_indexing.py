@@ -38,6 +38,7 @@ CASES = {
     "gather_axis1_2d": ("Gather", (2, 5, 3), [np.array([[0, -5], [4, 1]], np.int32)], {"axis": 1}, 13, 1, (),
                         None),
     "gather_scalar": ("Gather", (4, 3), [np.array(-2, np.int64)], {"axis": -2}, 13, 1, (1,), None),
+    "gather_v9": ("Gather", (5, 3), [i64(0, 4, 2)], {}, 9, 1, (), None),
     "gather_empty_idx": ("Gather", (4, 3), [np.zeros((0,), np.int64)], {"axis": 1}, 13, 1, (), None),
     "gather_elements": ("GatherElements", (3, 4), [np.array([[0, -1, 2, 3], [3, 0, 1, -4]], np.int64)],
                         {"axis": 1}, 13, 1, (), None),
@@ -91,6 +92,7 @@ CASES = {
     "topk_smallest_axis0": ("TopK", (4, 3), [i64(2)], {"axis": 0, "largest": 0}, 13, 2, (1,), [None, T.INT64]),
     "topk_ties": ("TopK", "ties", [i64(4)], {}, 13, 2, (), [None, T.INT64]),
     "topk_ties_smallest": ("TopK", "ties", [i64(4)], {"largest": 0}, 13, 2, (), [None, T.INT64]),
+    "topk_k1_axis0": ("TopK", "ties", [i64(1)], {"axis": 0}, 13, 2, (), [None, T.INT64]),
     "topk_k0": ("TopK", (2, 3), [i64(0)], {}, 13, 2, (), [None, T.INT64]),
     # host computed
     "nonzero": ("NonZero", (3, 4), [], {}, 13, 1, (), [T.INT64]),

@@ -59,8 +59,8 @@ def check_bf16(op, inputs, n_out=1, attrs=None, opset=21, feeds=None, rtol=2e-2,
         nodes, gin = [], []
         names = []
         for n, shape in inputs:
-            if not n:
-                names.append("")
+            if not n or n in inits:               # omitted input, or a constant initializer used as is
+                names.append(n)
                 continue
             gin.append((n, T.FLOAT, shape))
             nodes.append(helper.make_node("Cast", [n], [n + "_b"], to=t))

@@ -1,0 +1,142 @@
+"""Resize / Upsample / GridSample / AffineGrid against ORT's CPU EP (fp32 rtol 1e-4 atol 1e-5; fp16 1e-2;
+nearest and integer cases exact)."""
+import itertools
+
+import numpy as np
+import pytest
+from onnx import TensorProto as T, helper
+
+from _nnutil import check, check_bf16, one_node, rand, stays_on_cpu
+from ortmlx.testing import check_against_cpu, make_model
+
+CTMS = ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_half_pixel_for_nn",
+        "half_pixel_symmetric"]
+
+
+def resize_model(xs, t, attrs, scales=None, sizes=None, roi=None, opset=19):
+    ins = ["x", "roi" if roi is not None else "", "scales" if scales is not None else "",
+           "sizes" if sizes is not None else ""]
+    while not ins[-1]:
+        ins.pop()
+    inits = {}
+    if roi is not None:
+        inits["roi"] = np.asarray(roi, np.float32)
+    if scales is not None:
+        inits["scales"] = np.asarray(scales, np.float32)
+    if sizes is not None:
+        inits["sizes"] = np.asarray(sizes, np.int64)
+    node = helper.make_node("Resize", ins, ["y"], **attrs)
+    return make_model([node], [("x", t, xs)], [("y", t, None)], inits, opset=opset)
+
+
+GEOM = [  # (x shape, scales, sizes)
+    ((1, 1, 4, 5), [1, 1, 2, 1.5], None),      # up
+    ((1, 2, 7, 9), [1, 1, 0.6, 0.5], None),    # down
+    ((1, 1, 5, 4), None, [1, 1, 3, 7]),        # sizes (mixed)
+    ((2, 3, 6), [1, 1, 1.7], None),            # 3-D input, last axis
+]
+
+
+@pytest.mark.parametrize("nearest_mode", ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"])
+@pytest.mark.parametrize("ctm", CTMS)
+@pytest.mark.parametrize("xs,scales,sizes", GEOM)
+def test_resize_nearest(xs, scales, sizes, ctm, nearest_mode):
+    m = resize_model(xs, T.FLOAT, {"mode": "nearest", "coordinate_transformation_mode": ctm,
+                                   "nearest_mode": nearest_mode}, scales, sizes,
+                     opset=19 if ctm != "tf_half_pixel_for_nn" else 13)
+    if ctm == "half_pixel_symmetric":       # refused: ORT's coordinate rounding at ties is not reproducible
+        stays_on_cpu(m, {"x": rand(xs)}, "Resize", rtol=0, atol=0)
+    else:
+        check(m, {"x": rand(xs)}, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+@pytest.mark.parametrize("ctm", CTMS)
+@pytest.mark.parametrize("xs,scales,sizes", [g for g in GEOM if len(g[0]) == 4])
+def test_resize_interp(xs, scales, sizes, ctm, mode):
+    if ctm == "tf_half_pixel_for_nn":
+        pytest.skip("tf_half_pixel_for_nn is a nearest-only mode")
+    if ctm == "align_corners" and scales is not None and scales[2] < 1:
+        pytest.skip("ORT's CPU EP itself fails the ONNX suite's align_corners downsampling cases")
+    m = resize_model(xs, T.FLOAT, {"mode": mode, "coordinate_transformation_mode": ctm}, scales, sizes)
+    check(m, {"x": rand(xs)})
+
+
+RESIZE_MORE = [  # (x shape, attrs, scales, sizes, roi, opset)
+    ((1, 1, 4, 4), {"mode": "cubic", "cubic_coeff_a": -0.5, "exclude_outside": 1}, [1, 1, 1.6, 0.8], None, None, 19),
+    ((1, 1, 4, 4), {"mode": "cubic", "exclude_outside": 1}, [1, 1, 0.5, 2], None, None, 19),
+    ((1, 1, 8, 8), {"mode": "linear", "antialias": 1}, [1, 1, 0.6, 0.4], None, None, 19),
+    ((1, 1, 8, 8), {"mode": "cubic", "antialias": 1}, [1, 1, 0.5, 0.3], None, None, 19),
+    ((1, 1, 8, 8), {"mode": "cubic", "antialias": 1, "exclude_outside": 1}, None, [1, 1, 3, 5], None, 19),
+    ((1, 1, 8, 8), {"mode": "linear", "antialias": 1}, [1, 1, 2, 0.5], None, None, 19),
+    ((1, 1, 4, 6), {"mode": "linear", "axes": [3, 2]}, [1.5, 0.5], None, None, 19),
+    ((1, 1, 4, 6), {"mode": "nearest", "axes": [-1]}, None, [9], None, 19),
+    ((1, 1, 4, 6), {"mode": "linear", "keep_aspect_ratio_policy": "not_larger", "axes": [2, 3]}, None, [7, 7],
+     None, 19),
+    ((1, 1, 4, 6), {"mode": "nearest", "keep_aspect_ratio_policy": "not_smaller", "axes": [2, 3]}, None, [7, 7],
+     None, 19),
+    ((1, 1, 5, 5), {"mode": "linear", "coordinate_transformation_mode": "tf_crop_and_resize"}, None, [1, 1, 3, 4],
+     [0, 0, 0.4, 0.6, 1, 1, 0.6, 0.8], 13),
+    ((1, 1, 5, 5), {"mode": "nearest", "coordinate_transformation_mode": "tf_crop_and_resize",
+                    "extrapolation_value": 10.0}, None, [1, 1, 4, 3], [0, 0, -0.2, 0.1, 1, 1, 0.7, 1.3], 13),
+    ((1, 1, 5, 5), {"mode": "cubic", "coordinate_transformation_mode": "tf_crop_and_resize",
+                    "extrapolation_value": -1.0}, [1, 1, 0.8, 1.4], None, [0, 0, 0.1, -0.3, 1, 1, 0.9, 1.2], 13),
+    ((1, 1, 5, 5), {"mode": "linear", "coordinate_transformation_mode": "tf_crop_and_resize", "axes": [2, 3]}, None,
+     [3, 1], [0.2, 0.3, 0.8, 0.9], 19),
+    ((1, 1, 4, 4), {"mode": "linear"}, [1, 1, 2, 2], None, [], 11),
+    ((1, 1, 4, 4), {"mode": "cubic"}, [1, 1, 2, 2], None, None, 13),
+    ((1, 1, 4, 4), {"mode": "nearest"}, [1, 1, 2, 2], None, None, 18),
+    ((0, 1, 4, 4), {"mode": "linear"}, [1, 1, 2, 2], None, None, 19),
+    ((1, 1, 1, 4), {"mode": "linear", "coordinate_transformation_mode": "align_corners"}, None, [1, 1, 1, 7], None,
+     19),
+    ((1, 1, 4, 1), {"mode": "linear", "coordinate_transformation_mode": "pytorch_half_pixel"}, None, [1, 1, 7, 1],
+     None, 19),
+]
+
+
+@pytest.mark.parametrize("t", [T.FLOAT, T.FLOAT16])
+@pytest.mark.parametrize("xs,attrs,scales,sizes,roi,opset", RESIZE_MORE)
+def test_resize_more(xs, attrs, scales, sizes, roi, opset, t):
+    check(resize_model(xs, t, attrs, scales, sizes, roi, opset), {"x": rand(xs, t)}, t)
+
+
+@pytest.mark.parametrize("t", [T.UINT8, T.INT8, T.INT32])
+def test_resize_nearest_int(t):
+    x = np.arange(20).reshape(1, 1, 4, 5).astype({T.UINT8: np.uint8, T.INT8: np.int8, T.INT32: np.int32}[t])
+    check_against_cpu(resize_model(x.shape, t, {"mode": "nearest"}, [1, 1, 1.5, 0.7]), [{"x": x}])
+
+
+def test_resize_linear_uint8_refused():
+    x = np.arange(20, dtype=np.uint8).reshape(1, 1, 4, 5)
+    stays_on_cpu(resize_model(x.shape, T.UINT8, {"mode": "linear"}, [1, 1, 1.5, 0.7]), {"x": x}, "Resize",
+                 rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+@pytest.mark.parametrize("xs,scales", [((1, 1, 3, 4), [1, 1, 2, 3]), ((1, 1, 6, 7), [1, 1, 0.5, 0.4]),
+                                       ((2, 4), [1.5, 2])])
+def test_resize_10(xs, scales, mode):
+    if mode == "linear" and len(xs) != 4:
+        pytest.skip("ORT's opset-10 linear Resize runs 4-D (bilinear) inputs only")
+    m = make_model([helper.make_node("Resize", ["x", "s"], ["y"], mode=mode)], [("x", T.FLOAT, xs)],
+                   [("y", T.FLOAT, None)], {"s": np.asarray(scales, np.float32)}, opset=10)
+    check(m, {"x": rand(xs)})
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+@pytest.mark.parametrize("opset", [7, 9])
+def test_upsample(mode, opset):
+    scales = [1.0, 1.0, 2.0, 1.5]
+    if opset == 7:
+        m = make_model([helper.make_node("Upsample", ["x"], ["y"], mode=mode, scales=scales)],
+                       [("x", T.FLOAT, (1, 2, 3, 4))], [("y", T.FLOAT, None)], opset=7)
+    else:
+        m = make_model([helper.make_node("Upsample", ["x", "s"], ["y"], mode=mode)], [("x", T.FLOAT, (1, 2, 3, 4))],
+                       [("y", T.FLOAT, None)], {"s": np.asarray(scales, np.float32)}, opset=9)
+    check(m, {"x": rand((1, 2, 3, 4))})
+
+
+def test_resize_bf16():
+    check_bf16("Resize", [("x", (1, 2, 4, 5)), ("", None), ("s", None)], opset=19,
+               attrs={"mode": "linear"}, inits={"s": np.asarray([1, 1, 1.5, 0.6], np.float32)},
+               feeds={"x": rand((1, 2, 4, 5))})

@@ -235,14 +235,17 @@ def _worker() -> None:
 
     def run_one(case, provider, options=None):
         r = {"loads": False, "pass": False, "error": ""}
-        n_reports = len(ortmlx.partition_reports())
+        before = {id(x): x for x in ortmlx.partition_reports()}     # the EP keeps only its last 64 reports
+
+        def new_reports():
+            return [x for x in ortmlx.partition_reports() if before.get(id(x)) is not x]
         try:
             s = testing.session(case["model"], provider, sess_options=sess_options(), record=provider == EP_NAME,
                                 options=options)
         except Exception as e:  # noqa: BLE001
             r["error"] = "load: " + _short(e)
             if provider == EP_NAME:            # what the partitioner had claimed before the load failed
-                r["mlx_ops"] = dict(Counter(lbl.split(" '")[0] for rep in ortmlx.partition_reports()[n_reports:]
+                r["mlx_ops"] = dict(Counter(lbl.split(" '")[0] for rep in new_reports()
                                             for g in rep.groups for lbl in g))
             return r
         r["loads"] = True
@@ -253,7 +256,7 @@ def _worker() -> None:
             r["n_other"] = sum(sum(c.values()) for ep, c in a.items() if ep != EP_NAME)
             r["other_ops"] = dict(sum((c for ep, c in a.items() if ep != EP_NAME), Counter()))
             reasons = []
-            for rep in ortmlx.partition_reports()[n_reports:]:
+            for rep in new_reports():
                 reasons += [f"{u.op}: {u.reason}" for u in rep.unclaimed
                             if not u.op.startswith(EP_NAME)]    # ORT's second pass sees our fused nodes
             r["unclaimed"] = list(dict.fromkeys(reasons))

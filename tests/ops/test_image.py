@@ -140,3 +140,23 @@ def test_resize_bf16():
     check_bf16("Resize", [("x", (1, 2, 4, 5)), ("", None), ("s", None)], opset=19,
                attrs={"mode": "linear"}, inits={"s": np.asarray([1, 1, 1.5, 0.6], np.float32)},
                feeds={"x": rand((1, 2, 4, 5))})
+
+
+def test_resize_layout_checked():
+    # ORT's CPU kernel rejects linear resizing of the channel axis: constant scales are refused at claim
+    # time (the CPU EP then reports its own error); scales fed at run time fail with a clear error
+    from ortmlx import partition_reports
+    from ortmlx.testing import session
+    m = resize_model((1, 3, 4, 5), T.FLOAT, {"mode": "linear"}, [1.5, 1, 2, 1])
+    with pytest.raises(Exception, match="Linear"):
+        session(m).run(None, {"x": rand((1, 3, 4, 5))})
+    assert any(u.op == "Resize" for u in partition_reports()[-1].unclaimed)
+    node = helper.make_node("Resize", ["x", "", "s"], ["y"], mode="linear")
+    m = make_model([node], [("x", T.FLOAT, (1, 3, 4, 5)), ("s", T.FLOAT, (4,))], [("y", T.FLOAT, None)], opset=19)
+    s = session(m)
+    with pytest.raises(Exception, match="layout ORT's CPU kernel rejects"):
+        s.run(None, {"x": rand((1, 3, 4, 5)), "s": np.array([1.5, 1, 2, 1], np.float32)})
+    ok = s.run(None, {"x": rand((1, 3, 4, 5)), "s": np.array([1, 1, 2, 1.5], np.float32)})[0]
+    want = session(m, "CPUExecutionProvider", record=False).run(
+        None, {"x": rand((1, 3, 4, 5)), "s": np.array([1, 1, 2, 1.5], np.float32)})[0]
+    np.testing.assert_allclose(ok, want, rtol=1e-4, atol=1e-5)

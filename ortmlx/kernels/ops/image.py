@@ -156,6 +156,10 @@ def resize_core(X, scales, out_sizes, *, mode, ctm, nearest_mode="round_prefer_f
                 exclude_outside=0, roi=None, extrapolation_value=0.0, antialias=0, simple=False):
     """Resize X to ``out_sizes`` using per-axis ``scales`` (coordinate math as ORT's CPU kernel)."""
     rank = X.ndim
+    if mode != "nearest":
+        reason = layout_reason(mode, scales, simple, antialias)
+        if reason:
+            raise ValueError(reason)
     float_out = X.dtype in (mx.float16, mx.bfloat16, mx.float32)
     x = X.astype(mx.float32) if mode != "nearest" and X.dtype != mx.float32 else X
     extrapolate = ctm == "tf_crop_and_resize"
@@ -276,15 +280,18 @@ def _const_scales(view, simple):
 
 def _ort_interp_layout(view, mode, simple):
     """ORT's CPU kernel runs linear/cubic only on some layouts; refuse the rest (nothing to verify against)."""
-    r = view.rank(0)
-    if mode == "linear" and r in ((2, 4) if simple else (2, 3)):
-        if not (simple and r == 4):
-            return None
-    if mode == "cubic" and r == 2:
-        return None
     s = _const_scales(view, simple)
     if s is None:
-        return f"{mode} resize of a rank-{r} input whose scales are unknown at claim time"
+        return None                  # scales arrive at run time: resize_core checks the layout then
+    return layout_reason(mode, s, simple, view.attrs.get("antialias", 0))
+
+
+def layout_reason(mode, s, simple, antialias):
+    """Why ORT's CPU kernel rejects a linear/cubic resize with per-axis scales ``s`` (None: it runs it)."""
+    r = len(s)
+    if (mode == "linear" and r in ((2, 4) if simple else (2, 3)) and not (simple and r == 4)) or \
+            (mode == "cubic" and r == 2):
+        return None
     ok = False
     if r == 4:
         outer = s[0] == 1 and s[1] == 1
@@ -292,11 +299,11 @@ def _ort_interp_layout(view, mode, simple):
         if mode == "linear":
             ok = outer or (outer_inner and not simple)
         else:
-            ok = outer or (outer_inner and (view.attrs.get("antialias", 0) or all(v >= 1 for v in s)))
+            ok = outer or (outer_inner and (antialias or all(v >= 1 for v in s)))
     elif r == 5 and mode == "linear" and not simple:
         ok = s[0] == 1 and s[1] == 1
     if not ok:
-        return f"{mode} resize with scales {s}: a layout ORT's CPU kernel rejects"
+        return f"{mode} resize with scales {[float(v) for v in s]}: a layout ORT's CPU kernel rejects"
     return None
 
 

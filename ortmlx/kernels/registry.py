@@ -126,12 +126,14 @@ register = REGISTRY.register
 class NodeView:
     """A node as support checks see it: attributes with defaults, input types, constant values."""
 
-    def __init__(self, node, opdef: OpDef, values: dict, constants: dict[str, np.ndarray], device: str):
+    def __init__(self, node, opdef: OpDef, values: dict, constants: dict[str, np.ndarray], device: str,
+                 host_known: set | frozenset | None = None):
         self.node = node
         self.opdef = opdef
         self.device = device
         self._values = values
         self._constants = constants
+        self._host_known = host_known
         self.attrs = {k: v for k, v in opdef.attrs.items() if v is not inspect.Parameter.empty}
         self.attrs.update(node.attrs)
 
@@ -172,6 +174,14 @@ class NodeView:
         s = self.shape(i)
         return None if s is None else len(s)
 
+    def on_host(self, i: int) -> bool:
+        """Input ``i`` is a constant or computed by claimed host shape math (Shape -> ...) at claim time.
+
+        Graph inputs and values from other EPs do not count (they may be large data tensors);
+        False when the caller does not track provenance.
+        """
+        return self._host_known is not None and self.has(i) and self.node.inputs[i] in self._host_known
+
     def const(self, i: int) -> np.ndarray | None:
         """The value of input ``i`` when it is a constant initializer, else None."""
         if not self.has(i):
@@ -204,8 +214,10 @@ def check_dtypes(view: NodeView) -> str | None:
     return None
 
 
-def support_reason(node, opdef: OpDef | None, values: dict, constants: dict, device: str) -> str | None:
-    """Why ``node`` cannot be claimed by itself (None: it can). Host-input provenance is the partitioner's."""
+def support_reason(node, opdef: OpDef | None, values: dict, constants: dict, device: str,
+                   host_known: set | frozenset | None = None) -> str | None:
+    """Why ``node`` cannot be claimed by itself (None: it can). Host-input provenance is the partitioner's
+    (``host_known``: constants and host shape-math values, when given, lets checks ask ``view.on_host(i)``)."""
     if opdef is None:
         dom = node.domain or "ai.onnx"
         return f"unsupported op {dom}::{node.op_type} (since_version {node.since_version})"
@@ -225,7 +237,7 @@ def support_reason(node, opdef: OpDef | None, values: dict, constants: dict, dev
                     if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
         if len(node.inputs) > n_pos:
             return f"{len(node.inputs)} inputs, translator takes {n_pos}"
-    view = NodeView(node, opdef, values, constants, device)
+    view = NodeView(node, opdef, values, constants, device, host_known)
     reason = check_dtypes(view)
     if reason:
         return reason

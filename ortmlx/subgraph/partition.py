@@ -56,12 +56,13 @@ def claim(graph: Graph, device: str, disabled_ops: frozenset[str] = frozenset())
     producers = graph.producers()
     claimed: dict[int, bool] = {}
     host_known: set[str] = set(graph.constants) | set(graph.inputs)
+    host_math: set[str] = set(graph.constants)     # constants and outputs of claimed host shape math
     for node in graph.nodes:
         opdef = REGISTRY.resolve(node.domain, node.op_type, node.since_version)
         if node.op_type in disabled_ops:
             reason = "disabled by the disable_ops option"
         else:
-            reason = support_reason(node, opdef, graph.values, graph.constants, device)
+            reason = support_reason(node, opdef, graph.values, graph.constants, device, host_math)
         if reason is None:
             for i in sorted(opdef.const_inputs):
                 if i < len(node.inputs) and node.inputs[i] and node.inputs[i] not in host_known:
@@ -81,6 +82,9 @@ def claim(graph: Graph, device: str, disabled_ops: frozenset[str] = frozenset())
         flags = [(not i) or i in host_known for i in node.inputs]
         if host_evaluable(opdef, out_types, flags):
             host_known.update(o for o in node.outputs if o)
+            if all((not i) or i in host_math or (opdef.shape_only and k == 0)
+                   for k, i in enumerate(node.inputs)):
+                host_math.update(o for o in node.outputs if o)
     groups = _group(graph, claimed)
     report.groups = [[n.label for n in g] for g in groups]
     return groups, report

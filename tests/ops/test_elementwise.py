@@ -32,8 +32,14 @@ BINARY = [
                          [(o, a, t, s, sh, v) for o, a, ts, s, sh, v in BINARY for t in ts],
                          ids=lambda v: str(v))
 def test_binary(op, attrs, t, opset, shapes, vals):
-    m = node_model(op, [t, t], [t], attrs, opset)
-    feeds = [{f"x{i}": rand(t, s, rng, **vals) for i, s in enumerate(shapes)} for _ in range(2)]
+    if op in ("Div", "Mod") and t in INTS:          # integer divisors must be constant (see the refusal test)
+        b = rand(t, shapes[1], rng, **vals)
+        b.reshape(-1)[:1] = 1 if t in (T.UINT8, T.UINT16, T.UINT32, T.UINT64) else -1
+        m = node_model(op, [t, t], [t], attrs, opset, initializers={"x1": b})
+        feeds = [{"x0": rand(t, shapes[0], rng, **vals)} for _ in range(2)]
+    else:
+        m = node_model(op, [t, t], [t], attrs, opset)
+        feeds = [{f"x{i}": rand(t, s, rng, **vals) for i, s in enumerate(shapes)} for _ in range(2)]
     check(m, feeds, t)
 
 
@@ -41,14 +47,41 @@ def test_int_div_mod_signs():
     a = np.array([7, -7, 7, -7, 0, 1, -1, 100], np.int32)
     b = np.array([2, 2, -2, -2, 3, -3, 3, -7], np.int32)
     for op, attrs in [("Div", {}), ("Mod", {}), ("Mod", {"fmod": 1})]:
-        check(node_model(op, [T.INT32, T.INT32], [T.INT32], attrs, 13), {"x0": a, "x1": b})
+        check(node_model(op, [T.INT32, T.INT32], [T.INT32], attrs, 13, initializers={"x1": b}), {"x0": a})
 
 
 def test_int64_extremes():
     a = np.array([np.iinfo(np.int64).max, np.iinfo(np.int64).min, -5], np.int64)
     b = np.array([3, 7, 2], np.int64)
-    for op in ("Add", "Sub", "Mul", "Div", "Mod"):
-        check(node_model(op, [T.INT64, T.INT64], [T.INT64], {}, 14 if op != "Mod" else 13), {"x0": a, "x1": b})
+    for op in ("Add", "Sub", "Mul"):
+        check(node_model(op, [T.INT64, T.INT64], [T.INT64], {}, 14), {"x0": a, "x1": b})
+    for op in ("Div", "Mod"):
+        check(node_model(op, [T.INT64, T.INT64], [T.INT64], {}, 13, initializers={"x1": b}), {"x0": a})
+
+
+@pytest.mark.parametrize("t", SIGNED, ids=str)
+def test_int_min_by_minus_one(t):
+    """INT_MIN / -1 traps (SIGFPE) in ORT's CPU kernel and in C; we wrap like Neg and never crash."""
+    from ortmlx.testing import session
+    info = np.iinfo(NP_(t))
+    a = np.array([info.min, info.max, -7, 0], NP_(t))
+    for op, attrs, want in [("Div", {}, np.array([info.min, -info.max, 7, 0], NP_(t))),  # noqa: E501
+                            ("Mod", {}, np.zeros(4, NP_(t))), ("Mod", {"fmod": 1}, np.zeros(4, NP_(t)))]:
+        m = node_model(op, [t, t], [t], attrs, 14 if op == "Div" else 13,
+                       initializers={"x1": np.array([-1], NP_(t))})
+        s = session(m)
+        np.testing.assert_array_equal(s.run(None, {"x0": a})[0], want)
+
+
+@pytest.mark.parametrize("op", ["Div", "Mod"])
+def test_int_divisor_refusals(op):
+    """ORT raises on an integer zero divisor at run time: only constant, zero-free divisors are claimed."""
+    t = T.INT32
+    m = node_model(op, [t, t], [t], {}, 13)
+    assert "not a constant" in refusal(m, op)
+    check_refused(m, {"x0": np.array([7, -7], np.int32), "x1": np.array([2, -3], np.int32)}, op)
+    m = node_model(op, [t, t], [t], {}, 13, initializers={"x1": np.array([2, 0], np.int32)})
+    assert "contains 0" in refusal(m, op)
 
 
 def test_mod_float_fmod0_refused():
@@ -161,3 +194,75 @@ def test_clip6_attrs():
     x = rand(T.FLOAT, (4, 5), rng, special=True)
     check(node_model("Clip", [T.FLOAT], [T.FLOAT], {"min": -1.0, "max": 0.5}, 6), {"x0": x})
     check(node_model("Clip", [T.FLOAT], [T.FLOAT], {"max": 0.5}, 6), {"x0": x})
+
+
+# ---------------------------------------------------------------- host twins (shape math)
+@pytest.fixture
+def host_calls(monkeypatch):
+    """Count calls of every registered numpy twin (patched for the test only)."""
+    import dataclasses
+    from ortmlx.kernels.registry import REGISTRY
+    calls = []
+    for key, lst in REGISTRY._ops.items():
+        new = []
+        for od in lst:
+            if od.host is not None and not od.shape_only:
+                def wrap(*a, _f=od.host, _op=od.op_type, **k):
+                    calls.append(_op)
+                    return _f(*a, **k)
+                od = dataclasses.replace(od, host=wrap)
+            new.append(od)
+        monkeypatch.setitem(REGISTRY._ops, key, new)
+    return calls
+
+
+def _shape_model(nodes, outs):
+    """Inputs x, z (any rank 3); s = Shape(x), t = Shape(z), u = -t; then ``nodes``."""
+    from onnx import helper
+    from _ewutil import make_model
+    pre = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Shape", ["z"], ["t"]),
+           helper.make_node("Neg", ["t"], ["u"])]
+    return make_model(pre + nodes, [("x", T.FLOAT, None), ("z", T.FLOAT, None)], outs, opset=19)
+
+
+HOST = [("Add", ["s", "u"], T.INT64, {}), ("Sub", ["s", "t"], T.INT64, {}), ("Mul", ["s", "u"], T.INT64, {}),
+        ("Div", ["s", "u"], T.INT64, {}), ("Div", ["u", "s"], T.INT64, {}), ("Mod", ["s", "u"], T.INT64, {}),
+        ("Mod", ["u", "s"], T.INT64, {"fmod": 1}), ("Mod", ["u", "t"], T.INT64, {}),
+        ("Max", ["s", "t", "u"], T.INT64, {}), ("Min", ["s", "t"], T.INT64, {}), ("Abs", ["u"], T.INT64, {}),
+        ("Sign", ["u"], T.INT64, {}), ("Equal", ["s", "t"], T.BOOL, {}), ("Less", ["s", "t"], T.BOOL, {}),
+        ("Greater", ["s", "t"], T.BOOL, {}), ("Cast", ["u"], T.INT32, {"to": T.INT32}),
+        ("Cast", ["s"], T.BOOL, {"to": T.BOOL})]
+SHAPES = [((5, 3, 7), (2, 3, 4)), ((0, 1, 9), (7, 1, 2)), ((6, 6, 6), (6, 4, 5))]
+
+
+@pytest.mark.parametrize("op,ins,out_t,attrs", HOST, ids=str)
+def test_host_twins(op, ins, out_t, attrs, host_calls):
+    from onnx import helper
+    m = _shape_model([helper.make_node(op, ins, ["y"], **attrs)], [("y", out_t, None)])
+    shapes = [sh for sh in SHAPES if not (op in ("Div", "Mod") and 0 in sh[0])]  # ORT raises on x // 0
+    check(m, [{"x": np.zeros(a, np.float32), "z": np.zeros(b, np.float32)} for a, b in shapes])
+    assert op in host_calls, f"{op} did not run on its numpy twin"
+
+
+@pytest.mark.parametrize("op", ["Div", "Mod"])
+def test_host_int_division_by_zero_errors(op, host_calls):
+    """Like ORT's CPU EP, a zero integer divisor is an error naming the node, not a value."""
+    from onnx import helper
+    from ortmlx.testing import session
+    m = _shape_model([helper.make_node(op, ["u", "s"], ["y"], name="div0")], [("y", T.INT64, None)])
+    feeds = {"x": np.zeros((0, 1, 9), np.float32), "z": np.zeros((2, 3, 4), np.float32)}
+    with pytest.raises(Exception, match="by zero"):
+        session(m, "CPUExecutionProvider", record=False).run(None, feeds)
+    with pytest.raises(Exception, match="div0.*division by zero"):
+        session(m).run(None, feeds)
+
+
+def test_host_twins_logical_where(host_calls):
+    """Shape math through Greater -> Not -> Equal -> And -> Or -> Where, all on the host."""
+    from onnx import helper
+    nodes = [helper.make_node("Greater", ["s", "t"], ["g"]), helper.make_node("Not", ["g"], ["n"]),
+             helper.make_node("Equal", ["s", "t"], ["e"]), helper.make_node("And", ["n", "e"], ["a"]),
+             helper.make_node("Or", ["a", "g"], ["o"]), helper.make_node("Where", ["o", "s", "u"], ["y"])]
+    m = _shape_model(nodes, [("y", T.INT64, None), ("a", T.BOOL, None)])
+    check(m, [{"x": np.zeros(a, np.float32), "z": np.zeros(b, np.float32)} for a, b in SHAPES])
+    assert {"Greater", "Not", "Equal", "And", "Or", "Where", "Neg"} <= set(host_calls)

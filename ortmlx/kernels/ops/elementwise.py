@@ -60,19 +60,51 @@ def mul(A, B):
 
 
 def _trunc_div(a, b):
-    """Integer division rounding toward zero (C++), on MLX."""
-    q = mx.floor_divide(a, b)
+    """Integer division rounding toward zero (C++), on MLX; a divisor of -1 negates (INT_MIN wraps)."""
     if not mx.issubdtype(a.dtype, mx.signedinteger):
-        return q
-    r = mx.subtract(a, mx.multiply(q, b))
-    fix = mx.logical_and(r != 0, mx.not_equal(a < 0, b < 0))
-    return mx.where(fix, q + 1, q)
+        return mx.floor_divide(a, b)
+    minus1 = b == -1
+    b1 = mx.where(minus1, mx.ones_like(b), b)           # INT_MIN // -1 traps (SIGFPE) in C
+    q = mx.floor_divide(a, b1)
+    r = mx.subtract(a, mx.multiply(q, b1))
+    fix = mx.logical_and(r != 0, mx.not_equal(a < 0, b1 < 0))
+    return mx.where(minus1, mx.negative(a), mx.where(fix, q + 1, q))
+
+
+def _int_divisor_check(view) -> str | None:
+    """Integer Div/Mod: ORT raises on a zero divisor, which MLX cannot see without a sync."""
+    r = _same_dtype_check(view)
+    if r or view.dtype(0) not in dt.INTS:
+        return r
+    b = view.const(1)
+    if b is None:
+        if _host_math(view):
+            return None                                    # the numpy twin runs and raises on 0
+        return "integer divisor is not a constant (ORT raises on a zero divisor at run time)"
+    if not np.all(b):
+        return "integer divisor contains 0 (ORT raises 'Integer division by zero')"
+    return None
+
+
+def _host_math(view) -> bool:
+    """Every input is a constant or host shape math (Shape -> ...): the numpy twin runs.
+
+    (A shape-math value above HOST_MAX_ELEMS elements would run on the device, where a
+    zero divisor cannot be seen; shape vectors are rank-sized.)
+    """
+    return all(view.on_host(i) for i in range(view.n_inputs) if view.has(i))
+
+
+def _no_zero_divisor(B):
+    if B.dtype.kind in "iu" and not np.all(B):
+        raise ValueError(f"integer division by zero (divisor {B.tolist()!r})")
 
 
 def _div_host(A, B):
     A, B = np.asarray(A), np.asarray(B)
     if A.dtype.kind not in "iu":
         return np.divide(A, B)
+    _no_zero_divisor(B)
     with np.errstate(divide="ignore", invalid="ignore"):
         q = np.floor_divide(A, B)
         if A.dtype.kind == "i":
@@ -81,7 +113,7 @@ def _div_host(A, B):
     return q
 
 
-@register("Div", 7, dtypes=ARITH, check=_same_dtype_check, host=_div_host)
+@register("Div", 7, dtypes=ARITH, check=_int_divisor_check, host=_div_host)
 def div(A, B):
     """A / B; integers truncate toward zero like ORT's C++ kernel."""
     if _is_int(A):
@@ -90,7 +122,7 @@ def div(A, B):
 
 
 def _mod_check(view) -> str | None:
-    r = _same_dtype_check(view)
+    r = _int_divisor_check(view)
     if r:
         return r
     if view.attrs.get("fmod", 0) == 0 and view.dtype(0) in dt.FLOATS:
@@ -102,6 +134,7 @@ def _mod_check(view) -> str | None:
 
 def _mod_host(A, B, *, fmod=0):
     A, B = np.asarray(A), np.asarray(B)
+    _no_zero_divisor(B)
     with np.errstate(divide="ignore", invalid="ignore"):
         if fmod:
             return np.fmod(A, B)
@@ -111,10 +144,13 @@ def _mod_host(A, B, *, fmod=0):
 @register("Mod", 10, dtypes=ARITH, check=_mod_check, host=_mod_host)
 def mod(A, B, *, fmod=0):
     """Remainder: fmod=0 takes the divisor's sign (integers), fmod=1 the dividend's (C fmod)."""
-    if fmod == 0:
-        return mx.remainder(A, B)
-    if _is_int(A):
-        return mx.subtract(A, mx.multiply(_trunc_div(A, B), B))
+    if _is_int(A) and mx.issubdtype(A.dtype, mx.signedinteger):
+        minus1 = B == -1                                   # INT_MIN % -1 traps (SIGFPE) in C
+        B1 = mx.where(minus1, mx.ones_like(B), B)
+        r = mx.remainder(A, B1) if fmod == 0 else mx.subtract(A, mx.multiply(_trunc_div(A, B1), B1))
+        return mx.where(minus1, mx.zeros_like(r), r)
+    if fmod == 0 or _is_int(A):
+        return mx.remainder(A, B)                          # unsigned: both conventions agree
     if A.dtype in HALF:
         return mod(A.astype(mx.float32), B.astype(mx.float32), fmod=1).astype(A.dtype)
     r = mx.remainder(A, B)                    # sign of B; move it to the sign of A

@@ -60,6 +60,7 @@ EP_NAME = "MLXExecutionProvider"
 CPU = "CPUExecutionProvider"
 MAX_IR = 13          # onnxruntime 1.31 loads IR <= 13; onnx 1.23 writes IR 14 for its newest cases
 
+STARTUP_TIMEOUT = 300.0   # seconds a worker may take to import onnxruntime, mlx and ortmlx
 FAILING = ("mismatch", "mlx_load_error", "unclaimed_fail", "mlx_crash", "mlx_timeout")
 PASSING = ("full_pass", "partial_pass", "not_claimed", "mlx_only_pass")
 STATUSES = ("full_pass", "partial_pass", "not_claimed", "mismatch", "mlx_load_error", "unclaimed_fail",
@@ -190,8 +191,9 @@ def _run_session(sess, case: dict) -> list:
 def _selftest(what: dict) -> None:
     """Hooks for tests/test_conformance.py, proving the runner catches what it must.
 
-    ``{"crash": True}`` kills the worker, ``{"hang": s}`` sleeps, ``{"break_op": "Abs"}``
-    makes that op's translators return a wrong answer (+1) in this worker from now on.
+    Applied at the start of phase ``what.get("phase", "mlx")``: ``{"crash": True}`` kills the
+    worker, ``{"hang": s}`` sleeps, ``{"break_op": "Abs"}`` makes that op's translators return a
+    wrong answer (+1) in this worker from then on.
     """
     if what.get("crash"):
         os._exit(3)
@@ -225,6 +227,7 @@ def _worker() -> None:
     from ortmlx import testing
     ort.set_default_logger_severity(3)
     ortmlx.register(genai=False)
+    _send(proto_out, ("ready", None))
 
     def sess_options():
         so = ort.SessionOptions()
@@ -290,10 +293,10 @@ def _worker() -> None:
             case = _recv(proto_in)
         except EOFError:
             return
-        if case.get("_selftest"):
-            _selftest(case["_selftest"])
         cpu_pass = False
         for phase in case["phases"]:
+            if case.get("_selftest") and case["_selftest"].get("phase", "mlx") == phase:
+                _selftest(case["_selftest"])
             t0 = time.perf_counter()
             res = run_one(case, CPU if phase == "cpu" else EP_NAME)
             if phase == "cpu":
@@ -320,6 +323,7 @@ class _Worker:
         self.events = events
         self.case = None
         self.deadline = None
+        self.started = time.monotonic()
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
 
@@ -370,7 +374,7 @@ def run_cases(cases: list[dict], workers: int = 2, timeout: float = 60.0, progre
     results: list[dict | None] = [None] * len(cases)
     partial: dict[int, dict] = {}
     pool = [_Worker(k, events, logdir) for k in range(max(1, min(workers, len(cases) or 1)))]
-    idle = list(pool)
+    idle: list[_Worker] = []                  # workers that said "ready" and have no case
     busy: dict[int, tuple[int, list[str]]] = {}
     done = 0
 
@@ -395,7 +399,6 @@ def run_cases(cases: list[dict], workers: int = 2, timeout: float = 60.0, progre
         w.kill()
         nw = _Worker(w.wid, events, logdir)
         pool[pool.index(w)] = nw
-        idle.append(nw)
         if phase == "cpu" and "mlx" in phases:
             pending.append((i, ["mlx"]))          # still find out what MLX does with it
         else:
@@ -418,9 +421,16 @@ def run_cases(cases: list[dict], workers: int = 2, timeout: float = 60.0, progre
                 for w in list(pool):
                     if w.wid in busy and w.deadline <= now:
                         replace(w, "timeout")
+                    elif w.wid not in busy and w not in idle and now - w.started > STARTUP_TIMEOUT:
+                        raise RuntimeError(f"conformance worker not ready after {STARTUP_TIMEOUT}s: {w.log_tail()}")
                 continue
-            if proc is not w.proc or w.wid not in busy or pool[w.wid] is not w:
+            if pool[w.wid] is not w or proc is not w.proc:
                 continue                                   # stale event from a replaced worker
+            if w.wid not in busy:
+                if kind == "ready":
+                    idle.append(w)
+                    continue
+                raise RuntimeError(f"conformance worker died before taking a case ({kind}): {w.log_tail()}")
             i, phases = busy[w.wid]
             if kind == "eof":
                 replace(w, "crash")
@@ -501,9 +511,27 @@ def totals(results: list[dict]) -> dict:
         "failing": sum(st[s] for s in FAILING),
         "mismatch": st["mismatch"],
         "mlx_only_pass": st["mlx_only_pass"],
+        # CPU passes not fully claimed because a tensor's type does not exist in MLX (float8, int4, string ...)
+        "dtype_blocked": sum(1 for r in results if r["status"] in ("partial_pass", "not_claimed") and any(
+            "not supported by MLX on" in u for u in (r.get("mlx") or {}).get("unclaimed", []))),
         "full_pass_pct": 100.0 * full / cpu_pass if cpu_pass else 0.0,
         "statuses": dict(st),
     }
+
+
+def unclaimed_reasons(results: list[dict]) -> Counter:
+    """Normalized partitioner reasons -> number of CPU-passing cases they keep from a full claim."""
+    c: Counter = Counter()
+    for r in results:
+        if r["status"] in ("partial_pass", "not_claimed"):
+            seen = set()
+            for u in (r.get("mlx") or {}).get("unclaimed", []):
+                k = re.sub(r"'[^']*'", "'…'", u)
+                k = re.sub(r" \(since_version \d+\)", "", k)
+                if k not in seen:
+                    seen.add(k)
+                    c[k] += 1
+    return c
 
 
 def versions() -> dict[str, str]:
@@ -573,7 +601,9 @@ def write_markdown(path: str, results: list[dict], t: dict, when: str, vers: dic
             ("... mismatches (MLX claims, CPU passes, MLX fails)", t["mismatch"]),
             ("... other failures (MLX load error / crash / timeout / unclaimed failure)",
              t["failing"] - t["mismatch"]),
-            ("CPU EP fails, MLX claims and passes (bonus)", t["mlx_only_pass"])]
+            ("CPU EP fails, MLX claims and passes (bonus)", t["mlx_only_pass"]),
+            ("CPU passes not fully claimed because a tensor type does not exist in MLX (float8, int4, string...)",
+             t["dtype_blocked"])]
     for k, v in rows:
         p(f"| {k} | {v} |")
     p()
@@ -599,6 +629,15 @@ def write_markdown(path: str, results: list[dict], t: dict, when: str, vers: dic
         p("None.")
     for r in bonus:
         p(f"- {r['name']} ({r['op']}, claim {r.get('claim')}): CPU: {_md_escape((r.get('cpu') or {}).get('error', '')[:160])}")
+    p()
+    p("## Why CPU-passing cases are not fully claimed")
+    p()
+    p("Partitioner reasons (names elided), by the number of cases each appears in; a case can have several.")
+    p()
+    p("| cases | reason |")
+    p("|---:|---|")
+    for k, v in unclaimed_reasons(results).most_common(40):
+        p(f"| {v} | {_md_escape(k[:160])} |")
     p()
     p("## Per op")
     p()
@@ -645,6 +684,8 @@ def main(argv=None) -> int:
     ap.add_argument("--md", help="write the markdown table (docs/conformance.md) here")
     ap.add_argument("--show", default="failing",
                     help="comma list of statuses to list case by case (default: failing; 'all', 'none')")
+    ap.add_argument("--reasons", type=int, default=0, metavar="N",
+                    help="print the N most common reasons CPU-passing cases are not fully claimed")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress line")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -685,13 +726,18 @@ def main(argv=None) -> int:
     print(f"  of the CPU passes: fully claimed & pass {t['full_pass']} ({t['full_pass_pct']:.1f}%), "
           f"partially claimed & pass {t['partial_pass']}, not claimed {t['not_claimed']}, "
           f"mismatches {t['mismatch']}, other failures {t['failing'] - t['mismatch']}")
-    print(f"  MLX-only passes (CPU EP fails): {t['mlx_only_pass']}")
+    print(f"  MLX-only passes (CPU EP fails): {t['mlx_only_pass']}; CPU passes not fully claimed because a "
+          f"tensor type does not exist in MLX: {t['dtype_blocked']}")
     print("  statuses: " + ", ".join(f"{k} {v}" for k, v in sorted(t["statuses"].items())))
     unexpected = [r["name"] for r in results if r["status"] in FAILING and r["name"] not in known]
     xpass = [n for n in known if any(r["name"] == n and r["status"] not in FAILING for r in results)]
     print(f"  unexpected failures: {len(unexpected)}; known gaps still failing: "
           f"{sum(1 for r in results if r['status'] in FAILING and r['name'] in known)}; "
           f"known gaps now passing (remove them): {xpass or 0}")
+    if a.reasons:
+        print("\nwhy CPU-passing cases are not fully claimed (cases: reason):")
+        for k, v in unclaimed_reasons(results).most_common(a.reasons):
+            print(f"  {v:4d}: {k[:200]}")
     print("\nREADME block:\n" + readme_block(t, when, vers))
 
     if a.json:

@@ -29,6 +29,8 @@ CASES = {
     "slice_neg_step_clamp": ("Slice", (5, 4), [i64(-10, 100), i64(-100, -BIG), i64(0, 1), i64(-1, -2)], {}, 13,
                              1, (), None),
     "slice_neg_step_end": ("Slice", (7,), [i64(BIG), i64(-BIG), i64(0), i64(-3)], {}, 13, 1, (1, 2, 3, 4), None),
+    "slice_open_end_neg_step": ("Slice", (5, 4), [i64(-6, 0), i64(BIG, 2**31 - 1), i64(0, 1), i64(-2, -1)], {},
+                                13, 1, (), None),
     "slice_empty": ("Slice", (4, 3), [i64(3), i64(1), i64(0)], {}, 13, 1, (), None),
     "slice_zero_dim": ("Slice", (0, 3), [i64(0, 1), i64(1, 3)], {}, 13, 1, (), None),
     "slice_int32": ("Slice", (4, 6), [np.array([1], np.int32), np.array([-1], np.int32),
@@ -46,6 +48,7 @@ CASES = {
                             11, 1, (), None),
     "gather_nd": ("GatherND", (3, 4, 2), [np.array([[0, 1], [2, -1]], np.int64)], {}, 11, 1, (), None),
     "gather_nd_full": ("GatherND", (3, 4), [np.array([[[1, 2]], [[0, 3]]], np.int64)], {}, 13, 1, (), None),
+    "gather_nd_empty_slices": ("GatherND", (2, 0), [np.array([[5]], np.int64)], {}, 13, 1, (), None),
     "gather_nd_batch": ("GatherND", (2, 3, 4), [np.array([[[1], [2]], [[0], [-1]]], np.int64)],
                         {"batch_dims": 1}, 13, 1, (), None),
     # Scatter family
@@ -85,6 +88,7 @@ CASES = {
     "pad_wrap": ("Pad", (3, 4), [i64(1, 5, 4, 2)], {"mode": "wrap"}, 19, 1, (), None),
     "pad_crop_past_end": ("Pad", (3, 4), [i64(0, -6, 0, 8), "value"], {}, 13, 1, (), None),
     "pad_reflect_cropped": ("Pad", (3, 5), [i64(0, -1, 0, 2)], {"mode": "reflect"}, 13, 1, (), None),
+    "pad_empty_input_edge": ("Pad", (0, 3), [i64(2, 1, -2, 0)], {"mode": "edge"}, 13, 1, (), None),
     "pad_zero_dim": ("Pad", (0, 3), [i64(1, 0, 1, 0), "value"], {}, 13, 1, (), None),
     # TopK
     "topk_v1": ("TopK", (3, 5), [], {"k": 2}, 9, 2, (), [None, T.INT64]),
@@ -197,10 +201,14 @@ def test_gather_device_indices_refused():
     ("Pad", [data(T.FLOAT, (3, 2)), i64(-3, 0, 0, 0)], {"mode": "edge"}, 13),
     ("Pad", [data(T.FLOAT, (3, 2)), i64(-3, 0, -1, 0)], {}, 13),
     ("ReverseSequence", [data(T.FLOAT, (3, 2)), i64(4, 1)], {}, 13),
+    ("Pad", [data(T.FLOAT, (0, 3)), i64(1, 0, 0, 0)], {"mode": "edge"}, 13),
+    ("Pad", [data(T.FLOAT, (0, 3)), i64(0, 0, 0, 0)], {"mode": "wrap"}, 19),
+    ("GatherND", [data(T.FLOAT, (2, 0)), np.array([[5, 0]], np.int64)], {}, 13),
     ("OneHot", [i64(1), i64(0), np.array([0, 1], np.float32)], {}, 11),
 ], ids=["gather_high", "gather_low", "gather_elements", "gather_nd", "scatter_elements", "scatter_nd",
         "topk_k", "slice_step0", "slice_dup_axes", "pad_reflect_big", "pad_reflect_len1", "pad_edge_cropped_empty",
-        "pad_negative_size", "revseq_len", "onehot_depth0"])
+        "pad_negative_size", "revseq_len", "pad_edge_empty_axis", "pad_wrap_empty_input",
+        "gather_nd_index_into_empty", "onehot_depth0"])
 def test_indexing_errors(op, ins, attrs, opset):
     n_out = 2 if op == "TopK" else 1
     out_types = [T.FLOAT, T.INT64] if op == "TopK" else [T.FLOAT] if op == "OneHot" else None

@@ -33,6 +33,9 @@ def check_indices(indices, n: int, what: str = "index") -> np.ndarray:
 
 
 # ---------------------------------------------------------------- Slice
+_INT_MAX = (2**31 - 1, 2**63 - 1)
+
+
 def slice_spec(shape, starts, ends, axes=None, steps=None) -> tuple:
     """Python slices with ONNX Slice semantics (negative and out-of-range starts/ends clamp)."""
     starts, ends = ints(starts), ints(ends)
@@ -46,11 +49,12 @@ def slice_spec(shape, starts, ends, axes=None, steps=None) -> tuple:
         if st == 0:
             raise ValueError(f"step 0 on axis {a}")
         d = shape[a]
+        open_end = e in _INT_MAX                 # ORT: an INT32/INT64 max end means "to the edge"
         s, e = s + d if s < 0 else s, e + d if e < 0 else e
         if st > 0:
             s, e = min(max(s, 0), d), min(max(e, 0), d)
         else:
-            s, e = min(max(s, 0), d - 1), min(max(e, -1), d - 1)
+            s, e = min(max(s, 0), d - 1), -1 if open_end else min(max(e, -1), d - 1)
         sl[a] = slice(s, None if e < 0 else e, st) if d > 0 else slice(0, 0)
     return tuple(sl)
 
@@ -109,8 +113,12 @@ def gather_elements(data, indices, *, axis=0):
     return _gather_elements(mx, data, indices, axis)
 
 
-def nd_positions(shape, indices, batch_dims: int = 0) -> tuple[np.ndarray, int, tuple]:
-    """GatherND/ScatterND addressing: flat slice numbers (shape indices.shape[:-1]), slice size, slice shape."""
+def nd_positions(shape, indices, batch_dims: int = 0, lenient_empty: bool = False) -> tuple[np.ndarray, int, tuple]:
+    """GatherND/ScatterND addressing: flat slice numbers (shape indices.shape[:-1]), slice size, slice shape.
+
+    ``lenient_empty``: when the addressed slices are empty nothing is read, and (like ORT's GatherND)
+    the indices are not range-checked.
+    """
     idx = np.asarray(indices).astype(np.int64)
     b, r = int(batch_dims), len(shape)
     if idx.ndim < 1 or not 0 <= b < min(idx.ndim, r):
@@ -121,17 +129,22 @@ def nd_positions(shape, indices, batch_dims: int = 0) -> tuple[np.ndarray, int, 
     if tuple(idx.shape[:b]) != tuple(shape[:b]):
         raise ValueError(f"batch dims of indices {idx.shape[:b]} != data {tuple(shape[:b])}")
     dims = shape[b:b + k]
+    rest = tuple(shape[b + k:])
+    if lenient_empty and math.prod(rest) == 0:
+        return np.zeros(idx.shape[:-1], np.int64), 0, rest
     flat = np.zeros(idx.shape[:-1], np.int64)
     for j, n in enumerate(dims):
         flat = flat * n + check_indices(idx[..., j], n)
     nb, p = math.prod(shape[:b]), math.prod(dims)
-    flat = (flat.reshape(nb, -1) + (np.arange(nb, dtype=np.int64) * p)[:, None]).reshape(idx.shape[:-1])
-    rest = tuple(shape[b + k:])
+    offsets = (np.arange(nb, dtype=np.int64) * p).reshape(tuple(shape[:b]) + (1,) * (flat.ndim - b))
+    flat = flat + offsets
     return flat, math.prod(rest), rest
 
 
 def _gather_nd(xp, data, indices, batch_dims=0):
-    flat, inner, rest = nd_positions(data.shape, indices, batch_dims)
+    flat, inner, rest = nd_positions(data.shape, indices, batch_dims, lenient_empty=True)
+    if inner == 0:
+        return xp.zeros((*flat.shape, *rest), dtype=data.dtype)
     src = xp.reshape(data, (math.prod(data.shape[:data.ndim - len(rest)]), *rest))
     out = np.take(src, flat.reshape(-1), axis=0) if xp is np else mx.take(src, _idx(flat.reshape(-1)), axis=0)
     return xp.reshape(out, (*flat.shape, *rest))
@@ -243,6 +256,8 @@ def _pad(data, pads, value, mode, axes, vtype):
     if len(pads) != 2 * len(axes):
         raise ValueError(f"pads {pads} must have 2 entries per axis ({len(axes)} axes)")
     n = len(axes)
+    if mode != "constant" and math.prod(data.shape) == 0:
+        return _pad_empty(data, pads, axes, mode)
     crop = [slice(None)] * r
     grow = [(0, 0)] * r
     for k, a in enumerate(axes):
@@ -270,6 +285,21 @@ def _pad(data, pads, value, mode, axes, vtype):
             d = x.shape[a]
             x = mx.take(x, _idx(_pad_index(d, b, e, mode)), axis=a)
     return x
+
+
+def _pad_empty(data, pads, axes, mode):
+    """Edge/reflect/wrap padding of an empty input, as ORT's CPU kernel decides it."""
+    if mode == "wrap":
+        raise ValueError("wrap padding of an empty input")
+    n, out = len(axes), list(data.shape)
+    for k, a in enumerate(axes):
+        b, e, d = pads[k], pads[k + n], data.shape[a]
+        if d == 0 and d + b + e > 0:
+            raise ValueError(f"{mode} padding of axis {a}, which is empty")
+        if d + b + e < 0:
+            raise ValueError(f"pads {(b, e)} leave a negative size on axis {a} of size {d}")
+        out[a] = d + b + e
+    return mx.zeros(out, data.dtype)
 
 
 @register("Pad", 2, check=_pad_check)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import inspect
 import os
 import re
@@ -61,11 +62,37 @@ def _flags(d) -> str:
     return "; ".join(f)
 
 
+def _refusals(fn) -> list[str]:
+    """The reason strings a check function returns, read from its source (f-string fields as {...})."""
+    import ast
+    import textwrap
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return []
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Return) and node.value is not None:
+            v = node.value
+            if isinstance(v, ast.Constant) and isinstance(v.value, str):
+                out.append(v.value)
+            elif isinstance(v, ast.JoinedStr):
+                out.append("".join(p.value if isinstance(p, ast.Constant) else "{…}" for p in v.values))
+    return list(dict.fromkeys(out))
+
+
 def _constraints(d) -> str:
     if d.check is None:
         return ""
-    doc = _doc(d.check)
-    return doc if doc else f"`{d.check.__name__}` (no docstring)"
+    fn = d.check.func if isinstance(d.check, functools.partial) else d.check
+    doc = _doc(fn)
+    if doc:
+        return doc
+    reasons = _refusals(fn)
+    if reasons:
+        text = "Refuses: " + "; ".join(reasons)
+        return text if len(text) <= 300 else text[:297] + "..."
+    return f"`{getattr(fn, '__name__', 'check')}` (no docstring)"
 
 
 def render() -> str:

@@ -258,3 +258,60 @@ def test_topk_k1_nan(largest):
     x = np.array([[np.nan, 1, 3], [2, np.nan, 5], [4, 4, np.nan], [np.nan, np.nan, 1]], np.float32)
     model, feeds = one_node("TopK", [x, i64(1)], {"largest": largest}, 13, [T.FLOAT, T.INT64], 2)
     check(model, feeds)
+
+
+# ------------------------------------------------------------------ randomized differential check (slow)
+def _random_cases(rng):
+    """Random shapes/parameters for the ops with the most edge-case arithmetic."""
+    r = int(rng.integers(1, 4))
+    shape = tuple(int(v) for v in rng.integers(0, 5, r))
+    x = rng.integers(-9, 9, shape).astype(np.float32)
+    ax = int(rng.integers(-r, r))
+    na = int(rng.integers(1, r + 1))
+    axes = rng.permutation(r)[:na] - (r if rng.random() < .3 else 0)
+    edge = [BIG, -BIG - 1, 2**31 - 1, 7, -7]
+    pick = lambda: int(rng.choice(edge)) if rng.random() < .25 else int(rng.integers(-6, 6))  # noqa: E731
+    yield "Slice", [x, i64(*[pick() for _ in axes]), i64(*[pick() for _ in axes]), i64(*axes),
+                    i64(*[int(rng.choice([-3, -2, -1, 1, 2, 3])) for _ in axes])], {}, 13, None, 1
+    yield "Pad", [x, i64(*rng.integers(-3, 4, 2 * r))], {"mode": str(rng.choice(["constant", "reflect", "edge",
+                                                                                   "wrap"]))}, 19, None, 1
+    tgt = [int(v) for v in rng.choice([-1, 0, 1, 2, 3, 4, 6], rng.integers(0, 4))]
+    yield "Reshape", [x, np.array(tgt, np.int64)], {"allowzero": int(rng.integers(0, 2))}, 14, None, 1
+    ids = rng.integers(-6, 6, tuple(int(v) for v in rng.integers(0, 3, rng.integers(0, 3)))).astype(np.int64)
+    yield "Gather", [x, ids], {"axis": ax}, 13, None, 1
+    k = int(rng.integers(1, r + 1))
+    ish = tuple(int(v) for v in rng.integers(0, 3, rng.integers(1, 3))) + (k,)
+    idx = rng.integers(-4, 4, ish).astype(np.int64)
+    yield "GatherND", [x, idx], {}, 13, None, 1
+    red = str(rng.choice(["none", "add", "mul", "max", "min"]))
+    yield "ScatterND", [x, idx, rng.integers(-9, 9, ish[:-1] + shape[k:]).astype(np.float32)], {"reduction": red}, \
+        18, None, 1
+    ish = tuple(int(rng.integers(0, 4)) if i == ax % r else int(min(v, rng.integers(0, 4))) for i, v in enumerate(shape))
+    idx = rng.integers(-4, 4, ish).astype(np.int64)
+    yield "GatherElements", [x, idx], {"axis": ax}, 13, None, 1
+    yield "ScatterElements", [x, idx, rng.integers(-9, 9, ish).astype(np.float32)], {"axis": ax, "reduction": red}, \
+        18, None, 1
+    yield "Split", [x], {"axis": ax, "num_outputs": 2}, 18, None, 2
+    if x.size:
+        yield "TopK", [x, i64(int(rng.integers(0, 4)))], {"axis": ax, "largest": int(rng.integers(0, 2))}, 13, \
+            [T.FLOAT, T.INT64], 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(4))
+def test_random_against_cpu(seed):
+    """Random parameters: MLX and the CPU EP agree on the answer, or both raise."""
+    from _movutil import session
+    rng = np.random.default_rng(seed)
+    for _ in range(60):
+        for op, ins, attrs, opset, out_types, n_out in _random_cases(rng):
+            model, feeds = one_node(op, ins, attrs, opset, out_types, n_out)
+            try:
+                want = session(model, "CPUExecutionProvider", record=False).run(None, feeds)
+            except Exception:  # noqa: BLE001 - ORT rejects the case: so must we
+                with pytest.raises(Exception):
+                    session(model).run(None, feeds)
+                continue
+            got = session(model).run(None, feeds)
+            for g, w in zip(got, want):
+                assert g.shape == w.shape and np.array_equal(g, w), (op, attrs, [np.shape(i) for i in ins])

@@ -78,3 +78,46 @@ def refusal(model, op):
     reasons = [u.reason for r in reps for u in r.unclaimed if u.op == op]
     assert reasons, f"{op} was claimed by MLX"
     return reasons[0]
+
+
+def bf16_models(op, n_in, attrs=None, opset=22, out_bool=False, inits=None, n_float=None):
+    """(test, reference) models for a bf16 case; numpy and ORT's CPU EP lack most bf16 kernels.
+
+    test: float32 inputs -> Cast(bf16) -> op in bf16 -> Cast(float32), all on MLX.
+    reference: float32 inputs rounded through bf16 -> op in float32 on the CPU EP -> rounded
+    through bf16. ``n_float``: how many leading inputs are float (others pass through as given);
+    ``inits``: extra initializer inputs by name, appended after the float inputs.
+    """
+    n_float = n_in if n_float is None else n_float
+    inits = inits or {}
+    xs = [f"x{i}" for i in range(n_float)]
+    extra = list(inits)
+    tn = [helper.make_node("Cast", [x], [x + "b"], to=T.BFLOAT16) for x in xs]
+    tn.append(helper.make_node(op, [x + "b" for x in xs] + extra, ["yb" if not out_bool else "y"], **(attrs or {})))
+    if not out_bool:
+        tn.append(helper.make_node("Cast", ["yb"], ["y"], to=T.FLOAT))
+    rn = []
+    for x in xs:
+        rn += [helper.make_node("Cast", [x], [x + "b"], to=T.BFLOAT16),
+               helper.make_node("Cast", [x + "b"], [x + "r"], to=T.FLOAT)]
+    rn.append(helper.make_node(op, [x + "r" for x in xs] + extra, ["yf" if not out_bool else "y"], **(attrs or {})))
+    if not out_bool:
+        rn += [helper.make_node("Cast", ["yf"], ["yb"], to=T.BFLOAT16), helper.make_node("Cast", ["yb"], ["y"], to=T.FLOAT)]
+    ins = [(x, T.FLOAT, None) for x in xs]
+    out = [("y", T.BOOL if out_bool else T.FLOAT, None)]
+    return make_model(tn, ins, out, inits, opset=opset), make_model(rn, ins, out, inits, opset=opset)
+
+
+def check_bf16(op, feeds, attrs=None, opset=22, out_bool=False, inits=None, exact=False):
+    """The bf16 op on MLX equals the float32 op on ORT's CPU EP rounded to bf16 (1 bf16 ulp unless ``exact``)."""
+    n = len(feeds)
+    test, ref = bf16_models(op, n, attrs, opset, out_bool, inits)
+    s = session(test)
+    left = unclaimed_ops(s)
+    assert not left, f"nodes left off MLX: {dict(left)}"
+    cpu = session(ref, "CPUExecutionProvider", record=False)
+    got, want = s.run(None, feeds)[0], cpu.run(None, feeds)[0]
+    if out_bool or exact:
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=2 ** -7, atol=1e-6, equal_nan=True)

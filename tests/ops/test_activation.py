@@ -47,3 +47,21 @@ def test_gelu_bad_approximate_refused():
     from _ewutil import refusal
     m = node_model("Gelu", [T.FLOAT], [T.FLOAT], {"approximate": "erf"}, 20)
     assert "approximate" in refusal(m, "Gelu")
+
+
+BF16 = [("Relu", {}), ("LeakyRelu", {"alpha": 0.1}), ("Elu", {}), ("Selu", {}), ("Sigmoid", {}),
+        ("HardSigmoid", {}), ("HardSwish", {}), ("Softplus", {}), ("Softsign", {}), ("ThresholdedRelu", {}),
+        ("Gelu", {}), ("Gelu", {"approximate": "tanh"}), ("Mish", {}), ("Swish", {})]      # Celu, Shrink: no bf16 in the ONNX schema
+
+
+@pytest.mark.parametrize("op,attrs", BF16, ids=str)
+def test_bf16(op, attrs):
+    """bf16 activation vs the CPU EP's float32 result rounded to bf16."""
+    from _ewutil import check_bf16
+    check_bf16(op, {"x0": rand(T.FLOAT, (4, 9), rng, lo=-6, hi=6, special=True)}, attrs, opset=24)
+
+
+def test_bf16_prelu():
+    from _ewutil import check_bf16
+    check_bf16("PRelu", {"x0": rand(T.FLOAT, (2, 3, 4), rng), "x1": rand(T.FLOAT, (3, 1), rng, lo=0, hi=1)},
+               opset=22)

@@ -102,3 +102,29 @@ def test_bf16_via_cast(op, attrs):
     nodes = [helper.make_node("Cast", ["x"], ["b"], to=T.BFLOAT16), helper.make_node(op, ["b"], ["y"], **attrs)]
     m = make_model(nodes, [("x", T.FLOAT, None)], [("y", T.BOOL, None)], opset=20)
     check(m, {"x": rand(T.FLOAT, (4, 5), rng, special=True)})
+
+
+@pytest.mark.parametrize("op", ["Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"])
+def test_bf16_compare(op):
+    """bf16 comparisons vs the CPU EP on the same values in float32."""
+    from _ewutil import check_bf16
+    a = rand(T.FLOAT, (3, 4), rng, lo=-2, hi=2, special=True).round(1)
+    check_bf16(op, {"x0": a, "x1": a[::-1].copy()}, out_bool=True)
+
+
+def test_bf16_where():
+    """ORT's CPU EP has no bf16 Where: reference = float32 Where on the bf16-rounded values."""
+    from _ewutil import session, unclaimed_ops
+    C = helper.make_node
+    nodes = [C("Cast", ["a"], ["ab"], to=T.BFLOAT16), C("Cast", ["b"], ["bb"], to=T.BFLOAT16),
+             C("Where", ["c", "ab", "bb"], ["yb"]), C("Cast", ["yb"], ["y"], to=T.FLOAT)]
+    ref = [C("Cast", ["a"], ["ab"], to=T.BFLOAT16), C("Cast", ["b"], ["bb"], to=T.BFLOAT16),
+           C("Cast", ["ab"], ["af"], to=T.FLOAT), C("Cast", ["bb"], ["bf"], to=T.FLOAT),
+           C("Where", ["c", "af", "bf"], ["y"])]
+    io = ([("c", T.BOOL, None), ("a", T.FLOAT, None), ("b", T.FLOAT, None)], [("y", T.FLOAT, None)])
+    s = session(make_model(nodes, *io, opset=22))
+    assert not unclaimed_ops(s)
+    feeds = {"c": rand(T.BOOL, (3, 4), rng), "a": rand(T.FLOAT, (3, 4), rng, special=True),
+             "b": rand(T.FLOAT, (4,), rng)}
+    want = session(make_model(ref, *io, opset=22), "CPUExecutionProvider", record=False).run(None, feeds)[0]
+    np.testing.assert_array_equal(s.run(None, feeds)[0], want)

@@ -266,3 +266,25 @@ def test_host_twins_logical_where(host_calls):
     m = _shape_model(nodes, [("y", T.INT64, None), ("a", T.BOOL, None)])
     check(m, [{"x": np.zeros(a, np.float32), "z": np.zeros(b, np.float32)} for a, b in SHAPES])
     assert {"Greater", "Not", "Equal", "And", "Or", "Where", "Neg"} <= set(host_calls)
+
+
+# ---------------------------------------------------------------- bfloat16 (vs float32 on the CPU EP, rounded)
+BF16 = [("Add", 2, True, {}), ("Sub", 2, True, {}), ("Mul", 2, True, {}), ("Div", 2, True, {}),
+        ("Max", 3, True, {}), ("Min", 2, True, {}), ("Sum", 3, False, {}), ("Mean", 2, False, {}),
+        ("Pow", 2, False, {"lo": 0.1}), ("Mod", 2, False, {"fmod": 1}), ("Neg", 1, True, {}), ("Abs", 1, True, {}),
+        ("Sqrt", 1, False, {"lo": 0}), ("Reciprocal", 1, False, {}), ("Exp", 1, False, {}),
+        ("Log", 1, False, {"lo": 0.01}), ("Floor", 1, True, {}), ("Ceil", 1, True, {}), ("Round", 1, True, {}),
+        ("Erf", 1, False, {}), ("Sin", 1, False, {}), ("Cos", 1, False, {}), ("Tanh", 1, False, {}),
+        ("Sign", 1, True, {}), ("Clip", 3, True, {})]
+
+
+@pytest.mark.parametrize("op,n,exact,vals", BF16, ids=str)
+def test_bf16(op, n, exact, vals):
+    from _ewutil import check_bf16
+    attrs = {k: v for k, v in vals.items() if k == "fmod"}
+    lo = vals.get("lo", -4)
+    shapes = [(3, 5), (5,), (3, 1)][:n]
+    feeds = {f"x{i}": rand(T.FLOAT, s, rng, lo=lo, hi=4, special=op not in ("Mod", "Pow")) for i, s in enumerate(shapes)}
+    if op == "Clip":
+        feeds = {"x0": feeds["x0"], "x1": np.array(-1.5, np.float32), "x2": np.array(2.0, np.float32)}
+    check_bf16(op, feeds, attrs, exact=exact)

@@ -126,3 +126,34 @@ def test_cumsum(t, exclusive, reverse):
         check(m, {"x0": x}, t)
     m = node_model("CumSum", [t, T.INT32], [t], {"exclusive": exclusive, "reverse": reverse}, 14)
     check(m, [{"x0": x, "x1": np.array(1, np.int32)}, {"x0": np.zeros((0, 3), NP[t]), "x1": np.array(1, np.int32)}], t)
+
+
+BF16 = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
+        "ReduceLogSumExp", "ReduceSumSquare"]
+
+
+@pytest.mark.parametrize("op", BF16)
+def test_bf16_reduce(op):
+    """bf16 reductions (accumulated in float32) vs the CPU EP's float32 result rounded to bf16."""
+    from _ewutil import check_bf16
+    x = rand(T.FLOAT, (3, 4, 5), rng, lo=0.2 if op == "ReduceLogSum" else -2, hi=2)
+    check_bf16(op, {"x0": x}, {"keepdims": 0}, opset=18, inits={"axes": np.array([0, 2], np.int64)},
+               exact=op in ("ReduceMax", "ReduceMin"))
+
+
+@pytest.mark.parametrize("op,attrs", [("ArgMax", {"axis": 1}), ("ArgMin", {"axis": 0, "select_last_index": 1}),
+                                      ("CumSum", {"reverse": 1})], ids=str)
+def test_bf16_arg_cumsum(op, attrs):
+    from _ewutil import check_bf16, bf16_models, session, unclaimed_ops
+    x = rand(T.FLOAT, (4, 6), rng, lo=-2, hi=2).round(1)
+    if op == "CumSum":
+        check_bf16(op, {"x0": x}, attrs, opset=14, inits={"axis": np.array(1, np.int64)})
+        return
+    test, ref = bf16_models(op, 1, attrs, opset=13, out_bool=True)
+    # the output is int64, not bool: rebuild the output types
+    for mdl in (test, ref):
+        mdl.graph.output[0].type.tensor_type.elem_type = T.INT64
+    s = session(test)
+    assert not unclaimed_ops(s)
+    np.testing.assert_array_equal(s.run(None, {"x0": x})[0],
+                                  session(ref, "CPUExecutionProvider", record=False).run(None, {"x0": x})[0])

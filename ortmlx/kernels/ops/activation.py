@@ -1,6 +1,7 @@
 """Activation functions.
 
-Dtype sets are those ORT's CPU EP has kernels for. Half-precision inputs compute in
+Dtype sets are those ORT's CPU EP has kernels for, plus bfloat16 (tested against the CPU
+EP's float32 result rounded to bfloat16). Half-precision inputs compute in
 float32 and round back (ORT's CPU EP runs them in float32 too).
 """
 from __future__ import annotations
@@ -12,9 +13,9 @@ import mlx.core as mx
 from .. import dtypes as dt
 from ..registry import register
 
-F32 = frozenset({dt.FLOAT})
-F = frozenset({dt.FLOAT, dt.FLOAT16})
-FD = frozenset({dt.FLOAT, dt.FLOAT16, dt.DOUBLE})
+F32 = frozenset({dt.FLOAT, dt.BFLOAT16})
+F = frozenset({dt.FLOAT, dt.FLOAT16, dt.BFLOAT16})
+FD = frozenset({dt.FLOAT, dt.FLOAT16, dt.DOUBLE, dt.BFLOAT16})
 HALF = (mx.float16, mx.bfloat16)
 
 
@@ -73,6 +74,7 @@ def selu(X, *, alpha=1.67326319217681884765625, gamma=1.05070102214813232421875)
 
 
 @register("Celu", 12, dtypes=F32)
+@_f32
 def celu(X, *, alpha=1.0):
     """max(0, X) + min(0, alpha * (exp(X / alpha) - 1))."""
     a = _s(alpha, X)
@@ -101,12 +103,14 @@ def hard_swish(X):
 
 
 @register("Softplus", 1, dtypes=F32)
+@_f32
 def softplus(X):
     """log(1 + exp(X)), computed without overflow."""
     return mx.logaddexp(X, _s(0, X))
 
 
 @register("Softsign", 1, dtypes=F32)
+@_f32
 def softsign(X):
     """X / (1 + |X|)."""
     return X / (1 + mx.abs(X))

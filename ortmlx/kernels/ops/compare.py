@@ -1,6 +1,7 @@
 """Comparisons, logical and bitwise ops, Where, IsNaN/IsInf.
 
-Dtype sets are those ORT's CPU EP has kernels for. Comparisons with NaN are false
+Dtype sets are those ORT's CPU EP has kernels for, plus bfloat16 (tested against the CPU
+EP's float32 result). Comparisons with NaN are false
 (Equal) or false (ordering), as in IEEE; numpy twins serve host shape math.
 """
 from __future__ import annotations
@@ -11,7 +12,7 @@ import numpy as np
 from .. import dtypes as dt
 from ..registry import register
 
-NUM = frozenset({dt.FLOAT, dt.FLOAT16, dt.DOUBLE}) | dt.INTS
+NUM = frozenset({dt.FLOAT, dt.FLOAT16, dt.DOUBLE, dt.BFLOAT16}) | dt.INTS
 BOOL = frozenset({dt.BOOL})
 BITS = dt.INTS
 
@@ -133,7 +134,7 @@ def bitshift(X, Y, *, direction):
 
 
 # ---------------------------------------------------------------- Where, IsNaN, IsInf
-WHERE = frozenset({dt.FLOAT, dt.FLOAT16, dt.DOUBLE, dt.INT8, dt.UINT8, dt.INT32, dt.UINT32, dt.INT64})
+WHERE = frozenset({dt.FLOAT, dt.FLOAT16, dt.DOUBLE, dt.BFLOAT16, dt.INT8, dt.UINT8, dt.INT32, dt.UINT32, dt.INT64})
 
 
 def _where_check(view) -> str | None:

@@ -1,6 +1,7 @@
 """Elementwise arithmetic and math (binary ops broadcast numpy-style, as ONNX does from opset 7).
 
-Dtype sets are those ORT's CPU EP has kernels for (what the tests can compare against).
+Dtype sets are those ORT's CPU EP has kernels for (what the tests compare against), plus
+bfloat16, tested against the CPU EP's float32 result rounded to bfloat16.
 Integer Div truncates toward zero and integer Mod follows ORT's C++ kernels.
 Half-precision transcendentals run in float32 and round back, as ORT's CPU EP does.
 """
@@ -12,7 +13,7 @@ import numpy as np
 from .. import dtypes as dt
 from ..registry import register
 
-F = frozenset({dt.FLOAT, dt.FLOAT16, dt.DOUBLE})
+F = frozenset({dt.FLOAT, dt.FLOAT16, dt.DOUBLE, dt.BFLOAT16})
 INTS = dt.INTS
 ARITH = F | INTS
 HALF = (mx.float16, mx.bfloat16)
@@ -158,7 +159,7 @@ def mod(A, B, *, fmod=0):
     return mx.where(fix, r - B, r)
 
 
-POW_BASE = frozenset({dt.FLOAT, dt.FLOAT16, dt.DOUBLE, dt.INT32, dt.INT64})
+POW_BASE = frozenset({dt.FLOAT, dt.FLOAT16, dt.DOUBLE, dt.BFLOAT16, dt.INT32, dt.INT64})
 POW_EXP = frozenset({dt.FLOAT, dt.DOUBLE, dt.INT32, dt.INT64})
 
 
@@ -248,7 +249,7 @@ for _op, _since, _fn, _types in [
     ("Floor", 6, mx.floor, F),
     ("Ceil", 6, mx.ceil, F),
     ("Round", 11, mx.round, F),          # MLX rounds half to even, like ORT
-    ("Erf", 9, _via_f32(mx.erf), frozenset({dt.FLOAT, dt.FLOAT16})),
+    ("Erf", 9, _via_f32(mx.erf), frozenset({dt.FLOAT, dt.FLOAT16, dt.BFLOAT16})),
     ("Sin", 7, _via_f32(mx.sin), F),
     ("Cos", 7, _via_f32(mx.cos), F),
     ("Tan", 7, _via_f32(mx.tan), frozenset({dt.FLOAT, dt.FLOAT16})),
@@ -283,7 +284,7 @@ def _min_host(*xs):
     return _fold(np.minimum, xs)
 
 
-MAXMIN = frozenset({dt.FLOAT, dt.FLOAT16, dt.DOUBLE, dt.INT8, dt.UINT8, dt.INT32, dt.UINT32,
+MAXMIN = frozenset({dt.FLOAT, dt.FLOAT16, dt.DOUBLE, dt.BFLOAT16, dt.INT8, dt.UINT8, dt.INT32, dt.UINT32,
                     dt.INT64, dt.UINT64})
 
 
@@ -301,11 +302,13 @@ def min_(*data_0):
 
 @register("Sum", 8, dtypes=F, check=_same_dtype_check)
 def sum_(*data_0):
-    """Elementwise sum of all inputs."""
+    """Elementwise sum of all inputs (half precision accumulates in float32)."""
+    if data_0[0].dtype in HALF:
+        return _fold(mx.add, [x.astype(mx.float32) for x in data_0]).astype(data_0[0].dtype)
     return _fold(mx.add, data_0)
 
 
-@register("Mean", 8, dtypes=frozenset({dt.FLOAT, dt.FLOAT16}), check=_same_dtype_check)
+@register("Mean", 8, dtypes=frozenset({dt.FLOAT, dt.FLOAT16, dt.BFLOAT16}), check=_same_dtype_check)
 def mean(*data_0):
     """Elementwise mean of all inputs."""
     if data_0[0].dtype in HALF:

@@ -19,7 +19,7 @@ import numpy as np
 from .. import dtypes as dt
 from ..registry import register
 
-F = frozenset({dt.FLOAT, dt.FLOAT16, dt.DOUBLE})
+F = frozenset({dt.FLOAT, dt.FLOAT16, dt.DOUBLE, dt.BFLOAT16})
 REDUCE = F | frozenset({dt.INT32, dt.INT64})
 MAXMIN = F | frozenset({dt.INT8, dt.UINT8, dt.INT32, dt.INT64, dt.BOOL})
 LSE = F | frozenset({dt.INT32, dt.INT64})
@@ -216,7 +216,7 @@ def argmin(data, *, axis=0, keepdims=1, select_last_index=0):
 
 
 # ---------------------------------------------------------------- CumSum
-CUMSUM = frozenset({dt.FLOAT, dt.FLOAT16, dt.DOUBLE, dt.INT32, dt.INT64})
+CUMSUM = frozenset({dt.FLOAT, dt.FLOAT16, dt.DOUBLE, dt.BFLOAT16, dt.INT32, dt.INT64})
 
 
 def _cumsum_check(view) -> str | None:

@@ -33,6 +33,7 @@ ir_version lowered to ``MAX_IR`` (recorded per case as ``ir_adjusted``).
 
     python scripts/conformance.py                      # all cases, totals
     python scripts/conformance.py --filter 'test_gemm' # regex on the case name
+    python scripts/conformance.py --op 'Resize' --show all --reasons 10
     python scripts/conformance.py --md docs/conformance.md --json /tmp/conf.json
 """
 from __future__ import annotations
@@ -99,7 +100,7 @@ def _normalize(x):
     return x
 
 
-def load_cases(pattern: str | None = None) -> list[dict]:
+def load_cases(pattern: str | None = None, op_pattern: str | None = None) -> list[dict]:
     """The node cases of the installed onnx, as picklable payloads (name order of the loader)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -110,6 +111,7 @@ def load_cases(pattern: str | None = None) -> list[dict]:
         if "_expanded" not in c.name and len(c.model.graph.node) == 1:
             base_op[c.name] = c.model.graph.node[0].op_type
     rx = re.compile(pattern) if pattern else None
+    orx = re.compile(op_pattern) if op_pattern else None
     out = []
     for c in cases:
         if rx is not None and not rx.search(c.name):
@@ -120,6 +122,8 @@ def load_cases(pattern: str | None = None) -> list[dict]:
         if op is None:
             nodes = m.graph.node
             op = nodes[0].op_type if len(nodes) == 1 else (base_op.get(c.name) or "?")
+        if orx is not None and not orx.fullmatch(op):
+            continue
         dom = next((n.domain for n in m.graph.node if n.op_type == op), "") or ""
         opset = max((o.version for o in m.opset_import if o.domain in ("", "ai.onnx")), default=0)
         ir_adjusted = m.ir_version > MAX_IR
@@ -578,7 +582,7 @@ def write_markdown(path: str, results: list[dict], t: dict, when: str, vers: dic
     p(f"- Versions: onnx {vers['onnx']}, onnxruntime {vers['onnxruntime']}, mlx {vers['mlx']}, "
       f"python {sys.version.split()[0]}")
     if pattern:
-        p(f"- Filter: `{pattern}` (partial run)")
+        p(f"- Filter: {pattern} (partial run)")
     p(f"- Wall time: {wall:.0f} s; ai.onnx op types with a translator: {translator_op_count()}")
     p("- Tolerances: the suite's own (`Runner.assert_similar_outputs`, rtol 1e-3, atol 1e-7). "
       f"Models with IR > {MAX_IR} are lowered to IR {MAX_IR} so ORT reads them.")
@@ -667,10 +671,11 @@ def write_markdown(path: str, results: list[dict], t: dict, when: str, vers: dic
         f.write(w.getvalue())
 
 
-def run_suite(pattern: str | None = None, workers: int = 2, timeout: float = 60.0, progress=None):
+def run_suite(pattern: str | None = None, workers: int = 2, timeout: float = 60.0, progress=None,
+              op_pattern: str | None = None):
     """Load, run and classify; returns (results, totals, wall seconds)."""
     t0 = time.perf_counter()
-    cases = load_cases(pattern)
+    cases = load_cases(pattern, op_pattern)
     results = run_cases(cases, workers=workers, timeout=timeout, progress=progress)
     return results, totals(results), time.perf_counter() - t0
 
@@ -678,6 +683,7 @@ def run_suite(pattern: str | None = None, workers: int = 2, timeout: float = 60.
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--filter", help="regex on the case name (re.search)")
+    ap.add_argument("--op", help="regex matched against the whole op type under test (e.g. 'Gemm|MatMul')")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per case and session")
     ap.add_argument("--json", help="write every per-case record here")
@@ -697,7 +703,7 @@ def main(argv=None) -> int:
         if not a.quiet and sys.stderr.isatty():
             print(f"\r{k}/{n} {r['name'][:60]:60s}", end="", file=sys.stderr, flush=True)
 
-    results, t, wall = run_suite(a.filter, a.workers, a.timeout, progress)
+    results, t, wall = run_suite(a.filter, a.workers, a.timeout, progress, a.op)
     if not a.quiet and sys.stderr.isatty():
         print(file=sys.stderr)
     when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -721,7 +727,8 @@ def main(argv=None) -> int:
                 print(f"    left on CPU: {'; '.join(m['unclaimed'])[:300]}")
 
     print(f"\nONNX backend node suite, onnx {vers['onnx']}, onnxruntime {vers['onnxruntime']}, "
-          f"mlx {vers['mlx']}{' filter ' + repr(a.filter) if a.filter else ''}: {wall:.0f} s")
+          f"mlx {vers['mlx']}{' filter ' + repr(a.filter) if a.filter else ''}{' op ' + repr(a.op) if a.op else ''}: "
+          f"{wall:.0f} s")
     print(f"  cases {t['cases']}, loadable by ORT {t['loadable']}, CPU EP passes {t['cpu_pass']}")
     print(f"  of the CPU passes: fully claimed & pass {t['full_pass']} ({t['full_pass_pct']:.1f}%), "
           f"partially claimed & pass {t['partial_pass']}, not claimed {t['not_claimed']}, "
@@ -743,10 +750,11 @@ def main(argv=None) -> int:
     if a.json:
         import json
         with open(a.json, "w") as f:
-            json.dump({"date": when, "versions": vers, "totals": t, "wall_s": wall, "filter": a.filter,
+            json.dump({"date": when, "versions": vers, "totals": t, "wall_s": wall, "filter": a.filter, "op": a.op,
                        "results": results}, f, indent=1, default=str)
     if a.md:
-        write_markdown(a.md, results, t, when, vers, wall, a.filter)
+        write_markdown(a.md, results, t, when, vers, wall,
+                       " ".join(f"{k} {v!r}" for k, v in (("name", a.filter), ("op", a.op)) if v) or None)
     return 1 if unexpected else 0
 
 

@@ -84,6 +84,7 @@ CASES = {
     "pad_negative": ("Pad", (4, 5), [i64(-1, 2, 1, -3), "value"], {}, 13, 1, (), None),
     "pad_reflect": ("Pad", (3, 4), [i64(2, 3, 1, 3)], {"mode": "reflect"}, 13, 1, (), None),
     "pad_edge": ("Pad", (3, 4), [i64(2, 5, 1, 0)], {"mode": "edge"}, 13, 1, (), None),
+    "pad_value_2d": ("Pad", (2, 3), [i64(1, 0, 0, 2), "value2d"], {}, 13, 1, (), None),
     "pad_axes": ("Pad", (2, 3, 4), [i64(1, 2, 0, 1), "value", i64(-1, 0)], {}, 18, 1, (), None),
     "pad_wrap": ("Pad", (3, 4), [i64(1, 5, 4, 2)], {"mode": "wrap"}, 19, 1, (), None),
     "pad_crop_past_end": ("Pad", (3, 4), [i64(0, -6, 0, 8), "value"], {}, 13, 1, (), None),
@@ -138,8 +139,8 @@ def build(case, t, bf16=False):
         if isinstance(e, str) and e == "upd":
             ins.append(data(t, np.asarray(extra[0]).shape[:1] + x.shape[np.asarray(extra[0]).shape[-1]:], 7)
                        if op == "ScatterND" else data(t, np.asarray(extra[0]).shape, 7))
-        elif isinstance(e, str) and e == "value":
-            ins.append(data(t, (), 9))
+        elif isinstance(e, str) and e.startswith("value"):
+            ins.append(data(t, (1, 1) if e == "value2d" else (), 9))
         else:
             ins.append(e)
     ots = [t if o is None else o for o in (out_types or [None] * n_out)]
@@ -202,12 +203,13 @@ def test_gather_device_indices_refused():
     ("Pad", [data(T.FLOAT, (3, 2)), i64(-3, 0, -1, 0)], {}, 13),
     ("ReverseSequence", [data(T.FLOAT, (3, 2)), i64(4, 1)], {}, 13),
     ("Pad", [data(T.FLOAT, (0, 3)), i64(1, 0, 0, 0)], {"mode": "edge"}, 13),
+    ("Pad", [data(T.FLOAT, (2, 3)), i64(1, 0, 0, 0), np.zeros(0, np.float32)], {}, 13),
     ("Pad", [data(T.FLOAT, (0, 3)), i64(0, 0, 0, 0)], {"mode": "wrap"}, 19),
     ("GatherND", [data(T.FLOAT, (2, 0)), np.array([[5, 0]], np.int64)], {}, 13),
     ("OneHot", [i64(1), i64(0), np.array([0, 1], np.float32)], {}, 11),
 ], ids=["gather_high", "gather_low", "gather_elements", "gather_nd", "scatter_elements", "scatter_nd",
         "topk_k", "slice_step0", "slice_dup_axes", "pad_reflect_big", "pad_reflect_len1", "pad_edge_cropped_empty",
-        "pad_negative_size", "revseq_len", "pad_edge_empty_axis", "pad_wrap_empty_input",
+        "pad_negative_size", "revseq_len", "pad_edge_empty_axis", "pad_value_empty", "pad_wrap_empty_input",
         "gather_nd_index_into_empty", "onehot_depth0"])
 def test_indexing_errors(op, ins, attrs, opset):
     n_out = 2 if op == "TopK" else 1
@@ -315,3 +317,11 @@ def test_random_against_cpu(seed):
             got = session(model).run(None, feeds)
             for g, w in zip(got, want):
                 assert g.shape == w.shape and np.array_equal(g, w), (op, attrs, [np.shape(i) for i in ins])
+
+
+def test_pad_value_computed_on_device():
+    """constant_value is read on the device, so a value computed by MLX keeps Pad claimed."""
+    nodes = [helper.make_node("Relu", ["v"], ["rv"]), helper.make_node("Pad", ["x", "pads", "rv"], ["y"])]
+    model = make_model(nodes, [("x", T.FLOAT, ["a", "b"]), ("v", T.FLOAT, [])], [("y", T.FLOAT, None)],
+                       {"pads": i64(1, 0, 2, 1)}, opset=13)
+    check_against_cpu(model, [{"x": data(T.FLOAT, (2, 3)), "v": np.array(2.5, np.float32)}])

@@ -308,14 +308,15 @@ def pad_v2(data, *, pads, mode="constant", value=0.0):
     return _pad(data, pads, mx.array(value).astype(data.dtype), mode, None, None)
 
 
-@register("Pad", 11, const=(1, 2, 3), check=_pad_check)
-def pad(data, pads, constant_value=None, axes=None, *, mode="constant", ctx):
-    """Pad-11+: pads/constant_value (and axes from 18) as host inputs; wrap from 19."""
+@register("Pad", 11, const=(1, 3), check=_pad_check)
+def pad(data, pads, constant_value=None, axes=None, *, mode="constant"):
+    """Pad-11+: pads (and axes from 18) as host inputs, constant_value a one-element tensor; wrap from 19."""
     v = None
-    if constant_value is not None and np.asarray(constant_value).size:
-        t = ctx.in_dtypes[2] or ctx.in_dtypes[0]
-        v = dt.to_mx(np.asarray(constant_value).reshape(-1)[:1].reshape(()), t).astype(data.dtype)
-    return _pad(data, pads, v, mode, axes, ctx.in_dtypes[0])
+    if constant_value is not None:
+        if constant_value.size != 1:
+            raise ValueError(f"constant_value must hold one element, got shape {tuple(constant_value.shape)}")
+        v = mx.reshape(constant_value, ()).astype(data.dtype)
+    return _pad(data, pads, v, mode, axes, None)
 
 
 # ---------------------------------------------------------------- TopK

@@ -160,3 +160,50 @@ def test_resize_layout_checked():
     want = session(m, "CPUExecutionProvider", record=False).run(
         None, {"x": rand((1, 3, 4, 5)), "s": np.array([1, 1, 2, 1.5], np.float32)})[0]
     np.testing.assert_allclose(ok, want, rtol=1e-4, atol=1e-5)
+
+
+GS_MODES = {16: ["bilinear", "nearest", "bicubic"], 20: ["linear", "nearest", "cubic"]}
+
+
+@pytest.mark.parametrize("align", [0, 1])
+@pytest.mark.parametrize("pad", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("opset,mode", [(o, m) for o in (16, 20) for m in GS_MODES[o]])
+def test_grid_sample(opset, mode, pad, align):
+    xs, gs = (2, 3, 5, 6), (2, 4, 7, 2)
+    m = one_node("GridSample", [("x", T.FLOAT, xs), ("g", T.FLOAT, gs)], [("y", T.FLOAT, None)],
+                 {"mode": mode, "padding_mode": pad, "align_corners": align}, opset=opset)
+    check(m, {"x": rand(xs), "g": rand(gs, seed=1, lo=-1.4, hi=1.4)})
+
+
+@pytest.mark.parametrize("align", [0, 1])
+@pytest.mark.parametrize("pad", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("mode", ["linear", "nearest"])
+def test_grid_sample_3d(mode, pad, align):
+    xs, gs = (1, 2, 3, 4, 5), (1, 2, 3, 4, 3)
+    m = one_node("GridSample", [("x", T.FLOAT, xs), ("g", T.FLOAT, gs)], [("y", T.FLOAT, None)],
+                 {"mode": mode, "padding_mode": pad, "align_corners": align}, opset=20)
+    check(m, {"x": rand(xs), "g": rand(gs, seed=1, lo=-1.4, hi=1.4)})
+
+
+@pytest.mark.parametrize("t", [T.FLOAT16, T.DOUBLE])
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+def test_grid_sample_types(mode, t):
+    xs, gs = (1, 2, 4, 5), (1, 3, 3, 2)
+    m = one_node("GridSample", [("x", t, xs), ("g", t, gs)], [("y", t, None)], {"mode": mode}, opset=22)
+    check(m, {"x": rand(xs, t), "g": rand(gs, t, seed=1, lo=-1.2, hi=1.2)}, t)
+
+
+def test_grid_sample_zero_batch():
+    m = one_node("GridSample", [("x", T.FLOAT, (0, 2, 4, 5)), ("g", T.FLOAT, (0, 3, 3, 2))], [("y", T.FLOAT, None)],
+                 opset=20)
+    check(m, {"x": rand((0, 2, 4, 5)), "g": rand((0, 3, 3, 2))})
+
+
+@pytest.mark.parametrize("align", [0, 1])
+@pytest.mark.parametrize("size", [[2, 3, 4, 5], [1, 1, 1, 3], [1, 1, 3, 1], [2, 1, 3, 2, 4], [1, 1, 1, 2, 1]])
+def test_affine_grid(size, align):
+    k = len(size) - 2
+    m = make_model([helper.make_node("AffineGrid", ["theta", "size"], ["g"], align_corners=align)],
+                   [("theta", T.FLOAT, (size[0], k, k + 1))], [("g", T.FLOAT, None)],
+                   {"size": np.asarray(size, np.int64)}, opset=20)
+    check(m, {"theta": rand((size[0], k, k + 1))})

@@ -356,3 +356,182 @@ def upsample_7(X, *, scales, mode="nearest"):
 def upsample_9(X, scales, *, mode="nearest"):
     sc, out = resize_plan(X.shape, _vec(scales), None)
     return resize_core(X, sc, out, mode=_s(mode), ctm="asymmetric", simple=True)
+
+
+# ------------------------------------------------------------------ GridSample
+GS_TYPES = frozenset({dt.FLOAT, dt.FLOAT16, dt.BFLOAT16, dt.DOUBLE})
+GS_MODES = {"bilinear": "linear", "linear": "linear", "nearest": "nearest", "bicubic": "cubic", "cubic": "cubic"}
+GS_PADS = ("zeros", "border", "reflection")
+
+
+def _gs_check(view, opset16=False):
+    mode = _s(view.attrs.get("mode", "bilinear" if opset16 else "linear"))
+    if mode not in GS_MODES or (opset16 and mode not in ("bilinear", "nearest", "bicubic")) or \
+            (not opset16 and mode not in ("linear", "nearest", "cubic")):
+        return f"mode {mode!r}"
+    pad = _s(view.attrs.get("padding_mode", "zeros"))
+    if pad not in GS_PADS:
+        return f"padding_mode {pad!r}"
+    r = view.rank(0)
+    if r is None or r not in ((4,) if opset16 else (4, 5)):
+        return f"input rank {r}"
+    if GS_MODES[mode] == "cubic" and r != 4:
+        return "cubic GridSample of a 5-D input (ORT's CPU kernel runs cubic 4-D only)"
+    if view.dtype(1) != view.dtype(0):
+        return f"grid is {dt.name(view.dtype(1))}, X is {dt.name(view.dtype(0))}"
+    return None
+
+
+def _gs_reflect(x, lo, hi):
+    """Reflect coordinates into [lo, hi] (ORT's GsReflect, elementwise)."""
+    rng = hi - lo
+    if rng == 0:
+        return mx.zeros_like(x) + lo
+    below = x < lo
+    dx = mx.where(below, lo - x, x - hi)
+    n = mx.floor(dx / rng)
+    r = dx - n * rng
+    even = mx.remainder(n, 2) == 0
+    lo_a, hi_a = mx.array(lo, x.dtype), mx.array(hi, x.dtype)
+    refl = mx.where(below, mx.where(even, lo_a + r, hi_a - r), mx.where(even, hi_a - r, lo_a + r))
+    return mx.where((x < lo) | (x > hi), refl, x)
+
+
+def _gs_cubic_coeffs(t, a=-0.75):
+    """Cubic convolution weights of taps -1, 0, 1, 2 at fractional offset t (elementwise)."""
+    x1 = t + 1
+    x2 = 1 - t
+    x3 = 2 - t
+    w0 = ((a * x1 - 5 * a) * x1 + 8 * a) * x1 - 4 * a
+    w1 = ((a + 2) * t - (a + 3)) * t * t + 1
+    w2 = ((a + 2) * x2 - (a + 3)) * x2 * x2 + 1
+    w3 = ((a * x3 - 5 * a) * x3 + 8 * a) * x3 - 4 * a
+    return [w0, w1, w2, w3]
+
+
+def grid_sample_core(X, grid, *, mode, padding_mode, align_corners):
+    """Sample X (N, C, *S) at grid (N, *O, k) (last axis x, y[, z]: innermost spatial axis first)."""
+    n, c = X.shape[:2]
+    sizes = X.shape[2:]
+    k = len(sizes)
+    if grid.shape[0] != n or grid.shape[-1] != k or grid.ndim != k + 2:
+        raise ValueError(f"grid shape {grid.shape} does not fit input {X.shape}")
+    out_sp = grid.shape[1:-1]
+    npts = math.prod(out_sp)
+    if n == 0 or c == 0 or npts == 0 or math.prod(sizes) == 0:
+        return mx.zeros((n, c, *out_sp), X.dtype)
+    ct = mx.float64 if X.dtype == mx.float64 else mx.float32
+    g = grid.astype(ct).reshape(n, npts, k)
+    xf = X.astype(ct).reshape(n, c, math.prod(sizes))
+    coords, bounds = [], []
+    for i, L in enumerate(sizes):                  # i over spatial axes (outermost first)
+        gi = g[:, :, k - 1 - i]
+        if align_corners:
+            x = (gi + 1) / 2 * (L - 1)
+            bounds.append((0.0, float(L - 1)))
+        else:
+            x = ((gi + 1) * L - 1) / 2
+            bounds.append((-0.5, L - 0.5))
+        if mode != "cubic":
+            if padding_mode == "border":
+                x = mx.clip(x, 0, L - 1)
+            elif padding_mode == "reflection":
+                x = _gs_reflect(x, *bounds[-1])
+        coords.append(x)
+
+    def tap_index(ints):
+        """Flat index of integer coordinates (one per axis) and a validity mask (zeros padding)."""
+        flat, valid = None, None
+        for i, (p, L) in enumerate(zip(ints, sizes)):
+            if padding_mode == "zeros":
+                ok = (p >= 0) & (p <= L - 1)
+                valid = ok if valid is None else valid & ok
+                p = mx.clip(p, 0, L - 1)
+            elif padding_mode == "border":
+                p = mx.clip(p, 0, L - 1)
+            else:
+                p = mx.clip(_gs_reflect(p.astype(ct), *bounds[i]).astype(mx.int32), 0, L - 1)
+            stride = math.prod(sizes[i + 1:])
+            term = p.astype(mx.int32) * stride
+            flat = term if flat is None else flat + term
+        return flat, valid
+
+    def gather(flat, valid):
+        idx = mx.broadcast_to(flat[:, None, :], (n, c, npts))
+        v = mx.take_along_axis(xf, idx, axis=2)
+        if valid is not None:
+            v = mx.where(valid[:, None, :], v, mx.zeros_like(v))
+        return v
+
+    if mode == "nearest":
+        ints = [mx.round(x).astype(mx.int32) for x in coords]     # round half to even (nearbyint)
+        y = gather(*tap_index(ints))
+    elif mode == "linear":
+        lows = [mx.floor(x) for x in coords]
+        fr = [x - lo for x, lo in zip(coords, lows)]
+        y = None
+        for corner in range(2 ** k):
+            ints, w = [], None
+            for i in range(k):
+                bit = (corner >> (k - 1 - i)) & 1
+                ints.append(lows[i].astype(mx.int32) + bit)
+                wi = fr[i] if bit else 1 - fr[i]
+                w = wi if w is None else w * wi
+            term = gather(*tap_index(ints)) * w[:, None, :]
+            y = term if y is None else y + term
+    else:
+        lows = [mx.floor(x) for x in coords]
+        ws = [_gs_cubic_coeffs(x - lo) for x, lo in zip(coords, lows)]
+        y = None
+        for a in range(4):
+            row = None
+            for b in range(4):
+                ints = [lows[0].astype(mx.int32) + (a - 1), lows[1].astype(mx.int32) + (b - 1)]
+                term = gather(*tap_index(ints)) * ws[1][b][:, None, :]
+                row = term if row is None else row + term
+            term = row * ws[0][a][:, None, :]
+            y = term if y is None else y + term
+    return y.reshape(n, c, *out_sp).astype(X.dtype)
+
+
+@register("GridSample", 16, dtypes=GS_TYPES, check=lambda v: _gs_check(v, opset16=True))
+def grid_sample_16(X, grid, *, align_corners=0, mode="bilinear", padding_mode="zeros"):
+    """Opset 16: 4-D input; modes bilinear / nearest / bicubic."""
+    return grid_sample_core(X, grid, mode=GS_MODES[_s(mode)], padding_mode=_s(padding_mode),
+                            align_corners=align_corners)
+
+
+@register("GridSample", 20, dtypes=GS_TYPES, check=_gs_check)
+def grid_sample_20(X, grid, *, align_corners=0, mode="linear", padding_mode="zeros"):
+    """Opset 20+: N-D (4-D / 5-D) input; modes linear / nearest / cubic."""
+    return grid_sample_core(X, grid, mode=GS_MODES[_s(mode)], padding_mode=_s(padding_mode),
+                            align_corners=align_corners)
+
+
+# ------------------------------------------------------------------ AffineGrid
+def _affine_check(view):
+    if view.dtype(0) not in (dt.FLOAT, dt.FLOAT16, dt.BFLOAT16, dt.DOUBLE):
+        return f"theta is {dt.name(view.dtype(0))}"
+    return None
+
+
+@register("AffineGrid", 20, dtypes=GS_TYPES, const=(1,), check=_affine_check)
+def affine_grid(theta, size, *, align_corners=0):
+    """Sampling grid (N, *spatial, k) of the affine maps theta (N, k, k+1) over ``size``."""
+    size = [int(v) for v in np.asarray(size).reshape(-1)]
+    k = len(size) - 2
+    if k not in (2, 3) or theta.shape[1:] != (k, k + 1) or theta.shape[0] != size[0]:
+        raise ValueError(f"theta shape {theta.shape} does not fit size {size}")
+    ct = mx.float64 if theta.dtype == mx.float64 else mx.float32
+    axes = []
+    for L in size[2:]:
+        if align_corners:
+            base = np.linspace(-1.0, 1.0, L) if L > 1 else np.ones(1)   # L == 1: +1, as ORT does
+        else:
+            base = (np.arange(L, dtype=np.float64) * 2 + 1) / L - 1
+        axes.append(base)
+    mesh = np.meshgrid(*axes, indexing="ij")                  # outermost spatial axis first
+    pts = np.stack([m.reshape(-1) for m in reversed(mesh)] + [np.ones(mesh[0].size)], axis=1)   # x, y[, z], 1
+    p = mx.array(pts.astype(np.float64 if ct == mx.float64 else np.float32), dtype=ct)
+    out = mx.matmul(p[None], theta.astype(ct).swapaxes(1, 2))   # (N, P, k)
+    return out.reshape(size[0], *size[2:], k).astype(theta.dtype)

@@ -178,3 +178,12 @@ def test_constant_of_shape_bf16():
     model = make_model(nodes, [("s", T.INT64, ["n"])], [("y", T.FLOAT, None)])
     s = check_against_cpu(model, [{"s": i64(2, 3)}, {"s": i64(0)}], all_on_mlx=False)
     assert "ConstantOfShape" in assignment(s).get(EP_NAME, {})
+
+
+def test_trilu_k_computed_on_device():
+    """k is read on the device: a k produced by an MLX op keeps Trilu claimed."""
+    nodes = [helper.make_node("Abs", ["kin"], ["k"]), helper.make_node("Trilu", ["x", "k"], ["y"], upper=0)]
+    model = make_model(nodes, [("x", T.FLOAT, ["a", "b", "c"]), ("kin", T.INT64, [])], [("y", T.FLOAT, None)],
+                       opset=14)
+    check_against_cpu(model, [{"x": data(T.FLOAT, (2, 3, 5)), "kin": np.array(-1, np.int64)},
+                              {"x": data(T.FLOAT, (1, 4, 2)), "kin": np.array(2**40, np.int64)}])

@@ -153,14 +153,19 @@ def one_hot(indices, depth, values, *, axis=-1):
 
 
 # ---------------------------------------------------------------- Trilu
-@register("Trilu", 14, const=(1,))
+@register("Trilu", 14)
 def trilu(input, k=None, *, upper=1):
-    """Keep the upper (j - i >= k) or lower (j - i <= k) triangle of the last two dims."""
+    """Keep the upper (j - i >= k) or lower (j - i <= k) triangle of the last two dims; k is read on the device."""
     x = input
     if x.ndim < 2:
         raise ValueError(f"input rank {x.ndim} < 2")
-    kk = 0 if k is None else ints(k)[0]
     n, m = x.shape[-2:]
-    kk = max(min(kk, n + m), -(n + m))
-    mask = np.triu(np.ones((n, m), bool), kk) if upper else np.tril(np.ones((n, m), bool), kk)
-    return mx.where(mx.array(mask), x, mx.zeros((), x.dtype))
+    diff = mx.arange(m, dtype=mx.int64)[None, :] - mx.arange(n, dtype=mx.int64)[:, None]
+    if k is None:
+        kk = mx.array(0, mx.int64)
+    elif k.size != 1:
+        raise ValueError(f"k must hold one value, got shape {tuple(k.shape)}")
+    else:
+        kk = mx.reshape(k, ()).astype(mx.int64)
+    mask = diff >= kk if upper else diff <= kk
+    return mx.where(mask, x, mx.zeros((), x.dtype))

@@ -11,7 +11,8 @@ from ortmlx.testing import check_against_cpu, make_model
 from _movutil import DTYPE_PATHS, DTYPES, force_path, check, check_error, check_refused, data, i64, one_node
 
 # id: (op, data shape, extra inputs, attrs, opset, n_out, consts, out_types)
-# extra inputs are host tensors; consts lists input positions given as initializers
+# extra inputs are host tensors ("same": another data tensor, ("data", shape): one of that shape);
+# consts lists input positions given as initializers
 CASES = {
     "shape": ("Shape", (2, 3, 4), [], {}, 13, 1, (), [T.INT64]),
     "shape_start_end": ("Shape", (2, 3, 4, 5), [], {"start": 1, "end": -1}, 21, 1, (), [T.INT64]),
@@ -28,6 +29,8 @@ CASES = {
     "transpose_perm": ("Transpose", (2, 3, 4, 1), [], {"perm": [2, 0, 3, 1]}, 13, 1, (), None),
     "transpose_empty": ("Transpose", (2, 0, 3), [], {"perm": [1, 2, 0]}, 21, 1, (), None),
     "concat": ("Concat", (2, 3), ["same", "same"], {"axis": 0}, 21, 1, (), None),
+    "concat_skips_empty": ("Concat", (0, 5), [("data", (2, 3))], {"axis": 0}, 13, 1, (), None),
+    "concat_all_empty": ("Concat", (0, 3), [("data", (0, 4))], {"axis": 0}, 13, 1, (), None),
     "concat_neg_axis": ("Concat", (2, 3), ["same"], {"axis": -1}, 11, 1, (), None),
     "split_equal": ("Split", (6, 4), [], {"axis": 0}, 11, 3, (), None),
     "split_attr": ("Split", (5, 4), [], {"axis": 0, "split": [1, 4]}, 11, 2, (), None),
@@ -66,7 +69,8 @@ NO_KERNEL = {("DepthToSpace", T.INT64), ("DepthToSpace", T.INT32), ("DepthToSpac
 def build(case, t, bf16=False):
     op, shape, extra, attrs, opset, n_out, consts, out_types = CASES[case]
     x = data(t, shape)
-    ins = [x] + [data(t, shape, seed=k + 1) if isinstance(e, str) else e for k, e in enumerate(extra)]
+    ins = [x] + [data(t, shape, seed=k + 1) if isinstance(e, str) else
+                 data(t, e[1], seed=k + 1) if isinstance(e, tuple) else e for k, e in enumerate(extra)]
     return one_node(op, ins, attrs, opset, out_types, n_out, consts, bf16=bf16)
 
 

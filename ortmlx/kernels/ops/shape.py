@@ -154,10 +154,18 @@ def _concat(xp, *inputs, axis=1):
         raise ValueError("Concat needs at least one input")
     r = inputs[0].ndim
     a = norm_axis(axis, r)
-    for x in inputs:
-        if x.ndim != r or any(d != e for k, (d, e) in enumerate(zip(x.shape, inputs[0].shape)) if k != a):
+    if any(x.ndim != r for x in inputs):
+        raise ValueError(f"Concat inputs of ranks {[x.ndim for x in inputs]} differ")
+    full = [x for x in inputs if math.prod(x.shape)]          # ORT ignores empty inputs
+    if not full:
+        shape = list(inputs[0].shape)
+        shape[a] = sum(x.shape[a] for x in inputs)
+        return xp.zeros(shape, dtype=inputs[0].dtype)
+    ref = full[0].shape
+    for x in full:
+        if any(d != e for k, (d, e) in enumerate(zip(x.shape, ref)) if k != a):
             raise ValueError(f"Concat inputs of shapes {[tuple(i.shape) for i in inputs]} differ off axis {axis}")
-    return xp.concatenate(list(inputs), axis=a)
+    return xp.concatenate(full, axis=a) if len(full) > 1 else full[0]
 
 
 @register("Concat", 1, host=twin(_concat))

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto as T, helper
 
-from _nnutil import check, rand
+from _nnutil import check, check_bf16, rand
 from ortmlx.testing import make_model
 
 B, SQ, SKV, D = 2, 3, 4, 8
@@ -118,3 +118,10 @@ def test_attention_short_mask_refused():
     with pytest.raises(Exception, match="inconsistent total_sequence_length"):
         session(m).run(None, {"q": rand(q), "k": rand(k, seed=1), "v": rand(k, seed=2), "m": rand((SQ, SKV - 1))})
     assert any(u.op == "Attention" for u in partition_reports()[-1].unclaimed)
+
+
+@pytest.mark.parametrize("attrs", [{}, {"is_causal": 1}, {"softcap": 2.0, "scale": 0.5}])
+def test_attention_bf16(attrs):
+    q, k = (1, 4, SQ, D), (1, 2, SKV, D)
+    check_bf16("Attention", [("q", q), ("k", k), ("v", k)], attrs=attrs, opset=23,
+               feeds={"q": rand(q, lo=-2, hi=2), "k": rand(k, seed=1, lo=-2, hi=2), "v": rand(k, seed=2)})

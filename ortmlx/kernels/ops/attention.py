@@ -14,7 +14,8 @@ import numpy as np
 from .. import dtypes as dt
 from ..registry import register
 
-ATTN_TYPES = frozenset({dt.FLOAT, dt.FLOAT16})
+#: bf16: ORT's CPU EP has no kernel; checked against float32 math on bf16-rounded inputs (tests)
+ATTN_TYPES = frozenset({dt.FLOAT, dt.FLOAT16, dt.BFLOAT16})
 
 
 def _out(view, i):

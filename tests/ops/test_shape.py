@@ -168,3 +168,12 @@ def test_shape_errors(op, ins, attrs, opset):
     n_out = attrs.get("num_outputs", 2) if op == "Split" else 1
     model, feeds = one_node(op, ins, attrs, opset, n_out=n_out)
     check_error(model, feeds, f"{op}_0")
+
+
+def test_concat_empty_input_with_axis_extent_errors():
+    """ORT skips the shape check of an empty input but still counts its axis extent, returning
+    uninitialized memory; we raise instead of guessing."""
+    from _movutil import session
+    model, feeds = one_node("Concat", [data(T.FLOAT, (1, 2)), data(T.FLOAT, (0, 2))], {"axis": -1}, 13)
+    with pytest.raises(Exception, match="Concat_0.*uninitialized"):
+        session(model).run(None, feeds)

@@ -402,7 +402,8 @@ def unique(X, *, axis=None, sorted=1):
         flat = x.reshape(-1)
     else:
         a = norm_axis(axis, x.ndim)
-        flat = np.moveaxis(x, a, 0).reshape(x.shape[a], -1)
+        inner = math.prod(d for k, d in enumerate(x.shape) if k != a)
+        flat = np.moveaxis(x, a, 0).reshape(x.shape[a], inner)
     y, first, inverse, counts = np.unique(flat, return_index=True, return_inverse=True, return_counts=True,
                                           axis=None if axis is None else 0)
     inverse = inverse.reshape(-1)

@@ -156,15 +156,18 @@ def _concat(xp, *inputs, axis=1):
     a = norm_axis(axis, r)
     if any(x.ndim != r for x in inputs):
         raise ValueError(f"Concat inputs of ranks {[x.ndim for x in inputs]} differ")
-    full = [x for x in inputs if math.prod(x.shape)]          # ORT ignores empty inputs
+    full = [x for x in inputs if math.prod(x.shape)]
+    ref = (full or inputs)[0].shape
+    for x in inputs:
+        if any(d != e for k, (d, e) in enumerate(zip(x.shape, ref)) if k != a):
+            if math.prod(x.shape) == 0 and x.shape[a] == 0:
+                continue                      # ORT skips an empty input that adds nothing
+            raise ValueError(f"Concat inputs of shapes {[tuple(i.shape) for i in inputs]} differ off axis {axis}"
+                             + (" (ORT would return uninitialized memory here)" if not math.prod(x.shape) else ""))
     if not full:
-        shape = list(inputs[0].shape)
+        shape = list(ref)
         shape[a] = sum(x.shape[a] for x in inputs)
         return xp.zeros(shape, dtype=inputs[0].dtype)
-    ref = full[0].shape
-    for x in full:
-        if any(d != e for k, (d, e) in enumerate(zip(x.shape, ref)) if k != a):
-            raise ValueError(f"Concat inputs of shapes {[tuple(i.shape) for i in inputs]} differ off axis {axis}")
     return xp.concatenate(full, axis=a) if len(full) > 1 else full[0]
 
 

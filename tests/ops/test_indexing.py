@@ -107,6 +107,8 @@ CASES = {
     "unique_axis": ("Unique", "rows", [], {"axis": 0}, 11, 4, (), [None, T.INT64, T.INT64, T.INT64]),
     "unique_axis_unsorted": ("Unique", "rows", [], {"axis": -2, "sorted": 0}, 11, 4, (),
                              [None, T.INT64, T.INT64, T.INT64]),
+    "unique_empty": ("Unique", (0,), [], {}, 11, 4, (), [None, T.INT64, T.INT64, T.INT64]),
+    "unique_empty_axis": ("Unique", (0, 2), [], {"axis": 0}, 11, 4, (), [None, T.INT64, T.INT64, T.INT64]),
     # Compress / ReverseSequence / CenterCropPad
     "compress_flat": ("Compress", (2, 3), [np.array([1, 0, 1, 1], bool)], {}, 13, 1, (), None),
     "compress_axis": ("Compress", (3, 4), [np.array([0, 1, 1], bool)], {"axis": 0}, 13, 1, (), None),

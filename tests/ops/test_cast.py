@@ -78,3 +78,33 @@ def test_cast_bf16_roundtrip(src):
 def test_cast_float8_refused():
     m = node_model("Cast", [T.FLOAT], [T.FLOAT8E4M3FN], {"to": T.FLOAT8E4M3FN}, 19)
     assert "float8" in refusal(m, "Cast").lower() or "not supported" in refusal(m, "Cast")
+
+
+@pytest.mark.parametrize("dst", [t for t in ALL if t not in (T.INT8, T.UINT8)], ids=str)
+def test_cast_from_bf16(dst):
+    """float32 -> bf16 -> every type, both Casts on MLX, against the same graph on the CPU EP.
+
+    The CPU session runs unoptimised: ORT's optimiser folds the Cast pair into one float32 -> dst
+    Cast, which skips the bf16 rounding (e.g. 69.7 -> 69 instead of 70).
+    """
+    import onnxruntime as ort
+    from ortmlx.testing import assert_close, session, unclaimed_ops
+    nodes = [helper.make_node("Cast", ["x"], ["b"], to=T.BFLOAT16), helper.make_node("Cast", ["b"], ["y"], to=dst)]
+    m = make_model(nodes, [("x", T.FLOAT, None)], [("y", dst, None)], opset=21)
+    v = _values(T.FLOAT)
+    if dst in INTS:
+        v = _fits(v, T.FLOAT, dst)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    s = session(m)
+    assert not unclaimed_ops(s)
+    want = session(m, "CPUExecutionProvider", record=False, sess_options=so).run(None, {"x": v})[0]
+    assert_close(s.run(None, {"x": v})[0], want, rtol=0, atol=0, what=f"bf16 -> {dst}")
+
+
+@pytest.mark.parametrize("dst", [T.INT8, T.UINT8], ids=str)
+def test_cast_bf16_to_int8_refused(dst):
+    """ORT's CPU EP gives 69 for float 69.9 -> bf16 (70.0) -> int8: we leave that Cast to it."""
+    nodes = [helper.make_node("Cast", ["x"], ["b"], to=T.BFLOAT16), helper.make_node("Cast", ["b"], ["y"], to=dst)]
+    m = make_model(nodes, [("x", T.FLOAT, None)], [("y", dst, None)], opset=21)
+    assert "bfloat16" in refusal(m, "Cast")

@@ -15,8 +15,9 @@ from ..registry import register
 
 def _cast_check(view) -> str | None:
     src, to = view.dtype(0), view.out_dtype(0)
-    if src == dt.BFLOAT16 and to in dt.INTS:
-        return "bfloat16 -> integer Cast is not verified against ORT's CPU EP"
+    if src == dt.BFLOAT16 and to in (dt.INT8, dt.UINT8):
+        # ORT's CPU EP answers 69 for bf16(69.9) == 70.0 -> int8 (it does not use the bf16 value)
+        return f"bfloat16 -> {dt.name(to)} Cast differs in ORT's CPU EP (it skips the bf16 rounding)"
     return None
 
 

@@ -199,11 +199,12 @@ def test_grid_sample_zero_batch():
     check(m, {"x": rand((0, 2, 4, 5)), "g": rand((0, 3, 3, 2))})
 
 
+@pytest.mark.parametrize("t", [T.FLOAT, T.DOUBLE])
 @pytest.mark.parametrize("align", [0, 1])
 @pytest.mark.parametrize("size", [[2, 3, 4, 5], [1, 1, 1, 3], [1, 1, 3, 1], [2, 1, 3, 2, 4], [1, 1, 1, 2, 1]])
-def test_affine_grid(size, align):
+def test_affine_grid(size, align, t):
     k = len(size) - 2
     m = make_model([helper.make_node("AffineGrid", ["theta", "size"], ["g"], align_corners=align)],
-                   [("theta", T.FLOAT, (size[0], k, k + 1))], [("g", T.FLOAT, None)],
+                   [("theta", t, (size[0], k, k + 1))], [("g", t, None)],
                    {"size": np.asarray(size, np.int64)}, opset=20)
-    check(m, {"theta": rand((size[0], k, k + 1))})
+    check(m, {"theta": rand((size[0], k, k + 1), t)}, t)

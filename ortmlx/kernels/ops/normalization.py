@@ -17,7 +17,8 @@ from ..registry import register
 
 FLOATS = dt.FLOATS
 HALF = (mx.float16, mx.bfloat16)
-#: MLX evaluates float64 pow/exp at float32 precision: ops using them refuse float64
+#: MLX evaluates float64 pow/exp at float32 precision, and ORT's CPU EP has no float64 kernel of some
+#: ops (nothing to verify against): those refuse float64
 NO_F64 = frozenset({dt.FLOAT, dt.FLOAT16, dt.BFLOAT16})
 
 
@@ -82,7 +83,7 @@ def _min_rank(n):
     return check
 
 
-@register("InstanceNormalization", 6, dtypes=FLOATS, check=_min_rank(3))
+@register("InstanceNormalization", 6, dtypes=NO_F64, check=_min_rank(3))
 def instance_norm(input, scale, B, *, epsilon=1e-5):
     """Per (sample, channel) normalization over the spatial axes."""
     x = _up(input)
@@ -150,11 +151,11 @@ def _gn_check(view):
     return None
 
 
-def _group_norm(X, num_groups, epsilon):
+def _group_norm(X, num_groups, epsilon, stat_t):
     n, c = X.shape[:2]
     if num_groups <= 0 or c % num_groups:
         raise ValueError(f"channels {c} not divisible by num_groups {num_groups}")
-    x = _up(X).reshape(n, num_groups, math.prod(X.shape[1:]) // num_groups)
+    x = X.astype(stat_t).reshape(n, num_groups, math.prod(X.shape[1:]) // num_groups)
     mean = mx.mean(x, axis=-1, keepdims=True)
     d = x - mean
     inv = mx.rsqrt(mx.mean(mx.square(d), axis=-1, keepdims=True) + epsilon)
@@ -164,7 +165,7 @@ def _group_norm(X, num_groups, epsilon):
 @register("GroupNormalization", 18, dtypes=FLOATS, check=_gn_check)
 def group_norm_18(X, scale, bias, *, num_groups, epsilon=1e-5):
     """Opset 18: scale and bias have one value per group."""
-    y = _group_norm(X, num_groups, epsilon)
+    y = _group_norm(X, num_groups, epsilon, mx.float64 if X.dtype == mx.float64 else mx.float32)
     rep = X.shape[1] // num_groups
     s = mx.repeat(_up(scale), rep)
     b = mx.repeat(_up(bias), rep)
@@ -173,9 +174,10 @@ def group_norm_18(X, scale, bias, *, num_groups, epsilon=1e-5):
 
 @register("GroupNormalization", 21, dtypes=FLOATS, check=_gn_check)
 def group_norm_21(X, scale, bias, *, num_groups, epsilon=1e-5, stash_type=1):
-    """Opset 21: scale and bias have one value per channel."""
-    y = _group_norm(X, num_groups, epsilon)
-    return (y * _chan(_up(scale), X.ndim) + _chan(_up(bias), X.ndim)).astype(X.dtype)
+    """Opset 21: per-channel scale and bias; statistics in float32 (stash_type 1) even for float64,
+    the normalized value cast back to X's type before the affine step (the spec's function body)."""
+    y = _group_norm(X, num_groups, epsilon, mx.float32).astype(X.dtype)
+    return y * _chan(scale, X.ndim) + _chan(bias, X.ndim)
 
 
 # ------------------------------------------------------------------ RMSNormalization
@@ -246,7 +248,7 @@ def lrn(X, *, size, alpha=1e-4, beta=0.75, bias=1.0):
 
 
 # ------------------------------------------------------------------ MeanVarianceNormalization
-@register("MeanVarianceNormalization", 9, dtypes=FLOATS)
+@register("MeanVarianceNormalization", 9, dtypes=NO_F64)
 def mvn(X, *, axes=(0, 2, 3)):
     """(X - mean) / (std + 1e-9) over ``axes`` (std from the two-pass variance)."""
     x = _up(X)

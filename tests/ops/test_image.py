@@ -208,3 +208,14 @@ def test_affine_grid(size, align, t):
                    [("theta", t, (size[0], k, k + 1))], [("g", t, None)],
                    {"size": np.asarray(size, np.int64)}, opset=20)
     check(m, {"theta": rand((size[0], k, k + 1), t)}, t)
+
+
+@pytest.mark.parametrize("align", [0, 1])
+@pytest.mark.parametrize("pad", ["zeros", "border", "reflection"])
+def test_grid_sample_nearest_ties(pad, align):
+    # grid points landing exactly between pixels: rounding is half to even, as ORT's nearbyint
+    g = np.array([-1, -0.75, -0.5, -0.25, 0, 0.25, 0.5, 0.75, 1, -1.25, 1.25, 1.125], np.float32)
+    grid = np.stack(np.meshgrid(g, g), -1)[None].astype(np.float32)
+    m = one_node("GridSample", [("x", T.FLOAT, (1, 1, 5, 5)), ("g", T.FLOAT, grid.shape)], [("y", T.FLOAT, None)],
+                 {"mode": "nearest", "padding_mode": pad, "align_corners": align}, opset=20)
+    check(m, {"x": rand((1, 1, 5, 5)), "g": grid}, rtol=0, atol=0)

@@ -116,3 +116,33 @@ def test_conv_int_refused():
     m = one_node("ConvInteger", [("x", T.INT8, (1, 1, 3, 3)), ("w", T.INT8, (1, 1, 2, 2))], [("y", T.INT32, None)],
                  opset=10)
     stays_on_cpu(m, {"x": x, "w": w}, "ConvInteger")
+
+
+DEFORM = [  # (x shape, w shape, attrs, with mask, with bias)
+    ((1, 2, 5, 5), (3, 2, 3, 3), {}, False, False),
+    ((2, 4, 6, 5), (4, 2, 3, 2), {"group": 2, "offset_group": 2, "pads": [1, 0, 1, 1]}, True, True),
+    ((1, 2, 7, 7), (2, 2, 2, 3), {"strides": [2, 1], "dilations": [1, 2]}, True, False),
+    ((1, 4, 5, 5), (2, 4, 3, 3), {"offset_group": 4, "pads": [1, 1, 1, 1]}, False, True),
+]
+
+
+@pytest.mark.parametrize("t", [T.FLOAT, T.FLOAT16])
+@pytest.mark.parametrize("xs,ws,attrs,mask,bias", DEFORM)
+def test_deform_conv(xs, ws, attrs, mask, bias, t):
+    from ortmlx.kernels.ops.conv import _attrs
+    s, d, lo, hi = _attrs(2, attrs.get("strides"), attrs.get("dilations"), attrs.get("pads"))
+    oh = (xs[2] + lo[0] + hi[0] - ((ws[2] - 1) * d[0] + 1)) // s[0] + 1
+    ow = (xs[3] + lo[1] + hi[1] - ((ws[3] - 1) * d[1] + 1)) // s[1] + 1
+    og, K = attrs.get("offset_group", 1), ws[2] * ws[3]
+    ins = [("x", t, xs), ("w", t, ws), ("off", t, (xs[0], og * K * 2, oh, ow))]
+    feeds = {"x": rand(xs, t), "w": rand(ws, t, seed=1),
+             "off": rand((xs[0], og * K * 2, oh, ow), t, seed=2, lo=-2, hi=2)}
+    ins.append(("b", t, (ws[0],)) if bias else "")
+    if bias:
+        feeds["b"] = rand((ws[0],), t, seed=3)
+    if mask:
+        ins.append(("m", t, (xs[0], og * K, oh, ow)))
+        feeds["m"] = rand((xs[0], og * K, oh, ow), t, seed=4, lo=0, hi=1)
+    while ins[-1] == "":
+        ins.pop()
+    check(one_node("DeformConv", ins, [("y", t, None)], attrs, opset=22), feeds, t, atol=1e-4 if t == T.FLOAT else None)

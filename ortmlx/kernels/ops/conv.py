@@ -7,6 +7,7 @@ convolution of the stride-dilated input with the flipped kernel.
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 
 from .. import dtypes as dt
 from ..registry import register
@@ -194,3 +195,78 @@ def conv_transpose(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, 
     if B is not None:
         y = y + B
     return to_channels_first(y)
+
+
+# ------------------------------------------------------------------ DeformConv
+def _deform_check(view):
+    for i in range(view.n_inputs):
+        t = view.dtype(i)
+        if view.has(i) and t is not None and t not in (dt.FLOAT, dt.FLOAT16, dt.BFLOAT16):
+            return f"input {i} is {dt.name(t)}"
+    r = view.rank(0)
+    if r != 4:
+        return f"input rank {r} (2-D DeformConv only)"
+    for name in ("strides", "dilations"):
+        v = view.attrs.get(name)
+        if v is not None and any(int(a) < 1 for a in v):
+            return f"{name} {list(v)} must be >= 1"
+    pads = view.attrs.get("pads")
+    if pads is not None and any(int(p) < 0 for p in pads):
+        return f"negative pads {list(pads)}"
+    return None
+
+
+def _bilinear_zero(xg, py, px, H, W):
+    """Bilinear samples of xg (N, G, Cg, H*W) at pixel coordinates py/px (N, G, M); zero outside."""
+    n, g, cg, _ = xg.shape
+    y0, x0 = mx.floor(py), mx.floor(px)
+    fy, fx = py - y0, px - x0
+    y0i, x0i = y0.astype(mx.int32), x0.astype(mx.int32)
+    out = None
+    for dy, dx, w in ((0, 0, (1 - fy) * (1 - fx)), (0, 1, (1 - fy) * fx), (1, 0, fy * (1 - fx)), (1, 1, fy * fx)):
+        yy, xx = y0i + dy, x0i + dx
+        ok = (yy >= 0) & (yy < H) & (xx >= 0) & (xx < W)
+        flat = mx.clip(yy, 0, H - 1) * W + mx.clip(xx, 0, W - 1)
+        v = mx.take_along_axis(xg, mx.broadcast_to(flat[:, :, None, :], (n, g, cg, flat.shape[-1])), axis=3)
+        term = v * mx.where(ok, w, mx.zeros_like(w))[:, :, None, :]
+        out = term if out is None else out + term
+    return out
+
+
+@register("DeformConv", 19, dtypes=frozenset({dt.FLOAT, dt.FLOAT16, dt.BFLOAT16}), check=_deform_check)
+def deform_conv(X, W, offset, B=None, mask=None, *, dilations=None, group=1, kernel_shape=None, offset_group=1,
+                pads=None, strides=None):
+    """2-D deformable convolution: bilinear samples at offset kernel taps (zero outside), times mask."""
+    n, c, H, Wd = X.shape
+    oc, cpg, kh, kw = W.shape
+    if c != cpg * group or oc % group or c % offset_group:
+        raise ValueError(f"channels {c} / weight {W.shape} do not fit group {group} / offset_group {offset_group}")
+    strides, dilations, lo, hi = _attrs(2, strides, dilations, pads)
+    oh = (H + lo[0] + hi[0] - ((kh - 1) * dilations[0] + 1)) // strides[0] + 1
+    ow = (Wd + lo[1] + hi[1] - ((kw - 1) * dilations[1] + 1)) // strides[1] + 1
+    K, P = kh * kw, oh * ow
+    if offset.shape != (n, offset_group * K * 2, oh, ow):
+        raise ValueError(f"offset shape {offset.shape} != {(n, offset_group * K * 2, oh, ow)}")
+    if mask is not None and mask.shape != (n, offset_group * K, oh, ow):
+        raise ValueError(f"mask shape {mask.shape} != {(n, offset_group * K, oh, ow)}")
+    if n == 0 or P <= 0:
+        return mx.zeros((n, oc, max(oh, 0), max(ow, 0)), X.dtype)
+    ct = mx.float32
+    off = offset.astype(ct).reshape(n, offset_group, K, 2, P)
+    # tap + output-position grid of each sampling point (static shapes: host math)
+    ty, tx = np.meshgrid(np.arange(kh) * dilations[0], np.arange(kw) * dilations[1], indexing="ij")
+    gy, gx = np.meshgrid(np.arange(oh) * strides[0] - lo[0], np.arange(ow) * strides[1] - lo[1], indexing="ij")
+    base_y = mx.array((ty.reshape(K, 1) + gy.reshape(1, P)).astype(np.float32))
+    base_x = mx.array((tx.reshape(K, 1) + gx.reshape(1, P)).astype(np.float32))
+    py = (base_y[None, None] + off[:, :, :, 0]).reshape(n, offset_group, K * P)
+    px = (base_x[None, None] + off[:, :, :, 1]).reshape(n, offset_group, K * P)
+    xg = X.astype(ct).reshape(n, offset_group, c // offset_group, H * Wd)
+    cols = _bilinear_zero(xg, py, px, H, Wd)                     # (N, og, C/og, K*P)
+    if mask is not None:
+        cols = cols * mask.astype(ct).reshape(n, offset_group, 1, K * P)
+    cols = cols.reshape(n, group, cpg * K, P)                     # channel-major, then tap
+    w = W.astype(ct).reshape(group, oc // group, cpg * K)
+    y = mx.matmul(w[None], cols).reshape(n, oc, oh, ow)           # (N, g, oc/g, P)
+    if B is not None:
+        y = y + B.astype(ct).reshape(1, oc, 1, 1)
+    return y.astype(X.dtype)

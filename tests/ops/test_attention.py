@@ -125,3 +125,19 @@ def test_attention_bf16(attrs):
     q, k = (1, 4, SQ, D), (1, 2, SKV, D)
     check_bf16("Attention", [("q", q), ("k", k), ("v", k)], attrs=attrs, opset=23,
                feeds={"q": rand(q, lo=-2, hi=2), "k": rand(k, seed=1, lo=-2, hi=2), "v": rand(k, seed=2)})
+
+
+@pytest.mark.parametrize("past", [0, 2])
+@pytest.mark.parametrize("hq,hkv", [(2, 2), (4, 1)])
+def test_attention_self_causal(past, hq, hkv):
+    # q and kv lengths equal: the fused MLX kernel's lower-right causal mask is ONNX's offset-aware one
+    q, kv = (B, hq, SQ, D), (B, hkv, SQ, D)
+    names, ins = ["q", "k", "v"], [("q", T.FLOAT, q), ("k", T.FLOAT, kv), ("v", T.FLOAT, kv)]
+    outs = ["y"]
+    if past:
+        names += ["", "pk", "pv"]
+        ins += [("pk", T.FLOAT, (B, hkv, past, D)), ("pv", T.FLOAT, (B, hkv, past, D))]
+        outs += ["present_k", "present_v"]
+    m = make_model([helper.make_node("Attention", names, outs, is_causal=1)], ins,
+                   [(o, T.FLOAT, None) for o in outs], opset=23)
+    check(m, feeds_for(ins, T.FLOAT))

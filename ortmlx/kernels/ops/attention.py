@@ -87,12 +87,19 @@ def attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv
     hkv, total = k.shape[1], k.shape[2]
     if hq % hkv:
         raise ValueError(f"q heads {hq} not a multiple of kv heads {hkv}")
+    sc = scale if scale is not None else 1.0 / math.sqrt(d)
+    if (q.dtype == mx.float32 and not softcap and n_outputs < 4 and attn_mask is None
+            and nonpad_kv_seqlen is None and (not is_causal or total - past_len == sq) and b * sq * total):
+        # the fused kernel matches here: no mask (or MLX's lower-right causal == offset past_len), fp32
+        y = mx.fast.scaled_dot_product_attention(q, k, v, scale=sc, mask="causal" if is_causal else None)
+        if three_d:
+            y = y.transpose(0, 2, 1, 3).reshape(b, sq, -1)
+        return (y, present_k, present_v) if n_outputs > 1 else y
     acc = mx.float32
     qf, kf, vf = q.astype(acc), k.astype(acc), v.astype(acc)
     if hq != hkv:
         kf = mx.repeat(kf, hq // hkv, axis=1)
         vf = mx.repeat(vf, hq // hkv, axis=1)
-    sc = scale if scale is not None else 1.0 / math.sqrt(d)
     s = mx.matmul(qf, kf.swapaxes(-1, -2)) * mx.array(sc, acc)
     qk0 = s
     if softcap and softcap > 0:

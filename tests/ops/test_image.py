@@ -1,6 +1,5 @@
 """Resize / Upsample / GridSample / AffineGrid against ORT's CPU EP (fp32 rtol 1e-4 atol 1e-5; fp16 1e-2;
 nearest and integer cases exact)."""
-import itertools
 
 import numpy as np
 import pytest

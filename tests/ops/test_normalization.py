@@ -1,5 +1,4 @@
 """Normalization layers against ORT's CPU EP (fp32 rtol 1e-4 atol 1e-5; fp16 1e-2; f64 1e-9)."""
-import numpy as np
 import pytest
 from onnx import TensorProto as T, helper
 

@@ -1,10 +1,10 @@
 """Pooling against ORT's CPU EP (fp32 rtol 1e-4 atol 1e-5, fp16 1e-2; max pooling and indices exact)."""
 import numpy as np
 import pytest
-from onnx import TensorProto as T, helper
+from onnx import TensorProto as T
 
 from _nnutil import check, check_bf16, one_node, rand, stays_on_cpu
-from ortmlx.testing import check_against_cpu, make_model
+from ortmlx.testing import check_against_cpu
 
 F = [T.FLOAT, T.FLOAT16]
 

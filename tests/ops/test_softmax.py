@@ -4,7 +4,7 @@ import pytest
 from onnx import TensorProto as T, helper
 
 from _nnutil import check, check_bf16, one_node, rand, stays_on_cpu
-from ortmlx.testing import check_against_cpu, make_model
+from ortmlx.testing import make_model
 
 SOFTMAX = [  # (shape, axis or None for default, opset)
     ((3, 4), None, 11),

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 
 import mlx.core as mx
-import numpy as np
 
 from .. import dtypes as dt
 from ..registry import register

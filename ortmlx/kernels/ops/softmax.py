@@ -121,14 +121,15 @@ def _dropout_check(view):
         tm = view.const(2)
         if tm is None:
             return "training_mode is not a constant: refusing a possibly random Dropout"
-        if bool(np.asarray(tm).reshape(-1)[0]) if np.asarray(tm).size else False:
+        tm = np.asarray(tm).reshape(-1)
+        if tm.size and bool(tm[0]):
             ratio = view.const(1) if view.has(1) else np.float32(0.5)
             if ratio is None or float(np.asarray(ratio).reshape(-1)[0]) != 0.0:
                 return "training_mode=True with a nonzero or non-constant ratio is random"
     return None
 
 
-@register("Dropout", 12, dtypes=FLOATS, check=_dropout_check, const=(1, 2))
+@register("Dropout", 12, dtypes=FLOATS, check=_dropout_check)
 def dropout_12(data, ratio=None, training_mode=None, *, seed=None, ctx):
     """Dropout in inference (or with ratio 0): identity and an all-true mask."""
     if ctx.n_outputs > 1:

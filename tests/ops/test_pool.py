@@ -111,3 +111,40 @@ def test_pool_bf16():
                feeds={"x": rand((1, 2, 5, 5))}, rtol=0, atol=0)
     check_bf16("AveragePool", [("x", (1, 2, 5, 5))], attrs={"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]},
                opset=22, feeds={"x": rand((1, 2, 5, 5))})
+
+
+UNPOOL = [  # (x shape, attrs, output_shape)
+    ((2, 3, 4, 4), {"kernel_shape": [2, 2], "strides": [2, 2]}, None),
+    ((1, 2, 3, 3), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, None),
+    ((1, 2, 3), {"kernel_shape": [2], "strides": [2]}, [1, 2, 7]),
+    ((1, 1, 2, 2, 2), {"kernel_shape": [2, 2, 2], "strides": [2, 2, 2]}, None),
+]
+
+
+@pytest.mark.parametrize("xs,attrs,out", UNPOOL)
+def test_max_unpool(xs, attrs, out):
+    # random flat indices fed as a graph input (a host value), with duplicates
+    from onnx import helper
+    from ortmlx.testing import make_model
+    pads = attrs.get("pads") or [0] * (2 * (len(xs) - 2))
+    nsp = len(xs) - 2
+    shape = out or [xs[0], xs[1]] + [(n - 1) * s + k - pads[i] - pads[i + nsp] for i, (n, s, k) in
+                                     enumerate(zip(xs[2:], attrs["strides"], attrs["kernel_shape"]))]
+    total = int(np.prod(shape))
+    rng = np.random.default_rng(0)
+    idx = rng.integers(0, total, size=xs).astype(np.int64)
+    idx.reshape(-1)[:2] = idx.reshape(-1)[2]             # duplicate slots: the last write wins
+    ins = ["x", "i"] + (["s"] if out else [])
+    inits = {"s": np.asarray(out, np.int64)} if out else {}
+    m = make_model([helper.make_node("MaxUnpool", ins, ["y"], **attrs)], [("x", T.FLOAT, xs), ("i", T.INT64, xs)],
+                   [("y", T.FLOAT, None)], inits, opset=11)
+    check(m, {"x": rand(xs), "i": idx}, rtol=0, atol=0)
+
+
+def test_max_unpool_bad_index():
+    from onnx import helper
+    from ortmlx.testing import make_model, session
+    m = make_model([helper.make_node("MaxUnpool", ["x", "i"], ["y"], kernel_shape=[2, 2], strides=[2, 2])],
+                   [("x", T.FLOAT, (1, 1, 2, 2)), ("i", T.INT64, (1, 1, 2, 2))], [("y", T.FLOAT, None)], opset=11)
+    with pytest.raises(Exception, match="MaxUnpool.*out of range"):
+        session(m).run(None, {"x": rand((1, 1, 2, 2)), "i": np.array([0, 1, 2, 99], np.int64).reshape(1, 1, 2, 2)})

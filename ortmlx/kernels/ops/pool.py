@@ -270,3 +270,42 @@ def global_lp_pool(X, *, p=2):
     else:
         y = mx.power(mx.sum(mx.power(mx.abs(x), p), axis=ax, keepdims=True), 1.0 / p)
     return y.astype(X.dtype)
+
+
+# ------------------------------------------------------------------ MaxUnpool
+def _unpool_check(view):
+    if view.dtype(0) != dt.FLOAT:
+        return f"X is {dt.name(view.dtype(0))} (ORT's CPU kernel: float only, nothing to verify others against)"
+    r = view.rank(0)
+    if r is not None and r < 3:
+        return f"input rank {r} < 3"
+    return None
+
+
+@register("MaxUnpool", 9, dtypes=frozenset({dt.FLOAT}), const=(1, 2), check=_unpool_check)
+def max_unpool(X, I, output_shape=None, *, kernel_shape, pads=None, strides=None):
+    """Scatter X into zeros at the flat indices I (host values, range-checked; the last write wins)."""
+    nsp = X.ndim - 2
+    strides = list(strides) if strides is not None else [1] * nsp
+    pads = list(pads) if pads is not None else [0] * (2 * nsp)
+    if output_shape is not None and np.asarray(output_shape).size:
+        shape = [int(v) for v in np.asarray(output_shape).reshape(-1)]
+        if len(shape) != X.ndim:
+            raise ValueError(f"output_shape {shape} does not have rank {X.ndim}")
+    else:
+        shape = list(X.shape[:2]) + [(n - 1) * s + k - a - b for n, s, k, a, b in
+                                     zip(X.shape[2:], strides, kernel_shape, pads[:nsp], pads[nsp:])]
+    idx = np.asarray(I).reshape(-1).astype(np.int64)
+    if idx.size != X.size:
+        raise ValueError(f"indices shape {np.asarray(I).shape} != X shape {X.shape}")
+    total = math.prod(shape)
+    if idx.size and (idx.min() < 0 or idx.max() >= total):
+        raise ValueError(f"index {int(idx.min() if idx.min() < 0 else idx.max())} out of range for output {shape}")
+    src = np.full(total, -1, np.int64)
+    if idx.size:
+        uniq, first_rev = np.unique(idx[::-1], return_index=True)
+        src[uniq] = idx.size - 1 - first_rev                 # the last write to a slot wins, as in ORT's loop
+    found = mx.array(src >= 0)
+    vals = mx.take(X.reshape(-1), mx.array(np.maximum(src, 0).astype(np.int32))) if X.size else \
+        mx.zeros((total,), X.dtype)
+    return mx.where(found, vals, mx.zeros_like(vals)).reshape(shape)

@@ -36,18 +36,24 @@ def _gemm_check(view):
 
 @register("Gemm", 7, dtypes=FLOATS, check=_gemm_check)
 def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
-    """Y = alpha * A' @ B' + beta * C (C broadcast to the output, optional from opset 11)."""
+    """Y = alpha * A' @ B' + beta * C (C broadcast to the output, optional from opset 11).
+
+    Half types are computed in float32 and rounded once, as ORT's CPU EP does (it upcasts them).
+    """
     if A.ndim != 2 or B.ndim != 2:
         raise ValueError(f"Gemm needs 2-D A and B, got shapes {A.shape} and {B.shape}")
-    a = A.T if transA else A
-    b = B.T if transB else B
+    half = A.dtype in (mx.float16, mx.bfloat16)
+    a = A.astype(mx.float32) if half else A
+    b = B.astype(mx.float32) if half else B
+    a = a.T if transA else a
+    b = b.T if transB else b
     y = mx.matmul(a, b)
     if alpha != 1.0:
         y = y * mx.array(alpha, dtype=mx.float32).astype(y.dtype)
     if C is not None and beta != 0.0:
-        c = C if beta == 1.0 else C * mx.array(beta, dtype=mx.float32).astype(C.dtype)
-        y = y + c
-    return y
+        c = C.astype(y.dtype)
+        y = y + (c if beta == 1.0 else c * mx.array(beta, dtype=mx.float32).astype(y.dtype))
+    return y.astype(A.dtype)
 
 
 def _einsum_check(view):

@@ -93,7 +93,8 @@ def _present(past, new, past_len, total: int):
 
 def gqa_mask(past_len, total_len, seq_len: int, kv_len: int, local_window_size: int = -1):
     """Boolean (B,1,S,T) mask: query s of row b sits at past_len[b]+s and sees keys
-    t <= its position, t < total_len[b], and (local window w > 0) t >= position - w."""
+    t <= its position, t < total_len[b], and (local window w > 0) t > position - w: w keys,
+    itself included (what ORT 1.31's CPU kernel does)."""
     b = past_len.shape[0]
     q_pos = past_len.reshape(b, 1, 1, 1) + mx.arange(seq_len, dtype=mx.int32).reshape(1, 1, seq_len, 1)
     t = mx.arange(kv_len, dtype=mx.int32).reshape(1, 1, 1, kv_len)

@@ -109,8 +109,9 @@ def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
         lo, hi = same_pads(X.shape[2:], kernel, strides, dilations, ap)
     elif ap == "VALID":
         lo, hi = [0] * nsp, [0] * nsp
-    x = to_channels_last(X)
-    w = to_channels_last(W)
+    half = X.dtype in (mx.float16, mx.bfloat16)           # float32 math, one rounding (as ORT's CPU EP)
+    x = to_channels_last(X.astype(mx.float32) if half else X)
+    w = to_channels_last(W.astype(mx.float32) if half else W)
     out_sp = [(n + a + b - ((k - 1) * d + 1)) // s + 1 for n, a, b, k, d, s in
               zip(X.shape[2:], lo, hi, kernel, dilations, strides)]
     if X.shape[0] == 0 or any(o <= 0 for o in out_sp) or W.shape[0] == 0:
@@ -119,8 +120,8 @@ def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
         return mx.zeros((X.shape[0], W.shape[0], *out_sp), X.dtype)
     y = _conv_general(x, w, group, stride=strides, padding=(lo, hi), kernel_dilation=dilations)
     if B is not None:
-        y = y + B
-    return to_channels_first(y)
+        y = y + B.astype(y.dtype)
+    return to_channels_first(y).astype(X.dtype)
 
 
 def _convt_check(view):
@@ -182,19 +183,21 @@ def conv_transpose(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, 
         if any(o < 0 for o in out_sp):
             raise ValueError(f"negative output size {out_sp}")
         return mx.zeros((X.shape[0], M, *out_sp), X.dtype)
-    # weight (C, M/g, k...) -> (g, C/g, M/g, k...) -> (M, k..., C/g)
+    # weight (C, M/g, k...) -> (g, C/g, M/g, k...) -> (M, k..., C/g); half types in float32
+    half = X.dtype in (mx.float16, mx.bfloat16)
+    Xc, W = (X.astype(mx.float32), W.astype(mx.float32)) if half else (X, W)
     w = W.reshape(group, C // group, W.shape[1], *kernel)
     w = w.transpose(0, 2, *range(3, 3 + nsp), 1).reshape(M, *kernel, C // group)
     clo = [d * (k - 1) - a for k, d, a in zip(kernel, dilations, lo)]
     chi = [d * (k - 1) - b + o for k, d, b, o in zip(kernel, dilations, hi, out_pad)]
     # output sizes can exceed the full conv (output_shape larger): extra zeros come from more padding
-    x = to_channels_last(X)
+    x = to_channels_last(Xc)
     y = _conv_general(x, w, group, stride=1, padding=([max(0, a) for a in clo], [max(0, b) for b in chi]),
                       kernel_dilation=dilations, input_dilation=strides, flip=True)
     y = _crop(y, [max(0, -a) for a in clo], [max(0, -b) for b in chi])
     if B is not None:
-        y = y + B
-    return to_channels_first(y)
+        y = y + B.astype(y.dtype)
+    return to_channels_first(y).astype(X.dtype)
 
 
 # ------------------------------------------------------------------ DeformConv

@@ -74,4 +74,7 @@ def einsum(*Inputs, equation):
     """Einstein summation (numpy's implicit-output rule when there is no '->')."""
     if isinstance(equation, bytes):
         equation = equation.decode()
-    return mx.einsum(equation.replace(" ", ""), *Inputs)
+    dtype = Inputs[0].dtype
+    if dtype in (mx.float16, mx.bfloat16):          # float32 math, one rounding (ORT upcasts half Einsum)
+        Inputs = [x.astype(mx.float32) for x in Inputs]
+    return mx.einsum(equation.replace(" ", ""), *Inputs).astype(dtype)

@@ -33,10 +33,8 @@ def _chan(p, ndim):
 
 # ------------------------------------------------------------------ BatchNormalization
 def _bn_check(view):
-    if view.attrs.get("training_mode", 0):
-        return "training_mode=1 (batch statistics and running-mean updates) is not implemented"
-    if len([o for o in view.node.outputs if o]) > 1:
-        return "running/saved statistics outputs are training-only"
+    if len([o for o in view.node.outputs if o]) > 1 and not view.attrs.get("training_mode", 0):
+        return "running/saved statistics outputs outside training_mode (opset < 14 training) are not implemented"
     if view.attrs.get("spatial", 1) != 1:
         return "spatial=0 is not implemented"
     r = view.rank(0)
@@ -68,8 +66,22 @@ def batch_norm_9(X, scale, B, input_mean, input_var, *, epsilon=1e-5, momentum=0
 
 
 @register("BatchNormalization", 14, dtypes=FLOATS, check=_bn_check)
-def batch_norm_14(X, scale, B, input_mean, input_var, *, epsilon=1e-5, momentum=0.9, training_mode=0):
-    return _bn(X, scale, B, input_mean, input_var, epsilon)
+def batch_norm_14(X, scale, B, input_mean, input_var, *, epsilon=1e-5, momentum=0.9, training_mode=0, ctx):
+    """Opset 14+: training_mode=1 normalizes with the batch statistics and returns the running ones."""
+    if not training_mode:
+        return _bn(X, scale, B, input_mean, input_var, epsilon)
+    x = _up(X)
+    axes = (0,) + tuple(range(2, x.ndim))
+    mean = mx.mean(x, axis=axes)
+    var = mx.mean(mx.square(x - _chan(mean, x.ndim)), axis=axes)       # population variance
+    y = _bn(X, scale, B, mean, var, epsilon)
+    if ctx.n_outputs == 1:
+        return y
+    mom = mx.array(momentum, mx.float32).astype(x.dtype)
+    one = mx.array(1, x.dtype)
+    run_mean = (_up(input_mean) * mom + mean * (one - mom)).astype(input_mean.dtype)
+    run_var = (_up(input_var) * mom + var * (one - mom)).astype(input_var.dtype)
+    return y, run_mean, run_var
 
 
 # ------------------------------------------------------------------ InstanceNormalization

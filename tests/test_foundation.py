@@ -4,7 +4,7 @@ import pytest
 
 from ortmlx.testing import check_against_cpu
 
-from .models_basic import cnn, mlp, transformer_block
+from models_basic import cnn, mlp, transformer_block
 
 rng = np.random.default_rng(1)
 

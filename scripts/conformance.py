@@ -550,9 +550,20 @@ def versions() -> dict[str, str]:
 
 
 def translator_op_count() -> int:
-    from ortmlx.kernels import ops  # noqa: F401 - imports every translator module
+    import ortmlx.kernels  # noqa: F401 - registers every translator
     from ortmlx.kernels.registry import REGISTRY
     return len(REGISTRY.op_types(""))
+
+
+def untranslated_ops() -> tuple[list[str], int]:
+    """ai.onnx op types the installed onnx defines (not deprecated) without a translator, and how many it defines."""
+    import onnx.defs
+
+    import ortmlx.kernels  # noqa: F401
+    from ortmlx.kernels.registry import REGISTRY
+    defined = {s.name for s in onnx.defs.get_all_schemas_with_history()
+               if s.domain in ("", "ai.onnx") and not s.deprecated}
+    return sorted(defined - REGISTRY.op_types("")), len(defined)
 
 
 def readme_block(t: dict, when: str, vers: dict) -> str:
@@ -583,7 +594,7 @@ def write_markdown(path: str, results: list[dict], t: dict, when: str, vers: dic
       f"python {sys.version.split()[0]}")
     if pattern:
         p(f"- Filter: {pattern} (partial run)")
-    p(f"- Wall time: {wall:.0f} s; ai.onnx op types with a translator: {translator_op_count()}")
+    p(f"- Wall time: {wall:.0f} s (2 workers); ai.onnx op types with a translator: {translator_op_count()}")
     p("- Tolerances: the suite's own (`Runner.assert_similar_outputs`, rtol 1e-3, atol 1e-7). "
       f"Models with IR > {MAX_IR} are lowered to IR {MAX_IR} so ORT reads them.")
     p("- Claim = nodes ORT assigns to the MLX EP after its own graph optimizations "
@@ -642,6 +653,11 @@ def write_markdown(path: str, results: list[dict], t: dict, when: str, vers: dic
     p("|---:|---|")
     for k, v in unclaimed_reasons(results).most_common(40):
         p(f"| {v} | {_md_escape(k[:160])} |")
+    p()
+    missing, n_defined = untranslated_ops()
+    p(f"## ai.onnx op types without a translator ({len(missing)} of {n_defined} defined by onnx {vers['onnx']})")
+    p()
+    p(", ".join(missing) if missing else "None.")
     p()
     p("## Per op")
     p()

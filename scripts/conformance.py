@@ -489,15 +489,23 @@ def classify(r: dict) -> str:
 
 # ----------------------------------------------------------------------------- reporting
 
+def _known_ns() -> dict:
+    path = os.path.join(HERE, "conformance_known.py")
+    ns: dict = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            exec(compile(f.read(), path, "exec"), ns)  # noqa: S102 - our own data file
+    return ns
+
+
 def known_gaps() -> dict[str, str]:
     """case name -> reason, from scripts/conformance_known.py (temporary xfails)."""
-    path = os.path.join(HERE, "conformance_known.py")
-    if not os.path.exists(path):
-        return {}
-    ns: dict = {}
-    with open(path) as f:
-        exec(compile(f.read(), path, "exec"), ns)  # noqa: S102 - our own data file
-    return dict(ns.get("KNOWN_GAPS", {}))
+    return dict(_known_ns().get("KNOWN_GAPS", {}))
+
+
+def known_gaps_onnx() -> str | None:
+    """The onnx version the known-gap case names were recorded with."""
+    return _known_ns().get("ONNX_VERSION")
 
 
 def totals(results: list[dict]) -> dict:

@@ -4,6 +4,8 @@ A case listed here may fail (status in conformance.FAILING) without failing CI.
 The fix for a mismatch is a translator ``check`` that refuses the case; remove the
 entry as soon as the case passes (tests/test_conformance.py fails on stale entries).
 """
+ONNX_VERSION = "1.23.2"      # the onnx whose generated cases these names refer to
+
 _SEQMAP = ("SequenceMap is inlined by ORT into a Loop whose body (a subgraph) has no opset import for the "
            "MLX EP's fused-node domain; claiming a node inside that body (Add/Identity...) makes the session "
            "fail to load (INVALID_GRAPH). Fix: never claim nodes in function-inlined subgraphs (ep/provider).")

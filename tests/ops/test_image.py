@@ -113,10 +113,8 @@ def test_resize_linear_uint8_refused():
 
 @pytest.mark.parametrize("mode", ["nearest", "linear"])
 @pytest.mark.parametrize("xs,scales", [((1, 1, 3, 4), [1, 1, 2, 3]), ((1, 1, 6, 7), [1, 1, 0.5, 0.4]),
-                                       ((2, 4), [1.5, 2])])
+                                       ((2, 4), [1.5, 2]), ((1, 2, 4), [1, 1.5, 2])])
 def test_resize_10(xs, scales, mode):
-    if mode == "linear" and len(xs) != 4:
-        pytest.skip("ORT's opset-10 linear Resize runs 4-D (bilinear) inputs only")
     m = make_model([helper.make_node("Resize", ["x", "s"], ["y"], mode=mode)], [("x", T.FLOAT, xs)],
                    [("y", T.FLOAT, None)], {"s": np.asarray(scales, np.float32)}, opset=10)
     check(m, {"x": rand(xs)})

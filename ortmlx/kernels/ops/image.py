@@ -289,8 +289,7 @@ def _ort_interp_layout(view, mode, simple):
 def layout_reason(mode, s, simple, antialias):
     """Why ORT's CPU kernel rejects a linear/cubic resize with per-axis scales ``s`` (None: it runs it)."""
     r = len(s)
-    if (mode == "linear" and r in ((2, 4) if simple else (2, 3)) and not (simple and r == 4)) or \
-            (mode == "cubic" and r == 2):
+    if (mode == "linear" and r in (2, 3)) or (mode == "cubic" and r == 2):
         return None
     ok = False
     if r == 4:

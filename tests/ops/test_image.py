@@ -55,8 +55,6 @@ def test_resize_nearest(xs, scales, sizes, ctm, nearest_mode):
 def test_resize_interp(xs, scales, sizes, ctm, mode):
     if ctm == "tf_half_pixel_for_nn":
         pytest.skip("tf_half_pixel_for_nn is a nearest-only mode")
-    if ctm == "align_corners" and scales is not None and scales[2] < 1:
-        pytest.skip("ORT's CPU EP itself fails the ONNX suite's align_corners downsampling cases")
     m = resize_model(xs, T.FLOAT, {"mode": mode, "coordinate_transformation_mode": ctm}, scales, sizes)
     check(m, {"x": rand(xs)})
 

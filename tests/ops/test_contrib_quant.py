@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from ortmlx.testing import check_against_cpu, make_model, session, unclaimed_ops
 
@@ -137,6 +137,18 @@ def test_gather_block_quantized_bad_index_is_clear_error():
 
 def test_matmul_nbits_2bit_refused_stays_on_cpu():
     model = nbits_model(F32, 64, 8, 2, 32)
+    assert unclaimed_ops(session(model)) == {"MatMulNBits": 1}
+    a = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
+    check_against_cpu(model, [{"A": a}], all_on_mlx=False)
+
+
+def test_matmul_nbits_g_idx_refused_stays_on_cpu():
+    """g_idx (act-order) is refused even when trivial: the node stays on CPU, answer right."""
+    model = nbits_model(F32, 64, 8, 4, 32, zp="u8")
+    node = model.graph.node[0]
+    del node.input[:]
+    node.input.extend(["A", "B", "scales", "zp", "g_idx"])
+    model.graph.initializer.append(numpy_helper.from_array((np.arange(64) // 32).astype(np.int32), "g_idx"))
     assert unclaimed_ops(session(model)) == {"MatMulNBits": 1}
     a = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
     check_against_cpu(model, [{"A": a}], all_on_mlx=False)

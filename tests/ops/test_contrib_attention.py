@@ -313,3 +313,41 @@ def test_rotary_embedding_23(case):
     if with_pos:
         f["pos"] = pos
     check_against_cpu(model, [f])
+
+
+# ------------------------------------------------------------------------------ bfloat16
+# ORT's CPU EP has no bf16 kernels for these: bf16 on MLX vs float32 on CPU, same bf16-rounded values.
+# Stated tolerance: the bf16 rounding of RoPE'd Q/K, of present and of the output (2^-8 relative each).
+BF16_TOL = dict(rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.parametrize("case", [c for c in GQA_CASES if c[0] in ("rotary", "packed_rotary", "decode_shared_pad",
+                                                                   "local_window_rotary_softcap")],
+                         ids=lambda c: c[0])
+def test_gqa_bf16(case):
+    from _contrib_bf16 import check_bf16_vs_fp32
+    _, _, n, kvn, h, attrs, mk, runs = case
+    past = any(r[2] for r in runs)
+    model = gqa_model(F32, n, kvn, h, past=past, **mk, **attrs)
+    feeds = [gqa_feeds(F32, n, kvn, h, b, s, cap if past else None, sl, tot, packed=mk.get("packed", False), seed=i)
+             for i, (b, s, cap, sl, tot) in enumerate(runs)]
+    check_bf16_vs_fp32(model, feeds, **BF16_TOL)
+
+
+@pytest.mark.parametrize("case", [c for c in MHA_CASES if c[0] in ("past_mask", "bias_vdim")], ids=lambda c: c[0])
+def test_mha_bf16(case):
+    from _contrib_bf16 import check_bf16_vs_fp32
+    _, _, n, h, mk, runs = case
+    model = mha_model(F32, n, h, **mk)
+    feeds = [mha_feeds(F32, n, h, b, s, l, p, m, hv=mk.get("hv"), seed=i) for i, (b, s, l, p, m) in enumerate(runs)]
+    check_bf16_vs_fp32(model, feeds, **BF16_TOL)
+
+
+@pytest.mark.parametrize("case", [c for c in ROPE_CASES if c[0] in ("bsd_full", "bnsh_partial_interleaved")],
+                         ids=lambda c: c[0])
+def test_rotary_embedding_bf16(case):
+    from _contrib_bf16 import check_bf16_vs_fp32
+    _, _, shape, rd, pos, attrs = case
+    model = rope_model(F32, shape, rd, pos_shape=[f"p{i}" for i in range(pos.ndim)], **attrs)
+    x = _rng(0).standard_normal(shape).astype(np.float32)
+    check_bf16_vs_fp32(model, [{"input": x, "position_ids": pos.astype(np.int64)}], rtol=1e-2, atol=1e-2)

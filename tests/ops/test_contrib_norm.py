@@ -128,3 +128,24 @@ def test_layer_norm_opset1(case):
     model = make_model([node], [("X", t, shape)], [(o, t if o == "Y" else F32, None) for o in outs], inits, opset=16)
     x = (r.standard_normal(shape) * 2 + 1).astype(NP[t])
     check_against_cpu(model, [{"X": x}], **TOL[t])
+
+
+# ORT's CPU EP has no bf16 kernels: bf16 on MLX vs float32 on CPU, same bf16-rounded values.
+# Stated tolerance: one bf16 rounding of the output and of the sum (2^-8 relative) -> 1e-2.
+@pytest.mark.parametrize("case", [c for c in SKIP_CASES if c[0] in ("sln_bias_sum", "ssln_bias_sum", "ssln_3d")],
+                         ids=lambda c: c[0])
+def test_skip_norm_bf16(case):
+    from _contrib_bf16 import check_bf16_vs_fp32
+    _, op, _, shape, skip_shape, kw = case
+    model = skip_model(op, F32, shape, skip_shape, **kw)
+    r = np.random.default_rng(0)
+    f = {"input": (r.standard_normal(shape) * 3 + 1).astype(np.float32),
+         "skip": r.standard_normal(skip_shape).astype(np.float32)}
+    check_bf16_vs_fp32(model, [f], rtol=1e-2, atol=1e-2)
+
+
+def test_simplified_layer_norm_bf16():
+    from _contrib_bf16 import check_bf16_vs_fp32
+    model = simplified_model(F32, F32, [2, 5, 64], [64])
+    x = (np.random.default_rng(0).standard_normal((2, 5, 64)) * 2).astype(np.float32)
+    check_bf16_vs_fp32(model, [{"X": x}], rtol=1e-2, atol=1e-2)

@@ -152,3 +152,15 @@ def test_matmul_nbits_g_idx_refused_stays_on_cpu():
     assert unclaimed_ops(session(model)) == {"MatMulNBits": 1}
     a = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
     check_against_cpu(model, [{"A": a}], all_on_mlx=False)
+
+
+@pytest.mark.parametrize("case", [c for c in NBITS_CASES if c[0] in ("int4_bs32", "int4_k_not_multiple", "int8_bs128_zp")],
+                         ids=lambda c: c[0])
+def test_matmul_nbits_bf16(case):
+    """No bf16 kernel on ORT's CPU: bf16 on MLX vs float32 on CPU with bf16-rounded A, scales and
+    bias. Stated tolerance: float32 math, one bf16 rounding of Y (2^-8 relative) -> rtol 1e-2."""
+    from _contrib_bf16 import check_bf16_vs_fp32
+    _, _, K, N, bits, bs, kw, shapes = case
+    model = nbits_model(F32, K, N, bits, bs, **kw)
+    r = np.random.default_rng(1)
+    check_bf16_vs_fp32(model, [{"A": r.standard_normal(s).astype(np.float32)} for s in shapes], rtol=1e-2, atol=1e-2)

@@ -14,7 +14,8 @@ import numpy as np
 from .. import dtypes as dt
 from ..registry import MS, register
 
-_FLOATS = {dt.FLOAT, dt.FLOAT16}          # ORT's CPU kernels: float and float16 (no bf16 reference)
+#: ORT's CPU kernels have float and float16; bfloat16 is tested against them in float32
+_FLOATS = {dt.FLOAT, dt.FLOAT16, dt.BFLOAT16}
 
 
 # ---------------------------------------------------------------------------- rotary
@@ -177,7 +178,7 @@ def _gqa_check(v) -> str | None:
     a = v.attrs
     t = v.dtype(0)
     if t not in _FLOATS:
-        return f"dtype {dt.name(t)}: ORT's CPU kernel has float and float16 only"
+        return f"dtype {dt.name(t)} (float, float16, bfloat16 only)"
     for i in (3, 4):
         if v.has(i) and v.dtype(i) != t:
             return f"quantized/mismatched KV cache dtype {dt.name(v.dtype(i))}"
@@ -324,7 +325,7 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
 def _rope_check(v) -> str | None:
     a = v.attrs
     if v.dtype(0) not in _FLOATS:
-        return f"dtype {dt.name(v.dtype(0))}: ORT's CPU kernel has float and float16 only"
+        return f"dtype {dt.name(v.dtype(0))} (float, float16, bfloat16 only)"
     if a.get("is_packed_batching", 0):
         return "is_packed_batching=1 not supported"
     if a.get("scale", 1.0) != 1.0:
@@ -387,7 +388,7 @@ def rotary_embedding(input, position_ids, cos_cache, sin_cache, *, interleaved=0
 def _mha_check(v) -> str | None:
     a = v.attrs
     if v.dtype(0) not in _FLOATS:
-        return f"dtype {dt.name(v.dtype(0))}: ORT's CPU kernel has float and float16 only"
+        return f"dtype {dt.name(v.dtype(0))} (float, float16, bfloat16 only)"
     if not (v.has(1) and v.has(2)):
         return "packed QKV/KV (key or value omitted) not supported"
     for i in (0, 1, 2):
@@ -453,7 +454,7 @@ def multi_head_attention(query, key=None, value=None, bias=None, key_padding_mas
 # ---------------------------------------------------------------------------- ONNX RotaryEmbedding-23
 def _rope23_check(v) -> str | None:
     if v.dtype(0) not in _FLOATS:
-        return f"dtype {dt.name(v.dtype(0))}: ORT's CPU kernel has float and float16 only"
+        return f"dtype {dt.name(v.dtype(0))} (float, float16, bfloat16 only)"
     if v.rank(0) not in (3, 4):
         return f"input rank {v.rank(0)} (3D or 4D only)"
     want = 2 if v.has(3) else 3

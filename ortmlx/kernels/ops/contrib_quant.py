@@ -16,7 +16,8 @@ import numpy as np
 from .. import dtypes as dt
 from ..registry import MS, register
 
-_TYPES = {dt.FLOAT, dt.FLOAT16}
+#: ORT's CPU kernel has float and float16; bfloat16 is tested against it in float32
+_TYPES = {dt.FLOAT, dt.FLOAT16, dt.BFLOAT16}
 _MLX_GROUPS = {32, 64, 128}
 
 

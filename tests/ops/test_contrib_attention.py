@@ -351,3 +351,14 @@ def test_rotary_embedding_bf16(case):
     model = rope_model(F32, shape, rd, pos_shape=[f"p{i}" for i in range(pos.ndim)], **attrs)
     x = _rng(0).standard_normal(shape).astype(np.float32)
     check_bf16_vs_fp32(model, [{"input": x, "position_ids": pos.astype(np.int64)}], rtol=1e-2, atol=1e-2)
+
+
+def test_rotary_embedding_23_bf16():
+    from _contrib_bf16 import check_bf16_vs_fp32
+    c, sn = _cos_sin(16, 16)
+    node = helper.make_node("RotaryEmbedding", ["X", "cos", "sin", "pos"], ["Y"], interleaved=1)
+    model = make_model([node], [("X", F32, [2, 3, 4, 16]), ("pos", TensorProto.INT64, [2, 4])], [("Y", F32, None)],
+                       {"cos": c, "sin": sn}, opset=23)
+    f = {"X": _rng(0).standard_normal((2, 3, 4, 16)).astype(np.float32),
+         "pos": np.array([[0, 1, 2, 3], [7, 5, 3, 1]], np.int64)}
+    check_bf16_vs_fp32(model, [f], rtol=1e-2, atol=1e-2)

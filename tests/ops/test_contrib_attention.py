@@ -118,10 +118,11 @@ def test_gqa(case):
     compare_gqa(model, feeds, TOL[t])
 
 
-def test_gqa_prefill_padded_batch():
+@pytest.mark.parametrize("past_cap", [None, 0, 10], ids=["no_past", "growing", "shared_buffer"])
+def test_gqa_prefill_padded_batch(past_cap):
     """batch > 1 first prompt with right padding: seqlens_k differs per row."""
-    model = gqa_model(F32, 4, 2, 16, past=False, rotary_dim=16)
-    feeds = [gqa_feeds(F32, 4, 2, 16, 3, 6, None, [5, 2, 3], 6)]
+    model = gqa_model(F32, 4, 2, 16, past=past_cap is not None, rotary_dim=16)
+    feeds = [gqa_feeds(F32, 4, 2, 16, 3, 6, past_cap, [5, 2, 3], 6)]
     compare_gqa(model, feeds, TOL[F32], first_prompt_valid=[[6, 3, 4]])
 
 

@@ -48,6 +48,9 @@ NBITS_CASES = [
     ("int4_k_not_multiple", F32, 80, 8, 4, 32, dict(zp="u8", bias=True), [(3, 80)]),
     ("int4_zp_float", F32, 64, 8, 4, 32, dict(zp="float"), [(2, 64)]),
     ("int4_bias_3d", F32, 64, 8, 4, 32, dict(bias=True, a_shape=("B", "S", None)), [(2, 3, 64)]),
+    ("int2_bs32", F32, 64, 16, 2, 32, {}, [(3, 64)]),
+    ("int2_bs16_zp_k_odd", F32, 80, 8, 2, 16, dict(zp="u8", bias=True), [(2, 80)]),
+    ("int2_bs64_zp", F32, 128, 8, 2, 64, dict(zp="u8"), [(2, 128)]),
     ("int8_bs32", F32, 64, 16, 8, 32, {}, [(3, 64)]),
     ("int8_bs128_zp", F32, 256, 8, 8, 128, dict(zp="u8", bias=True), [(4, 256)]),
     ("int8_bs16_zp_k_odd", F32, 40, 8, 8, 16, dict(zp="u8"), [(2, 40)]),
@@ -133,13 +136,6 @@ def test_gather_block_quantized_bad_index_is_clear_error():
     model = gbq_model(F32, 8, 64, 4, 32, [2])
     with pytest.raises(Exception, match="out of range"):
         session(model).run(None, {"indices": np.array([1, 8], np.int64)})
-
-
-def test_matmul_nbits_2bit_refused_stays_on_cpu():
-    model = nbits_model(F32, 64, 8, 2, 32)
-    assert unclaimed_ops(session(model)) == {"MatMulNBits": 1}
-    a = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
-    check_against_cpu(model, [{"A": a}], all_on_mlx=False)
 
 
 def test_matmul_nbits_g_idx_refused_stays_on_cpu():

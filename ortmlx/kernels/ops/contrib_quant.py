@@ -1,6 +1,6 @@
 """Block-quantized weights of onnxruntime's model builders: MatMulNBits, GatherBlockQuantized.
 
-MatMulNBits: B is (N, k_blocks, blob) uint8, ``bits``-bit values packed low bits first;
+MatMulNBits: B is (N, k_blocks, blob) uint8, ``bits``-bit (2/4/8) values packed low bits first;
 W[n, k] = (q - zp) * scale per block of ``block_size`` along K (default zp 2^(bits-1));
 Y = A @ W^T (+ bias). ORT's packing read as little-endian uint32 words is MLX's affine
 packing, so when the blocks tile K exactly and MLX has the group size, the product runs
@@ -26,9 +26,10 @@ def unpack_bits(packed, bits: int):
     """uint8 (..., n) -> uint8 (..., n * 8 / bits), low bits first."""
     if bits == 8:
         return packed
-    lo = packed & mx.array(0x0F, mx.uint8)
-    hi = packed >> mx.array(4, mx.uint8)
-    return mx.stack([lo, hi], axis=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+    per = 8 // bits
+    mask = mx.array((1 << bits) - 1, mx.uint8)
+    parts = [(packed >> mx.array(bits * i, mx.uint8)) & mask for i in range(per)]
+    return mx.stack(parts, axis=-1).reshape(*packed.shape[:-1], packed.shape[-1] * per)
 
 
 def block_zero_points(zero_points, n: int, k_blocks: int, bits: int, dtype):
@@ -56,8 +57,8 @@ def dequantize_blocks(B, scales, zero_points, *, K: int, N: int, bits: int, bloc
 def _mnb_check(v) -> str | None:
     a = v.attrs
     bits, bs, K, N = a.get("bits", 4), a["block_size"], a["K"], a["N"]
-    if bits not in (4, 8):
-        return f"bits={bits} (4 and 8 only)"
+    if bits not in (2, 4, 8):
+        return f"bits={bits} (2, 4 and 8 only)"
     if bs < 16 or bs & (bs - 1):
         return f"block_size={bs} is not a power of two >= 16"
     if a.get("weight_prepacked", 0):

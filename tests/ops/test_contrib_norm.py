@@ -9,8 +9,8 @@ from ortmlx.testing import check_against_cpu, make_model, session, unclaimed_ops
 
 MS = {"com.microsoft": 1}
 F32, F16 = TensorProto.FLOAT, TensorProto.FLOAT16
-NP = {F32: np.float32, F16: np.float16}
-TOL = {F32: dict(rtol=1e-4, atol=1e-5), F16: dict(rtol=2e-3, atol=2e-3)}
+NP = {F32: np.float32, F16: np.float16, TensorProto.DOUBLE: np.float64}
+TOL = {F32: dict(rtol=1e-4, atol=1e-5), F16: dict(rtol=2e-3, atol=2e-3), TensorProto.DOUBLE: dict(rtol=1e-10, atol=1e-12)}
 OUTS = ["output", "mean", "inv_std_var", "input_skip_bias_sum"]
 
 
@@ -109,6 +109,7 @@ LN1_CASES = [
     ("stats", F32, [2, 3, 16], -1, True, 3),
     ("axis1_no_bias", F32, [2, 3, 8], 1, False, 1),
     ("fp16", F16, [2, 4, 32], -1, True, 1),
+    ("fp64", TensorProto.DOUBLE, [2, 4, 32], -1, True, 1),
 ]
 
 

@@ -84,8 +84,9 @@ def registered_ops() -> set[str]:
 
 # ---------------------------------------------------------------------------- the builder
 class Builder:
-    def __init__(self, draw, st):
+    def __init__(self, draw, st, avoid: frozenset = frozenset()):
         self.draw, self.st = draw, st
+        self.avoid = avoid                 # known-bug quirks ("Op:quirk") not to generate, see KNOWN_BUGS
         self.values: list[V] = []
         self.nodes = []
         self.inits: dict[str, np.ndarray] = {}
@@ -162,13 +163,17 @@ class Builder:
             out = [self.draw(self.st.integers(1, 3))] + out
         return tuple(out)
 
-    def pick(self, pred, make_dtype=None, make_shape=None) -> V:
-        """An existing value satisfying ``pred`` (mostly) or a fresh raw one."""
+    def pick(self, pred, make_dtype=None, make_shape=None) -> V | None:
+        """An existing value satisfying ``pred`` (mostly) or a fresh raw one; None if none fits."""
         cands = [v for v in self.values if pred(v)]
         if cands and self.flag(0.75):
             return self.choice(cands)
         dt = make_dtype if make_dtype is not None else self.choice(NUM)
-        return self.raw(dt, make_shape if make_shape is not None else self.shape())
+        for _ in range(8):
+            shp = make_shape if make_shape is not None else self.shape()
+            if pred(V("", dt, shp)):
+                return self.raw(dt, shp)
+        return self.choice(cands) if cands else None
 
     def partner(self, v: V, dtype: int | None = None, nonzero: bool = False) -> V:
         dtype = v.dtype if dtype is None else dtype
@@ -219,6 +224,8 @@ def b_unary(b: Builder, op: str) -> None:
     types = {**UNARY_EXACT, **UNARY_STEP, **UNARY_F}[op]
     step = op in UNARY_STEP
     v = b.pick(lambda w: w.dtype in types and (w.exact or not step), b.choice(types))
+    if v is None:
+        return
     if v.dtype not in types:
         return
     attrs = {}
@@ -235,6 +242,8 @@ def b_unary(b: Builder, op: str) -> None:
 def b_binary(b: Builder, op: str) -> None:
     types = BINARY[op]
     a = b.pick(lambda w: w.dtype in types and (op != "Mod" or w.exact), b.choice(types))
+    if a is None:
+        return
     if a.dtype not in types:
         return
     attrs = {}
@@ -270,6 +279,8 @@ def _small(b: Builder, v: V) -> bool:
 def b_variadic(b: Builder, op: str) -> None:
     types = VARIADIC[op]
     a = b.pick(lambda w: w.dtype in types, b.choice(types))
+    if a is None:
+        return
     if a.dtype not in types:
         return
     ins = [a]
@@ -286,6 +297,8 @@ def b_variadic(b: Builder, op: str) -> None:
 
 def b_compare(b: Builder, op: str) -> None:
     a = b.pick(lambda w: w.dtype in NUM and w.exact, b.choice(NUM))
+    if a is None:
+        return
     if a.dtype not in NUM or not a.exact:
         return
     c = b.partner(a)
@@ -298,6 +311,8 @@ def b_compare(b: Builder, op: str) -> None:
 
 def b_logical(b: Builder, op: str) -> None:
     a = b.pick(lambda w: w.dtype == BOOL, BOOL)
+    if a is None:
+        return
     c = b.partner(a, BOOL)
     shp = _bshape(a.shape, c.shape)
     if shp is not None:
@@ -306,18 +321,26 @@ def b_logical(b: Builder, op: str) -> None:
 
 def b_not(b: Builder, op: str) -> None:
     a = b.pick(lambda w: w.dtype == BOOL, BOOL)
+    if a is None:
+        return
     b.emit(op, [a.name], [b.out(BOOL, a.shape, True)])
 
 
 def b_isx(b: Builder, op: str) -> None:
     a = b.pick(lambda w: w.dtype in FLOATS and w.exact, b.choice(FLOATS))
+    if a is None:
+        return
     if a.dtype in FLOATS and a.exact:
         b.emit(op, [a.name], [b.out(BOOL, a.shape, True)])
 
 
 def b_where(b: Builder, op: str) -> None:
     cnd = b.pick(lambda w: w.dtype == BOOL, BOOL)
+    if cnd is None:
+        return
     x = b.pick(lambda w: w.dtype in NUM, b.choice(NUM))
+    if x is None:
+        return
     if x.dtype not in NUM:
         return
     y = b.partner(x)
@@ -329,6 +352,8 @@ def b_where(b: Builder, op: str) -> None:
 
 def b_cast(b: Builder, op: str) -> None:
     a = b.pick(lambda w: True, b.choice(NUM + (BOOL,)))
+    if a is None:
+        return
     to = b.choice([t for t in NUM + (BOOL,) if t != a.dtype] or [a.dtype])
     if a.dtype in FLOATS and to not in FLOATS and not (a.exact and a.finite):
         return                                                  # float -> int of NaN/Inf or inexact: UB/unstable
@@ -338,6 +363,8 @@ def b_cast(b: Builder, op: str) -> None:
 
 def b_transpose(b: Builder, op: str) -> None:
     a = b.pick(lambda w: len(w.shape) >= 1)
+    if a is None:
+        return
     perm = list(b.rng.permutation(len(a.shape)))
     attrs = {"perm": [int(p) for p in perm]} if b.flag(0.8) else {}
     if not attrs:
@@ -347,6 +374,8 @@ def b_transpose(b: Builder, op: str) -> None:
 
 def b_reshape(b: Builder, op: str) -> None:
     a = b.pick(lambda w: 0 not in w.shape)
+    if a is None:
+        return
     if 0 in a.shape:
         return
     n = int(np.prod(a.shape, dtype=np.int64))
@@ -366,6 +395,8 @@ def b_reshape(b: Builder, op: str) -> None:
 
 def b_flatten(b: Builder, op: str) -> None:
     a = b.pick(lambda w: True)
+    if a is None:
+        return
     r = len(a.shape)
     axis = b.draw(b.st.integers(-r, r)) if r else 0
     k = axis % (r + 1) if r else 0
@@ -377,6 +408,8 @@ def b_flatten(b: Builder, op: str) -> None:
 
 def b_unsqueeze(b: Builder, op: str) -> None:
     a = b.pick(lambda w: len(w.shape) <= 4)
+    if a is None:
+        return
     r = len(a.shape)
     k = b.draw(b.st.integers(1, 2))
     axes = sorted(set(int(x) for x in b.rng.choice(r + k, size=k, replace=False)))
@@ -389,6 +422,8 @@ def b_unsqueeze(b: Builder, op: str) -> None:
 
 def b_squeeze(b: Builder, op: str) -> None:
     a = b.pick(lambda w: 1 in w.shape, make_shape=(2, 1, 3))
+    if a is None:
+        return
     ones = [i for i, d in enumerate(a.shape) if d == 1]
     if not ones:
         return
@@ -402,6 +437,8 @@ def b_squeeze(b: Builder, op: str) -> None:
 
 def b_concat(b: Builder, op: str) -> None:
     a = b.pick(lambda w: len(w.shape) >= 1)
+    if a is None:
+        return
     r = len(a.shape)
     axis = b.draw(b.st.integers(-r, r - 1))
     ins, total = [a], a.shape[axis]
@@ -418,6 +455,8 @@ def b_concat(b: Builder, op: str) -> None:
 
 def b_expand(b: Builder, op: str) -> None:
     a = b.pick(lambda w: len(w.shape) <= 3)
+    if a is None:
+        return
     tgt = [d if d != 1 or b.flag(0.5) else b.draw(b.st.integers(1, 3)) for d in a.shape]
     tgt = [1 if b.flag(0.2) else d for d in tgt]                 # Expand also accepts 1 where the input is larger
     if b.flag(0.3):
@@ -429,6 +468,8 @@ def b_expand(b: Builder, op: str) -> None:
 
 def b_tile(b: Builder, op: str) -> None:
     a = b.pick(lambda w: len(w.shape) >= 1)
+    if a is None:
+        return
     reps = [b.draw(b.st.integers(0 if b.flag(0.05) else 1, 3)) for _ in a.shape]
     out = tuple(d * r for d, r in zip(a.shape, reps))
     b.emit(op, [a.name, b.const_i64(reps)], [b.out(a.dtype, out, a.exact, a.finite)])
@@ -436,6 +477,8 @@ def b_tile(b: Builder, op: str) -> None:
 
 def b_slice(b: Builder, op: str) -> None:
     a = b.pick(lambda w: len(w.shape) >= 1)
+    if a is None:
+        return
     r = len(a.shape)
     axes = sorted(set(b.draw(b.st.integers(0, r - 1)) for _ in range(b.draw(b.st.integers(1, r)))))
     starts, ends, steps, out = [], [], [], list(a.shape)
@@ -459,6 +502,8 @@ def b_slice(b: Builder, op: str) -> None:
 
 def b_gather(b: Builder, op: str) -> None:
     a = b.pick(lambda w: len(w.shape) >= 1 and w.shape[0] > 0)
+    if a is None:
+        return
     r = len(a.shape)
     axis = b.draw(b.st.integers(-r, r - 1))
     d = a.shape[axis]
@@ -475,16 +520,22 @@ def b_gather(b: Builder, op: str) -> None:
 
 def b_shape(b: Builder, op: str) -> None:
     a = b.pick(lambda w: True)
+    if a is None:
+        return
     b.emit(op, [a.name], [b.out(I64, (len(a.shape),), True)])
 
 
 def b_reduce(b: Builder, op: str) -> None:
     types = REDUCE[op]
     a = b.pick(lambda w: w.dtype in types and len(w.shape) >= 1, b.choice(types))
+    if a is None:
+        return
     if a.dtype not in types or not a.shape:
         return
     if op in ("ReduceMax", "ReduceMin") and 0 in a.shape:
         return                                                  # empty max/min: no identity (implementation-defined)
+    if not a.finite and f"{op}:nan_input" in b.avoid:
+        return
     r = len(a.shape)
     keep = b.choice([0, 1])
     ins = [a.name]
@@ -504,14 +555,21 @@ def b_reduce(b: Builder, op: str) -> None:
 
 def b_softmax(b: Builder, op: str) -> None:
     a = b.pick(lambda w: w.dtype in FLOATS and len(w.shape) >= 1, b.choice(FLOATS))
+    if a is None:
+        return
     if a.dtype not in FLOATS or not a.shape:
         return
     r = len(a.shape)
-    b.emit(op, [a.name], [b.out(a.dtype, a.shape, False, False)], axis=b.draw(b.st.integers(-r, r - 1)))
+    axis = b.draw(b.st.integers(-r, r - 1))
+    if a.shape[axis] == 0 and f"{op}:empty_axis" in b.avoid:
+        return
+    b.emit(op, [a.name], [b.out(a.dtype, a.shape, False, False)], axis=axis)
 
 
 def b_argx(b: Builder, op: str) -> None:
     a = b.pick(lambda w: w.dtype in NUM and w.exact and len(w.shape) >= 1 and 0 not in w.shape, F32)
+    if a is None:
+        return
     if a.dtype not in NUM or not a.exact or not a.shape or 0 in a.shape or not a.finite:
         return
     r = len(a.shape)
@@ -535,7 +593,11 @@ def b_matmul(b: Builder, op: str) -> None:
     sa = (k,) if ra == 1 else (batch + (m, k) if ra > 2 else (m, k))
     sb = (k,) if rb == 1 else (batch + (k, n) if rb > 2 else (k, n))
     a = b.pick(lambda w: w.dtype == t and w.shape == sa, t, sa)
+    if a is None:
+        return
     c = b.pick(lambda w: w.dtype == t and w.shape == sb, t, sb)
+    if c is None:
+        return
     ea = np.empty(sa, np.float32)
     eb = np.empty(sb, np.float32)
     out = np.matmul(ea, eb).shape
@@ -544,6 +606,8 @@ def b_matmul(b: Builder, op: str) -> None:
 
 def b_clip(b: Builder, op: str) -> None:
     a = b.pick(lambda w: w.dtype in FLOATS, F32)
+    if a is None:
+        return
     if a.dtype not in FLOATS:
         return
     ins = [a.name]
@@ -588,8 +652,22 @@ def fuzzable_ops(only: set[str] | None = None) -> list[str]:
     return sorted(ops)
 
 
-def cases(ops: list[str] | None = None, max_nodes: int = 6):
+#: translator bugs the fuzzer found, not yet fixed by their owners: quirk -> what fails.
+#: ``cases(avoid=KNOWN_BUGS)`` keeps them out of CI; scripts/fuzz.py generates them unless --avoid-known.
+KNOWN_BUGS: dict[str, str] = {
+    "LogSoftmax:empty_axis": "LogSoftmax over an axis of size 0 raises in MLX ([max] Cannot max reduce over "
+                             "axis with size 0); the CPU EP returns the empty tensor",
+    "ReduceLogSumExp:nan_input": "ReduceLogSumExp of [inf, nan, 2]: MLX nan, CPU EP inf (the CPU EP's "
+                                 "answer depends on where the NaN sits); needs the owner's decision",
+    "ReduceMax:nan_input": "ReduceMax of [1, nan, 2]: MLX nan, CPU EP 2 (the CPU EP returns NaN only when the "
+                           "first reduced element is NaN); needs the owner's decision",
+    "ReduceMin:nan_input": "ReduceMin of [1, nan, 2]: MLX nan, CPU EP 1 (same order dependence as ReduceMax)",
+}
+
+
+def cases(ops: list[str] | None = None, max_nodes: int = 6, avoid=frozenset()):
     """Hypothesis strategy of :class:`Case` over ``ops`` (default: every registered op we can build)."""
+    avoid = frozenset(avoid)
     from hypothesis import strategies as st
 
     pool = list(ops) if ops is not None else fuzzable_ops()
@@ -598,7 +676,7 @@ def cases(ops: list[str] | None = None, max_nodes: int = 6):
 
     @st.composite
     def _case(draw):
-        b = Builder(draw, st)
+        b = Builder(draw, st, avoid)
         first = b.raw(draw(st.sampled_from(NUM + (BOOL,))), b.shape(), const=False)
         for _ in range(draw(st.integers(1, max_nodes))):
             op = draw(st.sampled_from(pool))

@@ -29,6 +29,17 @@ TRACE_LOCK = threading.RLock()
 _TLS = threading.local()
 
 
+def compile_thread() -> bool:
+    """Whether closures may run on this thread: only threads Python created.
+
+    MLX's compile cache is thread-local and its entries hold Python objects. A native thread
+    (ORT's inter-op pool in ORT_PARALLEL mode) destroys that cache when it exits, which needs
+    the GIL; ORT joins those threads from a session's destructor while holding the GIL, so a
+    compiled call on such a thread deadlocks the process later. Those threads run eagerly.
+    """
+    return not isinstance(threading.current_thread(), threading._DummyThread)
+
+
 def tracing() -> bool:
     """True while this thread is inside a compiled closure's traced body."""
     return getattr(_TLS, "depth", 0) > 0
@@ -114,6 +125,10 @@ class CompiledSubgraph:
         """Outputs for ``inputs``: compiled when trusted, else eager (same answer)."""
         with mx.stream(mx_device(self.device)):
             if self.released or self.static_reason:
+                return self._eager(inputs, probe)
+            if not compile_thread():
+                self._fallback("called on a thread Python did not create (MLX's per-thread compile cache "
+                               "would be torn down without the GIL): eager")
                 return self._eager(inputs, probe)
             try:
                 call = self._prepare(inputs)

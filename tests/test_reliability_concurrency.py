@@ -124,9 +124,9 @@ PARALLEL = textwrap.dedent("""
     print("released", flush=True)
 """)
 
-COMPILED_POOL_BUG = ("compiled path: mx.compile's per-thread cache on ORT's pool threads holds Python objects; "
-                     "when the session joins its pool (release, exit) the threads' TLS destructors wait for the "
-                     "GIL the releasing thread holds: deadlock (or 'terminate called' at exit). Reported.")
+# Found here: mx.compile's per-thread cache on ORT's pool threads held Python objects; when the session
+# joined its pool (release, exit) the threads' TLS destructors waited for the GIL the releasing thread held:
+# deadlock, or 'terminate called' at exit. Fixed in the compiled path (d060c90); these tests guard it.
 
 
 def run_script(code, *args, timeout=120):
@@ -136,8 +136,7 @@ def run_script(code, *args, timeout=120):
         raise AssertionError(f"hang: no exit after {timeout}s; stdout {e.stdout!r}") from None
 
 
-@pytest.mark.parametrize("compiled", [
-    False, pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=COMPILED_POOL_BUG))])
+@pytest.mark.parametrize("compiled", [False, True])
 def test_ort_parallel_pool_threads_right_answers_and_clean_release(compiled):
     """Independent branches run on ORT's inter-op threads; the session is released with them alive."""
     out = run_script(PARALLEL, "0" if compiled else "1", timeout=40)     # ~4 s when healthy
@@ -169,8 +168,7 @@ EXIT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("compiled", [
-    False, pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=COMPILED_POOL_BUG))])
+@pytest.mark.parametrize("compiled", [False, True])
 def test_interpreter_exit_with_live_sessions_made_on_worker_threads(tmp_path, compiled):
     path = tmp_path / "exit.json"
     out = run_script(EXIT, str(path), "0" if compiled else "1", timeout=40)

@@ -153,3 +153,15 @@ def test_failing_calls_leak_nothing():
             s.run(None, {"X": X})
     gc.collect()
     assert mx.get_active_memory() - base < 64 * 1024, "MLX memory grows with failed calls"
+
+
+def test_trace_fault_in_the_compiled_path_falls_back_eagerly_visibly(capfd):
+    """A failure while mx.compile traces is not the user's problem: right answers, and the summary says so."""
+    s = session(model(), options={"fault": "trace#1", "verbose": "1"})
+    for n in (2, 2, 3, 2):
+        check_good(s, np.linspace(-1, 1, 4 * n, dtype=np.float32).reshape(n, 4))
+    del s
+    gc.collect()
+    err = capfd.readouterr().err
+    assert "injected faults (trace): 1" in err
+    assert "poisoned: trace: EpError: injected fault at trace" in err and "eager fallbacks: 1" in err

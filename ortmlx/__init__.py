@@ -12,6 +12,11 @@ import importlib.util
 import os
 import threading
 
+from . import blas as _blas
+
+# Linux CPU: bind MLX's CBLAS calls to OpenBLAS before anything imports mlx.core (ortmlx/blas.py).
+_blas.preload()
+
 __version__ = "0.1.0"
 EP_NAME = "MLXExecutionProvider"
 

@@ -44,6 +44,7 @@ def test_session_release_frees_constants_programs_and_compute_infos():
     mine = [o for o in live_infos() if id(o) not in before_infos]
     assert mine
     refs = [weakref.ref(o) for o in mine] + [weakref.ref(o.program) for o in mine]
+    refs += [weakref.ref(o.runner) for o in mine if o.runner is not o.program]    # compiled closures' owner
     del s, mine
     gc.collect()
     assert all(r() is None for r in refs), "compute infos / programs survive session release"

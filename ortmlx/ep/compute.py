@@ -7,11 +7,17 @@ import threading
 import mlx.core as mx
 import numpy as np
 
+from .. import residency
 from ..compiled import make_runner
 from ..kernels import dtypes as dt
 from ..kernels.interpreter import Program
 from ..trace import Probe
 from .errors import ORT_INVALID_ARGUMENT, EpError
+
+
+def _nbytes(arrays) -> int:
+    """Bytes of the gathered inputs (what MLX copies onto its device)."""
+    return sum(a.nbytes for a in arrays if a is not None)
 
 
 class _Buffers:
@@ -95,9 +101,11 @@ class ComputeInfo:
                 arrays.append(np.frombuffer(ffi.buffer(b.data[i], cnt * itemsize), npt).reshape(shape))
         return arrays
 
-    def write_outputs(self, kctx, results, probe=None) -> None:
+    def write_outputs(self, kctx, results, probe=None) -> int:
+        """Copy every result into ORT's output buffers; returns the bytes copied."""
         abi, ffi = self.abi, self.abi.ffi
         b = self._tls.b
+        moved = 0
         for j, r in enumerate(results):
             host = dt.to_numpy(r) if isinstance(r, mx.array) else np.asarray(r)
             shape = host.shape
@@ -112,13 +120,16 @@ class ComputeInfo:
             if host.size:
                 dst = np.frombuffer(ffi.buffer(b.out[0], host.nbytes), host.dtype).reshape(shape)
                 np.copyto(dst, host)
+                moved += host.nbytes
+        return moved
 
     def compute(self, kctx) -> None:
         if self._observed:
             return self._compute_observed(kctx)
         inputs = self.gather(kctx)
         results = self.runner.run(inputs)
-        self.write_outputs(kctx, results)
+        out_bytes = self.write_outputs(kctx, results)
+        residency.add(_nbytes(inputs), out_bytes)
         self.calls += 1
         self.ep.stats.calls += 1
 
@@ -138,7 +149,8 @@ class ComputeInfo:
                 probe.mark("run")
                 results = self.runner.run(inputs)
             probe.mark("copy_out")
-            self.write_outputs(kctx, results, probe)
+            out_bytes = self.write_outputs(kctx, results, probe)
+            residency.add(_nbytes(inputs), out_bytes)
             ok = True
         except BaseException as e:
             err = e

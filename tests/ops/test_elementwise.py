@@ -59,6 +59,17 @@ def test_int64_extremes():
         check(node_model(op, [T.INT64, T.INT64], [T.INT64], {}, 13, initializers={"x1": b}), {"x0": a})
 
 
+def test_int64_through_double():
+    """ORT computes int64 Pow and Mod(fmod=1) with doubles: results beyond 2**53 are rounded."""
+    a = np.array([2**60 + 1, -(2**60 + 1), 3**39, 7, 2**53 + 1], np.int64)
+    b = np.array([3, 3, 1, 2, 2], np.int64)
+    for t in (T.INT64, T.UINT64):
+        m = node_model("Mod", [t, t], [t], {"fmod": 1}, 13, initializers={"x1": b.astype(NP_(t))})
+        check(m, {"x0": np.abs(a).astype(NP_(t)) if t == T.UINT64 else a})
+    m = node_model("Pow", [T.INT64, T.INT64], [T.INT64], {}, 15)
+    check(m, {"x0": np.array([3, 3, 2, -3, 0, 10, 2], np.int64), "x1": np.array([39, 38, 62, 39, -1, 30, -2], np.int64)})
+
+
 @pytest.mark.parametrize("t", SIGNED, ids=str)
 def test_int_min_by_minus_one(t):
     """INT_MIN / -1 traps (SIGFPE) in ORT's CPU kernel and in C; we wrap like Neg and never crash."""

@@ -130,7 +130,20 @@ def _mod_check(view) -> str | None:
         return f"Mod with fmod=0 on {dt.name(view.dtype(0))} is invalid (ORT rejects it)"
     if view.attrs.get("fmod", 0) not in (0, 1):
         return f"fmod={view.attrs['fmod']!r} is not 0 or 1"
+    if view.attrs.get("fmod", 0) == 1 and view.dtype(0) in (dt.INT64, dt.UINT64) and view.device != "cpu":
+        return f"{dt.name(view.dtype(0))} fmod=1 goes through float64 in ORT (float64 is CPU-only in MLX)"
     return None
+
+
+WIDE = (mx.int64, mx.uint64)
+
+
+def _c_fmod_f64(A, B):
+    """ORT's 64-bit integer fmod: std::fmod on doubles, then a cast (CPU device: float64)."""
+    a, b = A.astype(mx.float64), B.astype(mx.float64)
+    r = mx.remainder(a, b)                                # sign of b; C fmod has the sign of a
+    r = mx.where(mx.logical_and(r != 0, mx.not_equal(r < 0, a < 0)), r - b, r)
+    return r.astype(A.dtype)
 
 
 def _mod_host(A, B, *, fmod=0):
@@ -145,6 +158,8 @@ def _mod_host(A, B, *, fmod=0):
 @register("Mod", 10, dtypes=ARITH, check=_mod_check, host=_mod_host)
 def mod(A, B, *, fmod=0):
     """Remainder: fmod=0 takes the divisor's sign (integers), fmod=1 the dividend's (C fmod)."""
+    if fmod == 1 and A.dtype in WIDE:
+        return _c_fmod_f64(A, B)
     if _is_int(A) and mx.issubdtype(A.dtype, mx.signedinteger):
         minus1 = B == -1                                   # INT_MIN % -1 traps (SIGFPE) in C
         B1 = mx.where(minus1, mx.ones_like(B), B)
@@ -169,6 +184,8 @@ def _pow_check(view) -> str | None:
         return f"Pow exponent {dt.name(te)} with base {dt.name(tb)} not supported by ORT's CPU EP"
     if tb in dt.INTS and te in dt.FLOATS:
         return f"Pow of an integer base ({dt.name(tb)}) by a float exponent is not handled"
+    if tb == dt.INT64 and view.device != "cpu":
+        return "int64 Pow goes through float64 in ORT (float64 is CPU-only in MLX)"
     return None
 
 
@@ -194,6 +211,8 @@ def _int_pow(x, y):
 @register("Pow", 7, dtypes=POW_BASE, check=_pow_check)
 def pow_(X, Y):
     """X ** Y; the exponent may have another numeric type (opset 12+)."""
+    if X.dtype == mx.int64:                               # std::pow on doubles, then a cast
+        return mx.power(X.astype(mx.float64), Y.astype(mx.float64)).astype(X.dtype)
     if _is_int(X):
         return _int_pow(X, Y)
     if X.dtype in HALF:

@@ -266,3 +266,11 @@ def test_stats_are_visible():
     assert total["runners"] >= 1 and total["traces"] >= 1
     assert r.counters["compiled"] == "general"
     mx.clear_cache()
+
+
+def test_shapes_changing_every_call_stop_tracing():
+    m = mlp()
+    s, (r,) = compiled_session(m)
+    check(s, m, [feed(n) for n in range(1, 12)])
+    assert r.counters["traces"] == r.config.thrash_keys       # then new keys run eagerly, untraced
+    assert r.counters["compiled_calls"] == 0 and r.counters["eager_calls"] == 11

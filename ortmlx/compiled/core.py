@@ -106,6 +106,7 @@ class CompiledSubgraph:
         self._lock = threading.Lock()
         self._said: set[str] = set()
         self.released = False
+        self._stopped = False               # no new keys any more (max_keys / thrashing)
         self._eval = mx.eval                # the compiled path's eval (tests inject failures here)
         self.counters = {"compiled": self.label, "traces": 0, "compiled_calls": 0, "eager_calls": 0,
                          "verify_calls": 0, "guard_fails": 0, "poisoned": "", "poisoned_closures": 0, "keys": 0,
@@ -140,12 +141,16 @@ class CompiledSubgraph:
                 return self._eager(inputs, probe)
             plan = self._plans.get(k1)
             if plan is None:
+                if self._stopped:
+                    return self._eager(inputs, probe)
                 return self._first(k1, inputs, call, probe)
             if isinstance(plan, str):
                 return self._eager(inputs, probe)
             key = (k1, _host_bytes(plan, call.inputs))
             c = self._closures.get(key)
             if c is None:
+                if self._stopped:
+                    return self._eager(inputs, probe)
                 return self._first(k1, inputs, call, probe, plan)
             if c.poisoned:
                 return self._eager(inputs, probe)
@@ -203,9 +208,11 @@ class CompiledSubgraph:
             if key in self._closures:
                 return ref                  # another thread made it meanwhile
             if len(self._closures) >= self.config.max_keys:
+                self._stopped = True
                 self._fallback(f"more than {self.config.max_keys} shape keys: new keys run eagerly")
                 return ref
             if len(self._closures) >= self.config.thrash_keys and self.counters["compiled_calls"] == 0:
+                self._stopped = True
                 self._fallback(f"{len(self._closures)} shape keys and no closure reused: shapes change "
                                "every call, new keys run eagerly")
                 return ref

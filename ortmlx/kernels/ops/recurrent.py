@@ -1,0 +1,295 @@
+"""Recurrent layers: RNN, GRU, LSTM (opset 7 and 14+ with ``layout``).
+
+The input projection of every time step is one matmul; the recurrence is unrolled
+step by step into the lazy MLX graph. ``sequence_lens`` is a host value: lengths are
+checked on the host (1..seq_length, as ORT's CPU EP requires) and become per-step masks
+(state carried unchanged and Y zero past a sequence's end). float32 only (ORT's CPU EP
+runs these in float32; MLX's float64 exp/tanh is only float32-accurate).
+"""
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from .. import dtypes as dt
+from ..registry import register
+
+TYPES = frozenset({dt.FLOAT})
+DIRECTIONS = {"forward": 1, "reverse": 1, "bidirectional": 2}
+
+#: activation -> (number of alpha/beta parameters it reads, fn(x, alpha, beta))
+ACTS = {
+    "Relu": (0, lambda x, a, b: mx.maximum(x, 0)),
+    "Tanh": (0, lambda x, a, b: mx.tanh(x)),
+    "Sigmoid": (0, lambda x, a, b: mx.sigmoid(x)),
+    "Softsign": (0, lambda x, a, b: x / (1 + mx.abs(x))),
+    "Softplus": (0, lambda x, a, b: mx.logaddexp(x, mx.zeros_like(x))),
+    "LeakyRelu": (1, lambda x, a, b: mx.where(x >= 0, x, a * x)),
+    "ThresholdedRelu": (1, lambda x, a, b: mx.where(x > a, x, 0)),
+    "Elu": (1, lambda x, a, b: mx.where(x >= 0, x, a * (mx.exp(x) - 1))),
+    "Affine": (2, lambda x, a, b: a * x + b),
+    "ScaledTanh": (2, lambda x, a, b: a * mx.tanh(b * x)),
+    "HardSigmoid": (2, lambda x, a, b: mx.clip(a * x + b, 0, 1)),
+}
+DEFAULT_ACTS = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}
+
+
+def _s(v):
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _names(op, activations, n_dirs):
+    """Activation names; RNN's schema default ['Tanh', 'Tanh'] on one direction means one Tanh (as ORT reads it)."""
+    names = [_s(a) for a in activations] if activations else DEFAULT_ACTS[op] * n_dirs
+    if op == "RNN" and n_dirs == 1 and names == ["Tanh", "Tanh"]:
+        names = ["Tanh"]
+    return names
+
+
+def _activations(op, activations, alpha, beta, n_dirs):
+    """Per direction, a list of f(x) closures; alphas/betas are consumed in order by the functions needing them."""
+    names = _names(op, activations, n_dirs)
+    per = len(DEFAULT_ACTS[op])
+    if len(names) != per * n_dirs:
+        raise ValueError(f"{op}: {len(names)} activations given, {per * n_dirs} expected")
+    alphas, betas = list(alpha or []), list(beta or [])
+    fns = []
+    for n in names:
+        if n not in ACTS:
+            raise ValueError(f"{op}: activation {n!r} is not supported")
+        k, f = ACTS[n]
+        a = alphas.pop(0) if k >= 1 else 0.0
+        b = betas.pop(0) if k >= 2 else 0.0
+        fns.append(lambda x, f=f, a=a, b=b: f(x, a, b))
+    return [fns[d * per:(d + 1) * per] for d in range(n_dirs)]
+
+
+def _check(op):
+    per = len(DEFAULT_ACTS[op])
+
+    def check(view):
+        a = view.attrs
+        direction = _s(a.get("direction", "forward"))
+        if direction not in DIRECTIONS:
+            return f"direction {direction!r} is not one of {sorted(DIRECTIONS)}"
+        n_dirs = DIRECTIONS[direction]
+        names = _names(op, a.get("activations"), n_dirs)
+        if len(names) != per * n_dirs:
+            return f"{len(names)} activations given, {per * n_dirs} expected"
+        bad = [n for n in names if n not in ACTS]
+        if bad:
+            return f"activation {bad[0]!r} is not supported"
+        need_a = sum(ACTS[n][0] >= 1 for n in names)
+        need_b = sum(ACTS[n][0] >= 2 for n in names)
+        got_a, got_b = len(a.get("activation_alpha") or []), len(a.get("activation_beta") or [])
+        if (got_a, got_b) != (need_a, need_b):
+            return (f"activation_alpha/beta give {got_a}/{got_b} values, the activations read {need_a}/{need_b} "
+                    "(per-function defaults are not implemented)")
+        if view.attrs.get("layout", 0) not in (0, 1):
+            return f"layout {view.attrs.get('layout')} is not 0 or 1"
+        for i in range(1, view.n_inputs):
+            if i != 4 and view.has(i) and view.dtype(i) not in (None, dt.FLOAT):
+                return f"input {i} is {dt.name(view.dtype(i))}, not float32"
+        return None
+    return check
+
+
+def _lengths(sequence_lens, seq, batch):
+    """Per-batch lengths as an MLX int32 vector; ValueError unless 1 <= len <= seq."""
+    if sequence_lens is None:
+        return None
+    lens = np.asarray(sequence_lens).astype(np.int64).reshape(-1)
+    if lens.shape != (batch,):
+        raise ValueError(f"sequence_lens shape {lens.shape} != (batch,) = ({batch},)")
+    bad = (lens < 1) | (lens > seq)
+    if bad.any():
+        raise ValueError(f"sequence_lens value {int(lens[bad][0])} outside [1, {seq}]")
+    return None if (lens == seq).all() else mx.array(lens.astype(np.int32))
+
+
+def _run(step, x_proj, states, lens, reverse):
+    """Unroll ``step(x_t, states) -> (h, states)`` over time; returns (Y list in time order, final states)."""
+    seq = x_proj.shape[0]
+    ys = [None] * seq
+    order = range(seq - 1, -1, -1) if reverse else range(seq)
+    for t in order:
+        new = step(x_proj[t], states)
+        if lens is not None:
+            live = mx.expand_dims(t < lens, -1)
+            new = tuple(mx.where(live, n, s) for n, s in zip(new, states))
+            ys[t] = mx.where(live, new[0], 0)
+        else:
+            ys[t] = new[0]
+        states = new
+    return ys, states
+
+
+def _clip(x, clip):
+    return x if clip is None else mx.clip(x, -clip, clip)
+
+
+def _recurrent(op, cell, X, W, R, B, sequence_lens, inits, *, activations, activation_alpha, activation_beta,
+               clip, direction, hidden_size, layout, n_gates, extra=None):
+    """Shared driver: layouts, directions, bias split, outputs (Y, Y_h[, Y_c])."""
+    direction = _s(direction)
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction {direction!r} is not one of {sorted(DIRECTIONS)}")
+    n_dirs = DIRECTIONS[direction]
+    if layout == 1:
+        X = mx.swapaxes(X, 0, 1)
+        inits = [None if s is None else mx.swapaxes(s, 0, 1) for s in inits]
+    seq, batch, _ = X.shape
+    H = R.shape[-1]
+    if hidden_size is not None and hidden_size != H:
+        raise ValueError(f"hidden_size {hidden_size} != R's last dimension {H}")
+    if W.shape[0] != n_dirs or W.shape[1] != n_gates * H:
+        raise ValueError(f"W shape {tuple(W.shape)} does not fit {n_dirs} direction(s) x {n_gates} gates x {H}")
+    lens = _lengths(sequence_lens, seq, batch)
+    acts = _activations(op, activations, activation_alpha, activation_beta, n_dirs)
+    ys, finals = [], []
+    for d in range(n_dirs):
+        wb = B[d, :n_gates * H] if B is not None else None
+        rb = B[d, n_gates * H:] if B is not None else None
+        x_proj = X @ W[d].T
+        if wb is not None:
+            x_proj = x_proj + wb
+        states = tuple(mx.zeros((batch, H), X.dtype) if s is None else s[d] for s in inits)
+        ex = None if extra is None else extra[d]
+        step = cell(R[d], rb, acts[d], clip, H, ex)
+        reverse = direction == "reverse" or d == 1
+        y, st = _run(step, x_proj, states, lens, reverse)
+        ys.append(mx.stack(y) if seq else mx.zeros((0, batch, H), X.dtype))
+        finals.append(st)
+    Y = mx.stack(ys, axis=1)                                   # (seq, dirs, batch, H)
+    outs = [mx.stack([f[k] for f in finals]) for k in range(len(inits))]    # (dirs, batch, H)
+    if layout == 1:
+        Y = mx.transpose(Y, (2, 0, 1, 3))
+        outs = [mx.swapaxes(o, 0, 1) for o in outs]
+    return (Y, *outs)
+
+
+# ---------------------------------------------------------------- RNN
+def _rnn_cell(R, rb, acts, clip, H, extra):
+    f = acts[0]
+
+    def step(xw, states):
+        g = xw + states[0] @ R.T
+        if rb is not None:
+            g = g + rb
+        return (f(_clip(g, clip)),)
+    return step
+
+
+def _rnn(X, W, R, B, sequence_lens, initial_h, layout=0, **kw):
+    return _recurrent("RNN", _rnn_cell, X, W, R, B, sequence_lens, [initial_h], n_gates=1, layout=layout, **kw)
+
+
+@register("RNN", 7, const=(4,), dtypes=TYPES, check=_check("RNN"))
+def rnn_7(X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_alpha=None, activation_beta=None,
+          activations=None, clip=None, direction="forward", hidden_size=None):
+    """Ht = f(Xt W^T + Ht-1 R^T + Wb + Rb)."""
+    return _rnn(X, W, R, B, sequence_lens, initial_h, activation_alpha=activation_alpha,
+                activation_beta=activation_beta, activations=activations, clip=clip, direction=direction,
+                hidden_size=hidden_size)
+
+
+@register("RNN", 14, const=(4,), dtypes=TYPES, check=_check("RNN"))
+def rnn_14(X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_alpha=None, activation_beta=None,
+           activations=None, clip=None, direction="forward", hidden_size=None, layout=0):
+    return _rnn(X, W, R, B, sequence_lens, initial_h, layout, activation_alpha=activation_alpha,
+                activation_beta=activation_beta, activations=activations, clip=clip, direction=direction,
+                hidden_size=hidden_size)
+
+
+# ---------------------------------------------------------------- GRU
+def _gru_cell(linear_before_reset):
+    def cell(R, rb, acts, clip, H, extra):
+        f, g = acts
+        Rz, Rr, Rh = R[:H], R[H:2 * H], R[2 * H:]
+        rbz, rbr, rbh = (None, None, None) if rb is None else (rb[:H], rb[H:2 * H], rb[2 * H:])
+
+        def add(a, b):
+            return a if b is None else a + b
+
+        def step(xw, states):
+            h = states[0]
+            xz, xr, xh = xw[:, :H], xw[:, H:2 * H], xw[:, 2 * H:]
+            z = f(_clip(add(xz + h @ Rz.T, rbz), clip))
+            r = f(_clip(add(xr + h @ Rr.T, rbr), clip))
+            if linear_before_reset:
+                hh = g(_clip(xh + r * add(h @ Rh.T, rbh), clip))
+            else:
+                hh = g(_clip(add(xh + (r * h) @ Rh.T, rbh), clip))
+            return ((1 - z) * hh + z * h,)
+        return step
+    return cell
+
+
+def _gru(X, W, R, B, sequence_lens, initial_h, linear_before_reset, layout=0, **kw):
+    return _recurrent("GRU", _gru_cell(linear_before_reset), X, W, R, B, sequence_lens, [initial_h], n_gates=3,
+                      layout=layout, **kw)
+
+
+@register("GRU", 7, const=(4,), dtypes=TYPES, check=_check("GRU"))
+def gru_7(X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_alpha=None, activation_beta=None,
+          activations=None, clip=None, direction="forward", hidden_size=None, linear_before_reset=0):
+    """Gates z, r, h; Ht = (1 - z) * h~ + z * Ht-1."""
+    return _gru(X, W, R, B, sequence_lens, initial_h, linear_before_reset, activation_alpha=activation_alpha,
+                activation_beta=activation_beta, activations=activations, clip=clip, direction=direction,
+                hidden_size=hidden_size)
+
+
+@register("GRU", 14, const=(4,), dtypes=TYPES, check=_check("GRU"))
+def gru_14(X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_alpha=None, activation_beta=None,
+           activations=None, clip=None, direction="forward", hidden_size=None, layout=0, linear_before_reset=0):
+    return _gru(X, W, R, B, sequence_lens, initial_h, linear_before_reset, layout,
+                activation_alpha=activation_alpha, activation_beta=activation_beta, activations=activations,
+                clip=clip, direction=direction, hidden_size=hidden_size)
+
+
+# ---------------------------------------------------------------- LSTM
+def _lstm_cell(input_forget):
+    def cell(R, rb, acts, clip, H, P):
+        f, g, h_act = acts
+
+        def step(xw, states):
+            h, c = states
+            gates = xw + h @ R.T
+            if rb is not None:
+                gates = gates + rb
+            gi, go, gf, gc = (gates[:, k * H:(k + 1) * H] for k in range(4))
+            if P is not None:
+                gi, gf = gi + P[:H] * c, gf + P[2 * H:] * c
+            i = f(_clip(gi, clip))
+            fg = 1 - i if input_forget else f(_clip(gf, clip))
+            c_new = fg * c + i * g(_clip(gc, clip))
+            if P is not None:
+                go = go + P[H:2 * H] * c_new
+            o = f(_clip(go, clip))
+            return o * h_act(c_new), c_new
+        return step
+    return cell
+
+
+def _lstm(X, W, R, B, sequence_lens, initial_h, initial_c, P, input_forget, layout=0, **kw):
+    return _recurrent("LSTM", _lstm_cell(input_forget), X, W, R, B, sequence_lens, [initial_h, initial_c],
+                      n_gates=4, layout=layout, extra=P, **kw)
+
+
+@register("LSTM", 7, const=(4,), dtypes=TYPES, check=_check("LSTM"))
+def lstm_7(X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None, *, activation_alpha=None,
+           activation_beta=None, activations=None, clip=None, direction="forward", hidden_size=None,
+           input_forget=0):
+    """Gates i, o, f, c with optional peepholes P (i, o, f); outputs Y, Y_h, Y_c."""
+    return _lstm(X, W, R, B, sequence_lens, initial_h, initial_c, P, input_forget,
+                 activation_alpha=activation_alpha, activation_beta=activation_beta, activations=activations,
+                 clip=clip, direction=direction, hidden_size=hidden_size)
+
+
+@register("LSTM", 14, const=(4,), dtypes=TYPES, check=_check("LSTM"))
+def lstm_14(X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None, *, activation_alpha=None,
+            activation_beta=None, activations=None, clip=None, direction="forward", hidden_size=None,
+            input_forget=0, layout=0):
+    return _lstm(X, W, R, B, sequence_lens, initial_h, initial_c, P, input_forget, layout,
+                 activation_alpha=activation_alpha, activation_beta=activation_beta, activations=activations,
+                 clip=clip, direction=direction, hidden_size=hidden_size)

@@ -3,6 +3,8 @@ each load their own ORT: every factory keeps the Abi of the ORT that created it)
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from . import cdef
@@ -104,6 +106,16 @@ class Abi:
 
 
 def check_ort_version(version: str) -> None:
+    """Refuse an ORT without the plugin-EP ABI; warn once outside the tested range."""
     parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
     if parts < cdef.MIN_ORT_VERSION:
         raise OrtCallError(f"onnxruntime {version} is older than {cdef.MIN_ORT_VERSION}: no plugin-EP ABI")
+    lo, hi = cdef.TESTED_ORT
+    if not lo <= parts <= hi and version not in _WARNED:
+        _WARNED.add(version)
+        sys.stderr.write(f"MLXExecutionProvider: onnxruntime {version} is outside the tested range "
+                         f"{lo}..{hi}; the EP requests API {cdef.ORT_API_VERSION} and claims struct version "
+                         f"{cdef.EP_STRUCT_VERSION}\n")
+
+
+_WARNED: set[str] = set()

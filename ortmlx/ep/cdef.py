@@ -16,8 +16,8 @@ ORT never reads members added after the claimed version.
 ORT_API_VERSION = 23
 EP_STRUCT_VERSION = 23
 MIN_ORT_VERSION = (1, 23)
-#: range of onnxruntime releases this ABI table was tested on (pyproject pins it)
-TESTED_ORT = ((1, 23), (1, 32))
+#: onnxruntime releases (major, minor) this ABI table was run on; pyproject pins the same range
+TESTED_ORT = ((1, 31), (1, 32))
 
 API_SLOTS = {
     0: "OrtStatus* (*CreateStatus)(int code, const char* msg)",

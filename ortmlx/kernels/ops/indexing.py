@@ -237,6 +237,7 @@ def _pad_check(view):
 
 
 def _pad_index(d: int, before: int, after: int, mode: str) -> np.ndarray:
+    """Source position of every output position along one axis (edge / wrap / reflect)."""
     i = np.arange(-before, d + after)
     if mode == "edge":
         return np.clip(i, 0, d - 1)
@@ -249,7 +250,8 @@ def _pad_index(d: int, before: int, after: int, mode: str) -> np.ndarray:
     return np.where(i < d, i, period - i)
 
 
-def _pad(data, pads, value, mode, axes, vtype):
+def _pad(data, pads, value, mode, axes):
+    """Crop negative pads, then pad: constant with ``value`` (0 when None), else via a host index map."""
     r = data.ndim
     pads = ints(pads)
     axes = list(range(r)) if axes is None else norm_axes(ints(axes), r)
@@ -305,7 +307,7 @@ def _pad_empty(data, pads, axes, mode):
 @register("Pad", 2, check=_pad_check)
 def pad_v2(data, *, pads, mode="constant", value=0.0):
     """Pad-2: pads and value as attributes."""
-    return _pad(data, pads, mx.array(value).astype(data.dtype), mode, None, None)
+    return _pad(data, pads, mx.array(value).astype(data.dtype), mode, None)
 
 
 @register("Pad", 11, const=(1, 3), check=_pad_check)
@@ -316,7 +318,7 @@ def pad(data, pads, constant_value=None, axes=None, *, mode="constant"):
         if constant_value.size != 1:
             raise ValueError(f"constant_value must hold one element, got shape {tuple(constant_value.shape)}")
         v = mx.reshape(constant_value, ()).astype(data.dtype)
-    return _pad(data, pads, v, mode, axes, None)
+    return _pad(data, pads, v, mode, axes)
 
 
 # ---------------------------------------------------------------- TopK

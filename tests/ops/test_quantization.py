@@ -1,0 +1,104 @@
+"""QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear against ORT's CPU EP (integers exact)."""
+import numpy as np
+import pytest
+from onnx import TensorProto as T, helper
+
+from _nnutil import check, stays_on_cpu
+from ortmlx.testing import make_model
+
+NPT = {T.UINT8: np.uint8, T.INT8: np.int8, T.UINT16: np.uint16, T.INT16: np.int16, T.INT32: np.int32,
+       T.FLOAT: np.float32, T.FLOAT16: np.float16}
+X = (2, 3, 4)
+
+CASES = [  # (qtype, float type, scale shape, attrs, with zero point, opset)
+    (T.UINT8, T.FLOAT, (), {}, True, 10),
+    (T.UINT8, T.FLOAT, (), {}, False, 13),
+    (T.INT8, T.FLOAT, (3,), {}, True, 13),
+    (T.INT8, T.FLOAT, (4,), {"axis": -1}, True, 13),
+    (T.UINT8, T.FLOAT, (2,), {"axis": 0}, False, 19),
+    (T.INT8, T.FLOAT16, (3,), {}, True, 19),
+    (T.UINT16, T.FLOAT, (3,), {}, True, 21),
+    (T.INT16, T.FLOAT, (), {}, True, 21),
+    (T.INT8, T.FLOAT, (2, 3, 2), {"axis": 2, "block_size": 2}, True, 21),
+    (T.UINT8, T.FLOAT, (2, 1, 4), {"axis": 1, "block_size": 3}, True, 21),
+    (T.INT8, T.FLOAT, (1, 3, 4), {"axis": 0, "block_size": 2}, False, 21),
+    (T.INT8, T.FLOAT, (3,), {}, True, 23),
+    (T.UINT8, T.FLOAT16, (), {}, True, 23),
+]
+
+
+def _params(q, f, sshape, zp, seed=0):
+    rng = np.random.default_rng(seed)
+    p = {"s": rng.uniform(0.02, 0.2, sshape).astype(NPT[f])}
+    if zp:
+        info = np.iinfo(NPT[q])
+        p["z"] = rng.integers(max(info.min, -20), min(info.max, 20) + 1, sshape).astype(NPT[q])
+    return p
+
+
+@pytest.mark.parametrize("q,f,sshape,attrs,zp,opset", CASES)
+def test_dequantize(q, f, sshape, attrs, zp, opset):
+    inits = _params(q, f, sshape, zp)
+    node = helper.make_node("DequantizeLinear", ["x", "s"] + (["z"] if zp else []), ["y"], **attrs)
+    m = make_model([node], [("x", q, X)], [("y", f, None)], inits, opset=opset)
+    info = np.iinfo(NPT[q])
+    x = np.random.default_rng(1).integers(info.min, int(info.max) + 1, X).astype(NPT[q])
+    check(m, {"x": x}, f)
+
+
+@pytest.mark.parametrize("q,f,sshape,attrs,zp,opset", CASES)
+def test_quantize(q, f, sshape, attrs, zp, opset):
+    inits = _params(q, f, sshape, zp)
+    if not zp and q != T.UINT8:
+        attrs = dict(attrs, output_dtype=q)            # without a zero point y is uint8 unless told
+    node = helper.make_node("QuantizeLinear", ["x", "s"] + (["z"] if zp else []), ["y"], **attrs)
+    m = make_model([node], [("x", f, X)], [("y", q, None)], inits, opset=opset)
+    x = np.random.default_rng(2).uniform(-40, 40, X).astype(NPT[f])       # some values saturate
+    check(m, {"x": x}, f)
+
+
+def test_quantize_ties_round_half_even():
+    node = helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])
+    m = make_model([node], [("x", T.FLOAT, (10,))], [("y", T.INT8, None)],
+                   {"s": np.array(0.5, np.float32), "z": np.array(3, np.int8)})
+    check(m, {"x": np.array([0.25, 0.75, 1.25, -0.25, -0.75, -1.25, 63.0, 63.25, -65.75, -66.25], np.float32)})
+
+
+def test_quantize_precision_refused():
+    # precision=float16 asks for a float16 division: not implemented, stays on CPU
+    node = helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"], precision=T.FLOAT16)
+    m = make_model([node], [("x", T.FLOAT, (4,))], [("y", T.UINT8, None)],
+                   {"s": np.array(0.3, np.float32), "z": np.array(3, np.uint8)}, opset=23)
+    try:
+        stays_on_cpu(m, {"x": np.array([0.1, 1.0, 2.5, 40.0], np.float32)}, "QuantizeLinear")
+    except Exception as e:                       # noqa: BLE001
+        if "precision" in str(e) and "MLX" not in str(e):
+            pytest.skip(f"ORT's CPU EP cannot run it either: {e}")
+        raise
+
+
+def test_dequantize_int32():
+    node = helper.make_node("DequantizeLinear", ["x", "s"], ["y"])
+    m = make_model([node], [("x", T.INT32, (6,))], [("y", T.FLOAT, None)], {"s": np.array(0.01, np.float32)})
+    check(m, {"x": np.array([-2**31, 2**31 - 1, 0, 1, -7, 123456789], np.int32)})
+
+
+def test_dequantize_int32_nonzero_zero_point_refused():
+    node = helper.make_node("DequantizeLinear", ["x", "s", "z"], ["y"])
+    m = make_model([node], [("x", T.INT32, (3,)), ("z", T.INT32, ())], [("y", T.FLOAT, None)],
+                   {"s": np.array(0.5, np.float32)})
+    stays_on_cpu(m, {"x": np.array([1, 2, 3], np.int32), "z": np.array(0, np.int32)}, "DequantizeLinear")
+
+
+@pytest.mark.parametrize("x", [
+    np.array([[-1.5, 0.0, 2.25], [7.0, -3.0, 0.5]], np.float32),
+    np.array([0.1, 2.0, 3.0, 255.0], np.float32),          # all >= 0: zero point 0
+    np.array([-0.1, -2.0, -3.5], np.float32),               # all <= 0: zero point 255
+    np.zeros((3, 2), np.float32),                           # constant: scale 0 -> ORT's convention
+    np.random.default_rng(3).normal(0, 4, (5, 7)).astype(np.float32),
+])
+def test_dynamic_quantize(x):
+    node = helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])
+    m = make_model([node], [("x", T.FLOAT, x.shape)], [("y", T.UINT8, None), ("s", T.FLOAT, None),
+                                                        ("z", T.UINT8, None)])
+    check(m, {"x": x})

@@ -45,6 +45,8 @@ def register(name: str = EP_NAME, genai: bool | None = None) -> str:
     """
     path = library_path()
     with _lock:
+        if not _registered:
+            _cffi_embedding_unlock()
         if "onnxruntime" not in _registered:
             import onnxruntime as ort
             ort.register_execution_provider_library(name, path)
@@ -61,6 +63,22 @@ def register(name: str = EP_NAME, genai: bool | None = None) -> str:
                 # genai's ORT must let go of the library before the interpreter finalizes
                 atexit.register(_genai_unregister, og, name)
     return path
+
+
+def _cffi_embedding_unlock() -> None:
+    """Python < 3.12: cffi's embedding start-up (run when ORT first calls into the shim) spins
+    until PyCapsule_Type.tp_version_tag is 0, but any earlier attribute lookup on a capsule
+    (``import torch`` does one) sets that tag: the process would hang forever inside
+    ``register_execution_provider_library``. PyType_Modified resets the tag (it only drops the
+    type's attribute cache)."""
+    import sys
+    if sys.version_info >= (3, 12) or sys.implementation.name != "cpython":
+        return
+    import ctypes
+    import datetime
+    fn = ctypes.pythonapi.PyType_Modified
+    fn.argtypes, fn.restype = [ctypes.py_object], None
+    fn(type(datetime.datetime_CAPI))
 
 
 def _genai_unregister(og, name: str) -> None:

@@ -118,9 +118,14 @@ def test_pow_mixed(tb, te):
     check(m, {"x0": base, "x1": ex}, tb)
 
 
-def test_pow_int_base_float_exp_refused():
-    m = node_model("Pow", [T.INT32, T.FLOAT], [T.INT32], {}, 15)
-    check_refused(m, {"x0": np.array([2, 3], np.int32), "x1": np.array([0.5, 2.0], np.float32)}, "Pow")
+@pytest.mark.parametrize("tb,te", [(T.INT32, T.FLOAT), (T.INT64, T.FLOAT), (T.INT32, T.DOUBLE), (T.INT64, T.DOUBLE)],
+                         ids=str)
+def test_pow_int_base_float_exp(tb, te):
+    """Integer base, float exponent: std::pow on doubles, truncated (out of range: the type's minimum)."""
+    m = node_model("Pow", [tb, te], [tb], {}, 15)
+    x = np.array([2, 3, -3, 0, 10, 7, 5, 2, 4], NP_(tb))
+    y = np.array([0.5, 2.0, 3.0, -1.0, 2.5, 1 / 3, 40.0, -0.5, 0.5], NP_(te))
+    check(m, {"x0": x, "x1": y})
 
 
 UNARY = [

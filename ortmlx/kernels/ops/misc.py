@@ -1,0 +1,106 @@
+"""Odds and ends: NonMaxSuppression.
+
+NonMaxSuppression is host-computed (its output size depends on the data): a greedy pass per
+(batch, class) over the candidates above ``score_threshold`` by descending score (ties: lower
+box index first), a candidate kept unless its IoU with an already kept box exceeds
+``iou_threshold``. The IoU is evaluated in float32 with the same operations, in the same
+order, as ORT's CPU kernel, so boxes at the threshold resolve the same way.
+"""
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from .. import dtypes as dt
+from ..registry import register
+
+F32 = np.float32
+
+
+def _host(x):
+    return dt.to_numpy(x) if isinstance(x, mx.array) else np.asarray(x)
+
+
+def _scalar(x, default, kind):
+    if x is None:
+        return default
+    a = _host(x).reshape(-1)
+    if a.size != 1:
+        raise ValueError(f"{kind} must hold one value, got shape {_host(x).shape}")
+    return a[0]
+
+
+def _corners(boxes, center_point_box: int):
+    """(x_min, y_min, x_max, y_max) float32 columns, as ORT derives them."""
+    b = boxes.astype(F32)
+    if center_point_box == 0:
+        y_a, x_a, y_b, x_b = b[:, 0], b[:, 1], b[:, 2], b[:, 3]
+        return np.minimum(x_a, x_b), np.minimum(y_a, y_b), np.maximum(x_a, x_b), np.maximum(y_a, y_b)
+    w, h = b[:, 2] / F32(2), b[:, 3] / F32(2)
+    return b[:, 0] - w, b[:, 1] - h, b[:, 0] + w, b[:, 1] + h
+
+
+def _suppressed(c, kept, j, thr):
+    """Whether box ``j`` overlaps any of the ``kept`` boxes by IoU > thr (float32, ORT's operation order)."""
+    x0, y0, x1, y1 = (v[kept] for v in c)
+    a0, b0, a1, b1 = (v[j] for v in c)
+    zero = F32(0)
+    inter = (np.maximum(np.minimum(x1, a1) - np.maximum(x0, a0), zero) *
+             np.maximum(np.minimum(y1, b1) - np.maximum(y0, b0), zero))
+    area_k = (x1 - x0) * (y1 - y0)
+    area_j = (a1 - a0) * (b1 - b0)
+    union = area_k + area_j - inter
+    ok = (inter > zero) & (area_k > zero) & (area_j > zero) & (union > zero)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iou = inter / np.where(ok, union, F32(1))
+    return bool(np.any(ok & (iou > thr)))
+
+
+def nms(boxes, scores, max_out: int, iou: float, score_thr, center_point_box: int) -> np.ndarray:
+    """Selected (batch, class, box) triples, int64 (n, 3)."""
+    if boxes.ndim != 3 or scores.ndim != 3 or boxes.shape[2] != 4:
+        raise ValueError(f"boxes {boxes.shape} must be (B, N, 4) and scores {scores.shape} (B, C, N)")
+    if boxes.shape[0] != scores.shape[0] or boxes.shape[1] != scores.shape[2]:
+        raise ValueError(f"boxes {boxes.shape} and scores {scores.shape} disagree on batches or boxes")
+    if not 0 <= iou <= 1:
+        raise ValueError(f"iou_threshold {iou} outside [0, 1]")
+    if np.isnan(scores).any():
+        raise ValueError("NaN score: ORT's candidate order is undefined for it")
+    out = []
+    if max_out <= 0:
+        return np.zeros((0, 3), np.int64)
+    thr = F32(iou)
+    for b in range(boxes.shape[0]):
+        c = _corners(boxes[b], center_point_box)
+        for k in range(scores.shape[1]):
+            s = scores[b, k].astype(F32)
+            cand = np.arange(s.size) if score_thr is None else np.nonzero(s > F32(score_thr))[0]
+            cand = cand[np.lexsort((cand, -s[cand]))]          # score descending, then lower index
+            kept: list[int] = []
+            for j in cand:
+                if kept and _suppressed(c, np.array(kept), j, thr):
+                    continue
+                kept.append(int(j))
+                out.append((b, k, int(j)))
+                if len(kept) >= max_out:
+                    break
+    return np.array(out, np.int64).reshape(-1, 3)
+
+
+def _nms_check(view):
+    cpb = view.attrs.get("center_point_box", 0)
+    if cpb not in (0, 1):
+        return f"center_point_box {cpb} is not 0 or 1"
+    if view.dtype(1) != dt.FLOAT:
+        return f"scores dtype {dt.name(view.dtype(1))} is not float32"
+    return None
+
+
+@register("NonMaxSuppression", 10, dtypes={dt.FLOAT}, host_computed=True, check=_nms_check)
+def non_max_suppression(boxes, scores, max_output_boxes_per_class=None, iou_threshold=None,
+                        score_threshold=None, *, center_point_box=0):
+    """Greedy per-class NMS; selected_indices (n, 3) int64 in selection order."""
+    max_out = int(_scalar(max_output_boxes_per_class, 0, "max_output_boxes_per_class"))
+    iou = float(_scalar(iou_threshold, 0.0, "iou_threshold"))
+    st = None if score_threshold is None else float(_scalar(score_threshold, 0.0, "score_threshold"))
+    return nms(_host(boxes), _host(scores), max_out, iou, st, center_point_box)

@@ -1,0 +1,53 @@
+"""Misc ops against ORT's CPU EP: NonMaxSuppression."""
+import numpy as np
+import pytest
+from onnx import TensorProto as T, helper
+
+from ortmlx.testing import check_against_cpu, make_model
+
+
+def _boxes(rng, b, n, center):
+    if center:
+        xy = rng.uniform(0, 10, (b, n, 2))
+        wh = rng.uniform(0.5, 4, (b, n, 2))
+        return np.concatenate([xy, wh], -1).astype(np.float32)
+    p, q = rng.uniform(0, 10, (b, n, 2)), rng.uniform(0, 10, (b, n, 2))   # corners in any order
+    return np.concatenate([p, q], -1).astype(np.float32)
+
+
+NMS = [  # (batches, classes, boxes, max_out, iou, score threshold, center_point_box, tied scores)
+    (1, 1, 20, 5, 0.5, None, 0, False),
+    (2, 3, 30, 10, 0.3, 0.2, 0, False),
+    (2, 2, 40, 100, 0.1, None, 1, False),
+    (1, 2, 50, 50, 0.5, 0.0, 0, True),         # many equal scores: ties go to the lower index
+    (3, 1, 60, 7, 0.0, None, 1, True),
+    (1, 1, 10, 0, 0.5, None, 0, False),        # max 0: nothing selected
+    (1, 1, 0, 3, 0.5, None, 0, False),         # no boxes
+]
+
+
+@pytest.mark.parametrize("b,c,n,max_out,iou,st,cpb,ties", NMS)
+def test_nms(b, c, n, max_out, iou, st, cpb, ties):
+    ins = ["boxes", "scores", "m", "iou"] + (["st"] if st is not None else [])
+    node = helper.make_node("NonMaxSuppression", ins, ["sel"], center_point_box=cpb)
+    inits = {"m": np.array([max_out], np.int64), "iou": np.array([iou], np.float32)}
+    if st is not None:
+        inits["st"] = np.array([st], np.float32)
+    m = make_model([node], [("boxes", T.FLOAT, (b, n, 4)), ("scores", T.FLOAT, (b, c, n))],
+                   [("sel", T.INT64, None)], inits)
+    feeds = []
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        s = rng.uniform(0, 1, (b, c, n))
+        if ties:
+            s = np.round(s * 4) / 4
+        feeds.append({"boxes": _boxes(rng, b, n, cpb), "scores": s.astype(np.float32)})
+    check_against_cpu(m, feeds)
+
+
+def test_nms_defaults_select_nothing():
+    # without max_output_boxes_per_class the spec's default 0 selects nothing
+    node = helper.make_node("NonMaxSuppression", ["boxes", "scores"], ["sel"])
+    m = make_model([node], [("boxes", T.FLOAT, (1, 4, 4)), ("scores", T.FLOAT, (1, 1, 4))], [("sel", T.INT64, None)])
+    rng = np.random.default_rng(0)
+    check_against_cpu(m, [{"boxes": _boxes(rng, 1, 4, 0), "scores": rng.uniform(0, 1, (1, 1, 4)).astype(np.float32)}])

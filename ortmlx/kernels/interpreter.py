@@ -119,6 +119,11 @@ class Program:
                                 for k, v in graph.constants.items() if k not in set(self.inputs)}
                 mx.eval(*constants_mx.values())
         self.constants = constants_mx
+        #: small integer/bool constants also live on the host, so shape math on them stays there
+        self.host_constants = {k: np.array(v) for k, v in graph.constants.items()
+                               if k in constants_mx and v.size <= HOST_MAX_ELEMS
+                               and dt.FROM_NUMPY.get(np.asarray(v).dtype) in dt.INTS | {dt.BOOL}
+                               and self.types.get(k) != dt.BFLOAT16}
 
     # ------------------------------------------------------------------ per call
     #: ``run`` accepts ``probe`` (``ortmlx.trace.Probe``): it marks the build and eval stages
@@ -140,12 +145,14 @@ class Program:
 
     def build(self, inputs: list[Any], env: dict | None = None) -> dict[str, Any]:
         """Build the lazy graph: returns name -> value for every value of the group."""
-        env = dict(self.constants) if env is None else env
+        if env is None:
+            env = dict(self.constants)
+            env.update(self.host_constants)
         if len(inputs) != len(self.inputs):
             raise KernelError(f"expected {len(self.inputs)} inputs, got {len(inputs)}")
         for name, a in zip(self.inputs, inputs):
             env[name] = a
-        types = self.types
+        dev: dict[str, mx.array] = {}       # device copies of host values, made once per call
         for st in self.steps:
             od = st.opdef
             args = []
@@ -174,10 +181,7 @@ class Program:
                             if isinstance(a, mx.array):
                                 args[i] = dt.to_numpy(a)       # forces evaluation: eager only
                         elif not isinstance(a, mx.array):
-                            t = types.get(st.inputs[i]) or dt.onnx_type_of(a)
-                            a = dt.to_mx(np.asarray(a), t)
-                            env[st.inputs[i]] = a              # convert once per call
-                            args[i] = a
+                            args[i] = self._device_copy(st.inputs[i], a, dev)
                     out = od.fn(*args, **st.attrs, ctx=st.ctx) if od.wants_ctx else od.fn(*args, **st.attrs)
             except KernelError:
                 raise
@@ -193,6 +197,17 @@ class Program:
                 if isinstance(v, mx.array) and v.nbytes > MAX_VALUE_BYTES:
                     raise KernelError(too_big(st.node.label, j, name, v))
         return env
+
+    def _device_copy(self, name: str, a, dev: dict) -> mx.array:
+        """The MLX copy of host value ``name`` (preloaded for constants, else made once per call)."""
+        v = dev.get(name)
+        if v is None:
+            v = self.constants.get(name) if name in self.host_constants else None
+            if v is None:
+                a = np.asarray(a)
+                v = dt.to_mx(np.ascontiguousarray(a) if a.ndim else a, self.types.get(name) or dt.onnx_type_of(a))
+            dev[name] = v
+        return v
 
 
 def _as_type(v, t: int | None):

@@ -150,6 +150,8 @@ def _mod_host(A, B, *, fmod=0):
     A, B = np.asarray(A), np.asarray(B)
     _no_zero_divisor(B)
     with np.errstate(divide="ignore", invalid="ignore"):
+        if fmod and A.dtype in (np.int64, np.uint64):     # like the device: std::fmod on doubles
+            return np.fmod(A.astype(np.float64), B.astype(np.float64)).astype(A.dtype)
         if fmod:
             return np.fmod(A, B)
         return np.mod(A, B)

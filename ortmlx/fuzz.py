@@ -112,7 +112,7 @@ class Builder:
         r = self.rng
         finite = True
         if dtype in FLOATS:
-            a = (r.integers(-32, 33, shape) / 8.0).astype(NP[dtype])
+            a = np.asarray(r.integers(-32, 33, shape) / 8.0).astype(NP[dtype])      # 0-d stays an array
             if nonzero:
                 a[a == 0] = 0.5
             elif self.specials and a.size and r.random() < 0.5:
@@ -121,11 +121,11 @@ class Builder:
                 a.reshape(-1)[idx] = r.choice(np.array([np.nan, np.inf, -np.inf, -0.0], NP[dtype]), k)
                 finite = bool(np.isfinite(a).all())
         elif dtype in INTS:
-            a = r.integers(-9, 10, shape).astype(NP[dtype])
+            a = np.asarray(r.integers(-9, 10, shape)).astype(NP[dtype])
             if nonzero:
                 a[a == 0] = 3
         else:
-            a = r.random(shape) < 0.5
+            a = np.asarray(r.random(shape) < 0.5)
         return np.ascontiguousarray(a), finite
 
     def raw(self, dtype: int, shape: tuple, const: bool | None = None, nonzero: bool = False) -> V:

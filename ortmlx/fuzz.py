@@ -126,7 +126,7 @@ class Builder:
                 a[a == 0] = 3
         else:
             a = np.asarray(r.random(shape) < 0.5)
-        return np.ascontiguousarray(a), finite
+        return np.array(a, order="C"), finite          # (ascontiguousarray would make 0-d arrays 1-d)
 
     def raw(self, dtype: int, shape: tuple, const: bool | None = None, nonzero: bool = False) -> V:
         a, finite = self.data(dtype, shape, nonzero)

@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import dataclasses
+import weakref
 
 from ..kernels.registry import MS, norm_domain
 from .config import DECODE, PREFILL
 import numpy as np
 
 from .core import Call, CompiledSubgraph
-from .decode_ops import gather_traced, gqa_traced
+from .decode_ops import (gather_block_quantized_traced, gather_traced, gqa_traced, prepack_nbits,
+                         rotary_traced)
 
 #: symbolic dims a decode key leaves free: the growing attention-mask length. The past
 #: length stays in the key: with genai's shared buffer it is the buffer size (fixed for a
@@ -120,11 +122,34 @@ def traced_overrides(program, decode: bool | None, padded: bool = False) -> dict
         dom = norm_domain(st.node.domain)
         if st.node.op_type == "Gather" and dom == "":
             out[i] = dataclasses.replace(st.opdef, fn=gather_traced, const_inputs=frozenset(), wants_ctx=False)
+        elif st.node.op_type == "RotaryEmbedding" and dom == MS:
+            out[i] = dataclasses.replace(st.opdef, fn=rotary_traced, const_inputs=frozenset(), wants_ctx=False)
+        elif st.node.op_type == "GatherBlockQuantized" and dom == MS:
+            out[i] = dataclasses.replace(st.opdef, fn=gather_block_quantized_traced, const_inputs=frozenset(),
+                                         wants_ctx=False)
+        elif st.node.op_type == "MatMulNBits" and dom == MS:
+            fn = _prepacked(program, i)
+            if fn is not None:
+                out[i] = dataclasses.replace(st.opdef, fn=fn, wants_ctx=False)
         elif decode is not None and st.node.op_type == "GroupQueryAttention" and dom == MS:
             const = frozenset() if decode else st.opdef.const_inputs
             out[i] = dataclasses.replace(st.opdef, fn=gqa_traced(decode, padded), const_inputs=const,
                                          wants_ctx=False)
     return out
+
+
+_PREPACKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _prepacked(program, i: int):
+    """The prepacked MatMulNBits translator of step ``i`` (shared by a program's closures)."""
+    per = _PREPACKED.setdefault(program, {})
+    if i not in per:
+        try:
+            per[i] = prepack_nbits(program, program.steps[i])
+        except Exception:  # noqa: BLE001 - not prepackable: the eager translator is traced (and may fail)
+            per[i] = None
+    return per[i]
 
 
 def dims_named(program, names) -> frozenset:

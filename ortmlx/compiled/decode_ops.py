@@ -164,3 +164,140 @@ def gather_traced(data, indices, *, axis=0):
     add_guard(mx.all((idx >= -n) & (idx < n)))
     idx = mx.where(idx < 0, idx + n, idx)
     return mx.take(data, idx.astype(mx.int32) if n < 2**31 else idx, axis=a)
+
+
+# ---------------------------------------------------------------------------- RotaryEmbedding
+def rotary_traced(input, position_ids, cos_cache, sin_cache, *, interleaved=0, is_packed_batching=0,
+                  num_heads=0, rotary_embedding_dim=0, scale=1.0):
+    """com.microsoft RotaryEmbedding with ``position_ids`` as data (the eager translator reads
+    them on the host). Eager's range check becomes a guard; the math is eager's
+    (``rotary_tables`` + ``apply_rotary``)."""
+    from ..kernels.ops.contrib_attention import apply_rotary, rotary_tables
+    if is_packed_batching or scale != 1.0:
+        raise NotImplementedError("traced RotaryEmbedding: is_packed_batching / scale")
+    half = cos_cache.shape[-1]
+    rd = rotary_embedding_dim if rotary_embedding_dim > 0 else 2 * half
+    if rd != 2 * half or sin_cache.shape != cos_cache.shape:
+        raise ValueError(f"cos_cache {cos_cache.shape} / sin_cache {sin_cache.shape} do not fit rotary dim {rd}")
+    if input.ndim == 4:
+        b, n, s, h = input.shape
+        x = input
+    else:
+        b, s, hidden = input.shape
+        n = num_heads if num_heads > 0 else hidden // rd
+        h = hidden // n
+        if n * h != hidden:
+            raise ValueError(f"hidden size {hidden} not divisible by num_heads {n}")
+        x = input.reshape(b, s, n, h).transpose(0, 2, 1, 3)
+    if rd > h:
+        raise ValueError(f"rotary dim {rd} exceeds head size {h}")
+    rows = cos_cache.shape[0]
+    pid = position_ids if isinstance(position_ids, mx.array) else mx.array(np.asarray(position_ids))
+    pid = pid.astype(mx.int64)
+    if pid.size == 1:
+        # eager: a one-element position_ids is a start offset for the S positions
+        start = pid.reshape(1, 1)
+        add_guard(mx.all(start >= 0) & mx.all(start + s <= rows))
+        pos = mx.broadcast_to(mx.arange(s, dtype=mx.int64).reshape(1, s) + start, (b, s))
+    elif tuple(pid.shape) == (b, s):
+        add_guard(mx.all(pid >= 0) & mx.all(pid < rows))
+        pos = pid
+    else:
+        raise ValueError(f"position_ids shape {pid.shape}, expected (1,) or ({b}, {s})")
+    pos = mx.clip(pos, 0, rows - 1).astype(mx.int32)   # a failed guard answers from eager anyway
+    c, sn = rotary_tables(cos_cache, sin_cache, pos, h, bool(interleaved))
+    y = apply_rotary(x, c.reshape(b, 1, s, h), sn.reshape(b, 1, s, h), rd, bool(interleaved))
+    if input.ndim == 4:
+        return y
+    return y.transpose(0, 2, 1, 3).reshape(b, s, n * h)
+
+
+# ---------------------------------------------------------------------------- MatMulNBits
+def prepack_nbits(program, st):
+    """MatMulNBits with constant weights, packed for ``mx.quantized_matmul`` once (the eager
+    translator's uint32 ``view`` of B has no shapeless form). None: not prepackable here (the
+    eager translator is used, and a shapeless trace of it fails and runs eagerly)."""
+    from ..kernels.ops import contrib_quant as q
+    a = {**{k: v for k, v in st.opdef.attrs.items() if v is not inspect_empty()}, **st.attrs}
+    K, N, bs, bits = a.get("K"), a.get("N"), a.get("block_size"), a.get("bits", 4)
+    if None in (K, N, bs) or K % bs or bs not in q._MLX_GROUPS or a.get("weight_prepacked", 0):
+        return None
+    names = list(st.inputs) + [""] * (6 - len(st.inputs))
+    if names[4]:
+        return None                                   # g_idx: the eager translator's business
+    consts = program.constants
+    B = consts.get(names[1])
+    scales = consts.get(names[2])
+    zp = consts.get(names[3]) if names[3] else None
+    if B is None or scales is None or (names[3] and zp is None):
+        return None
+    kb = K // bs
+    if B.size != N * kb * bs * bits // 8 or scales.size != N * kb:
+        return None
+    if zp is not None:
+        want = N * (-(-kb * bits // 8)) if zp.dtype == mx.uint8 else N * kb
+        if zp.size != want:
+            return None
+    from ..kernels.interpreter import mx_device
+    with mx.stream(mx_device(program.device)):
+        # exactly the eager translator's operands: A is computed in float32 there
+        w = B.reshape(N, kb * bs * bits // 8).view(mx.uint32)
+        s = scales.reshape(N, kb).astype(mx.float32)
+        z = q.block_zero_points(zp, N, kb, bits, mx.float32)
+        zs = -z * s
+        w, s, zs = mx.contiguous(w), mx.contiguous(s), mx.contiguous(zs)
+        mx.eval(w, s, zs)
+
+    def matmul_nbits_packed(A, B, scales, zero_points=None, g_idx=None, bias=None, *, K, N, block_size,
+                            bits=4, accuracy_level=0, weight_prepacked=0):
+        if A.shape[-1] != K:
+            raise ValueError(f"A's last dim {A.shape[-1]} != K={K}")
+        if bias is not None and bias.shape != (N,):
+            raise ValueError(f"bias shape {bias.shape}, expected ({N},)")
+        y = mx.quantized_matmul(A.astype(mx.float32), w, s, zs, transpose=True, group_size=block_size, bits=bits)
+        if bias is not None:
+            y = y + bias.astype(mx.float32)
+        return y.astype(A.dtype)
+    return matmul_nbits_packed
+
+
+def inspect_empty():
+    import inspect
+    return inspect.Parameter.empty
+
+
+# ---------------------------------------------------------------------------- GatherBlockQuantized
+def gather_block_quantized_traced(data, indices, scales, zero_points=None, *, bits=4, block_size=128,
+                                  quantize_axis=1, gather_axis=0):
+    """GatherBlockQuantized with the indices as data (eager reads them on the host): out-of-range
+    indices fail a guard; the zero-point crop is a ``take`` (no static slice). Same math as eager."""
+    from ..kernels.ops.contrib_quant import unpack_bits
+    r = data.ndim
+    ga = gather_axis % r
+    cols = data.shape[-1] * 8 // bits
+    kb = -(-cols // block_size)
+    if tuple(scales.shape) != tuple(data.shape[:-1]) + (kb,):
+        raise ValueError(f"scales shape {scales.shape}, expected {tuple(data.shape[:-1]) + (kb,)}")
+    if kb * block_size != cols:
+        raise NotImplementedError("traced GatherBlockQuantized: blocks that do not tile the row")
+    idx = indices if isinstance(indices, mx.array) else mx.array(np.asarray(indices))
+    idx = idx.astype(mx.int64)
+    n = data.shape[ga]
+    add_guard(mx.all((idx >= -n) & (idx < n)))
+    flat = mx.clip(mx.where(idx < 0, idx + n, idx), 0, n - 1).reshape(-1).astype(mx.int32)
+    q = unpack_bits(mx.take(data, flat, axis=ga), bits)
+    s = mx.take(scales, flat, axis=ga)
+    if zero_points is None:
+        z = mx.full(s.shape, float(1 << (bits - 1)), s.dtype)
+    else:
+        zrow = -(-kb * bits // 8)
+        if tuple(zero_points.shape) != tuple(data.shape[:-1]) + (zrow,):
+            raise ValueError(f"zero_points shape {zero_points.shape}, expected {tuple(data.shape[:-1]) + (zrow,)}")
+        z = unpack_bits(mx.take(zero_points, flat, axis=ga), bits)
+        z = mx.take(z.reshape(-1, z.shape[-1]), mx.arange(kb, dtype=mx.int32), axis=1)
+        z = z.reshape(s.shape).astype(s.dtype)
+    lead = q.shape[:-1]
+    qb = q.reshape(*lead, kb, block_size)
+    w = ((qb.astype(s.dtype) - z[..., None]) * s[..., None]).reshape(*lead, kb * block_size)
+    out_shape = data.shape[:ga] + tuple(idx.shape) + data.shape[ga + 1:-1] + (cols,)
+    return w.reshape(out_shape)

@@ -102,3 +102,60 @@ def test_dynamic_quantize(x):
     m = make_model([node], [("x", T.FLOAT, x.shape)], [("y", T.UINT8, None), ("s", T.FLOAT, None),
                                                         ("z", T.UINT8, None)])
     check(m, {"x": x})
+
+
+IMM = [  # (A dtype, B dtype, A shape, B shape, a_zp, b_zp ('' none, 's' scalar, 'c' per column))
+    (T.UINT8, T.UINT8, (4, 8), (8, 5), "s", "s"),
+    (T.INT8, T.INT8, (2, 3, 16), (16, 6), "s", "c"),
+    (T.UINT8, T.INT8, (3, 7), (2, 7, 4), "", ""),
+    (T.INT8, T.UINT8, (5, 300), (300, 3), "s", "c"),        # K = 300: > float32's proven depth, CPU float64
+    (T.UINT8, T.UINT8, (2, 1, 4, 8), (3, 8, 2), "s", ""),
+]
+
+
+def _ints(t, shape, seed):
+    info = np.iinfo(NPT[t])
+    return np.random.default_rng(seed).integers(info.min, int(info.max) + 1, shape).astype(NPT[t])
+
+
+@pytest.mark.parametrize("ta,tb,sa,sb,azp,bzp", IMM)
+def test_matmul_integer(ta, tb, sa, sb, azp, bzp):
+    n = sb[-1]
+    inits = {}
+    ins = ["a", "b", "az" if azp else "", "bz" if bzp else ""]
+    if azp:
+        inits["az"] = _ints(ta, (), 3)
+    if bzp:
+        inits["bz"] = _ints(tb, (n,) if bzp == "c" else (), 4)
+    while not ins[-1]:
+        ins.pop()
+    m = make_model([helper.make_node("MatMulInteger", ins, ["y"])], [("a", ta, sa), ("b", tb, sb)],
+                   [("y", T.INT32, None)], inits)
+    check(m, {"a": _ints(ta, sa, 1), "b": _ints(tb, sb, 2)})
+
+
+QLMM = [  # (A/B/Y dtype, scale dtype, A shape, B shape, per-column b)
+    (T.UINT8, T.FLOAT, (4, 8), (8, 5), False),
+    (T.INT8, T.FLOAT, (2, 3, 16), (16, 6), True),
+    (T.UINT8, T.FLOAT16, (3, 40), (40, 4), False),
+    (T.INT8, T.FLOAT, (2, 300), (300, 3), True),
+]
+
+
+@pytest.mark.parametrize("q,f,sa,sb,per_col", QLMM)
+def test_qlinear_matmul(q, f, sa, sb, per_col):
+    n = sb[-1]
+    rng = np.random.default_rng(5)
+    inits = {"as": np.array(0.05, NPT[f]), "az": _ints(q, (), 6),
+             "bs": rng.uniform(0.01, 0.05, (n,) if per_col else ()).astype(NPT[f]),
+             "bz": _ints(q, (n,) if per_col else (), 7), "ys": np.array(0.3 * np.sqrt(sa[-1]), NPT[f]),
+             "yz": _ints(q, (), 8)}
+    node = helper.make_node("QLinearMatMul", ["a", "as", "az", "b", "bs", "bz", "ys", "yz"], ["y"])
+    m = make_model([node], [("a", q, sa), ("b", q, sb)], [("y", q, None)], inits)
+    check(m, {"a": _ints(q, sa, 1), "b": _ints(q, sb, 2)})
+
+
+def test_matmul_integer_unknown_depth_refused():
+    m = make_model([helper.make_node("MatMulInteger", ["a", "b"], ["y"])],
+                   [("a", T.UINT8, (2, "k")), ("b", T.UINT8, ("k", 3))], [("y", T.INT32, None)])
+    stays_on_cpu(m, {"a": _ints(T.UINT8, (2, 5), 1), "b": _ints(T.UINT8, (5, 3), 2)}, "MatMulInteger")

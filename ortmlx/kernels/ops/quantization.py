@@ -1,10 +1,13 @@
 """Linear quantization: QuantizeLinear, DequantizeLinear (per-tensor, per-axis, blocked),
-DynamicQuantizeLinear, MatMulInteger.
+DynamicQuantizeLinear, MatMulInteger, QLinearMatMul.
 
 Integer types only (int8/uint8/int16/uint16, int32 for DequantizeLinear): float8 and
 4-bit types do not exist in MLX and are refused by the generic dtype rule. Arithmetic
 follows ORT's CPU kernels: dequantize is float(int32(x) - int32(zp)) * scale; quantize is
 round-half-even(x / scale) + zp, saturated; half types are computed in float32.
+MLX has no integer matmul: 8-bit products are summed in float64 on the CPU (exact for any K
+that does not wrap ORT's int32 accumulator) or float32 elsewhere (exact while K * 255^2 < 2^24);
+deeper products are refused at claim time. ConvInteger and QLinearConv are not implemented.
 """
 from __future__ import annotations
 
@@ -173,3 +176,81 @@ def dynamic_quantize_linear(x):
     zp = mx.clip(mx.round(mx.clip(-lo / scale, 0, 255)), 0, 255)
     y = mx.clip(mx.round(x / scale) + zp, 0, 255).astype(mx.uint8)
     return y, scale, zp.astype(mx.uint8)
+
+
+# ------------------------------------------------------------------ integer matmul
+#: |a - a_zp| and |b - b_zp| are at most 255 for 8-bit operands
+_MAX_PRODUCT = 255 * 255
+#: ORT accumulates in int32: beyond this depth a sum could wrap there and not here
+_MAX_K_INT32 = (2**31 - 1) // _MAX_PRODUCT
+#: float32 adds integers exactly while every partial sum stays below 2^24
+_MAX_K_F32 = 2**24 // _MAX_PRODUCT
+EIGHT_BIT = frozenset({dt.UINT8, dt.INT8})
+
+
+def _scalar_or_vector(view, i, n_cols, what):
+    """None if input ``i`` is absent, a scalar, or (when ``n_cols``) a (n_cols,) vector; else a reason."""
+    s = view.shape(i)
+    if not view.has(i) or s is None:
+        return None if not view.has(i) else f"{what} has an unknown shape"
+    if len(s) == 0 or tuple(s) == (1,):
+        return None
+    if n_cols is not None and len(s) == 1 and s[0] == n_cols:
+        return None
+    return f"{what} of shape {tuple(s)} is neither a scalar nor per column"
+
+
+def _imm_check(a, b, azp, bzp, scales=()):
+    """Check builder for MatMulInteger / QLinearMatMul: 8-bit operands, ranks >= 2, exact depth."""
+    def check(view):
+        for i, what in ((a, "A"), (b, "B")):
+            if view.dtype(i) not in EIGHT_BIT:
+                return f"{what} dtype {dt.name(view.dtype(i))} is not int8/uint8"
+            r = view.rank(i)
+            if r is None or r < 2:
+                return f"{what} rank {r} (only rank >= 2 is implemented)"
+        k = view.shape(a)[-1]
+        if not isinstance(k, int):
+            return "the inner dimension K is not known at claim time (exactness cannot be proven)"
+        limit = _MAX_K_INT32 if view.device == "cpu" else _MAX_K_F32
+        if k > limit:
+            return f"K = {k} > {limit}: the integer sum is not provably exact (or would wrap in int32)"
+        n = view.shape(b)[-1]
+        reason = (_scalar_or_vector(view, azp, None, "A's zero point")
+                  or _scalar_or_vector(view, bzp, n if isinstance(n, int) else None, "B's zero point"))
+        if reason:
+            return reason
+        for i, what, per_col in scales:
+            if view.dtype(i) not in (dt.FLOAT, dt.FLOAT16):
+                return f"{what} dtype {dt.name(view.dtype(i))} is not float32/float16"
+            reason = _scalar_or_vector(view, i, n if per_col and isinstance(n, int) else None, what)
+            if reason:
+                return reason
+        return None
+    return check
+
+
+def _int_product(A, B, a_zero_point, b_zero_point, device):
+    """(A - a_zp) @ (B - b_zp) as exact int32 (float64 on the CPU, float32 within the proven depth)."""
+    ft = mx.float64 if device == "cpu" else mx.float32
+    a = A.astype(ft) if a_zero_point is None else A.astype(ft) - a_zero_point.astype(ft).reshape(())
+    b = B.astype(ft) if b_zero_point is None else B.astype(ft) - b_zero_point.astype(ft).reshape(-1)
+    return (a @ b).astype(mx.int32)
+
+
+@register("MatMulInteger", 10, check=_imm_check(0, 1, 2, 3))
+def matmul_integer(A, B, a_zero_point=None, b_zero_point=None, *, ctx):
+    """int32 (A - a_zp) @ (B - b_zp); b_zp scalar or per column."""
+    return _int_product(A, B, a_zero_point, b_zero_point, ctx.device)
+
+
+@register("QLinearMatMul", 10, check=_imm_check(0, 3, 2, 5, ((1, "a_scale", False), (4, "b_scale", True),
+                                                            (6, "y_scale", False))))
+def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, *, ctx):
+    """y = saturate(round_half_even(float32(int32 product) * (a_scale * b_scale / y_scale)) + y_zp)."""
+    acc = _int_product(a, b, a_zero_point, b_zero_point, ctx.device)
+    f = mx.float32
+    scale = (a_scale.astype(f).reshape(()) * b_scale.astype(f).reshape(-1)) / y_scale.astype(f).reshape(())
+    q = mx.round(acc.astype(f) * scale) + y_zero_point.astype(f).reshape(())
+    lo, hi = Q_TYPES[ctx.out_dtypes[0]]
+    return mx.clip(q, lo, hi).astype(dt.MLX[ctx.out_dtypes[0]])

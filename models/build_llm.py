@@ -11,6 +11,7 @@ A finished build is cached: it is skipped when its marker file exists (--force r
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import shutil
@@ -204,11 +205,25 @@ def build(arch: str, precision: str, size: str = "tiny", root: str = OUT_ROOT, f
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; known: {sorted(SIZES)}")
     out = out_dir(arch, size, precision, root)
-    marker = os.path.join(out, MARKER)
-    if not force and os.path.exists(marker):
-        with open(marker) as f:
-            if json.load(f).get("recipe") == RECIPE:
-                return out
+    if not force and _is_built(out):
+        return out
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)          # another process may be building the same model
+        if not force and _is_built(out):
+            return out
+        return _build_locked(arch, precision, size, root, out, force, verbose)
+
+
+def _is_built(out: str) -> bool:
+    try:
+        with open(os.path.join(out, MARKER)) as f:
+            return json.load(f).get("recipe") == RECIPE
+    except (OSError, ValueError):
+        return False
+
+
+def _build_locked(arch, precision, size, root, out, force, verbose) -> str:
     t0 = time.perf_counter()
     hf_dir = os.path.join(root, "hf", f"{arch}-{size}")
     hf_marker = os.path.join(hf_dir, MARKER)

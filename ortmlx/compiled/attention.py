@@ -9,13 +9,15 @@ from .config import DECODE, PREFILL
 import numpy as np
 
 from .core import Call, CompiledSubgraph
-from .decode_ops import (gather_block_quantized_traced, gather_traced, gqa_traced, prepack_nbits,
-                         rotary_traced)
+from .decode_ops import (gather_block_quantized_traced, gather_traced, gqa_growing_traced, gqa_traced,
+                         prepack_nbits, rotary_traced)
 
 #: symbolic dims a decode key leaves free: the growing attention-mask length. The past
 #: length stays in the key: with genai's shared buffer it is the buffer size (fixed for a
 #: generation), and the traced attention bakes it into the present's shape.
 FREE_DIM_NAMES = frozenset({"total_sequence_length"})
+#: a growing-KV decode (past_present_share_buffer false) leaves the past length free too
+GROWING_FREE_DIM_NAMES = frozenset({"total_sequence_length", "past_sequence_length"})
 SEQ_DIM_NAME = "sequence_length"
 TOTAL_DIM_NAME = "total_sequence_length"
 PAST_DIM_NAME = "past_sequence_length"
@@ -114,9 +116,11 @@ class BucketedPrefill(CompiledSubgraph):
         return Call(padded, tuple(None if a is None else a.shape for a in inputs), post, padded=True)
 
 
-def traced_overrides(program, decode: bool | None, padded: bool = False) -> dict:
-    """Step index -> OpDef with a trace-friendly translator: Gather (indices as data) and, for
-    attention closures, GroupQueryAttention (``decode``: total length as data too)."""
+def traced_overrides(program, decode: bool | None, padded: bool = False, growing: bool = False) -> dict:
+    """Step index -> OpDef with a trace-friendly translator: Gather, GatherBlockQuantized (indices as
+    data), RotaryEmbedding (positions as data), MatMulNBits (weights prepacked) and, for attention
+    closures, GroupQueryAttention (``decode``: total length as data too; ``growing``: a decode whose
+    past length grows, present = past + the new row)."""
     out = {}
     for i, st in enumerate(program.steps):
         dom = norm_domain(st.node.domain)
@@ -133,8 +137,8 @@ def traced_overrides(program, decode: bool | None, padded: bool = False) -> dict
                 out[i] = dataclasses.replace(st.opdef, fn=fn, wants_ctx=False)
         elif decode is not None and st.node.op_type == "GroupQueryAttention" and dom == MS:
             const = frozenset() if decode else st.opdef.const_inputs
-            out[i] = dataclasses.replace(st.opdef, fn=gqa_traced(decode, padded), const_inputs=const,
-                                         wants_ctx=False)
+            fn = gqa_growing_traced if (decode and growing) else gqa_traced(decode, padded)
+            out[i] = dataclasses.replace(st.opdef, fn=fn, const_inputs=const, wants_ctx=False)
     return out
 
 
@@ -173,6 +177,14 @@ class AttentionRunner:
         if not options.no_decode_compile and self.seq_dims:
             self.decode = CompiledSubgraph(program, DECODE, stats, traced_overrides(program, True),
                                            dims_named(program, FREE_DIM_NAMES), label="decode")
+        self.decode_growing = None
+        self.past_dims = sorted(dims_named(program, {PAST_DIM_NAME}))
+        self.total_dims = sorted(dims_named(program, {TOTAL_DIM_NAME}))
+        if not options.no_decode_compile and self.seq_dims and self.past_dims and self.total_dims:
+            self.decode_growing = CompiledSubgraph(program, DECODE, stats,
+                                                   traced_overrides(program, True, growing=True),
+                                                   dims_named(program, GROWING_FREE_DIM_NAMES),
+                                                   label="decode_growing")
         self.prefill_exact = None
         if not options.no_prefill_compile:
             self.prefill = BucketedPrefill(program, stats)
@@ -183,7 +195,17 @@ class AttentionRunner:
         self.eager_calls = 0
 
     def parts(self) -> list[CompiledSubgraph]:
-        return [p for p in (self.decode, self.prefill, self.prefill_exact) if p is not None]
+        return [p for p in (self.decode, self.decode_growing, self.prefill, self.prefill_exact) if p is not None]
+
+    def growing(self, inputs: list, s: int) -> bool:
+        """Whether this call's past grows into the present (separate buffers): every
+        ``past_sequence_length`` dim is P and every ``total_sequence_length`` dim is P + S."""
+        try:
+            p = {inputs[i].shape[ax] for i, ax in self.past_dims if inputs[i] is not None}
+            t = {inputs[i].shape[ax] for i, ax in self.total_dims if inputs[i] is not None}
+        except (AttributeError, IndexError):
+            return False
+        return len(p) == 1 and len(t) == 1 and t.pop() == p.pop() + s
 
     def seq_len(self, inputs: list) -> int | None:
         """The call's query length (None when no input has a ``sequence_length`` dim)."""
@@ -196,7 +218,8 @@ class AttentionRunner:
     def run(self, inputs: list, probe=None) -> list:
         s = self.seq_len(inputs)
         if s == 1:
-            r = self.decode                             # a path switched off runs eagerly
+            # a path switched off runs eagerly
+            r = self.decode_growing if self.decode_growing is not None and self.growing(inputs, 1) else self.decode
         elif self.prefill is not None and self.prefill.bucket(inputs) is not None:
             r = self.prefill
         else:

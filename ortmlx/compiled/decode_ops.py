@@ -154,6 +154,88 @@ def gqa_traced(decode: bool, padded: bool = False):
     return gqa
 
 
+def gqa_growing_traced(*args, **attrs):
+    """A decode GroupQueryAttention for separate, growing past/present buffers
+    (``past_present_share_buffer: false``), traced shapeless with the past length free.
+
+    Eager, for S == 1 with seqlens_k == P (the past's rows) and total_sequence_length == P + 1
+    (genai's contract here): present_len = max(total, P) = P + 1, the present is the past with the
+    new row appended, query position P, and the causal/length mask is all true (with a local
+    window w: when P + 1 <= w). So present = concatenate (its length follows the input's shape in
+    a shapeless replay), scores are reshaped with -1 along the key axis, and the mask is dropped;
+    those conditions are guards, with the key length read from the data shape (a sum of ones
+    over the score row, shapeless) rather than baked. The op sequence is ``gqa_core``'s.
+    """
+    from ..kernels.ops.contrib_attention import _bnsh, apply_rotary, attention_probs_softmax, rotary_tables
+    import math
+    a = {**_GQA_DEFAULTS, **attrs}
+    x = dict(zip(_GQA_INPUTS, list(args) + [None] * (len(_GQA_INPUTS) - len(args))))
+    for k in ("k_scale", "v_scale", "q_norm_weight", "k_norm_weight", "position_ids", "attention_bias"):
+        if x[k] is not None:
+            raise NotImplementedError(f"traced growing-KV GroupQueryAttention: input {k}")
+    if x["past_key"] is None or x["past_value"] is None:
+        raise NotImplementedError("traced growing-KV GroupQueryAttention needs past_key/past_value")
+    nh, kvh = a["num_heads"], a["kv_num_heads"]
+    q, k, v = x["query"], x["key"], x["value"]
+    if k is None:
+        q, k, v = split_packed_qkv(q, nh, kvh)
+    b, s, hidden = q.shape
+    h = hidden // nh
+    if s != 1 or h * nh != hidden or k.shape != (b, s, kvh * h) or v.shape != k.shape:
+        raise NotImplementedError(f"traced growing-KV GroupQueryAttention: q {q.shape} k {k.shape}")
+    past_k, past_v = x["past_key"], x["past_value"]
+    if past_k.ndim != 4 or (past_k.shape[0], past_k.shape[1], past_k.shape[3]) != (b, kvh, h) \
+            or past_v.shape != past_k.shape:
+        raise ValueError(f"traced GroupQueryAttention: past {past_k.shape} / {past_v.shape}")
+    seqlens = x["seqlens_k"].reshape(-1).astype(mx.int32)
+    if seqlens.size != b:
+        raise ValueError(f"seqlens_k has {seqlens.size} elements, expected {b}")
+    total = x["total_sequence_length"]
+    total = (total if isinstance(total, mx.array) else mx.array(np.asarray(total))).reshape(-1).astype(mx.int32)
+    q, k, v = _bnsh(q, nh), _bnsh(k, kvh), _bnsh(v, kvh)
+    past_len = seqlens                                      # total_len - s with s == 1
+    ok = mx.all(total > 1) & mx.all(seqlens + 1 == total)
+    if a["do_rotary"]:
+        cos, sin = x["cos_cache"], x["sin_cache"]
+        if cos is None or sin is None:
+            raise ValueError("do_rotary=1 needs cos_cache and sin_cache")
+        if h % 16 or cos.shape[-1] * 2 > h or cos.shape[-1] % 8:
+            raise ValueError(f"rotary: head_size {h}, cos_cache {cos.shape}")
+        rows = cos.shape[0]
+        ok = ok & mx.all(seqlens < rows)
+        pos = past_len.reshape(b, 1) + mx.arange(s, dtype=mx.int32).reshape(1, s)
+        pos = mx.clip(pos, 0, rows - 1)                    # a failed guard answers from eager anyway
+        c, sn = rotary_tables(cos, sin, pos, h, bool(a["rotary_interleaved"]))
+        c, sn = c.reshape(b, 1, s, h), sn.reshape(b, 1, s, h)
+        rd = 2 * cos.shape[-1]
+        q = apply_rotary(q, c, sn, rd, bool(a["rotary_interleaved"]))
+        k = apply_rotary(k, c, sn, rd, bool(a["rotary_interleaved"]))
+    pk = mx.concatenate([past_k, k], axis=2)
+    pv = mx.concatenate([past_v, v], axis=2)
+    alpha = a["scale"] if a["scale"] != 0.0 else 1.0 / math.sqrt(h)
+    group = nh // kvh
+    qf = q.astype(mx.float32).reshape(b, kvh, group * s, h)
+    scores = (qf @ pk.astype(mx.float32).swapaxes(-1, -2)) * alpha
+    scores = scores.reshape(b, nh, s, -1)
+    # the key length P + 1 as data: must equal total (so seqlens == P: every key is visible)
+    keys = mx.sum(mx.ones_like(scores), axis=-1).astype(mx.int32)          # (b, nh, s)
+    ok = ok & mx.all(keys == total.reshape(-1, 1, 1))
+    if a["local_window_size"] > 0:
+        ok = ok & mx.all(total <= a["local_window_size"])
+    if a["softcap"] > 0.0:
+        scores = a["softcap"] * mx.tanh(scores / a["softcap"])
+    sink = x["head_sink"]
+    if sink is not None and sink.shape != (nh,):
+        raise ValueError(f"head_sink shape {sink.shape}, expected ({nh},)")
+    if sink is None and a["smooth_softmax"] == 1:
+        sink = mx.zeros((nh,), mx.float32)
+    add_guard(ok)
+    probs = attention_probs_softmax(scores, mx.array(True), sink)
+    out = probs.reshape(b, kvh, group * s, -1) @ pv.astype(mx.float32)
+    out = out.reshape(b, nh, s, h).transpose(0, 2, 1, 3).reshape(b, s, nh * h)
+    return out.astype(q.dtype), pk, pv
+
+
 def gather_traced(data, indices, *, axis=0):
     """Gather with the indices as data: out-of-range indices fail a guard (eager raises)."""
     from ..kernels.ops.shape import norm_axis

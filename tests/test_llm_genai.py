@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -329,3 +330,22 @@ def test_fp16_mlx_close_to_cpu_fp16(tiny_models, prompt_ids, arch, tmp_path):
         tol = 1e-2 * float(np.max(np.abs(w)))
         err = float(np.max(np.abs(g - w)))
         assert err <= tol, f"step {step}: max|diff| {err:.4g} > {tol:.4g}"
+
+
+# ----------------------------------------------------------------------------- scripts/generate.py
+def test_generate_script_streams_the_cpu_eps_text(tiny_models):
+    """scripts/generate.py on MLX prints the same greedy text as on the CPU EP."""
+    script = os.path.join(ROOT, "scripts", "generate.py")
+    outs = {}
+    for prov in ("mlx", "cpu"):
+        res = subprocess.run([sys.executable, script, tiny_models[("phi3", "fp32")], "--prompt", PROMPT,
+                              "--max-new-tokens", "24", "--provider", prov, "--report"],
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-2000:]
+        m = re.search(r"\] load .* (\d+) tokens in ", res.stderr)
+        assert m and 1 <= int(m.group(1)) <= 24, res.stderr[-2000:]      # stops early at EOS
+        if prov == "mlx":
+            assert "31/31 nodes claimed" in res.stderr, res.stderr[-2000:]
+        outs[prov] = (res.stdout, m.group(1))
+    assert outs["mlx"][0].startswith(PROMPT) and len(outs["mlx"][0]) > len(PROMPT) + 1
+    assert outs["mlx"] == outs["cpu"]

@@ -46,6 +46,14 @@ def main(argv=None) -> int:
     if args.report:
         for r in reports:
             print(r.format(), file=sys.stderr)
+    if args.provider == "mlx":
+        if not reports:
+            print("WARNING: the MLX EP made no partition report (GetCapability failed? see the log above): "
+                  "everything runs on the CPU EP", file=sys.stderr)
+        elif reports[-1].unclaimed:
+            r = reports[-1]
+            print(f"note: {len(r.unclaimed)} of {r.n_nodes} nodes run on the CPU EP (--report says why)",
+                  file=sys.stderr)
     tok = og.Tokenizer(model)
     ids = tok.encode(args.prompt)
     params = og.GeneratorParams(model)

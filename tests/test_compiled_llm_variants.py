@@ -1,0 +1,129 @@
+"""Compiled decode on the tiny LLM variants: int4/int8 (MatMulNBits prepacked, GatherBlockQuantized
+with indices as data), the growing-KV contract (past_present_share_buffer false) and fp16 (the
+builder's RotaryEmbedding + MultiHeadAttention graph).
+
+Each: the decode closure traces exactly once over 4 generations of 64 tokens and the tokens are
+eager's (and the CPU EP's where it computes the same thing: fp32, and int8 at MatMulNBits
+accuracy_level 0). Models come from models/build_llm.py, built once under models/out/.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (pip install .[genai])")
+
+import test_compiled_genai as base  # noqa: E402  (its helpers: model_dir, run, PROMPTS, N ...)
+
+import ortmlx.compiled as C  # noqa: E402
+from ortmlx import genai as mg  # noqa: E402
+from ortmlx.testing import session  # noqa: E402
+
+pytestmark = pytest.mark.genai
+
+#: decode calls of one run: every generation's first token comes from prefill
+DECODE_CALLS = len(base.PROMPTS) * (base.N - 1)
+
+
+def level0(path: str, dst: str) -> str:
+    """A copy of a quantized model with MatMulNBits accuracy_level=0 (the CPU EP then computes in
+    float, as MLX does; at the builder's level 4 it quantizes the activations to int8)."""
+    import onnx
+    d = mg.variant_dir(path, dst)
+    m = onnx.load(os.path.join(d, "model.onnx"), load_external_data=False)
+    n = 0
+    for node in m.graph.node:
+        for at in node.attribute:
+            if node.op_type == "MatMulNBits" and at.name == "accuracy_level":
+                at.i = 0
+                n += 1
+    assert n > 0
+    onnx.save(m, os.path.join(d, "model.onnx"))
+    return d
+
+
+def traced_once(part):
+    """One shapeless closure, traced once, verified at two lengths, replayed for every other call."""
+    assert part.trace_counts == [1], (part.counters, part.n_closures)
+    assert part.counters["verify_calls"] == 2, part.counters
+    assert part.counters["compiled_calls"] == DECODE_CALLS - 2, part.counters
+    assert part.counters["guard_fails"] == 0 and part.counters["poisoned_closures"] == 0, part.counters
+
+
+@pytest.mark.parametrize("arch,precision", [("llama", "int8"), ("qwen2", "int4")])
+def test_quant_decode_traces_once_tokens_match(arch, precision, tmp_path):
+    """int8 (llama) and int4 (qwen2: its embedding is GatherBlockQuantized) with genai's shared KV buffer."""
+    path = base.model_dir(arch, precision)
+    eager, _ = base.run(path, options={"no_compile": "1"})
+    got, rs = base.run(path)
+    assert got == eager
+    att = base.attention_parts(rs)
+    traced_once(att.decode)
+    assert base.no_poison(rs) == []
+    if precision == "int8":
+        cpu, _ = base.run(level0(path, str(tmp_path / "m")), "cpu")
+        assert got == cpu
+
+
+@pytest.mark.parametrize("arch,precision", [("llama", "fp32"), ("qwen2", "int4")])
+def test_growing_kv_decode_traces_once_tokens_match(arch, precision):
+    """Separate past/present buffers: the past length grows every step; one shapeless closure."""
+    path = base.model_dir(arch, precision)
+    eager, _ = base.run(path, options={"no_compile": "1"}, overlay=base.NOSHARE)
+    got, rs = base.run(path, overlay=base.NOSHARE)
+    assert got == eager
+    att = base.attention_parts(rs)
+    grow = next(p for r in rs if r.is_attention for p in r.parts if p.counters["compiled"] == "decode_growing")
+    traced_once(grow)
+    assert att.decode.n_closures == 0            # the shared-buffer decode closure is never used
+    assert base.no_poison(rs) == []
+    if precision == "fp32":
+        cpu, _ = base.run(path, "cpu", overlay=base.NOSHARE)
+        assert got == cpu
+
+
+def _decode_feed(p: int, rng, pad: int = 0):
+    """One growing-KV decode step of llama-tiny-fp32: past of p rows, mask of p + 1 (``pad`` leading zeros)."""
+    f = {"input_ids": np.array([[rng.integers(0, 500)]], np.int64),
+         "attention_mask": np.concatenate([np.zeros((1, pad), np.int64), np.ones((1, p + 1 - pad), np.int64)], 1)}
+    for layer in range(2):
+        for kv in ("key", "value"):
+            f[f"past_key_values.{layer}.{kv}"] = rng.standard_normal((1, 2, p, 16)).astype(np.float32)
+    return f
+
+
+def test_growing_kv_guard_answers_eagerly():
+    """A step whose valid length is not the past's row count (a padded mask: seqlens_k != P) fails
+    the in-graph guard: the call answers from eager (same outputs), the closure stays trusted."""
+    path = os.path.join(base.model_dir("llama"), "model.onnx")
+    with C.capture() as rs:
+        s = session(path)
+    ref = session(path, options={"no_compile": "1"})
+    (att,) = [r for r in rs if hasattr(r, "decode_growing")]
+    rng = np.random.default_rng(0)
+    feeds = [_decode_feed(5, rng), _decode_feed(9, rng), _decode_feed(12, rng), _decode_feed(7, rng, pad=2),
+             _decode_feed(20, rng)]
+    for f in feeds:
+        for g, w in zip(s.run(None, f), ref.run(None, f)):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+    c = att.decode_growing.counters
+    assert att.decode_growing.trace_counts() == [1], c
+    assert (c["verify_calls"], c["compiled_calls"], c["guard_fails"], c["poisoned_closures"]) == (2, 2, 1, 0), c
+
+
+def test_fp16_prefill_compiles_decode_eager():
+    """fp16 (RotaryEmbedding + MultiHeadAttention, growing KV): prefill compiles per prompt length
+    (RotaryEmbedding traced with positions as data); decode stays eager (repeat_kv and the mask are
+    built from shapes of computed tensors: see docs/compiled.md). Tokens are eager's."""
+    path = base.model_dir("llama", "fp16")
+    eager, _ = base.run(path, options={"no_compile": "1"}, overlay=base.NOSHARE)
+    got, rs = base.run(path, overlay=base.NOSHARE)
+    assert got == eager
+    att = base.attention_parts(rs)
+    assert att.prefill_exact.trace_counts == [1] * len(base.PROMPTS), att.prefill_exact.counters
+    assert att.prefill_exact.counters["verify_calls"] == len(base.PROMPTS)
+    assert base.no_poison(rs) == []
+    grow = next(p for p in att.parts if p.counters["compiled"] == "decode_growing")
+    assert grow.n_closures == 0 and grow.counters["eager_calls"] == DECODE_CALLS, grow.counters

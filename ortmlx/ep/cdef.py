@@ -4,7 +4,7 @@ The function tables (``OrtApi``, ``OrtEpApi``) are ABI: only the slot index of
 each member matters. Slots we do not call are ``void*`` padding, so the layout
 is exact without copying the whole header. Indices match the ``static_assert``
 checks in ORT's ``onnxruntime_c_api.cc`` / ``ep_api.cc`` (e.g. ``GetEpApi`` is
-317, ``OpAttr_GetTensorAttributeAsOrtValue`` is 362) and were run on 1.31.1.
+317, ``OpAttr_GetTensorAttributeAsOrtValue`` is 362, ``TensorTypeAndShape_HasShape`` is 390) and were run on 1.31.1.
 
 This is the one place that states the versions:
 ``ORT_API_VERSION`` is what we request from ``OrtApiBase::GetApi`` and
@@ -13,9 +13,9 @@ This is the one place that states the versions:
 ORT never reads members added after the claimed version.
 """
 
-ORT_API_VERSION = 23
+ORT_API_VERSION = 24          # TensorTypeAndShape_HasShape (slot 390) arrived in API 24
 EP_STRUCT_VERSION = 23
-MIN_ORT_VERSION = (1, 23)
+MIN_ORT_VERSION = (1, 24)
 #: onnxruntime releases (major, minor) this ABI table was run on; pyproject pins the same range
 TESTED_ORT = ((1, 31), (1, 32))
 
@@ -78,6 +78,7 @@ API_SLOTS = {
     365: "OrtStatus* (*Node_GetNumSubgraphs)(const OrtNode* node, size_t* n)",
     378: "OrtStatus* (*GetTensorData)(const OrtValue* value, const void** out)",
     379: "OrtStatus* (*GetSessionOptionsConfigEntries)(const OrtSessionOptions* options, OrtKeyValuePairs** out)",
+    390: "bool (*TensorTypeAndShape_HasShape)(const OrtTensorTypeAndShapeInfo* info)",
 }
 
 EP_API_SLOTS = {

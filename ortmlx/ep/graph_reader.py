@@ -32,6 +32,8 @@ class GraphReader:
         if tti[0] == ffi.NULL:
             return ValueInfo(name)
         et, dims, syms = abi.tensor_info(tti[0])
+        if not api.TensorTypeAndShape_HasShape(tti[0]):
+            return ValueInfo(name, et, None)          # rank unknown (not a scalar)
         shape = tuple(d if d >= 0 else (s or None) for d, s in zip(dims, syms))
         return ValueInfo(name, et, shape)
 

@@ -159,3 +159,60 @@ def test_matmul_integer_unknown_depth_refused():
     m = make_model([helper.make_node("MatMulInteger", ["a", "b"], ["y"])],
                    [("a", T.UINT8, (2, "k")), ("b", T.UINT8, ("k", 3))], [("y", T.INT32, None)])
     stays_on_cpu(m, {"a": _ints(T.UINT8, (2, 5), 1), "b": _ints(T.UINT8, (5, 3), 2)}, "MatMulInteger")
+
+
+QCONV = [  # (dtype, x shape, w shape, attrs, per-channel w, with bias)
+    (T.UINT8, (1, 3, 7, 7), (4, 3, 3, 3), {}, False, False),
+    (T.UINT8, (2, 4, 8, 6), (6, 2, 3, 2), {"group": 2, "pads": [1, 0, 1, 1], "strides": [2, 1]}, True, True),
+    (T.INT8, (1, 3, 9), (5, 3, 4), {"dilations": [2], "pads": [2, 1]}, True, True),
+    (T.INT8, (1, 2, 5, 5), (3, 2, 3, 3), {"auto_pad": "VALID"}, False, True),
+    (T.UINT8, (1, 64, 5, 5), (2, 64, 3, 3), {"pads": [1, 1, 1, 1]}, True, False),   # depth 576: float64 path
+    (T.INT8, (1, 4, 6, 6), (4, 1, 3, 3), {"group": 4, "auto_pad": "SAME_LOWER"}, True, True),   # depthwise
+    (T.UINT8, (1, 64, 6, 6), (4, 32, 3, 3), {"group": 2, "strides": [2, 2]}, False, True),  # grouped float64
+]
+
+
+@pytest.mark.parametrize("q,xs,wsh,attrs,per_ch,bias", QCONV)
+def test_conv_integer(q, xs, wsh, attrs, per_ch, bias):
+    inits = {"xz": _ints(q, (), 3), "wz": _ints(q, (), 4)}      # ORT's ConvInteger takes a scalar w zero point
+    node = helper.make_node("ConvInteger", ["x", "w", "xz", "wz"], ["y"], **attrs)
+    m = make_model([node], [("x", q, xs), ("w", q, wsh)], [("y", T.INT32, None)], inits)
+    check(m, {"x": _ints(q, xs, 1), "w": _ints(q, wsh, 2)})
+
+
+@pytest.mark.parametrize("q,xs,wsh,attrs,per_ch,bias", QCONV)
+def test_qlinear_conv(q, xs, wsh, attrs, per_ch, bias):
+    mo = wsh[0]
+    rng = np.random.default_rng(9)
+    depth = int(np.prod(wsh[1:]))
+    inits = {"xs": np.array(0.04, np.float32), "xz": _ints(q, (), 3),
+             "ws": rng.uniform(0.01, 0.05, (mo,) if per_ch else ()).astype(np.float32),
+             "wz": np.zeros((mo,) if per_ch else (), NPT[q]) if q == T.INT8 else _ints(q, (mo,) if per_ch else (), 4),
+             "ys": np.array(0.15 * np.sqrt(depth), np.float32), "yz": _ints(q, (), 5)}
+    ins = ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"]
+    if bias:
+        inits["b"] = rng.integers(-3000, 3000, (mo,)).astype(np.int32)
+        ins.append("b")
+    node = helper.make_node("QLinearConv", ins, ["y"], **attrs)
+    m = make_model([node], [("x", q, xs), ("w", q, wsh)], [("y", q, None)], inits)
+    check(m, {"x": _ints(q, xs, 1), "w": _ints(q, wsh, 2)})
+
+
+def test_qlinear_conv_bias_from_input_refused():
+    # a non-constant bias cannot be proven not to wrap ORT's int32 accumulator
+    q = T.UINT8
+    inits = {"xs": np.array(0.04, np.float32), "xz": _ints(q, (), 3), "ws": np.array(0.02, np.float32),
+             "wz": _ints(q, (), 4), "ys": np.array(0.5, np.float32), "yz": _ints(q, (), 5)}
+    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["y"])
+    m = make_model([node], [("x", q, (1, 2, 4, 4)), ("w", q, (3, 2, 2, 2)), ("b", T.INT32, (3,))], [("y", q, None)],
+                   inits)
+    stays_on_cpu(m, {"x": _ints(q, (1, 2, 4, 4), 1), "w": _ints(q, (3, 2, 2, 2), 2),
+                     "b": np.array([5, -7, 100], np.int32)}, "QLinearConv")
+
+
+def test_conv_integer_deep_dilated_refused():
+    # depth 576 needs float64, and MLX has no dilated float64 convolution
+    q = T.UINT8
+    node = helper.make_node("ConvInteger", ["x", "w"], ["y"], dilations=[2, 2])
+    m = make_model([node], [("x", q, (1, 64, 7, 7)), ("w", q, (2, 64, 3, 3))], [("y", T.INT32, None)])
+    stays_on_cpu(m, {"x": _ints(q, (1, 64, 7, 7), 1), "w": _ints(q, (2, 64, 3, 3), 2)}, "ConvInteger")

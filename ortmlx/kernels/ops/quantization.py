@@ -7,7 +7,8 @@ follows ORT's CPU kernels: dequantize is float(int32(x) - int32(zp)) * scale; qu
 round-half-even(x / scale) + zp, saturated; half types are computed in float32.
 MLX has no integer matmul: 8-bit products are summed in float64 on the CPU (exact for any K
 that does not wrap ORT's int32 accumulator) or float32 elsewhere (exact while K * 255^2 < 2^24);
-deeper products are refused at claim time. ConvInteger and QLinearConv are not implemented.
+deeper products are refused at claim time. ConvInteger and QLinearConv run the same way
+through the float Conv translator (zero points subtracted first, so padding adds zeros).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..registry import register
+from .conv import _conv_check, conv
 
 Q_TYPES = {dt.UINT8: (0, 255), dt.INT8: (-128, 127), dt.UINT16: (0, 65535), dt.INT16: (-32768, 32767)}
 DQ_INPUTS = frozenset(Q_TYPES) | {dt.INT32}
@@ -230,9 +232,18 @@ def _imm_check(a, b, azp, bzp, scales=()):
     return check
 
 
+def _exact_float(k: int, device: str):
+    """float32 while a depth-``k`` sum of 8-bit products is exact in it, else float64 (CPU only)."""
+    if k <= _MAX_K_F32:
+        return mx.float32
+    if device != "cpu":
+        raise ValueError(f"depth {k} > {_MAX_K_F32} is exact only in float64, which {device} lacks")
+    return mx.float64
+
+
 def _int_product(A, B, a_zero_point, b_zero_point, device):
-    """(A - a_zp) @ (B - b_zp) as exact int32 (float64 on the CPU, float32 within the proven depth)."""
-    ft = mx.float64 if device == "cpu" else mx.float32
+    """(A - a_zp) @ (B - b_zp) as exact int32 (float32 within the proven depth, else float64 on the CPU)."""
+    ft = _exact_float(A.shape[-1], device)
     a = A.astype(ft) if a_zero_point is None else A.astype(ft) - a_zero_point.astype(ft).reshape(())
     b = B.astype(ft) if b_zero_point is None else B.astype(ft) - b_zero_point.astype(ft).reshape(-1)
     return (a @ b).astype(mx.int32)
@@ -251,6 +262,114 @@ def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, 
     acc = _int_product(a, b, a_zero_point, b_zero_point, ctx.device)
     f = mx.float32
     scale = (a_scale.astype(f).reshape(()) * b_scale.astype(f).reshape(-1)) / y_scale.astype(f).reshape(())
+    q = mx.round(acc.astype(f) * scale) + y_zero_point.astype(f).reshape(())
+    lo, hi = Q_TYPES[ctx.out_dtypes[0]]
+    return mx.clip(q, lo, hi).astype(dt.MLX[ctx.out_dtypes[0]])
+
+
+# ------------------------------------------------------------------ integer convolution
+def _qconv_check(x, w, xzp, wzp, scales=(), bias=None):
+    """ConvInteger / QLinearConv: 8-bit operands, Conv's attribute rules, provably exact depth."""
+    def check(view):
+        for i, what in ((x, "x"), (w, "w")):
+            if view.dtype(i) not in EIGHT_BIT:
+                return f"{what} dtype {dt.name(view.dtype(i))} is not int8/uint8"
+        ws = view.shape(w)
+        if ws is None or not all(isinstance(d, int) for d in ws[1:]) or not 3 <= len(ws) <= 5:
+            return f"weight shape {ws} is not a known 1-D/2-D/3-D kernel"
+        reason = _conv_check(_FloatView(view, x, w))
+        if reason:
+            return reason
+        k = int(np.prod(ws[1:]))
+        limit = _MAX_K_INT32 if view.device == "cpu" else _MAX_K_F32
+        if k > limit:
+            return f"C/group x kernel = {k} > {limit}: the integer sum is not provably exact (or would wrap in int32)"
+        dil = view.attrs.get("dilations")
+        if k > _MAX_K_F32 and dil is not None and any(int(d) != 1 for d in dil):
+            return f"depth {k} needs float64, and MLX has no dilated float64 convolution (dilations {list(dil)})"
+        m = ws[0]
+        reason = (_scalar_or_vector(view, xzp, None, "x's zero point")
+                  or _scalar_or_vector(view, wzp, m if scales else None, "w's zero point"))
+        if reason:
+            return reason
+        for i, what, per_ch in scales:
+            if view.dtype(i) not in (dt.FLOAT, dt.FLOAT16):
+                return f"{what} dtype {dt.name(view.dtype(i))} is not float32/float16"
+            reason = _scalar_or_vector(view, i, m if per_ch else None, what)
+            if reason:
+                return reason
+        if bias is not None and view.has(bias):
+            b = view.const(bias)
+            if b is None or view.device != "cpu":
+                return "bias must be a constant (and the device the CPU) to prove the int32 sum exact"
+            if int(np.abs(b.astype(np.int64)).max(initial=0)) + k * _MAX_PRODUCT >= 2**31:
+                return "bias + products could wrap ORT's int32 accumulator"
+        return None
+    return check
+
+
+class _FloatView:
+    """A NodeView whose tensors read as float32, to reuse Conv's attribute checks."""
+
+    def __init__(self, view, x: int, w: int):
+        self._v, self._idx = view, (x, w)
+        self.attrs = view.attrs
+        self.n_inputs = 2
+
+    def dtype(self, i):
+        return dt.FLOAT
+
+    def has(self, i):
+        return i < 2
+
+    def rank(self, i):
+        return self._v.rank(self._idx[i])
+
+    def shape(self, i):
+        return self._v.shape(self._idx[i])
+
+
+def _int_conv(x, w, x_zero_point, w_zero_point, device, attrs):
+    """int32 convolution of (x - x_zp) with (w - w_zp), exact in float32 (proven depth) / float64 (CPU)."""
+    ft = _exact_float(int(np.prod(w.shape[1:])), device)
+    xf = x.astype(ft) if x_zero_point is None else x.astype(ft) - x_zero_point.astype(ft).reshape(())
+    wf = w.astype(ft)
+    if w_zero_point is not None:
+        wf = wf - w_zero_point.astype(ft).reshape((-1,) + (1,) * (w.ndim - 1))
+    g = attrs["group"]
+    if g == 1 or ft != mx.float64:
+        return conv(xf, wf, None, **attrs)
+    if x.shape[1] % g or w.shape[0] % g:                       # MLX has no grouped float64 convolution
+        raise ValueError(f"channels {x.shape[1]} / filters {w.shape[0]} do not split into group {g}")
+    ci, co = x.shape[1] // g, w.shape[0] // g
+    one = dict(attrs, group=1)
+    return mx.concatenate([conv(xf[:, k * ci:(k + 1) * ci], wf[k * co:(k + 1) * co], None, **one)
+                           for k in range(g)], axis=1)
+
+
+@register("ConvInteger", 10, check=_qconv_check(0, 1, 2, 3))
+def conv_integer(x, w, x_zero_point=None, w_zero_point=None, *, auto_pad="NOTSET", dilations=None, group=1,
+                 kernel_shape=None, pads=None, strides=None, ctx):
+    """int32 Conv of (x - x_zp) and (w - w_zp)."""
+    attrs = dict(auto_pad=auto_pad, dilations=dilations, group=group, kernel_shape=kernel_shape, pads=pads,
+                 strides=strides)
+    return _int_conv(x, w, x_zero_point, w_zero_point, ctx.device, attrs).astype(mx.int32)
+
+
+@register("QLinearConv", 10, check=_qconv_check(0, 3, 2, 5, ((1, "x_scale", False), (4, "w_scale", True),
+                                                            (6, "y_scale", False)), bias=8))
+def qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B=None, *,
+                 auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None, ctx):
+    """y = saturate(round_half_even(float32(int32 conv + B) * (x_scale * w_scale / y_scale)) + y_zp)."""
+    attrs = dict(auto_pad=auto_pad, dilations=dilations, group=group, kernel_shape=kernel_shape, pads=pads,
+                 strides=strides)
+    acc = _int_conv(x, w, x_zero_point, w_zero_point, ctx.device, attrs)
+    if B is not None:
+        acc = acc + B.astype(acc.dtype).reshape((-1,) + (1,) * (x.ndim - 2))
+    acc = acc.astype(mx.int32)
+    f = mx.float32
+    scale = (x_scale.astype(f).reshape(()) * w_scale.astype(f).reshape(-1)) / y_scale.astype(f).reshape(())
+    scale = scale.reshape((-1,) + (1,) * (x.ndim - 2))
     q = mx.round(acc.astype(f) * scale) + y_zero_point.astype(f).reshape(())
     lo, hi = Q_TYPES[ctx.out_dtypes[0]]
     return mx.clip(q, lo, hi).astype(dt.MLX[ctx.out_dtypes[0]])

@@ -61,6 +61,7 @@ API_SLOTS = {
     343: "OrtStatus* (*Graph_GetInitializers)(const OrtGraph* graph, const OrtValueInfo** initializers, size_t n)",
     344: "OrtStatus* (*Graph_GetNumNodes)(const OrtGraph* graph, size_t* n)",
     345: "OrtStatus* (*Graph_GetNodes)(const OrtGraph* graph, const OrtNode** nodes, size_t n)",
+    346: "OrtStatus* (*Graph_GetParentNode)(const OrtGraph* graph, const OrtNode** node)",
     348: "OrtStatus* (*Node_GetId)(const OrtNode* node, size_t* node_id)",
     349: "OrtStatus* (*Node_GetName)(const OrtNode* node, const char** node_name)",
     350: "OrtStatus* (*Node_GetOperatorType)(const OrtNode* node, const char** operator_type)",

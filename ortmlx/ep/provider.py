@@ -4,7 +4,7 @@ from __future__ import annotations
 import threading
 
 from ..subgraph.ir import Graph
-from ..subgraph.partition import claim
+from ..subgraph.partition import Unclaimed, claim
 from ..subgraph.plan import build_plan
 from . import stats
 from .compute import ComputeInfo
@@ -54,6 +54,13 @@ class Ep:
             _fault(self, "getcapability")
             graph = self.reader.graph(graph_ptr)
             groups, report = claim(graph, self.device, self.options.disable_ops)
+            parent = ffi.new("const OrtNode**")
+            abi.check(abi.api.Graph_GetParentNode(graph_ptr, parent))
+            if parent[0] != ffi.NULL and groups:
+                # ORT rejects a fused node inside a control-flow body (the body has no opset for the EP)
+                why = "inside a control-flow subgraph (Loop/If/Scan body): left to ORT"
+                report.unclaimed.extend(Unclaimed(n.name, n.op_type, why) for g in groups for n in g)
+                report.groups, groups = [], []
             self.reports.append(report)
             REPORTS.append(report)
             del REPORTS[:-_REPORTS_MAX]

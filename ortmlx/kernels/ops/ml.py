@@ -1,0 +1,130 @@
+"""ai.onnx.ml basics: Binarizer, Scaler, Normalizer, Imputer, ArrayFeatureExtractor.
+
+Numeric tensors only (string variants need tensors MLX does not have). Outputs follow
+ORT's CPU kernels: Scaler and Normalizer produce float32 from any numeric input.
+"""
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import numpy as np
+
+from .. import dtypes as dt
+from ..registry import ML, register
+
+F32_ONLY = frozenset({dt.FLOAT})
+NUMERIC_IN = frozenset({dt.FLOAT, dt.DOUBLE, dt.INT64, dt.INT32})
+
+
+def _s(v):
+    return v.decode() if isinstance(v, bytes) else v
+
+
+# ------------------------------------------------------------------ Binarizer
+@register("Binarizer", 1, domain=ML, dtypes=F32_ONLY)
+def binarizer(X, *, threshold=0.0):
+    """1 where X > threshold, else 0 (same type)."""
+    return (X > mx.array(threshold, X.dtype)).astype(X.dtype)
+
+
+# ------------------------------------------------------------------ Scaler
+def _scaler_check(view):
+    off, sc = view.attrs.get("offset"), view.attrs.get("scale")
+    if not off or not sc:
+        return "offset and scale must both be given (ORT's CPU EP rejects an empty one)"
+    if len(off) != len(sc):
+        return f"offset length {len(off)} != scale length {len(sc)} (ORT's CPU EP rejects it)"
+    shape = view.shape(0)
+    c = shape[-1] if shape else None
+    for name, v in (("offset", off), ("scale", sc)):
+        if v is not None and len(v) != 1 and (not isinstance(c, int) or len(v) != c):
+            return f"{name} of length {len(v)} fits neither 1 nor the {c} features"
+    r = view.rank(0)
+    if r is not None and r not in (1, 2):
+        return f"input rank {r} (ORT's Scaler takes 1-D or 2-D)"
+    return None
+
+
+@register("Scaler", 1, domain=ML, dtypes=NUMERIC_IN, check=_scaler_check)
+def scaler(X, *, offset=None, scale=None):
+    """Y = (X - offset) * scale in float32, offset/scale per feature or broadcast."""
+    x = X.astype(mx.float32)
+    if offset is not None:
+        x = x - mx.array(np.asarray(offset, np.float32))
+    if scale is not None:
+        x = x * mx.array(np.asarray(scale, np.float32))
+    return x
+
+
+# ------------------------------------------------------------------ Normalizer
+NORMS = ("MAX", "L1", "L2")
+
+
+def _norm_check(view):
+    n = _s(view.attrs.get("norm", "MAX"))
+    if n not in NORMS:
+        return f"norm {n!r} is not one of {NORMS}"
+    r = view.rank(0)
+    if r is not None and r not in (1, 2):
+        return f"input rank {r} (ORT's Normalizer takes 1-D or 2-D)"
+    return None
+
+
+@register("Normalizer", 1, domain=ML, dtypes=NUMERIC_IN, check=_norm_check)
+def normalizer(X, *, norm="MAX"):
+    """Each row divided by its max, L1 or L2 norm (float32)."""
+    x = X.astype(mx.float32)
+    n = _s(norm)
+    if n == "MAX":
+        d = mx.max(x, axis=-1, keepdims=True)
+    elif n == "L1":
+        d = mx.sum(mx.abs(x), axis=-1, keepdims=True)
+    elif n == "L2":
+        d = mx.sqrt(mx.sum(x * x, axis=-1, keepdims=True))
+    else:
+        raise ValueError(f"norm {n!r} is not one of {NORMS}")
+    return x / d
+
+
+# ------------------------------------------------------------------ Imputer
+def _imputer_check(view):
+    a = view.attrs
+    t = view.dtype(0)
+    vals = a.get("imputed_value_floats") if t == dt.FLOAT else a.get("imputed_value_int64s")
+    if t not in (dt.FLOAT, dt.INT64):
+        return f"input dtype {dt.name(t)} is not float32/int64"
+    if not vals:
+        return "no imputed values of the input's type"
+    c = (view.shape(0) or [None])[-1]
+    if len(vals) != 1 and (not isinstance(c, int) or len(vals) != c):
+        return f"{len(vals)} imputed values fit neither 1 nor the {c} features"
+    return None
+
+
+@register("Imputer", 1, domain=ML, check=_imputer_check)
+def imputer(X, *, imputed_value_floats=None, imputed_value_int64s=None, replaced_value_float=0.0,
+            replaced_value_int64=0):
+    """Replace ``replaced_value`` (NaN matches NaN) by the per-feature imputed value."""
+    if X.dtype == mx.float32:
+        fill = mx.array(np.asarray(imputed_value_floats, np.float32))
+        hit = mx.isnan(X) if math.isnan(replaced_value_float) else X == replaced_value_float
+    else:
+        fill = mx.array(np.asarray(imputed_value_int64s, np.int64))
+        hit = X == mx.array(replaced_value_int64, X.dtype)
+    return mx.where(hit, fill, X)
+
+
+# ------------------------------------------------------------------ ArrayFeatureExtractor
+@register("ArrayFeatureExtractor", 1, domain=ML, const=(1,), dtypes=NUMERIC_IN)
+def array_feature_extractor(X, Y):
+    """X[..., Y] with Y flattened; a 1-D X gives (1, len(Y))."""
+    idx = np.asarray(Y).astype(np.int64).reshape(-1)
+    n = X.shape[-1]
+    bad = (idx < 0) | (idx >= n)
+    if bad.any():
+        raise ValueError(f"index {int(idx[bad][0])} out of range [0, {n - 1}]")
+    if idx.size == 0:
+        raise ValueError("no indices")
+    y = mx.take(X, mx.array(idx.astype(np.int32)), axis=-1)
+    return y.reshape(1, -1) if X.ndim == 1 else y

@@ -1,0 +1,65 @@
+"""ai.onnx.ml basics against ORT's CPU EP."""
+import numpy as np
+import pytest
+from onnx import TensorProto as T, helper
+
+from _nnutil import check, rand
+from ortmlx.testing import make_model, session
+
+ML = {"ai.onnx.ml": 3}
+NPT = {T.FLOAT: np.float32, T.DOUBLE: np.float64, T.INT64: np.int64, T.INT32: np.int32}
+
+
+def _one(op, t_in, shape, t_out, attrs, extra_inputs=(), inits=None):
+    node = helper.make_node(op, ["x", *[n for n, _, _ in extra_inputs]], ["y"], domain="ai.onnx.ml", **attrs)
+    gin = [("x", t_in, shape)] + [i for i in extra_inputs if not (inits and i[0] in inits)]
+    return make_model([node], gin, [("y", t_out, None)], inits or {}, extra_opsets=ML)
+
+
+def _x(t, shape, seed=0):
+    if t in (T.INT64, T.INT32):
+        return np.random.default_rng(seed).integers(-5, 6, shape).astype(NPT[t])
+    return rand(shape, t, seed, -3, 3)
+
+
+CASES = [  # (op, input dtype, shape, output dtype, attrs)
+    ("Binarizer", T.FLOAT, (3, 4), T.FLOAT, {"threshold": 0.5}),
+    ("Binarizer", T.FLOAT, (5,), T.FLOAT, {}),
+    ("Scaler", T.FLOAT, (3, 4), T.FLOAT, {"offset": [0.5, -1.0, 2.0, 0.0], "scale": [2.0, 0.5, -1.0, 3.0]}),
+    ("Scaler", T.INT64, (3, 4), T.FLOAT, {"offset": [1.5], "scale": [0.25]}),
+    ("Scaler", T.DOUBLE, (4,), T.FLOAT, {"offset": [0.0], "scale": [2.0]}),
+    ("Scaler", T.INT32, (2, 3), T.FLOAT, {"offset": [1.0, 0.0, -2.0], "scale": [0.5, 2.0, 1.0]}),
+    ("Normalizer", T.FLOAT, (3, 4), T.FLOAT, {"norm": "L2"}),
+    ("Normalizer", T.FLOAT, (3, 4), T.FLOAT, {"norm": "L1"}),
+    ("Normalizer", T.FLOAT, (3, 4), T.FLOAT, {"norm": "MAX"}),
+    ("Normalizer", T.INT64, (2, 5), T.FLOAT, {"norm": "L2"}),
+    ("Normalizer", T.DOUBLE, (4,), T.FLOAT, {"norm": "L1"}),
+    ("Imputer", T.FLOAT, (3, 4), T.FLOAT, {"imputed_value_floats": [9.0], "replaced_value_float": float("nan")}),
+    ("Imputer", T.FLOAT, (3, 4), T.FLOAT, {"imputed_value_floats": [1.0, 2.0, 3.0, 4.0],
+                                           "replaced_value_float": 0.0}),
+    ("Imputer", T.INT64, (3, 4), T.INT64, {"imputed_value_int64s": [7, 8, 9, 10], "replaced_value_int64": 2}),
+]
+
+
+@pytest.mark.parametrize("op,t,shape,tout,attrs", CASES)
+def test_ml(op, t, shape, tout, attrs):
+    x = _x(t, shape)
+    if op == "Imputer" and t == T.FLOAT:
+        x.reshape(-1)[::3] = np.nan if np.isnan(attrs["replaced_value_float"]) else 0.0
+    if op == "Binarizer":
+        x.reshape(-1)[::4] = attrs.get("threshold", 0.0)            # values at the threshold
+    check(_one(op, t, shape, tout, attrs), {"x": x})
+
+
+@pytest.mark.parametrize("t,shape,idx", [(T.FLOAT, (3, 5), [0, 4, 2]), (T.INT64, (2, 3, 4), [3, 3]),
+                                         (T.FLOAT, (6,), [1, 5]), (T.INT32, (2, 4), [[1, 0]])])
+def test_array_feature_extractor(t, shape, idx):
+    i = np.array(idx, np.int64)
+    m = _one("ArrayFeatureExtractor", t, shape, t, {}, [("i", T.INT64, i.shape)])
+    check(m, {"x": _x(t, shape), "i": i})
+
+
+def test_array_feature_extractor_bad_index_is_an_error():
+    m = _one("ArrayFeatureExtractor", T.FLOAT, (2, 3), T.FLOAT, {}, [("i", T.INT64, (1,))])
+    with pytest.raises(Exception, match="out of range"):
+        session(m).run(None, {"x": _x(T.FLOAT, (2, 3)), "i": np.array([3], np.int64)})

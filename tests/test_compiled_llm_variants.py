@@ -67,7 +67,8 @@ def test_quant_decode_traces_once_tokens_match(arch, precision, tmp_path):
         assert got == cpu
 
 
-@pytest.mark.parametrize("arch,precision", [("llama", "fp32"), ("qwen2", "int4")])
+@pytest.mark.parametrize("arch,precision", [("llama", "fp32"),
+                                               pytest.param("qwen2", "int4", marks=pytest.mark.slow)])
 def test_growing_kv_decode_traces_once_tokens_match(arch, precision):
     """Separate past/present buffers: the past length grows every step; one shapeless closure."""
     path = base.model_dir(arch, precision)

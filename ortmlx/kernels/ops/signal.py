@@ -1,10 +1,15 @@
-"""Signal windows: HannWindow, HammingWindow, BlackmanWindow (opset 17).
+"""Signal ops: DFT (opset 17 and 20) and the windows HannWindow, HammingWindow, BlackmanWindow.
 
+DFT runs mx.fft on complex64 (float32 only: MLX has no complex128); dft_length and (20+) axis
+are host values. onesided keeps the first n // 2 + 1 bins; inverse divides by n.
+inverse with onesided (a real inverse from half a spectrum) is refused.
+
+Windows: 
 ``size`` is a host scalar; the window is a generalized cosine sum evaluated on the host in
 float64 and rounded once to float32/float16. float64 outputs are refused (ORT's CPU EP
 computes them from float32 coefficients: ~1e-8 off the float64 value, we cannot match
 bit for bit), and so are integer outputs (truncation near an integer could differ).
-DFT, STFT and MelWeightMatrix are not implemented (they stay on the CPU EP).
+STFT and MelWeightMatrix are not implemented (they stay on the CPU EP).
 """
 from __future__ import annotations
 
@@ -62,3 +67,46 @@ def hamming_window(size, *, output_datatype=1, periodic=1):
 def blackman_window(size, *, output_datatype=1, periodic=1):
     """0.42 - 0.5 cos(2 pi n / D) + 0.08 cos(4 pi n / D)."""
     return _window(size, (0.42, 0.5, 0.08), periodic, output_datatype)
+
+
+# ------------------------------------------------------------------ DFT
+def _dft_check(view):
+    if view.attrs.get("inverse", 0) and view.attrs.get("onesided", 0):
+        return "inverse with onesided (real inverse of half a spectrum) is not implemented"
+    s = view.shape(0)
+    if s is not None and (len(s) < 2 or s[-1] not in (1, 2)):
+        return f"input shape {tuple(s)} does not end in a real (1) or complex (2) dimension"
+    if s is not None and view.attrs.get("onesided", 0) and s[-1] != 1:
+        return "onesided DFT of a complex input"
+    return None
+
+
+def _dft(x, n, axis: int, inverse: int, onesided: int):
+    """DFT of x (..., 1 | 2) along ``axis`` (which may not be the last, complex, dimension)."""
+    r = x.ndim
+    if not -r <= axis < r - 1 or axis == -1:
+        raise ValueError(f"axis {axis} out of range for input rank {r} (the last dimension holds real/imag)")
+    a = axis % r
+    c = x[..., 0].astype(mx.complex64)
+    if x.shape[-1] == 2:
+        c = c + 1j * x[..., 1].astype(mx.complex64)
+    length = c.shape[a] if n is None else int(np.asarray(n).reshape(-1)[0])
+    if length < 1:
+        raise ValueError(f"dft_length {length} < 1")
+    y = mx.fft.ifft(c, n=length, axis=a) if inverse else mx.fft.fft(c, n=length, axis=a)
+    if onesided:
+        y = y[tuple(slice(0, length // 2 + 1) if k == a else slice(None) for k in range(y.ndim))]
+    return mx.stack([mx.real(y), mx.imag(y)], axis=-1).astype(x.dtype)
+
+
+@register("DFT", 17, const=(1,), dtypes=frozenset({dt.FLOAT}), check=_dft_check)
+def dft_17(input, dft_length=None, *, axis=1, inverse=0, onesided=0):
+    """Complex DFT along ``axis`` (attribute)."""
+    return _dft(input, dft_length, axis, inverse, onesided)
+
+
+@register("DFT", 20, const=(1, 2), dtypes=frozenset({dt.FLOAT}), check=_dft_check)
+def dft_20(input, dft_length=None, axis=None, *, inverse=0, onesided=0):
+    """Complex DFT along ``axis`` (input, default -2)."""
+    a = -2 if axis is None else int(np.asarray(axis).reshape(-1)[0])
+    return _dft(input, dft_length, a, inverse, onesided)

@@ -91,3 +91,14 @@ def test_ep_matmul_through_openblas_matches_cpu():
     before = b.calls()
     check_against_cpu(model, [{"x": rng.standard_normal((64, 256)).astype(np.float32)}])
     assert b.calls() > before
+
+
+@pytest.mark.skipif(not _have_openblas(), reason="scipy-openblas32 or the built forwarder is missing")
+def test_thread_policy():
+    """ORTMLX_BLAS_THREADS sets OpenBLAS's threads; the answers stay right."""
+    r = _probe("ortmlx-first", ORTMLX_BLAS="", ORTMLX_BLAS_THREADS="2", OPENBLAS_NUM_THREADS="")
+    assert r["status"]["active"] and r["status"]["threads"] == 2, r["status"]
+    for k, err in r["err"].items():
+        assert err < 1e-5, (k, err)
+    r = _probe("ortmlx-first", ORTMLX_BLAS="", ORTMLX_BLAS_THREADS="", OPENBLAS_NUM_THREADS="")
+    assert r["status"]["threads"] == max(1, min(4, (os.cpu_count() or 1) // 2)), r["status"]

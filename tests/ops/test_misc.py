@@ -1,4 +1,4 @@
-"""Misc ops against ORT's CPU EP: NonMaxSuppression."""
+"""Misc ops against ORT's CPU EP: NonMaxSuppression, Det."""
 import numpy as np
 import pytest
 from onnx import TensorProto as T, helper
@@ -51,3 +51,12 @@ def test_nms_defaults_select_nothing():
     m = make_model([node], [("boxes", T.FLOAT, (1, 4, 4)), ("scores", T.FLOAT, (1, 1, 4))], [("sel", T.INT64, None)])
     rng = np.random.default_rng(0)
     check_against_cpu(m, [{"boxes": _boxes(rng, 1, 4, 0), "scores": rng.uniform(0, 1, (1, 1, 4)).astype(np.float32)}])
+
+
+@pytest.mark.parametrize("shape", [(3, 3), (2, 4, 4), (2, 3, 1, 1), (5, 2, 2), (0, 3, 3), (6, 6)])
+def test_det(shape):
+    m = make_model([helper.make_node("Det", ["x"], ["y"])], [("x", T.FLOAT, shape)], [("y", T.FLOAT, None)])
+    rng = np.random.default_rng(0)
+    x = rng.normal(0, 1, shape).astype(np.float32)
+    check_against_cpu(m, [{"x": x}, {"x": np.zeros(shape, np.float32)}], rtol=1e-4, atol=1e-5)
+

@@ -1,4 +1,7 @@
-"""Odds and ends: NonMaxSuppression.
+"""Odds and ends: NonMaxSuppression, Det.
+
+Det is host-computed: numpy's LU in float64, rounded once to float32 (ORT's CPU EP works in
+float32, so the two agree to float32 round-off times the matrix's condition).
 
 NonMaxSuppression is host-computed (its output size depends on the data): a greedy pass per
 (batch, class) over the candidates above ``score_threshold`` by descending score (ties: lower
@@ -104,3 +107,20 @@ def non_max_suppression(boxes, scores, max_output_boxes_per_class=None, iou_thre
     iou = float(_scalar(iou_threshold, 0.0, "iou_threshold"))
     st = None if score_threshold is None else float(_scalar(score_threshold, 0.0, "score_threshold"))
     return nms(_host(boxes), _host(scores), max_out, iou, st, center_point_box)
+
+
+# ------------------------------------------------------------------ Det
+def _det_check(view):
+    s = view.shape(0)
+    if s is not None and (len(s) < 2 or (isinstance(s[-1], int) and isinstance(s[-2], int) and s[-1] != s[-2])):
+        return f"input shape {tuple(s)} is not a (batch of) square matrices"
+    return None
+
+
+@register("Det", 11, dtypes={dt.FLOAT}, host_computed=True, check=_det_check)
+def det(X):
+    """Determinant of the trailing square matrices, float64 LU on the host, float32 out."""
+    x = _host(X)
+    if x.ndim < 2 or x.shape[-1] != x.shape[-2]:
+        raise ValueError(f"input shape {x.shape} is not a (batch of) square matrices")
+    return np.linalg.det(x.astype(np.float64)).astype(np.float32)

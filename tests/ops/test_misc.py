@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto as T, helper
 
-from ortmlx.testing import check_against_cpu, make_model
+from ortmlx.testing import check_against_cpu, make_model, session
 
 
 def _boxes(rng, b, n, center):
@@ -60,3 +60,37 @@ def test_det(shape):
     x = rng.normal(0, 1, shape).astype(np.float32)
     check_against_cpu(m, [{"x": x}, {"x": np.zeros(shape, np.float32)}], rtol=1e-4, atol=1e-5)
 
+
+
+TFIDF = [  # (mode, min, max gram length, max skip, weights, input dtype, input shape)
+    ("TF", 1, 1, 0, None, T.INT64, (12,)),
+    ("TF", 2, 2, 0, None, T.INT32, (2, 10)),
+    ("TF", 1, 3, 2, None, T.INT64, (3, 12)),
+    ("IDF", 1, 2, 1, None, T.INT64, (2, 9)),
+    ("IDF", 1, 3, 3, [0.5, 2.0, 1.5, 1.0, 3.0, 0.25, 0.75, 2.5, 1.25], T.INT32, (14,)),
+    ("TFIDF", 2, 3, 4, [0.5, 2.0, 1.5, 1.0, 3.0, 0.25, 0.75, 2.5, 1.25], T.INT64, (2, 15)),
+    ("TFIDF", 1, 2, 0, None, T.INT64, (1, 5)),
+]
+# pool: unigrams 1 2 3, bigrams (1 2) (2 3) (3 1), trigrams (1 2 3) (2 1 2) (3 3 3); columns scrambled
+POOL = dict(pool_int64s=[1, 2, 3, 1, 2, 2, 3, 3, 1, 1, 2, 3, 2, 1, 2, 3, 3, 3], ngram_counts=[0, 3, 9],
+            ngram_indexes=[4, 0, 7, 2, 8, 1, 3, 6, 5])
+
+
+@pytest.mark.parametrize("mode,lo,hi,skip,weights,t,shape", TFIDF)
+def test_tfidf(mode, lo, hi, skip, weights, t, shape):
+    attrs = dict(POOL, mode=mode, min_gram_length=lo, max_gram_length=hi, max_skip_count=skip)
+    if weights:
+        attrs["weights"] = weights
+    m = make_model([helper.make_node("TfIdfVectorizer", ["x"], ["y"], **attrs)], [("x", t, shape)],
+                   [("y", T.FLOAT, None)])
+    rng = np.random.default_rng(0)
+    feeds = [{"x": rng.integers(0, 5, shape).astype(np.int64 if t == T.INT64 else np.int32)} for _ in range(3)]
+    check_against_cpu(m, feeds)
+
+
+def test_tfidf_empty_batch_is_an_error():
+    attrs = dict(POOL, mode="TF", min_gram_length=1, max_gram_length=2, max_skip_count=0)
+    m = make_model([helper.make_node("TfIdfVectorizer", ["x"], ["y"], **attrs)], [("x", T.INT64, (0, 5))],
+                   [("y", T.FLOAT, None)])
+    with pytest.raises(Exception, match="0 rows"):
+        session(m).run(None, {"x": np.zeros((0, 5), np.int64)})

@@ -1,4 +1,4 @@
-"""Odds and ends: NonMaxSuppression, Det.
+"""Odds and ends: NonMaxSuppression, Det, TfIdfVectorizer (integer pools).
 
 Det is host-computed: numpy's LU in float64, rounded once to float32 (ORT's CPU EP works in
 float32, so the two agree to float32 round-off times the matrix's condition).
@@ -124,3 +124,85 @@ def det(X):
     if x.ndim < 2 or x.shape[-1] != x.shape[-2]:
         raise ValueError(f"input shape {x.shape} is not a (batch of) square matrices")
     return np.linalg.det(x.astype(np.float64)).astype(np.float32)
+
+
+# ------------------------------------------------------------------ TfIdfVectorizer
+MODES = ("TF", "IDF", "TFIDF")
+
+
+def _tfidf_check(view):
+    a = view.attrs
+    mode = a.get("mode")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if mode not in MODES:
+        return f"mode {mode!r} is not one of {MODES}"
+    if not a.get("pool_int64s") or a.get("pool_strings"):
+        return "only integer pools (pool_int64s) are implemented"
+    if view.dtype(0) not in (dt.INT32, dt.INT64):
+        return f"input dtype {dt.name(view.dtype(0))} is not int32/int64"
+    r = view.rank(0)
+    if r is not None and r not in (1, 2):
+        return f"input rank {r} is not 1 or 2"
+    lo, hi = a.get("min_gram_length"), a.get("max_gram_length")
+    counts = list(a.get("ngram_counts") or [])
+    if not 1 <= lo <= hi or hi > len(counts):
+        return f"gram lengths [{lo}, {hi}] do not fit {len(counts)} ngram_counts"
+    if a.get("max_skip_count", 0) < 0:
+        return f"max_skip_count {a['max_skip_count']} < 0"
+    return None
+
+
+def _pool_table(pool, counts, indexes) -> dict:
+    """(n-gram tuple) -> output column, from the pool laid out by ngram_counts."""
+    table, k = {}, 0
+    bounds = list(counts) + [len(pool)]
+    for length, (start, end) in enumerate(zip(bounds, bounds[1:]), 1):
+        if (end - start) % length:
+            raise ValueError(f"pool slice [{start}, {end}) of {length}-grams is not a whole number of n-grams")
+        for j in range(start, end, length):
+            if k >= len(indexes):
+                raise ValueError(f"ngram_indexes has {len(indexes)} entries, the pool more n-grams")
+            table[tuple(pool[j:j + length])] = int(indexes[k])
+            k += 1
+    return table
+
+
+def _tf_row(row, table, lo, hi, max_skip, width):
+    """n-gram counts of one row (unigrams counted once, whatever the skip)."""
+    out = np.zeros(width, np.float32)
+    n = len(row)
+    for length in range(lo, hi + 1):
+        for skip in range(0, (max_skip if length > 1 else 0) + 1):
+            step = skip + 1
+            for i in range(n - (length - 1) * step):
+                col = table.get(tuple(row[i:i + (length - 1) * step + 1:step]))
+                if col is not None:
+                    out[col] += 1
+    return out
+
+
+@register("TfIdfVectorizer", 9, host_computed=True, check=_tfidf_check)
+def tfidf_vectorizer(X, *, max_gram_length, max_skip_count, min_gram_length, mode, ngram_counts, ngram_indexes,
+                     pool_int64s=None, pool_strings=None, weights=None):
+    """Counts of the pool's n-grams (skip-grams up to max_skip_count), as TF, IDF (0/1) or TFIDF."""
+    x = _host(X).astype(np.int64)
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    width = int(max(ngram_indexes)) + 1
+    table = _pool_table([int(v) for v in pool_int64s], [int(c) for c in ngram_counts], list(ngram_indexes))
+    if x.ndim == 2 and x.shape[0] == 0:
+        raise ValueError(f"input shape {x.shape}: a batch of 0 rows (ORT's CPU EP rejects it too)")
+    rows = x.reshape(1, -1) if x.ndim == 1 else x
+    tf = np.stack([_tf_row(tuple(int(v) for v in r), table, min_gram_length, max_gram_length, max_skip_count,
+                           width) for r in rows])
+    w = np.ones(width, np.float32)
+    if weights:                                   # weights[k] belongs to the pool's k-th n-gram
+        if len(weights) != len(ngram_indexes):
+            raise ValueError(f"{len(weights)} weights for {len(ngram_indexes)} n-grams")
+        w[np.asarray(ngram_indexes, np.int64)] = np.asarray(weights, np.float32)
+    if mode == "TF":
+        y = tf
+    elif mode == "IDF":
+        y = (tf > 0).astype(np.float32) * w
+    else:
+        y = tf * w
+    return y.reshape(-1) if x.ndim == 1 else y

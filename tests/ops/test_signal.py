@@ -61,3 +61,30 @@ def test_dft(shape, opset, attrs, n, axis):
     x = np.random.default_rng(0).uniform(-1, 1, shape).astype(np.float32)
     check_against_cpu(m, [{"x": x}], rtol=1e-4, atol=2e-6 * length)
 
+
+
+STFT = [  # (signal shape, frame_step, window length or None, frame_length or None, onesided)
+    ((2, 64, 1), 8, 16, None, 1),
+    ((1, 100, 1), 10, 20, 20, 1),
+    ((2, 50, 1), 7, None, 12, 1),
+    ((1, 40, 2), 5, 10, None, 0),
+    ((2, 33, 1), 4, 8, 8, 0),
+]
+
+
+@pytest.mark.parametrize("shape,step,wlen,flen,onesided", STFT)
+def test_stft(shape, step, wlen, flen, onesided):
+    ins, gin, inits = ["x", "s"], [("x", T.FLOAT, shape)], {"s": np.array(step, np.int64)}
+    ins.append("w" if wlen else "")
+    if wlen:
+        gin.append(("w", T.FLOAT, (wlen,)))
+    if flen:
+        ins.append("n")
+        inits["n"] = np.array(flen, np.int64)
+    node = helper.make_node("STFT", ins, ["y"], onesided=onesided)
+    m = make_model([node], gin, [("y", T.FLOAT, None)], inits, opset=17)
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.uniform(-1, 1, shape).astype(np.float32)}
+    if wlen:
+        feeds["w"] = rng.uniform(0, 1, (wlen,)).astype(np.float32)
+    check_against_cpu(m, [feeds], rtol=1e-4, atol=2e-6 * (flen or wlen))

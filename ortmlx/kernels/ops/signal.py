@@ -1,4 +1,4 @@
-"""Signal ops: DFT (opset 17 and 20) and the windows HannWindow, HammingWindow, BlackmanWindow.
+"""Signal ops: DFT (opset 17 and 20), STFT and the windows HannWindow, HammingWindow, BlackmanWindow.
 
 DFT runs mx.fft on complex64 (float32 only: MLX has no complex128); dft_length and (20+) axis
 are host values. onesided keeps the first n // 2 + 1 bins; inverse divides by n.
@@ -9,7 +9,8 @@ Windows:
 float64 and rounded once to float32/float16. float64 outputs are refused (ORT's CPU EP
 computes them from float32 coefficients: ~1e-8 off the float64 value, we cannot match
 bit for bit), and so are integer outputs (truncation near an integer could differ).
-STFT and MelWeightMatrix are not implemented (they stay on the CPU EP).
+STFT frames the signal (frame_step, frame_length host values), applies the window and runs
+the DFT of each frame. MelWeightMatrix is not implemented (it stays on the CPU EP).
 """
 from __future__ import annotations
 
@@ -110,3 +111,38 @@ def dft_20(input, dft_length=None, axis=None, *, inverse=0, onesided=0):
     """Complex DFT along ``axis`` (input, default -2)."""
     a = -2 if axis is None else int(np.asarray(axis).reshape(-1)[0])
     return _dft(input, dft_length, a, inverse, onesided)
+
+
+# ------------------------------------------------------------------ STFT
+def _stft_check(view):
+    s = view.shape(0)
+    if s is not None and (len(s) != 3 or s[-1] not in (1, 2)):
+        return f"signal shape {tuple(s)} is not (batch, length, 1 | 2)"
+    if s is not None and view.attrs.get("onesided", 1) and s[-1] != 1:
+        return "onesided STFT of a complex signal"
+    if view.has(2) and view.dtype(2) != dt.FLOAT:
+        return f"window dtype {dt.name(view.dtype(2))} is not float32"
+    return None
+
+
+@register("STFT", 17, const=(1, 3), dtypes=frozenset({dt.FLOAT}), check=_stft_check)
+def stft(signal, frame_step, window=None, frame_length=None, *, onesided=1):
+    """(batch, frames, bins, 2): DFT of each windowed frame of length frame_length (or the window's)."""
+    step = int(np.asarray(frame_step).reshape(-1)[0])
+    if frame_length is not None:
+        n = int(np.asarray(frame_length).reshape(-1)[0])
+        if window is not None and window.shape[0] != n:
+            raise ValueError(f"window length {window.shape[0]} != frame_length {n}")
+    elif window is not None:
+        n = window.shape[0]
+    else:
+        raise ValueError("STFT needs a window or a frame_length")
+    length = signal.shape[1]
+    if step < 1 or n < 1 or n > length:
+        raise ValueError(f"frame_step {step} / frame length {n} invalid for a signal of length {length}")
+    frames = 1 + (length - n) // step
+    idx = (np.arange(frames)[:, None] * step + np.arange(n)[None, :]).astype(np.int32)
+    x = mx.take(signal, mx.array(idx.reshape(-1)), axis=1).reshape(signal.shape[0], frames, n, signal.shape[2])
+    if window is not None:
+        x = x * window.reshape(1, 1, n, 1)
+    return _dft(x, None, 2, 0, onesided)

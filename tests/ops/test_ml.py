@@ -63,3 +63,27 @@ def test_array_feature_extractor_bad_index_is_an_error():
     m = _one("ArrayFeatureExtractor", T.FLOAT, (2, 3), T.FLOAT, {}, [("i", T.INT64, (1,))])
     with pytest.raises(Exception, match="out of range"):
         session(m).run(None, {"x": _x(T.FLOAT, (2, 3)), "i": np.array([3], np.int64)})
+
+
+LE = [  # (ml opset, input dtype, output dtype, attrs)
+    (2, T.INT64, T.INT64, {"keys_int64s": [5, 1, 3], "values_int64s": [10, 20, 30]}),
+    (2, T.INT64, T.FLOAT, {"keys_int64s": [5, 1, 3], "values_floats": [0.5, 1.5, 2.5], "default_float": 9.0}),
+    (2, T.FLOAT, T.INT64, {"keys_floats": [0.0, 1.5, -2.0], "values_int64s": [7, 8, 9], "default_int64": 42}),
+    (2, T.FLOAT, T.FLOAT, {"keys_floats": [1.0, 2.0], "values_floats": [-1.0, -2.0]}),
+    (4, T.INT64, T.INT64, {"keys_tensor": helper.make_tensor("k", T.INT64, [3], [2, 4, 6]),
+                           "values_tensor": helper.make_tensor("v", T.INT64, [3], [1, 2, 3]),
+                           "default_tensor": helper.make_tensor("d", T.INT64, [1], [-5])}),
+    (4, T.INT64, T.INT64, {"keys_int64s": [1, 2], "values_int64s": [3, 4]}),
+]
+
+
+@pytest.mark.parametrize("opset,t,tout,attrs", LE)
+def test_label_encoder(opset, t, tout, attrs):
+    node = helper.make_node("LabelEncoder", ["x"], ["y"], domain="ai.onnx.ml", **attrs)
+    m = make_model([node], [("x", t, (3, 4))], [("y", tout, None)], extra_opsets={"ai.onnx.ml": opset})
+    rng = np.random.default_rng(0)
+    if t == T.INT64:
+        x = rng.integers(0, 7, (3, 4)).astype(np.int64)
+    else:
+        x = rng.choice(np.array([0.0, -0.0, 1.5, -2.0, 1.0, 2.0, 3.25, np.nan], np.float32), (3, 4))
+    check(m, {"x": x})

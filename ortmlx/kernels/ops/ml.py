@@ -1,4 +1,5 @@
-"""ai.onnx.ml basics: Binarizer, Scaler, Normalizer, Imputer, ArrayFeatureExtractor.
+"""ai.onnx.ml basics: Binarizer, Scaler, Normalizer, Imputer, ArrayFeatureExtractor,
+LabelEncoder (numeric keys and values; host-computed lookup in sorted keys).
 
 Numeric tensors only (string variants need tensors MLX does not have). Outputs follow
 ORT's CPU kernels: Scaler and Normalizer produce float32 from any numeric input.
@@ -128,3 +129,77 @@ def array_feature_extractor(X, Y):
         raise ValueError("no indices")
     y = mx.take(X, mx.array(idx.astype(np.int32)), axis=-1)
     return y.reshape(1, -1) if X.ndim == 1 else y
+
+
+# ------------------------------------------------------------------ LabelEncoder
+def _le_arrays(a: dict):
+    """(keys, values, default) numpy arrays of a LabelEncoder's numeric attributes; ValueError otherwise."""
+    if a.get("keys_strings") or a.get("values_strings"):
+        raise ValueError("string keys or values")
+    if a.get("keys_tensor") is not None:
+        keys, vals = np.asarray(a["keys_tensor"]), np.asarray(a.get("values_tensor"))
+        default = a.get("default_tensor")
+        if keys.dtype.kind not in "if" or vals.dtype.kind not in "if":
+            raise ValueError(f"key/value tensors of dtype {keys.dtype}/{vals.dtype} are not numeric")
+        default = np.zeros((), vals.dtype) if default is None else np.asarray(default).astype(vals.dtype)
+        return keys.reshape(-1), vals.reshape(-1), default.reshape(-1)[0] if default.size else vals.dtype.type(0)
+    if a.get("keys_int64s"):
+        keys = np.asarray(a["keys_int64s"], np.int64)
+    elif a.get("keys_floats"):
+        keys = np.asarray(a["keys_floats"], np.float32)
+    else:
+        raise ValueError("no numeric keys")
+    if a.get("values_int64s"):
+        vals, default = np.asarray(a["values_int64s"], np.int64), np.int64(a.get("default_int64", -1))
+    elif a.get("values_floats"):
+        vals, default = np.asarray(a["values_floats"], np.float32), np.float32(a.get("default_float", -0.0))
+    else:
+        raise ValueError("no numeric values")
+    return keys, vals, default
+
+
+def _le_check(view):
+    try:
+        keys, vals, _ = _le_arrays(view.attrs)
+    except ValueError as e:
+        return str(e)
+    if keys.shape != vals.shape:
+        return f"{keys.size} keys for {vals.size} values"
+    if keys.dtype.kind == "f" and np.isnan(keys).any():
+        return "NaN key (ORT's NaN matching is not reproduced)"
+    if np.unique(keys).size != keys.size:
+        return "duplicate keys"
+    kind = {dt.INT64: "i", dt.FLOAT: "f"}.get(view.dtype(0))
+    if kind is None or keys.dtype.kind != kind:
+        return f"input dtype {dt.name(view.dtype(0))} does not match keys of dtype {keys.dtype}"
+    return None
+
+
+def _label_encode(X, attrs):
+    keys, vals, default = _le_arrays(attrs)
+    x = dt.to_numpy(X) if isinstance(X, mx.array) else np.asarray(X)
+    order = np.argsort(keys, kind="stable")
+    sk, sv = keys[order], vals[order]
+    pos = np.clip(np.searchsorted(sk, x), 0, max(sk.size - 1, 0))
+    hit = sk[pos] == x if sk.size else np.zeros(x.shape, bool)
+    return np.where(hit, sv[pos] if sv.size else default, default).astype(vals.dtype)
+
+
+@register("LabelEncoder", 2, domain=ML, host_computed=True, check=_le_check)
+def label_encoder_2(X, *, default_float=-0.0, default_int64=-1, default_string="_Unused", keys_floats=None,
+                    keys_int64s=None, keys_strings=None, values_floats=None, values_int64s=None, values_strings=None):
+    """Map each key to its value, anything else to the default (numeric keys and values)."""
+    return _label_encode(X, dict(default_float=default_float, default_int64=default_int64, keys_floats=keys_floats,
+                                 keys_int64s=keys_int64s, keys_strings=keys_strings, values_floats=values_floats,
+                                 values_int64s=values_int64s, values_strings=values_strings))
+
+
+@register("LabelEncoder", 4, domain=ML, host_computed=True, check=_le_check)
+def label_encoder_4(X, *, default_float=-0.0, default_int64=-1, default_string="_Unused", default_tensor=None,
+                    keys_floats=None, keys_int64s=None, keys_strings=None, keys_tensor=None, values_floats=None,
+                    values_int64s=None, values_strings=None, values_tensor=None):
+    """Opset 4 adds keys_tensor / values_tensor / default_tensor."""
+    return _label_encode(X, dict(default_float=default_float, default_int64=default_int64, default_tensor=default_tensor,
+                                 keys_floats=keys_floats, keys_int64s=keys_int64s, keys_strings=keys_strings,
+                                 keys_tensor=keys_tensor, values_floats=values_floats, values_int64s=values_int64s,
+                                 values_strings=values_strings, values_tensor=values_tensor))

@@ -94,3 +94,30 @@ def test_tfidf_empty_batch_is_an_error():
                    [("y", T.FLOAT, None)])
     with pytest.raises(Exception, match="0 rows"):
         session(m).run(None, {"x": np.zeros((0, 5), np.int64)})
+
+
+ROI = [  # (opset, attrs)
+    (16, {}),
+    (16, {"output_height": 3, "output_width": 4, "sampling_ratio": 2, "spatial_scale": 0.5}),
+    (16, {"coordinate_transformation_mode": "output_half_pixel", "output_height": 2, "output_width": 2}),
+    (16, {"mode": "max", "output_height": 3, "output_width": 3}),
+    (16, {"mode": "max", "output_height": 2, "output_width": 5, "sampling_ratio": 3, "spatial_scale": 0.25}),
+    (10, {"output_height": 4, "output_width": 4, "spatial_scale": 0.5}),
+    (10, {"mode": "max", "output_height": 2, "output_width": 3}),
+]
+
+
+@pytest.mark.parametrize("opset,attrs", ROI)
+def test_roi_align(opset, attrs):
+    node = helper.make_node("RoiAlign", ["x", "rois", "bi"], ["y"], **attrs)
+    m = make_model([node], [("x", T.FLOAT, (2, 3, 10, 12)), ("rois", T.FLOAT, (6, 4)), ("bi", T.INT64, (6,))],
+                   [("y", T.FLOAT, None)], opset=opset)
+    rng = np.random.default_rng(0)
+    scale = attrs.get("spatial_scale", 1.0)
+    p, q = rng.uniform(-3, 13, (6, 2)) / scale, rng.uniform(-3, 13, (6, 2)) / scale
+    rois = np.concatenate([np.minimum(p, q), np.maximum(p, q)], 1).astype(np.float32)
+    rois[0] = [2.0, 3.0, 2.5, 3.2]                                      # tiny ROI
+    rois[1] = [20.0, 20.0, 30.0, 30.0]                                  # mostly outside the map
+    feeds = {"x": rng.normal(0, 1, (2, 3, 10, 12)).astype(np.float32), "rois": rois,
+             "bi": rng.integers(0, 2, 6).astype(np.int64)}
+    check_against_cpu(m, [feeds])

@@ -1,4 +1,8 @@
-"""Odds and ends: NonMaxSuppression, Det, TfIdfVectorizer (integer pools).
+"""Odds and ends: NonMaxSuppression, Det, TfIdfVectorizer (integer pools), RoiAlign.
+
+RoiAlign is host-computed (its sampling grid depends on the ROI values): float32 numpy with
+ORT's sample positions and bilinear weights; ``max`` is ORT's (the largest weighted corner
+value over the samples).
 
 Det is host-computed: numpy's LU in float64, rounded once to float32 (ORT's CPU EP works in
 float32, so the two agree to float32 round-off times the matrix's condition).
@@ -206,3 +210,99 @@ def tfidf_vectorizer(X, *, max_gram_length, max_skip_count, min_gram_length, mod
     else:
         y = tf * w
     return y.reshape(-1) if x.ndim == 1 else y
+
+
+# ------------------------------------------------------------------ RoiAlign
+def _roi_check(view):
+    mode = view.attrs.get("mode", "avg")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if mode not in ("avg", "max"):
+        return f"mode {mode!r} is not avg or max"
+    ctm = view.attrs.get("coordinate_transformation_mode", "half_pixel")
+    ctm = ctm.decode() if isinstance(ctm, bytes) else ctm
+    if ctm not in ("half_pixel", "output_half_pixel"):
+        return f"coordinate_transformation_mode {ctm!r}"
+    if view.rank(0) not in (None, 4):
+        return f"input rank {view.rank(0)} is not 4"
+    if view.dtype(1) != dt.FLOAT:
+        return f"rois dtype {dt.name(view.dtype(1))} is not float32"
+    if view.attrs.get("sampling_ratio", 0) < 0:
+        return f"sampling_ratio {view.attrs['sampling_ratio']} < 0"
+    return None
+
+
+def _axis_samples(start, bin_size, pooled: int, grid: int, size: int):
+    """Per (bin, sample): low index, high index, low weight, high weight, in-range flag (float32 as ORT)."""
+    p = np.arange(pooled, dtype=F32)[:, None]
+    i = (np.arange(grid, dtype=F32) + F32(0.5))[None, :]
+    c = (start + p * bin_size) + i * bin_size / F32(grid)
+    ok = ~((c < F32(-1.0)) | (c > F32(size)))
+    c = np.maximum(c, F32(0))
+    low = np.floor(c).astype(np.int64)          # c >= 0: truncation
+    top = low >= size - 1
+    low = np.where(top, size - 1, low)
+    high = np.where(top, size - 1, low + 1)
+    c = np.where(top, low.astype(F32), c)
+    lw = c - low.astype(F32)
+    return low, high, F32(1) - lw, lw, ok
+
+
+def _roi_one(fmap, roi, ph: int, pw: int, ratio: int, scale, half: bool, mode: str):
+    """(C, ph, pw) pooled features of one ROI."""
+    off = F32(0.5) if half else F32(0)
+    x0, y0, x1, y1 = (F32(v) * F32(scale) - off for v in roi)
+    rw, rh = x1 - x0, y1 - y0
+    if not half:
+        rw, rh = max(rw, F32(1)), max(rh, F32(1))
+    bh, bw = rh / F32(ph), rw / F32(pw)
+    gh = ratio if ratio > 0 else int(np.ceil(rh / F32(ph)))
+    gw = ratio if ratio > 0 else int(np.ceil(rw / F32(pw)))
+    _, H, W = fmap.shape
+    if gh <= 0 or gw <= 0:
+        return np.zeros((fmap.shape[0], ph, pw), F32)
+    yl, yh, hy, ly, oky = _axis_samples(y0, bh, ph, gh, H)
+    xl, xh, hx, lx, okx = _axis_samples(x0, bw, pw, gw, W)
+    ok = oky[:, :, None, None] & okx[None, None, :, :]                       # (ph, gh, pw, gw)
+    w = [np.where(ok, a[:, :, None, None] * b[None, None, :, :], F32(0))
+         for a, b in ((hy, hx), (hy, lx), (ly, hx), (ly, lx))]
+    iy = [yl, yl, yh, yh]
+    ix = [xl, xh, xl, xh]
+    terms = [wk * fmap[:, np.where(ok, a[:, :, None, None], 0), np.where(ok, b[None, None, :, :], 0)]
+             for wk, a, b in zip(w, iy, ix)]                                  # each (C, ph, gh, pw, gw)
+    if mode == "avg":
+        v = ((terms[0] + terms[1]) + terms[2]) + terms[3]
+        return (v.sum(axis=(2, 4), dtype=F32) / F32(max(gh * gw, 1))).astype(F32)
+    v = np.maximum(np.maximum(np.maximum(terms[0], terms[1]), terms[2]), terms[3])
+    return v.max(axis=(2, 4)).astype(F32)
+
+
+def _roi_align(X, rois, batch_indices, mode, output_height, output_width, sampling_ratio, spatial_scale, half):
+    x, r, b = _host(X).astype(F32), _host(rois).astype(F32), _host(batch_indices).astype(np.int64)
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if r.ndim != 2 or r.shape[1] != 4 or b.shape != (r.shape[0],):
+        raise ValueError(f"rois {r.shape} must be (n, 4) and batch_indices {b.shape} (n,)")
+    bad = (b < 0) | (b >= x.shape[0])
+    if bad.any():
+        raise ValueError(f"batch index {int(b[bad][0])} out of range [0, {x.shape[0] - 1}]")
+    out = np.zeros((r.shape[0], x.shape[1], output_height, output_width), F32)
+    for k in range(r.shape[0]):
+        out[k] = _roi_one(x[b[k]], r[k], output_height, output_width, sampling_ratio, spatial_scale, half, mode)
+    return out
+
+
+@register("RoiAlign", 10, dtypes={dt.FLOAT}, host_computed=True, check=_roi_check)
+def roi_align_10(X, rois, batch_indices, *, mode="avg", output_height=1, output_width=1, sampling_ratio=0,
+                 spatial_scale=1.0):
+    """Opset 10: output_half_pixel coordinates (no half-pixel shift, ROI sides at least 1)."""
+    return _roi_align(X, rois, batch_indices, mode, output_height, output_width, sampling_ratio, spatial_scale,
+                      False)
+
+
+@register("RoiAlign", 16, dtypes={dt.FLOAT}, host_computed=True, check=_roi_check)
+def roi_align_16(X, rois, batch_indices, *, coordinate_transformation_mode="half_pixel", mode="avg",
+                 output_height=1, output_width=1, sampling_ratio=0, spatial_scale=1.0):
+    """Average (or ORT's max) of bilinear samples per output bin."""
+    ctm = coordinate_transformation_mode
+    ctm = ctm.decode() if isinstance(ctm, bytes) else ctm
+    return _roi_align(X, rois, batch_indices, mode, output_height, output_width, sampling_ratio, spatial_scale,
+                      ctm == "half_pixel")

@@ -19,7 +19,7 @@ from ortmlx import fuzz
 from ortmlx.kernels.registry import REGISTRY
 from ortmlx.testing import make_model
 
-BUDGET = 100
+BUDGET = 300
 SETTINGS = settings(max_examples=BUDGET, deadline=None, derandomize=True, database=None,
                     suppress_health_check=list(HealthCheck), print_blob=True)
 TALLY: Counter = Counter()

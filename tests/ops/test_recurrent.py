@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto as T, helper
 
-from _nnutil import check, rand, stays_on_cpu
-from ortmlx.testing import assert_close, make_model, session, unclaimed_ops
+from _nnutil import rand, stays_on_cpu
+from ortmlx.testing import assert_close, check_against_cpu, make_model, session, unclaimed_ops
 
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 SEQ, BATCH, IN, H = 5, 3, 4, 6
@@ -59,7 +59,8 @@ def _model(op, attrs, opt, outs, opset, seq=SEQ):
 @pytest.mark.parametrize("op,attrs,opt,outs,opset", CASES)
 def test_recurrent(op, attrs, opt, outs, opset):
     m, feeds = _model(op, attrs, opt, outs, opset)
-    check(m, feeds)
+    other = {k: (v[::-1].copy() if k != "lens" else np.array([1, SEQ, 3], np.int32)) for k, v in feeds.items()}
+    check_against_cpu(m, [feeds, other])          # second feed: other data and sequence lengths, same session
 
 
 LAYOUT1 = [  # ORT's CPU EP refuses layout=1: compared with its layout-0 answer on transposed tensors

@@ -656,15 +656,11 @@ def fuzzable_ops(only: set[str] | None = None) -> list[str]:
 #: translator bugs the fuzzer found, not yet fixed by their owners: quirk -> what fails.
 #: ``cases(avoid=KNOWN_BUGS)`` keeps them out of CI; scripts/fuzz.py generates them unless --avoid-known.
 KNOWN_BUGS: dict[str, str] = {
-    "LogSoftmax:empty_axis": "LogSoftmax over an axis of size 0 raises in MLX ([max] Cannot max reduce over "
-                             "axis with size 0); the CPU EP returns the empty tensor",
     "ReduceLogSumExp:nan_input": "ReduceLogSumExp of [inf, nan, 2]: MLX nan, CPU EP inf (the CPU EP's "
                                  "answer depends on where the NaN sits); needs the owner's decision",
     "ReduceMax:nan_input": "ReduceMax of [1, nan, 2]: MLX nan, CPU EP 2 (the CPU EP returns NaN only when the "
                            "first reduced element is NaN); needs the owner's decision",
     "ReduceMin:nan_input": "ReduceMin of [1, nan, 2]: MLX nan, CPU EP 1 (same order dependence as ReduceMax)",
-    "Clip:inf_without_bound": "Clip with min or max omitted: the CPU EP clamps -inf/+inf to the float's "
-                              "lowest/max (-3.4e38/3.4e38), MLX keeps the infinities",
     "Reduce:empty_negative_axes": "ReduceSum/L1/L2/Mean/Max... of a float32[0] input with axes=[-1]: MLX gives "
                                   "shape () (or (1,) with keepdims) holding the identity, the CPU EP gives shape "
                                   "(0,); with axes=[0] both give (); the CPU EP is inconsistent, owner to decide",

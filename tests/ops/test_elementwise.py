@@ -304,3 +304,25 @@ def test_bf16(op, n, exact, vals):
     if op == "Clip":
         feeds = {"x0": feeds["x0"], "x1": np.array(-1.5, np.float32), "x2": np.array(2.0, np.float32)}
     check_bf16(op, feeds, attrs, exact=exact)
+
+
+# ---------------------------------------------------------------- regressions found by the fuzzer
+from onnx import helper as _helper  # noqa: E402
+
+from ortmlx.testing import check_against_cpu, make_model  # noqa: E402
+
+
+@pytest.mark.parametrize("bounds", [["X", "lo"], ["X", "", "hi"], ["X"]], ids=["no_max", "no_min", "none"])
+@pytest.mark.parametrize("t,npt", [(T.FLOAT, np.float32), (T.FLOAT16, np.float16)])
+def test_clip_omitted_bound_is_the_finite_limit(bounds, t, npt):
+    """ORT clamps +-inf to the type's finite max/lowest when a bound is omitted."""
+    m = make_model([_helper.make_node("Clip", bounds, ["Y"])], [("X", t, [5])], [("Y", t, [5])],
+                   {k: np.array(v, npt) for k, v in (("lo", -1), ("hi", 2)) if k in bounds})
+    check_against_cpu(m, [{"X": np.array([np.inf, -np.inf, np.nan, 3, -5], npt)}])
+
+
+@pytest.mark.parametrize("op", ["LogSoftmax", "Softmax"])
+def test_softmax_over_an_empty_axis(op):
+    m = make_model([_helper.make_node(op, ["X"], ["Y"], axis=1)], [("X", T.FLOAT, [2, 0])],
+                   [("Y", T.FLOAT, [2, 0])])
+    check_against_cpu(m, [{"X": np.zeros((2, 0), np.float32)}])

@@ -370,7 +370,14 @@ def _clip11_check(view) -> str | None:
 
 @register("Clip", 11, dtypes=CLIP, check=_clip11_check)
 def clip(input, min=None, max=None):
-    """Clip with optional scalar min/max inputs (opset 11+)."""
+    """Clip with optional scalar min/max inputs (opset 11+).
+
+    An omitted float bound is the type's finite limit, as in ORT (so +-inf clip to +-max).
+    """
     lo = None if min is None else min.reshape(())
     hi = None if max is None else max.reshape(())
+    if mx.issubdtype(input.dtype, mx.floating):
+        fi = mx.finfo(input.dtype)
+        lo = mx.array(fi.min, input.dtype) if lo is None else lo
+        hi = mx.array(fi.max, input.dtype) if hi is None else hi
     return _clip(input, lo, hi)

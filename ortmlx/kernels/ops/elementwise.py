@@ -263,17 +263,20 @@ def _unary(op, since, fn, dtypes=F, doc=""):
     return translator
 
 
+#: MLX computes float64 exp/sin/cos at float32 accuracy (rel. error ~4e-7 measured on 0.32.4): no float64
+F_NO_F64 = F - {dt.DOUBLE}
+
 for _op, _since, _fn, _types in [
     ("Reciprocal", 6, _via_f32(mx.reciprocal), F),
     ("Sqrt", 6, _via_f32(mx.sqrt), F),
-    ("Exp", 6, _via_f32(mx.exp), F),
+    ("Exp", 6, _via_f32(mx.exp), F_NO_F64),
     ("Log", 6, _via_f32(mx.log), F),
     ("Floor", 6, mx.floor, F),
     ("Ceil", 6, mx.ceil, F),
     ("Round", 11, mx.round, F),          # MLX rounds half to even, like ORT
     ("Erf", 9, _via_f32(mx.erf), frozenset({dt.FLOAT, dt.FLOAT16, dt.BFLOAT16})),
-    ("Sin", 7, _via_f32(mx.sin), F),
-    ("Cos", 7, _via_f32(mx.cos), F),
+    ("Sin", 7, _via_f32(mx.sin), F_NO_F64),
+    ("Cos", 7, _via_f32(mx.cos), F_NO_F64),
     ("Tan", 7, _via_f32(mx.tan), frozenset({dt.FLOAT, dt.FLOAT16})),
     ("Asin", 7, _via_f32(mx.arcsin), frozenset({dt.FLOAT, dt.FLOAT16})),
     ("Acos", 7, _via_f32(mx.arccos), frozenset({dt.FLOAT, dt.FLOAT16})),

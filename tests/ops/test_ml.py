@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto as T, helper
 
-from _nnutil import check, rand
+from _nnutil import check, rand, stays_on_cpu
 from ortmlx.testing import make_model, session
 
 ML = {"ai.onnx.ml": 3}
@@ -87,3 +87,31 @@ def test_label_encoder(opset, t, tout, attrs):
     else:
         x = rng.choice(np.array([0.0, -0.0, 1.5, -2.0, 1.0, 2.0, 3.25, np.nan], np.float32), (3, 4))
     check(m, {"x": x})
+
+
+@pytest.mark.parametrize("t,shape", [(T.INT64, (3, 4)), (T.INT64, (5,)), (T.INT64, (2, 1))])
+def test_one_hot_encoder(t, shape):
+    m = _one("OneHotEncoder", t, shape, T.FLOAT, {"cats_int64s": [4, 1, 0, -2]})
+    check(m, {"x": _x(t, shape)})
+
+
+FV = [  # (input dtypes and shapes, inputdimensions)
+    ([(T.FLOAT, (3, 2)), (T.FLOAT, (3, 4))], [2, 4]),
+    ([(T.INT64, (2, 5)), (T.INT64, (2, 2)), (T.INT64, (2, 3))], [3, 2, 5]),     # cut to 3, padded to 5
+    ([(T.DOUBLE, (2, 2)), (T.DOUBLE, (2, 3))], [2, 3]),
+    ([(T.FLOAT, (4, 1))], [1]),
+]
+
+
+@pytest.mark.parametrize("ins,dims", FV)
+def test_feature_vectorizer(ins, dims):
+    names = [f"x{k}" for k in range(len(ins))]
+    node = helper.make_node("FeatureVectorizer", names, ["y"], domain="ai.onnx.ml", inputdimensions=dims)
+    m = make_model([node], [(n, t, s) for n, (t, s) in zip(names, ins)], [("y", T.FLOAT, None)], extra_opsets=ML)
+    check(m, {n: _x(t, s, k) for k, (n, (t, s)) in enumerate(zip(names, ins))})
+
+
+def test_one_hot_encoder_zeros0_refused():
+    m = _one("OneHotEncoder", T.INT64, (2, 3), T.FLOAT, {"cats_int64s": [0, 1, 2, 3, 4, 5, -1, -2, -3, -4, -5],
+                                                          "zeros": 0})
+    stays_on_cpu(m, {"x": _x(T.INT64, (2, 3))}, "OneHotEncoder")

@@ -1,5 +1,6 @@
 """ai.onnx.ml basics: Binarizer, Scaler, Normalizer, Imputer, ArrayFeatureExtractor,
-LabelEncoder (numeric keys and values; host-computed lookup in sorted keys).
+LabelEncoder (numeric keys and values; host-computed lookup in sorted keys), OneHotEncoder
+(integer categories, zeros=1), FeatureVectorizer.
 
 Numeric tensors only (string variants need tensors MLX does not have). Outputs follow
 ORT's CPU kernels: Scaler and Normalizer produce float32 from any numeric input.
@@ -203,3 +204,49 @@ def label_encoder_4(X, *, default_float=-0.0, default_int64=-1, default_string="
                                  keys_floats=keys_floats, keys_int64s=keys_int64s, keys_strings=keys_strings,
                                  keys_tensor=keys_tensor, values_floats=values_floats, values_int64s=values_int64s,
                                  values_strings=values_strings, values_tensor=values_tensor))
+
+
+# ------------------------------------------------------------------ OneHotEncoder
+def _ohe_check(view):
+    if not view.attrs.get("cats_int64s") or view.attrs.get("cats_strings"):
+        return "only integer categories (cats_int64s) are implemented"
+    if not view.attrs.get("zeros", 1):
+        return "zeros=0 (an error on unknown categories needs a host read) is not implemented"
+    if view.dtype(0) != dt.INT64:
+        return f"input dtype {dt.name(view.dtype(0))} is not int64"
+    return None
+
+
+@register("OneHotEncoder", 1, domain=ML, check=_ohe_check)
+def one_hot_encoder(X, *, cats_int64s=None, cats_strings=None, zeros=1):
+    """float32 (..., n_cats): 1 where X equals the category, all zeros for unknown values."""
+    cats = mx.array(np.asarray(cats_int64s, np.int64))
+    return (mx.expand_dims(X, -1) == cats).astype(mx.float32)
+
+
+# ------------------------------------------------------------------ FeatureVectorizer
+def _fv_check(view):
+    dims = list(view.attrs.get("inputdimensions") or [])
+    if len(dims) != view.n_inputs:
+        return f"{len(dims)} inputdimensions for {view.n_inputs} inputs"
+    for i in range(view.n_inputs):
+        if view.dtype(i) not in NUMERIC_IN:
+            return f"input {i} dtype {dt.name(view.dtype(i))} is not float32/float64/int64/int32"
+        r = view.rank(i)
+        if r is not None and r != 2:
+            return f"input {i} rank {r} (only 2-D (batch, features) inputs are implemented)"
+    return None
+
+
+@register("FeatureVectorizer", 1, domain=ML, check=_fv_check)
+def feature_vectorizer(*inputs, inputdimensions=None):
+    """Concatenate the inputs' features as float32, each cut or zero-padded to its inputdimensions entry."""
+    parts = []
+    for x, d in zip(inputs, inputdimensions):
+        x = x.astype(mx.float32)
+        c = x.shape[-1]
+        if c >= d:
+            parts.append(x[..., :d])
+        else:
+            parts.append(mx.concatenate([x, mx.zeros((*x.shape[:-1], d - c), mx.float32)], axis=-1))
+    return mx.concatenate(parts, axis=-1)

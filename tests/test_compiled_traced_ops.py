@@ -1,0 +1,79 @@
+"""Trace-friendly translators of ortmlx/compiled/decode_ops.py on small graphs: MatMulNBits with
+prepacked weights and RotaryEmbedding with positions as data replay compiled, match the CPU EP,
+and a failed in-graph guard answers from eager (which raises eager's error)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto as T
+from onnx import helper
+
+import ortmlx.compiled as C
+from ortmlx.testing import assert_close, make_model, session
+
+RNG = np.random.default_rng(7)
+
+
+def compiled_session(model):
+    with C.capture() as rs:
+        s = session(model)
+    return s, list(rs)
+
+
+def parts(rs):
+    return [p for r in rs for p in (r.parts() if hasattr(r, "parts") else [r])]
+
+
+def mnb_model(K=64, N=32, bs=32, bits=4):
+    kb = K // bs
+    B = RNG.integers(0, 256, (N, kb, bs * bits // 8), dtype=np.uint8)
+    scales = (RNG.random(N * kb).astype(np.float32) + 0.5) * 0.05
+    zp = RNG.integers(0, 256, (N * (-(-kb * bits // 8)),), dtype=np.uint8)
+    node = helper.make_node("MatMulNBits", ["a", "B", "scales", "zp"], ["h"], domain="com.microsoft",
+                            K=K, N=N, block_size=bs, bits=bits, accuracy_level=0)
+    relu = helper.make_node("Relu", ["h"], ["y"])
+    return make_model([node, relu], [("a", T.FLOAT, ["M", K])], [("y", T.FLOAT, ["M", N])],
+                      {"B": B, "scales": scales, "zp": zp}, opset=17, extra_opsets={"com.microsoft": 1})
+
+
+def test_matmul_nbits_prepacked_replays_and_matches_cpu():
+    m = mnb_model()
+    s, rs = compiled_session(m)
+    cpu = session(m, "CPUExecutionProvider", record=False)
+    (r,) = rs
+    step = next(st for st in r.trace_program.steps if st.node.op_type == "MatMulNBits")
+    assert step.opdef.fn.__name__ == "matmul_nbits_packed"
+    for _ in range(3):
+        f = {"a": RNG.standard_normal((5, 64)).astype(np.float32)}
+        assert_close(s.run(None, f)[0], cpu.run(None, f)[0], what="mlx vs cpu")
+    assert r.trace_counts() == [1] and r.counters["compiled_calls"] == 2, r.counters
+    assert r.counters["poisoned_closures"] == 0
+
+
+def rope_model(rows=16, S=3):
+    cos = np.cos(np.outer(np.arange(rows), 1.0 / 10000 ** (np.arange(8) / 8))).astype(np.float32)
+    sin = np.sin(np.outer(np.arange(rows), 1.0 / 10000 ** (np.arange(8) / 8))).astype(np.float32)
+    node = helper.make_node("RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"], domain="com.microsoft",
+                            num_heads=4)
+    return make_model([node], [("x", T.FLOAT, ["batch_size", S, 64]), ("pos", T.INT64, ["batch_size", S])],
+                      [("y", T.FLOAT, ["batch_size", S, 64])], {"cos": cos, "sin": sin},
+                      opset=17, extra_opsets={"com.microsoft": 1})
+
+
+def test_rotary_positions_as_data_replay_and_guard():
+    m = rope_model()
+    s, rs = compiled_session(m)
+    ref = session(m, options={"no_compile": "1"})
+    cpu = session(m, "CPUExecutionProvider", record=False)
+    x = RNG.standard_normal((1, 3, 64)).astype(np.float32)
+    for start in (0, 4, 9, 13):
+        f = {"x": x, "pos": np.arange(start, start + 3, dtype=np.int64).reshape(1, 3)}
+        assert_close(s.run(None, f)[0], cpu.run(None, f)[0], what="mlx vs cpu")
+    (p,) = [p for p in parts(rs) if p.trace_counts()]
+    assert p.trace_counts() == [1] and p.counters["compiled_calls"] == 3, p.counters
+    bad = {"x": x, "pos": np.array([[14, 15, 16]], np.int64)}      # row 16 is past the 16-row cache
+    with pytest.raises(Exception, match="rotary cache"):
+        ref.run(None, bad)
+    with pytest.raises(Exception, match="rotary cache"):
+        s.run(None, bad)
+    assert p.counters["guard_fails"] == 1 and p.counters["poisoned_closures"] == 0, p.counters

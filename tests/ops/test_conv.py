@@ -110,12 +110,7 @@ def test_conv_transpose_bf16():
                feeds={"x": rand((1, 2, 4, 4)), "w": rand((2, 3, 3, 3), seed=1)})
 
 
-def test_conv_int_refused():
-    x = np.arange(9, dtype=np.int8).reshape(1, 1, 3, 3)
-    w = np.ones((1, 1, 2, 2), np.int8)
-    m = one_node("ConvInteger", [("x", T.INT8, (1, 1, 3, 3)), ("w", T.INT8, (1, 1, 2, 2))], [("y", T.INT32, None)],
-                 opset=10)
-    stays_on_cpu(m, {"x": x, "w": w}, "ConvInteger")
+# ConvInteger is claimed (exactly) by ortmlx/kernels/ops/quantization.py: see tests/ops/test_quantization.py
 
 
 DEFORM = [  # (x shape, w shape, attrs, with mask, with bias)

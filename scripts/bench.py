@@ -146,7 +146,12 @@ def bench_llm(path, device, rounds, prompt_len, n_new, engines, bytes_run, bw):
         models["mlx_eager"] = mg.load_model(path, "mlx", {"no_compile": "1", "device": device})[0]
     models["mlx_compiled"] = mg.load_model(path, "mlx", {"device": device})[0]
     ids = np.asarray(RNG.integers(5, 500, prompt_len), np.int32)
-    first = {k: genai_gen(og, mg, m, ids, n_new) for k, m in models.items()}     # warm-up: traces, JIT
+    first = {}
+    for k, m in models.items():                 # warm-up: traces, verification, kernel JIT
+        t0 = time.perf_counter()
+        first[k] = genai_gen(og, mg, m, ids, n_new)
+        print(f"  [{name}] {k}: first generation {time.perf_counter() - t0:.1f} s "
+              f"({first[k][1]:.1f} tok/s after the first token)", flush=True)
     res = {k: {"ttft": [], "tps": []} for k in models}
     toks = {}
     for _ in range(rounds):
@@ -155,6 +160,7 @@ def bench_llm(path, device, rounds, prompt_len, n_new, engines, bytes_run, bw):
             res[k]["ttft"].append(ttft)
             res[k]["tps"].append(tps)
             toks[k] = t
+            print(f"  [{name}] {k}: TTFT {ttft:.2f} ms, decode {tps:.1f} tok/s", flush=True)
     if "mlx_eager" in toks and toks["mlx_eager"] != toks["mlx_compiled"]:
         raise SystemExit(f"{name}: compiled tokens differ from eager: {toks['mlx_compiled'][:16]} vs "
                          f"{toks['mlx_eager'][:16]}")
@@ -178,6 +184,7 @@ def bench_llm(path, device, rounds, prompt_len, n_new, engines, bytes_run, bw):
               f"MLX compiled at {100 * base / (bw * 1e9 / wb):.1f}% of it")
     if bytes_run:
         genai_gen(og, mg, models["mlx_compiled"], ids, bytes_run)      # warm-up at this buffer size
+        print(f"  [{name}] {bytes_run}-token warm-up done", flush=True)
         residency.reset()
         _, tps, t, per = genai_gen(og, mg, models["mlx_compiled"], ids, bytes_run, trace_bytes=True)
         h = [a for a, _ in per]

@@ -31,6 +31,7 @@ class PartitionReport:
     n_nodes: int
     groups: list[list[str]] = field(default_factory=list)          # node labels per group
     unclaimed: list[Unclaimed] = field(default_factory=list)
+    syncs: list[str] = field(default_factory=list)      # host reads of device values (eager only)
 
     @property
     def n_claimed(self) -> int:
@@ -47,6 +48,8 @@ class PartitionReport:
             lines.append(f"  group {i}: {len(g)} nodes ({', '.join(f'{k} x{v}' for k, v in ops.most_common())})")
         for u in self.unclaimed:
             lines.append(f"  CPU: {u.op} '{u.node}': {u.reason}")
+        for s in self.syncs:
+            lines.append(f"  host sync (eager, never compiled): {s}")
         return "\n".join(lines)
 
 
@@ -66,11 +69,10 @@ def claim(graph: Graph, device: str, disabled_ops: frozenset[str] = frozenset())
         if reason is None:
             for i in sorted(opdef.const_inputs):
                 if i < len(node.inputs) and node.inputs[i] and node.inputs[i] not in host_known:
+                    # read on the host after the device computes it: an eager sync; never traced
                     p = producers.get(node.inputs[i])
-                    who = p.label if p is not None else "the graph"
-                    reason = (f"input {i} ('{node.inputs[i]}') must be a host value, "
-                              f"but {who} computes it on the device")
-                    break
+                    report.syncs.append(f"{node.label} reads input {i} ('{node.inputs[i]}') computed by "
+                                        f"{p.label if p is not None else 'an outer scope'} on the device")
         ok = reason is None
         claimed[id(node)] = ok
         if not ok:

@@ -28,6 +28,10 @@ SOFTMAX = [  # (shape, axis or None for default, opset)
 def test_softmax_family(op, shape, axis, opset, t):
     attrs = {} if axis is None else {"axis": axis}
     m = one_node(op, [("x", t, shape)], [("y", t, None)], attrs, opset=opset)
+    if t == T.FLOAT16 and op != "Hardmax":
+        # refused: MLX's exp flips float16 rounding vs ORT in ~1e-4 of outputs (conformance found it)
+        stays_on_cpu(m, {"x": rand(shape, t, lo=-4, hi=4)}, op, rtol=1e-3, atol=1e-3)
+        return
     check(m, {"x": rand(shape, t, lo=-4, hi=4)}, t)
 
 

@@ -64,6 +64,14 @@ def _single(fn, x, axis):
     return fn(x, _axis(axis, x.ndim))
 
 
+def _softmax_check(view):
+    """float16: MLX's float32 exp differs from ORT's by an ulp, which flips the float16 rounding of
+    ~1e-4 of the outputs (measured 5 of 46,848 against ORT's CPU kernel): refuse it."""
+    if view.dtype(0) == dt.FLOAT16:
+        return "float16 Softmax/LogSoftmax: MLX's exp flips float16 rounding vs ORT in ~1e-4 of outputs"
+    return _axis_check(view)
+
+
 def _axis_check(view):
     r = view.rank(0)
     if r is None:
@@ -74,24 +82,24 @@ def _axis_check(view):
     return None
 
 
-@register("Softmax", 1, dtypes=HALF_SINGLE, check=_axis_check)
+@register("Softmax", 1, dtypes=HALF_SINGLE, check=_softmax_check)
 def softmax_1(input, *, axis=1):
     """Softmax of the input coerced to 2-D at ``axis``."""
     return _coerced(_softmax, input, axis)
 
 
-@register("Softmax", 13, dtypes=HALF_SINGLE, check=_axis_check)
+@register("Softmax", 13, dtypes=HALF_SINGLE, check=_softmax_check)
 def softmax_13(input, *, axis=-1):
     """Softmax along ``axis``."""
     return _single(_softmax, input, axis)
 
 
-@register("LogSoftmax", 1, dtypes=HALF_SINGLE, check=_axis_check)
+@register("LogSoftmax", 1, dtypes=HALF_SINGLE, check=_softmax_check)
 def log_softmax_1(input, *, axis=1):
     return _coerced(_log_softmax, input, axis)
 
 
-@register("LogSoftmax", 13, dtypes=HALF_SINGLE, check=_axis_check)
+@register("LogSoftmax", 13, dtypes=HALF_SINGLE, check=_softmax_check)
 def log_softmax_13(input, *, axis=-1):
     return _single(_log_softmax, input, axis)
 

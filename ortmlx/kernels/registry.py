@@ -189,6 +189,15 @@ class NodeView:
         return self._constants.get(self.node.inputs[i])
 
 
+def same_input_types(view: NodeView) -> str | None:
+    """Check for binary/variadic ops: every input must share input 0's element type."""
+    t0 = view.dtype(0)
+    for i in range(1, view.n_inputs):
+        if view.has(i) and view.dtype(i) is not None and view.dtype(i) != t0:
+            return f"input {i} is {dt.name(view.dtype(i))}, input 0 is {dt.name(t0)}"
+    return None
+
+
 def check_dtypes(view: NodeView) -> str | None:
     """Generic dtype rule: every tensor the node touches must exist in MLX on the device."""
     node, d = view.node, view.opdef

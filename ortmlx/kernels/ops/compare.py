@@ -10,47 +10,41 @@ import mlx.core as mx
 import numpy as np
 
 from .. import dtypes as dt
-from ..registry import register
+from ..registry import register, same_input_types
 
 NUM = frozenset({dt.FLOAT, dt.FLOAT16, dt.DOUBLE, dt.BFLOAT16}) | dt.INTS
 BOOL = frozenset({dt.BOOL})
 BITS = dt.INTS
 
 
-def _same_dtype_check(view) -> str | None:
-    t0 = view.dtype(0)
-    for i in range(1, view.n_inputs):
-        if view.has(i) and view.dtype(i) is not None and view.dtype(i) != t0:
-            return f"input {i} is {dt.name(view.dtype(i))}, input 0 is {dt.name(t0)}"
-    return None
 
 
 # ---------------------------------------------------------------- comparisons
-@register("Equal", 7, dtypes=NUM | BOOL, check=_same_dtype_check, host=np.equal)
+@register("Equal", 7, dtypes=NUM | BOOL, check=same_input_types, host=np.equal)
 def equal(A, B):
     """A == B."""
     return mx.equal(A, B)
 
 
-@register("Less", 7, dtypes=NUM, check=_same_dtype_check, host=np.less)
+@register("Less", 7, dtypes=NUM, check=same_input_types, host=np.less)
 def less(A, B):
     """A < B."""
     return mx.less(A, B)
 
 
-@register("Greater", 7, dtypes=NUM, check=_same_dtype_check, host=np.greater)
+@register("Greater", 7, dtypes=NUM, check=same_input_types, host=np.greater)
 def greater(A, B):
     """A > B."""
     return mx.greater(A, B)
 
 
-@register("LessOrEqual", 12, dtypes=NUM, check=_same_dtype_check, host=np.less_equal)
+@register("LessOrEqual", 12, dtypes=NUM, check=same_input_types, host=np.less_equal)
 def less_or_equal(A, B):
     """A <= B."""
     return mx.less_equal(A, B)
 
 
-@register("GreaterOrEqual", 12, dtypes=NUM, check=_same_dtype_check, host=np.greater_equal)
+@register("GreaterOrEqual", 12, dtypes=NUM, check=same_input_types, host=np.greater_equal)
 def greater_or_equal(A, B):
     """A >= B."""
     return mx.greater_equal(A, B)
@@ -82,19 +76,19 @@ def not_(X):
 
 
 # ---------------------------------------------------------------- bitwise
-@register("BitwiseAnd", 18, dtypes=BITS, check=_same_dtype_check)
+@register("BitwiseAnd", 18, dtypes=BITS, check=same_input_types)
 def bitwise_and(A, B):
     """A & B."""
     return mx.bitwise_and(A, B)
 
 
-@register("BitwiseOr", 18, dtypes=BITS, check=_same_dtype_check)
+@register("BitwiseOr", 18, dtypes=BITS, check=same_input_types)
 def bitwise_or(A, B):
     """A | B."""
     return mx.bitwise_or(A, B)
 
 
-@register("BitwiseXor", 18, dtypes=BITS, check=_same_dtype_check)
+@register("BitwiseXor", 18, dtypes=BITS, check=same_input_types)
 def bitwise_xor(A, B):
     """A ^ B."""
     return mx.bitwise_xor(A, B)
@@ -111,7 +105,7 @@ _WIDTH = {dt.UINT8: 8, dt.UINT32: 32, dt.UINT64: 64}
 
 
 def _bitshift_check(view) -> str | None:
-    r = _same_dtype_check(view)
+    r = same_input_types(view)
     if r:
         return r
     if view.attrs.get("direction") not in ("LEFT", "RIGHT"):

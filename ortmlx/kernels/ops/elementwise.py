@@ -11,7 +11,7 @@ import mlx.core as mx
 import numpy as np
 
 from .. import dtypes as dt
-from ..registry import register
+from ..registry import register, same_input_types
 
 F = frozenset({dt.FLOAT, dt.FLOAT16, dt.DOUBLE, dt.BFLOAT16})
 INTS = dt.INTS
@@ -32,29 +32,22 @@ def _via_f32(fn):
     return run
 
 
-def _same_dtype_check(view) -> str | None:
-    """Binary/variadic ops: every input must share input 0's element type."""
-    t0 = view.dtype(0)
-    for i in range(1, view.n_inputs):
-        if view.has(i) and view.dtype(i) is not None and view.dtype(i) != t0:
-            return f"input {i} is {dt.name(view.dtype(i))}, input 0 is {dt.name(t0)}"
-    return None
 
 
 # ---------------------------------------------------------------- binary arithmetic
-@register("Add", 7, dtypes=ARITH, check=_same_dtype_check, host=np.add)
+@register("Add", 7, dtypes=ARITH, check=same_input_types, host=np.add)
 def add(A, B):
     """A + B (integers wrap)."""
     return mx.add(A, B)
 
 
-@register("Sub", 7, dtypes=ARITH, check=_same_dtype_check, host=np.subtract)
+@register("Sub", 7, dtypes=ARITH, check=same_input_types, host=np.subtract)
 def sub(A, B):
     """A - B (integers wrap)."""
     return mx.subtract(A, B)
 
 
-@register("Mul", 7, dtypes=ARITH, check=_same_dtype_check, host=np.multiply)
+@register("Mul", 7, dtypes=ARITH, check=same_input_types, host=np.multiply)
 def mul(A, B):
     """A * B (integers wrap)."""
     return mx.multiply(A, B)
@@ -74,7 +67,7 @@ def _trunc_div(a, b):
 
 def _int_divisor_check(view) -> str | None:
     """Integer Div/Mod: ORT raises on a zero divisor, which MLX cannot see without a sync."""
-    r = _same_dtype_check(view)
+    r = same_input_types(view)
     if r or view.dtype(0) not in dt.INTS:
         return r
     b = view.const(1)
@@ -313,19 +306,19 @@ MAXMIN = frozenset({dt.FLOAT, dt.FLOAT16, dt.DOUBLE, dt.BFLOAT16, dt.INT8, dt.UI
                     dt.INT64, dt.UINT64})
 
 
-@register("Max", 8, dtypes=MAXMIN, check=_same_dtype_check, host=_max_host)
+@register("Max", 8, dtypes=MAXMIN, check=same_input_types, host=_max_host)
 def max_(*data_0):
     """Elementwise max of all inputs; NaN propagates."""
     return _fold(mx.maximum, data_0)
 
 
-@register("Min", 8, dtypes=MAXMIN, check=_same_dtype_check, host=_min_host)
+@register("Min", 8, dtypes=MAXMIN, check=same_input_types, host=_min_host)
 def min_(*data_0):
     """Elementwise min of all inputs; NaN propagates."""
     return _fold(mx.minimum, data_0)
 
 
-@register("Sum", 8, dtypes=F, check=_same_dtype_check)
+@register("Sum", 8, dtypes=F, check=same_input_types)
 def sum_(*data_0):
     """Elementwise sum of all inputs (half precision accumulates in float32)."""
     if data_0[0].dtype in HALF:
@@ -333,7 +326,7 @@ def sum_(*data_0):
     return _fold(mx.add, data_0)
 
 
-@register("Mean", 8, dtypes=frozenset({dt.FLOAT, dt.FLOAT16, dt.BFLOAT16}), check=_same_dtype_check)
+@register("Mean", 8, dtypes=frozenset({dt.FLOAT, dt.FLOAT16, dt.BFLOAT16}), check=same_input_types)
 def mean(*data_0):
     """Elementwise mean of all inputs."""
     if data_0[0].dtype in HALF:

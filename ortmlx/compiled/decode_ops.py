@@ -22,6 +22,10 @@ from ..kernels.ops.contrib_attention import gqa_core
 
 _GUARDS = threading.local()
 
+
+class Untraceable(RuntimeError):
+    """A traced form does not cover this case: the trace fails and the call answers from eager."""
+
 _GQA_INPUTS = ("query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length",
                "cos_cache", "sin_cache", "position_ids", "attention_bias", "head_sink", "k_scale", "v_scale",
                "q_norm_weight", "k_norm_weight")
@@ -85,9 +89,9 @@ def gqa_traced(decode: bool, padded: bool = False):
         x = dict(zip(_GQA_INPUTS, list(args) + [None] * (len(_GQA_INPUTS) - len(args))))
         for k in ("k_scale", "v_scale", "q_norm_weight", "k_norm_weight"):
             if x[k] is not None:
-                raise NotImplementedError(f"traced GroupQueryAttention: input {k}")
+                raise Untraceable(f"traced GroupQueryAttention: input {k}")
         if x["past_key"] is None or x["past_value"] is None:
-            raise NotImplementedError("traced GroupQueryAttention needs past_key/past_value")
+            raise Untraceable("traced GroupQueryAttention needs past_key/past_value")
         nh, kvh = a["num_heads"], a["kv_num_heads"]
         q, k, v = x["query"], x["key"], x["value"]
         if k is None:
@@ -102,7 +106,7 @@ def gqa_traced(decode: bool, padded: bool = False):
         total = x["total_sequence_length"]
         if decode:
             if s != 1 or x["position_ids"] is not None or x["attention_bias"] is not None:
-                raise NotImplementedError("traced decode GroupQueryAttention: S == 1, no position_ids/bias")
+                raise Untraceable("traced decode GroupQueryAttention: S == 1, no position_ids/bias")
             total_arr = mx.array(total).reshape(-1).astype(mx.int32) if not isinstance(total, mx.array) \
                 else total.reshape(-1).astype(mx.int32)
             present_len, first_prompt = p, False
@@ -114,7 +118,7 @@ def gqa_traced(decode: bool, padded: bool = False):
         else:
             tot = int(np.asarray(total).reshape(-1)[0])
             if x["position_ids"] is not None:
-                raise NotImplementedError("traced prefill GroupQueryAttention: position_ids")
+                raise Untraceable("traced prefill GroupQueryAttention: position_ids")
             if s > tot and s > 1:
                 raise ValueError(f"total_sequence_length {tot} is less than the sequence length {s}")
             present_len, first_prompt = max(tot, p), s == tot
@@ -137,7 +141,7 @@ def gqa_traced(decode: bool, padded: bool = False):
         if x["attention_bias"] is not None:
             ab = x["attention_bias"].shape
             if len(ab) != 4 or ab[0] not in (1, b) or ab[1] not in (1, nh) or ab[2] != s or ab[3] != tot:
-                raise NotImplementedError(f"traced GroupQueryAttention: attention_bias shape {ab}")
+                raise Untraceable(f"traced GroupQueryAttention: attention_bias shape {ab}")
         sink = x["head_sink"]
         if sink is not None and sink.shape != (nh,):
             raise ValueError(f"head_sink shape {sink.shape}, expected ({nh},)")
@@ -172,9 +176,9 @@ def gqa_growing_traced(*args, **attrs):
     x = dict(zip(_GQA_INPUTS, list(args) + [None] * (len(_GQA_INPUTS) - len(args))))
     for k in ("k_scale", "v_scale", "q_norm_weight", "k_norm_weight", "position_ids", "attention_bias"):
         if x[k] is not None:
-            raise NotImplementedError(f"traced growing-KV GroupQueryAttention: input {k}")
+            raise Untraceable(f"traced growing-KV GroupQueryAttention: input {k}")
     if x["past_key"] is None or x["past_value"] is None:
-        raise NotImplementedError("traced growing-KV GroupQueryAttention needs past_key/past_value")
+        raise Untraceable("traced growing-KV GroupQueryAttention needs past_key/past_value")
     nh, kvh = a["num_heads"], a["kv_num_heads"]
     q, k, v = x["query"], x["key"], x["value"]
     if k is None:
@@ -182,7 +186,7 @@ def gqa_growing_traced(*args, **attrs):
     b, s, hidden = q.shape
     h = hidden // nh
     if s != 1 or h * nh != hidden or k.shape != (b, s, kvh * h) or v.shape != k.shape:
-        raise NotImplementedError(f"traced growing-KV GroupQueryAttention: q {q.shape} k {k.shape}")
+        raise Untraceable(f"traced growing-KV GroupQueryAttention: q {q.shape} k {k.shape}")
     past_k, past_v = x["past_key"], x["past_value"]
     if past_k.ndim != 4 or (past_k.shape[0], past_k.shape[1], past_k.shape[3]) != (b, kvh, h) \
             or past_v.shape != past_k.shape:
@@ -256,7 +260,7 @@ def rotary_traced(input, position_ids, cos_cache, sin_cache, *, interleaved=0, i
     (``rotary_tables`` + ``apply_rotary``)."""
     from ..kernels.ops.contrib_attention import apply_rotary, rotary_tables
     if is_packed_batching or scale != 1.0:
-        raise NotImplementedError("traced RotaryEmbedding: is_packed_batching / scale")
+        raise Untraceable("traced RotaryEmbedding: is_packed_batching / scale")
     half = cos_cache.shape[-1]
     rd = rotary_embedding_dim if rotary_embedding_dim > 0 else 2 * half
     if rd != 2 * half or sin_cache.shape != cos_cache.shape:
@@ -361,7 +365,7 @@ def gather_block_quantized_traced(data, indices, scales, zero_points=None, *, bi
     if tuple(scales.shape) != tuple(data.shape[:-1]) + (kb,):
         raise ValueError(f"scales shape {scales.shape}, expected {tuple(data.shape[:-1]) + (kb,)}")
     if kb * block_size != cols:
-        raise NotImplementedError("traced GatherBlockQuantized: blocks that do not tile the row")
+        raise Untraceable("traced GatherBlockQuantized: blocks that do not tile the row")
     idx = indices if isinstance(indices, mx.array) else mx.array(np.asarray(indices))
     idx = idx.astype(mx.int64)
     n = data.shape[ga]

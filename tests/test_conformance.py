@@ -62,7 +62,8 @@ def test_no_unexpected_failures(suite):
         "\n".join(_describe(r) for r in bad)
 
 
-@pytest.mark.parametrize("name", sorted(KNOWN))
+@pytest.mark.parametrize("name", sorted(KNOWN) or [pytest.param(
+    None, marks=pytest.mark.skip(reason="no known gaps listed in scripts/conformance_known.py"))])
 def test_known_gap(suite, name):
     results, _ = suite
     r = results.get(name)

@@ -16,6 +16,7 @@ parameters), allowed dtypes, inputs that must be host values, and an optional
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -52,10 +53,20 @@ class OpDef:
     wants_ctx: bool
     variadic: bool
     until: int | None = None              # informational: next since_version registered
+    carriers: bool = False                # may see carrier types (dtypes.CARRIERS: float8, int4, int2 ...)
+    const_when: Callable | None = None    # in_types -> more inputs read on the host for these types
 
     @property
     def key(self) -> tuple[str, str, int]:
         return (self.domain, self.op_type, self.since)
+
+    def for_types(self, in_types: list[int | None]) -> "OpDef":
+        """This registration for a node with input element types ``in_types``: ``const_when``'s
+        inputs (e.g. integer divisors) join ``const_inputs``. Unchanged without ``const_when``."""
+        if self.const_when is None:
+            return self
+        extra = frozenset(self.const_when(list(in_types))) - self.const_inputs
+        return dataclasses.replace(self, const_inputs=self.const_inputs | extra) if extra else self
 
 
 @dataclass
@@ -75,8 +86,16 @@ class Registry:
 
     def register(self, op_type: str, since: int = 1, *, domain: str = ONNX, const: tuple[int, ...] = (),
                  dtypes: frozenset[int] | set[int] | None = None, check: Callable | None = None,
-                 host: Callable | None = None, shape_only: bool = False, host_computed: bool = False):
-        """Decorator registering ``fn`` as the translator of ``op_type`` from opset ``since`` on."""
+                 host: Callable | None = None, shape_only: bool = False, host_computed: bool = False,
+                 const_when: Callable | None = None, carriers: bool = False):
+        """Decorator registering ``fn`` as the translator of ``op_type`` from opset ``since`` on.
+
+        ``carriers=True``: the node may touch carrier types (``dtypes.CARRIERS``: float8, int4, int2);
+        the translator's ``check`` must refuse every carrier case it does not handle exactly.
+
+        ``const_when(in_types) -> indices``: inputs read on the host only for some input element
+        types (integer Div's divisor, checked for zeros); resolved per node by ``OpDef.for_types``.
+        """
         def deco(fn: Callable) -> Callable:
             sig = inspect.signature(fn)
             attrs, variadic, wants_ctx = {}, False, False
@@ -92,7 +111,7 @@ class Registry:
                     raise ValueError(f"translator {fn.__name__} for {op_type}: **kwargs hides which attributes it handles")
             d = OpDef(norm_domain(domain), op_type, since, fn, attrs, frozenset(const),
                       frozenset(dtypes) if dtypes is not None else None, check, host, shape_only,
-                      host_computed, wants_ctx, variadic)
+                      host_computed, wants_ctx, variadic, const_when=const_when, carriers=carriers)
             lst = self._ops.setdefault((d.domain, op_type), [])
             if any(o.since == since for o in lst):
                 raise ValueError(f"{domain or 'ai.onnx'}::{op_type} since {since} registered twice")
@@ -127,13 +146,14 @@ class NodeView:
     """A node as support checks see it: attributes with defaults, input types, constant values."""
 
     def __init__(self, node, opdef: OpDef, values: dict, constants: dict[str, np.ndarray], device: str,
-                 host_known: set | frozenset | None = None):
+                 host_known: set | frozenset | None = None, host_values: set | frozenset | None = None):
         self.node = node
         self.opdef = opdef
         self.device = device
         self._values = values
         self._constants = constants
         self._host_known = host_known
+        self._host_values = host_values
         self.attrs = {k: v for k, v in opdef.attrs.items() if v is not inspect.Parameter.empty}
         self.attrs.update(node.attrs)
 
@@ -182,6 +202,15 @@ class NodeView:
         """
         return self._host_known is not None and self.has(i) and self.node.inputs[i] in self._host_known
 
+    def arrives_on_host(self, i: int) -> bool:
+        """Input ``i`` is not computed on the device by a node claimed before it: a constant, a graph
+        input, the output of a node left to another EP, or claimed host shape math. A translator that
+        reads it on the host (``const=``) then needs no sync, except when host shape math grows past
+        the interpreter's host size limit and runs on the device (then the eager path syncs).
+        False when the caller does not track provenance.
+        """
+        return self._host_values is not None and self.has(i) and self.node.inputs[i] in self._host_values
+
     def const(self, i: int) -> np.ndarray | None:
         """The value of input ``i`` when it is a constant initializer, else None."""
         if not self.has(i):
@@ -214,6 +243,8 @@ def check_dtypes(view: NodeView) -> str | None:
             if kind == "input" and i in d.const_inputs:
                 if t in dt.NUMPY or t == dt.STRING:
                     continue
+            if t in dt.CARRIERS and d.carriers:
+                continue
             if not dt.supported_on(t, view.device):
                 return f"{kind} {i} ('{n}') is {dt.name(t)}, not supported by MLX on {view.device}"
     if d.dtypes is not None and node.inputs and node.inputs[0]:
@@ -224,9 +255,11 @@ def check_dtypes(view: NodeView) -> str | None:
 
 
 def support_reason(node, opdef: OpDef | None, values: dict, constants: dict, device: str,
-                   host_known: set | frozenset | None = None) -> str | None:
+                   host_known: set | frozenset | None = None,
+                   host_values: set | frozenset | None = None) -> str | None:
     """Why ``node`` cannot be claimed by itself (None: it can). Host-input provenance is the partitioner's
-    (``host_known``: constants and host shape-math values, when given, lets checks ask ``view.on_host(i)``)."""
+    (``host_known``: constants and host shape-math values, when given, lets checks ask ``view.on_host(i)``;
+    ``host_values``: every value not computed on the device, for ``view.arrives_on_host(i)``)."""
     if opdef is None:
         dom = node.domain or "ai.onnx"
         return f"unsupported op {dom}::{node.op_type} (since_version {node.since_version})"
@@ -246,7 +279,7 @@ def support_reason(node, opdef: OpDef | None, values: dict, constants: dict, dev
                     if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
         if len(node.inputs) > n_pos:
             return f"{len(node.inputs)} inputs, translator takes {n_pos}"
-    view = NodeView(node, opdef, values, constants, device, host_known)
+    view = NodeView(node, opdef, values, constants, device, host_known, host_values)
     reason = check_dtypes(view)
     if reason:
         return reason

@@ -62,10 +62,12 @@ def claim(graph: Graph, device: str, disabled_ops: frozenset[str] = frozenset())
     host_math: set[str] = set(graph.constants)     # constants and outputs of claimed host shape math
     for node in graph.nodes:
         opdef = REGISTRY.resolve(node.domain, node.op_type, node.since_version)
+        if opdef is not None:
+            opdef = opdef.for_types([graph.value(i).dtype if i else None for i in node.inputs])
         if node.op_type in disabled_ops:
             reason = "disabled by the disable_ops option"
         else:
-            reason = support_reason(node, opdef, graph.values, graph.constants, device, host_math)
+            reason = support_reason(node, opdef, graph.values, graph.constants, device, host_math, host_known)
         if reason is None:
             for i in sorted(opdef.const_inputs):
                 if i < len(node.inputs) and node.inputs[i] and node.inputs[i] not in host_known:

@@ -17,6 +17,7 @@ partitioner's reasons for every node left to the CPU EP. Status:
 
   full_pass / partial_pass   CPU passes; MLX claims all / some nodes and passes
   not_claimed                CPU passes; MLX claims nothing
+  folded                     CPU passes; ORT's own optimizer leaves no node to claim (e.g. Constant)
   mismatch                   CPU passes; MLX claims >= 1 node and fails (wrong output or error)
   mlx_load_error             CPU loads and passes; the MLX session cannot be created
   unclaimed_fail             CPU passes; MLX claims nothing and still fails
@@ -63,8 +64,8 @@ MAX_IR = 13          # onnxruntime 1.31 loads IR <= 13; onnx 1.23 writes IR 14 f
 
 STARTUP_TIMEOUT = 300.0   # seconds a worker may take to import onnxruntime, mlx and ortmlx
 FAILING = ("mismatch", "mlx_load_error", "unclaimed_fail", "mlx_crash", "mlx_timeout")
-PASSING = ("full_pass", "partial_pass", "not_claimed", "mlx_only_pass")
-STATUSES = ("full_pass", "partial_pass", "not_claimed", "mismatch", "mlx_load_error", "unclaimed_fail",
+PASSING = ("full_pass", "partial_pass", "not_claimed", "folded", "mlx_only_pass")
+STATUSES = ("full_pass", "partial_pass", "not_claimed", "folded", "mismatch", "mlx_load_error", "unclaimed_fail",
             "mlx_crash", "mlx_timeout", "mlx_only_pass", "cpu_fail", "cpu_crash", "ort_cannot_load")
 
 
@@ -481,6 +482,8 @@ def classify(r: dict) -> str:
     if not mlx.get("loads"):
         return "mlx_load_error"
     if not claimed:
+        if mlx.get("pass") and not mlx.get("n_other"):
+            return "folded"                  # ORT's optimizer left no node to claim (Constant, static Shape)
         return "not_claimed" if mlx.get("pass") else "unclaimed_fail"
     if not mlx.get("pass"):
         return "mismatch"
@@ -520,6 +523,7 @@ def totals(results: list[dict]) -> dict:
         "full_pass": full,
         "partial_pass": st["partial_pass"],
         "not_claimed": st["not_claimed"],
+        "folded": st["folded"],
         "failing": sum(st[s] for s in FAILING),
         "mismatch": st["mismatch"],
         "mlx_only_pass": st["mlx_only_pass"],
@@ -579,7 +583,8 @@ def readme_block(t: dict, when: str, vers: dict) -> str:
             f"`python scripts/conformance.py`): of {t['cases']} ONNX backend node cases, "
             f"{t['loadable']} load in ORT's CPU EP and {t['cpu_pass']} pass there; of those, "
             f"{t['full_pass']} ({t['full_pass_pct']:.1f}%) are fully claimed by MLX and pass, "
-            f"{t['partial_pass']} are partially claimed and pass, {t['not_claimed']} are not claimed; "
+            f"{t['partial_pass']} are partially claimed and pass, {t['not_claimed']} are not claimed, "
+            f"{t['folded']} have no node left after ORT's optimizer; "
             f"{t['mismatch']} mismatches ({t['failing']} failing in all); "
             f"{t['mlx_only_pass']} cases the CPU EP fails pass on MLX.")
 
@@ -621,6 +626,7 @@ def write_markdown(path: str, results: list[dict], t: dict, when: str, vers: dic
             (f"... fully claimed by MLX and pass ({t['full_pass_pct']:.1f}%)", t["full_pass"]),
             ("... partially claimed by MLX and pass", t["partial_pass"]),
             ("... not claimed by MLX (run on CPU, pass)", t["not_claimed"]),
+            ("... no node left after ORT's own graph optimizations (nothing to claim, pass)", t["folded"]),
             ("... mismatches (MLX claims, CPU passes, MLX fails)", t["mismatch"]),
             ("... other failures (MLX load error / crash / timeout / unclaimed failure)",
              t["failing"] - t["mismatch"]),
@@ -672,7 +678,7 @@ def write_markdown(path: str, results: list[dict], t: dict, when: str, vers: dic
     p("Cases grouped by the op under test (expanded function cases count under their op). "
       "`left on CPU` is the most common reason the partitioner gave for CPU-passing cases not fully claimed.")
     p()
-    p("| op | cases | CPU loads | CPU pass | full & pass | partial & pass | not claimed | failing | bonus | left on CPU |")
+    p("| op | cases | CPU loads | CPU pass | full & pass | partial & pass | not claimed (incl. folded) | failing | bonus | left on CPU |")
     p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     by_op: dict[str, list[dict]] = defaultdict(list)
     for r in results:
@@ -689,7 +695,7 @@ def write_markdown(path: str, results: list[dict], t: dict, when: str, vers: dic
         top = _md_escape(why.most_common(1)[0][0][:140]) if why else ""
         p(f"| {op} | {len(rs)} | {sum(1 for r in rs if (r.get('cpu') or {}).get('loads'))} | "
           f"{sum(1 for r in rs if (r.get('cpu') or {}).get('pass'))} | {st['full_pass']} | {st['partial_pass']} | "
-          f"{st['not_claimed']} | {sum(st[s] for s in FAILING)} | {st['mlx_only_pass']} | {top} |")
+          f"{st['not_claimed'] + st['folded']} | {sum(st[s] for s in FAILING)} | {st['mlx_only_pass']} | {top} |")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         f.write(w.getvalue())
@@ -756,6 +762,7 @@ def main(argv=None) -> int:
     print(f"  cases {t['cases']}, loadable by ORT's CPU EP {t['loadable']}, CPU EP passes {t['cpu_pass']}")
     print(f"  of the CPU passes: fully claimed & pass {t['full_pass']} ({t['full_pass_pct']:.1f}%), "
           f"partially claimed & pass {t['partial_pass']}, not claimed {t['not_claimed']}, "
+          f"folded away by ORT {t['folded']}, "
           f"mismatches {t['mismatch']}, other failures {t['failing'] - t['mismatch']}")
     print(f"  MLX-only passes (CPU EP fails): {t['mlx_only_pass']}; CPU passes not fully claimed because a "
           f"tensor type does not exist in MLX: {t['dtype_blocked']}")

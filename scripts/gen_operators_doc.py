@@ -53,6 +53,9 @@ def _flags(d) -> str:
     f = []
     if d.const_inputs:
         f.append("host inputs " + ",".join(str(i) for i in sorted(d.const_inputs)))
+    if getattr(d, "const_when", None) is not None:
+        doc = _doc(d.const_when)
+        f.append("host inputs by type" + (f" ({doc})" if doc else ""))
     if d.host is not None:
         f.append("host twin" + (" (shape only)" if d.shape_only else ""))
     if d.host_computed:
@@ -123,7 +126,7 @@ def render() -> str:
         "- **attributes**: attributes the translator reads (`*` = required); a node carrying any other "
         "attribute is not claimed.",
         "- **flags**: `host inputs i` = inputs read on the host (must be constant initializers, graph "
-        "inputs or host shape math); `host twin` = numpy twin for integer shape math; `host-computed` = "
+        "inputs or host shape math); `host inputs by type` = more such inputs for some input types; `host twin` = numpy twin for integer shape math; `host-computed` = "
         "reads data on the host, never traced; `variadic` = any number of inputs.",
         "- **constraints**: the support check's docstring; cases it refuses stay on the CPU EP.",
         "",

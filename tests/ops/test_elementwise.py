@@ -6,6 +6,7 @@ import pytest
 from onnx import TensorProto as T
 
 from _ewutil import FLOATS, INTS, check, check_refused, node_model, rand, refusal
+from ortmlx.testing import check_against_cpu, session, unclaimed_ops
 
 rng = np.random.default_rng(0)
 ARITH = FLOATS + INTS
@@ -86,13 +87,56 @@ def test_int_min_by_minus_one(t):
 
 @pytest.mark.parametrize("op", ["Div", "Mod"])
 def test_int_divisor_refusals(op):
-    """ORT raises on an integer zero divisor at run time: only constant, zero-free divisors are claimed."""
+    """ORT raises on an integer zero divisor at run time: a divisor computed on the device inside the
+    group (checking it would need a sync) and a constant divisor containing 0 are refused."""
+    from onnx import helper
+    from _ewutil import make_model
     t = T.INT32
-    m = node_model(op, [t, t], [t], {}, 13)
-    assert "not a constant" in refusal(m, op)
-    check_refused(m, {"x0": np.array([7, -7], np.int32), "x1": np.array([2, -3], np.int32)}, op)
+    nodes = [helper.make_node("ReduceMax", ["x1", "ax"], ["d"], keepdims=1), helper.make_node(op, ["x0", "d"], ["y"])]
+    m = make_model(nodes, [("x0", t, None), ("x1", t, None)], [("y", t, None)], {"ax": np.array([0], np.int64)},
+                   opset=18)
+    assert "computed on the device" in refusal(m, op)
+    check_refused(m, {"x0": np.array([7, -7, 9], np.int32), "x1": np.array([[2, -3, 5], [1, -9, 4]], np.int32)}, op)
     m = node_model(op, [t, t], [t], {}, 13, initializers={"x1": np.array([2, 0], np.int32)})
     assert "contains 0" in refusal(m, op)
+
+
+# (op, attrs): integer divisors that arrive from ORT (group inputs) are read on the host and
+# checked for zeros; (80, 70) is past the host-twin size limit, so the MLX kernel runs.
+HOST_DIVISOR = [("Div", {}), ("Mod", {}), ("Mod", {"fmod": 1})]
+
+
+@pytest.mark.parametrize("op,attrs,t", [(o, a, t) for o, a in HOST_DIVISOR for t in INTS], ids=str)
+def test_int_divisor_group_input(op, attrs, t, host_calls):
+    m = node_model(op, [t, t], [t], attrs, 14)
+    lo = 0 if t in (T.UINT8, T.UINT16, T.UINT32, T.UINT64) else -100
+    feeds = []
+    for sa, sb in [((80, 70), (80, 70)), ((80, 70), (70,)), ((3, 4), (3, 4))]:
+        b = rand(t, sb, rng, lo=lo, hi=100, nonzero=True)
+        b.reshape(-1)[:2] = (1, 7) if lo == 0 else (-1, -7)
+        feeds.append({"x0": rand(t, sa, rng, lo=lo, hi=100), "x1": b})
+    s = check(m, feeds)
+    assert op in host_calls                     # the (3, 4) feed ran on the numpy twin ...
+    calls = len(host_calls)
+    z = feeds[0]["x1"].copy()
+    z[5, 5] = 0
+    with pytest.raises(Exception, match="by zero"):
+        session(m, "CPUExecutionProvider", record=False).run(None, {"x0": feeds[0]["x0"], "x1": z})
+    with pytest.raises(Exception, match=f"{op} .*integer division by zero"):
+        s.run(None, {"x0": feeds[0]["x0"], "x1": z})
+    assert len(host_calls) == calls             # ... the (80, 70) ones on the MLX kernel
+
+
+def test_int_divisor_from_another_ep():
+    """A divisor computed by a node left to the CPU EP arrives as a host array: Div is claimed."""
+    from onnx import helper
+    from _ewutil import make_model
+    t = T.INT64
+    nodes = [helper.make_node("Abs", ["x1"], ["d"]), helper.make_node("Div", ["x0", "d"], ["y"])]
+    m = make_model(nodes, [("x0", t, None), ("x1", t, None)], [("y", t, None)], opset=14)
+    a, b = rand(t, (90, 60), rng, lo=-1000, hi=1000), rand(t, (90, 60), rng, lo=-9, hi=9, nonzero=True)
+    s = check_against_cpu(m, [{"x0": a, "x1": b}], all_on_mlx=False, options={"disable_ops": "Abs"})
+    assert dict(unclaimed_ops(s)) == {"Abs": 1}
 
 
 def test_mod_float_fmod0_refused():

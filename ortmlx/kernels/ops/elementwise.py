@@ -66,18 +66,37 @@ def _trunc_div(a, b):
 
 
 def _int_divisor_check(view) -> str | None:
-    """Integer Div/Mod: ORT raises on a zero divisor, which MLX cannot see without a sync."""
+    """Integer Div/Mod: ORT raises on a zero divisor, which MLX cannot see without a sync.
+
+    The divisor is then read on the host (``_int_divisor_on_host``) and checked for zeros before
+    it is copied to MLX; refused only when it would be computed on the device inside the group.
+    """
     r = same_input_types(view)
     if r or view.dtype(0) not in dt.INTS:
         return r
     b = view.const(1)
     if b is None:
-        if _host_math(view):
-            return None                                    # the numpy twin runs and raises on 0
-        return "integer divisor is not a constant (ORT raises on a zero divisor at run time)"
+        if _host_math(view) or view.arrives_on_host(1):
+            return None                     # a host array: checked for zeros before MLX sees it
+        return ("integer divisor is computed on the device (ORT raises on a zero divisor at run time; "
+                "checking it would need a sync)")
     if not np.all(b):
         return "integer divisor contains 0 (ORT raises 'Integer division by zero')"
     return None
+
+
+def _int_divisor_on_host(in_types) -> tuple[int, ...]:
+    """Integer Div/Mod read the divisor (input 1) on the host; floats keep it on the device."""
+    return (1,) if in_types and in_types[0] in dt.INTS else ()
+
+
+def _host_divisor(B, like) -> mx.array:
+    """An integer divisor read on the host: raise on a zero like ORT's CPU EP, then copy it to MLX."""
+    if isinstance(B, mx.array):
+        return B
+    B = np.asarray(B)
+    _no_zero_divisor(B)
+    return mx.array(np.ascontiguousarray(B) if B.ndim else B, dtype=like.dtype)
 
 
 def _host_math(view) -> bool:
@@ -91,7 +110,8 @@ def _host_math(view) -> bool:
 
 def _no_zero_divisor(B):
     if B.dtype.kind in "iu" and not np.all(B):
-        raise ValueError(f"integer division by zero (divisor {B.tolist()!r})")
+        zeros = int(B.size - np.count_nonzero(B))
+        raise ValueError(f"integer division by zero ({zeros} zero(s) in the divisor of shape {B.shape})")
 
 
 def _div_host(A, B):
@@ -99,7 +119,7 @@ def _div_host(A, B):
     if A.dtype.kind not in "iu":
         return np.divide(A, B)
     _no_zero_divisor(B)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):     # INT_MIN // -1 wraps
         q = np.floor_divide(A, B)
         if A.dtype.kind == "i":
             r = A - q * B
@@ -107,10 +127,11 @@ def _div_host(A, B):
     return q
 
 
-@register("Div", 7, dtypes=ARITH, check=_int_divisor_check, host=_div_host)
+@register("Div", 7, dtypes=ARITH, check=_int_divisor_check, host=_div_host, const_when=_int_divisor_on_host)
 def div(A, B):
-    """A / B; integers truncate toward zero like ORT's C++ kernel."""
+    """A / B; integers truncate toward zero like ORT's C++ kernel (a zero divisor raises)."""
     if _is_int(A):
+        B = _host_divisor(B, A)
         return _trunc_div(A, B)
     return mx.divide(A, B)
 
@@ -150,9 +171,11 @@ def _mod_host(A, B, *, fmod=0):
         return np.mod(A, B)
 
 
-@register("Mod", 10, dtypes=ARITH, check=_mod_check, host=_mod_host)
+@register("Mod", 10, dtypes=ARITH, check=_mod_check, host=_mod_host, const_when=_int_divisor_on_host)
 def mod(A, B, *, fmod=0):
     """Remainder: fmod=0 takes the divisor's sign (integers), fmod=1 the dividend's (C fmod)."""
+    if _is_int(A):
+        B = _host_divisor(B, A)
     if fmod == 1 and A.dtype in WIDE:
         return _c_fmod_f64(A, B)
     if _is_int(A) and mx.issubdtype(A.dtype, mx.signedinteger):

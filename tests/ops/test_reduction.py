@@ -157,3 +157,36 @@ def test_bf16_arg_cumsum(op, attrs):
     assert not unclaimed_ops(s)
     np.testing.assert_array_equal(s.run(None, {"x0": x})[0],
                                   session(ref, "CPUExecutionProvider", record=False).run(None, {"x0": x})[0])
+
+
+# ---------------------------------------------------------------- CumProd (opset 26)
+CUMPROD = (T.FLOAT, T.FLOAT16, T.DOUBLE, T.INT32, T.INT64, T.UINT32, T.UINT64)
+
+
+def _cumprod_x(t, shape):
+    """Floats near 1 with NaN/+-Inf/+-0 (products stay finite along 40 steps); integers that overflow."""
+    if t in (T.FLOAT, T.FLOAT16, T.DOUBLE):
+        x = rand(t, shape, rng, lo=0.8, hi=1.25, special=True)
+        x.reshape(-1)[-3:] = -1.5                     # a few sign flips
+        return x
+    lo = 0 if t in (T.UINT32, T.UINT64) else -9
+    return rand(t, shape, rng, lo=lo, hi=9)
+
+
+@pytest.mark.parametrize("t,exclusive,reverse", [(t, e, r) for t in CUMPROD for e in (0, 1) for r in (0, 1)], ids=str)
+def test_cumprod(t, exclusive, reverse):
+    """Exact: ORT multiplies in order along the axis (float16 in float32, rounded once); integers wrap."""
+    attrs = {"exclusive": exclusive, "reverse": reverse}
+    x = _cumprod_x(t, (3, 40, 5))
+    for axis in (0, 1, -1):
+        m = node_model("CumProd", [t, T.INT64], [t], attrs, 26, initializers={"x1": np.array(axis, np.int64)})
+        check(m, {"x0": x}, t, rtol=0, atol=0)
+    m = node_model("CumProd", [t, T.INT32], [t], attrs, 26)
+    check(m, [{"x0": x, "x1": np.array(1, np.int32)}, {"x0": x, "x1": np.array([-2], np.int32)},
+              {"x0": np.zeros((0, 3), NP[t]), "x1": np.array(1, np.int32)}], t, rtol=0, atol=0)
+
+
+def test_cumprod_bf16_refused():
+    """ORT's CPU EP has no bfloat16 CumProd to verify against."""
+    m = node_model("CumProd", [T.BFLOAT16, T.INT64], [T.BFLOAT16], {}, 26)
+    assert "bfloat16" in refusal(m, "CumProd")

@@ -239,3 +239,33 @@ def cumsum(x, axis, *, exclusive=0, reverse=0):
     y = x.astype(mx.float32) if x.dtype in HALF else x
     out = mx.cumsum(y, axis=ax % x.ndim, reverse=bool(reverse), inclusive=not exclusive)
     return out.astype(x.dtype)
+
+
+# ---------------------------------------------------------------- CumProd
+#: ORT's CPU kernels; float16 multiplies in float32 and rounds each output once (verified bit-exact)
+CUMPROD = frozenset({dt.FLOAT, dt.FLOAT16, dt.DOUBLE, dt.INT32, dt.INT64, dt.UINT32, dt.UINT64})
+
+
+def _cumprod_check(view) -> str | None:
+    if view.dtype(1) not in (dt.INT32, dt.INT64):
+        return f"CumProd axis is {dt.name(view.dtype(1))}, not int32/int64"
+    return None
+
+
+@register("CumProd", 26, dtypes=CUMPROD, const=(1,), check=_cumprod_check)
+def cumprod(x, axis, *, exclusive=0, reverse=0):
+    """Running product along ``axis`` (a host scalar), optionally exclusive and/or reversed.
+
+    Integers wrap on overflow like ORT's C++ kernel; floats multiply in order along the axis.
+    """
+    a = np.asarray(axis).reshape(-1)
+    if a.size != 1:
+        raise ValueError(f"CumProd axis must be a scalar, got shape {np.asarray(axis).shape}")
+    ax = int(a[0])
+    if not -x.ndim <= ax < x.ndim:
+        raise ValueError(f"CumProd axis {ax} out of range for rank {x.ndim}")
+    if x.size == 0:
+        return x
+    y = x.astype(mx.float32) if x.dtype in HALF else x
+    out = mx.cumprod(y, axis=ax % x.ndim, reverse=bool(reverse), inclusive=not exclusive)
+    return out.astype(x.dtype)

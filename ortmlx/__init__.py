@@ -12,7 +12,11 @@ import importlib.util
 import os
 import threading
 
-from . import blas as _blas
+# float32 matmuls must stay float32: MLX runs them as TF32 on CUDA/M5 GPUs unless told not to
+# (a user who wants TF32 can set MLX_ENABLE_TF32=1 before importing; the EP then refuses the GPU).
+os.environ.setdefault("MLX_ENABLE_TF32", "0")
+
+from . import blas as _blas  # noqa: E402
 
 # Linux CPU: bind MLX's CBLAS calls to OpenBLAS before anything imports mlx.core (ortmlx/blas.py).
 _blas.preload()

@@ -1,8 +1,12 @@
 """The EP factory ORT gets from ``CreateEpFactories``: names, devices, EP creation."""
 from __future__ import annotations
 
+import os
+import sys
+
 from .. import __version__
 from ..kernels.interpreter import mlx_gpu_available
+from ..kernels.precision import fp32_matmul_error, fp32_matmul_exact
 from .abi import Abi
 from .errors import EP_NAME, EpError, ORT_INVALID_ARGUMENT
 from .options import EpOptions
@@ -71,6 +75,13 @@ class Factory:
         elif device == "gpu" and not mlx_gpu_available():
             raise EpError("device=gpu requested but MLX has no GPU here (mx.cuda / mx.metal unavailable)",
                           ORT_INVALID_ARGUMENT)
+        if device == "gpu" and not fp32_matmul_exact("gpu"):
+            why = (f"float32 matmul on MLX's GPU has relative error {fp32_matmul_error('gpu'):.1e} (TF32: "
+                   f"MLX_ENABLE_TF32={os.environ.get('MLX_ENABLE_TF32')!r}, or mlx.core was imported before ortmlx)")
+            if options.device == "gpu":
+                raise EpError(f"device=gpu refused: {why}", ORT_INVALID_ARGUMENT)
+            sys.stderr.write(f"MLXExecutionProvider: using the CPU device: {why}\n")
+            device = "cpu"
         ep = Ep(self, options, device)
         self.eps[ep.address] = ep
         ep_out[0] = ep.c

@@ -93,10 +93,17 @@ class Abi:
             et, dims, _ = self.tensor_info(info[0])
         finally:
             api.ReleaseTensorTypeAndShapeInfo(info[0])
+        count = int(np.prod(dims)) if dims else 1
+        if et in dt.CARRIERS:       # float8 bits / packed 4- and 2-bit integers -> one element per byte
+            if count == 0:
+                return np.zeros(dims, dt.CARRIERS[et]), et
+            data = ffi.new("const void**")
+            self.check(api.GetTensorData(value, data))
+            arr = dt.unpack_carrier(ffi.buffer(data[0], dt.carrier_nbytes(et, count)), et, count).reshape(dims)
+            return (arr.copy() if copy else arr), et
         if et not in dt.NUMPY:
             raise OrtCallError(f"tensor of element type {dt.name(et)} cannot be read")
         dtype = np.dtype(dt.NUMPY[et])
-        count = int(np.prod(dims)) if dims else 1
         if count == 0:
             return np.zeros(dims, dtype), et
         data = ffi.new("const void**")

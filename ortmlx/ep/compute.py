@@ -50,6 +50,7 @@ class ComputeInfo:
         self.in_names = list(plan.inputs)
         self.in_types = [plan.value(n).dtype for n in plan.inputs]
         self.out_names = list(plan.outputs)
+        self.out_types = [plan.value(n).dtype for n in plan.outputs]
         self.n_in = len(self.in_names)
         self._tls = threading.local()
         c = self.c = ffi.new("OrtNodeComputeInfo*")
@@ -88,6 +89,12 @@ class ComputeInfo:
             if want is not None and t != want:
                 raise EpError(f"input {i} ('{self.in_names[i]}') is {dt.name(t)} at run time but the graph "
                               f"declares {dt.name(want)}", ORT_INVALID_ARGUMENT, node=self.name)
+            shape = tuple(b.dims[i * r:i * r + nd])
+            if t in dt.CARRIERS:        # float8 bits / packed 4- and 2-bit integers: one element per byte
+                cnt = math.prod(shape)
+                raw = ffi.buffer(b.data[i], dt.carrier_nbytes(t, cnt)) if cnt else b""
+                arrays.append(dt.unpack_carrier(raw, t, cnt).reshape(shape))
+                continue
             npt = dt.NUMPY.get(t)
             if npt is None:
                 raise EpError(f"input {i} ('{self.in_names[i]}') has element type {dt.name(t)}, which MLX cannot hold",
@@ -117,7 +124,11 @@ class ComputeInfo:
             abi.check(abi.get_output(abi.api, kctx, j, b.odims, len(shape), b.out))
             if j == 0 and probe is not None:
                 probe.fault_point("copy_out")       # testing: fail with output 0 already allocated
-            if host.size:
+            if host.size and self.out_types[j] in dt.CARRIERS:
+                packed = dt.pack_carrier(host, self.out_types[j])
+                np.copyto(np.frombuffer(ffi.buffer(b.out[0], packed.nbytes), np.uint8), packed)
+                moved += packed.nbytes
+            elif host.size:
                 dst = np.frombuffer(ffi.buffer(b.out[0], host.nbytes), host.dtype).reshape(shape)
                 np.copyto(dst, host)
                 moved += host.nbytes

@@ -11,11 +11,17 @@ import numpy as np
 
 FLOAT, UINT8, INT8, UINT16, INT16, INT32, INT64, STRING, BOOL = 1, 2, 3, 4, 5, 6, 7, 8, 9
 FLOAT16, DOUBLE, UINT32, UINT64, COMPLEX64, COMPLEX128, BFLOAT16 = 10, 11, 12, 13, 14, 15, 16
+FLOAT8E4M3FN, FLOAT8E4M3FNUZ, FLOAT8E5M2, FLOAT8E5M2FNUZ, UINT4, INT4 = 17, 18, 19, 20, 21, 22
+#: ORT's C enum (what the EP reads from the graph) numbers the 2-bit types 24/25; ONNX's TensorProto
+#: numbers them 25/26 (it has FLOAT8E8M0 at 24). A Cast's ``to`` attribute uses ONNX's numbers.
+UINT2, INT2 = 24, 25
 
 NAMES = {FLOAT: "float32", UINT8: "uint8", INT8: "int8", UINT16: "uint16", INT16: "int16",
          INT32: "int32", INT64: "int64", STRING: "string", BOOL: "bool", FLOAT16: "float16",
          DOUBLE: "float64", UINT32: "uint32", UINT64: "uint64", COMPLEX64: "complex64",
-         COMPLEX128: "complex128", BFLOAT16: "bfloat16"}
+         COMPLEX128: "complex128", BFLOAT16: "bfloat16", FLOAT8E4M3FN: "float8e4m3fn",
+         FLOAT8E4M3FNUZ: "float8e4m3fnuz", FLOAT8E5M2: "float8e5m2", FLOAT8E5M2FNUZ: "float8e5m2fnuz",
+         UINT4: "uint4", INT4: "int4", UINT2: "uint2", INT2: "int2"}
 
 #: host (numpy) dtype of each element type we move; bf16 moves as its uint16 bits
 NUMPY = {FLOAT: np.float32, UINT8: np.uint8, INT8: np.int8, UINT16: np.uint16, INT16: np.int16,
@@ -34,6 +40,64 @@ INTS = frozenset({UINT8, INT8, UINT16, INT16, INT32, INT64, UINT32, UINT64})
 SIGNED = frozenset({INT8, INT16, INT32, INT64})
 NUMERIC = FLOATS | INTS
 
+# Carrier types: element types MLX lacks, held one element per byte. float8 travels as its uint8 bit
+# pattern; 4- and 2-bit integers (packed by ORT, low bits first) are unpacked at the EP boundary into
+# one int8/uint8 value each and packed again on the way out. They are in none of the sets above, so
+# the generic dtype rule refuses them; only translators registered with ``carriers=True`` see them
+# (and must handle their meaning themselves: a float8 carrier is bits, not a number).
+FLOAT8 = frozenset({FLOAT8E4M3FN, FLOAT8E4M3FNUZ, FLOAT8E5M2, FLOAT8E5M2FNUZ})
+#: sub-byte integer type -> (bits, signed)
+SUBBYTE = {UINT4: (4, False), INT4: (4, True), UINT2: (2, False), INT2: (2, True)}
+#: carrier type -> numpy dtype of its one-per-byte carrier
+CARRIERS = {**{t: np.dtype(np.uint8) for t in FLOAT8},
+            **{t: np.dtype(np.int8 if sg else np.uint8) for t, (_, sg) in SUBBYTE.items()}}
+CARRIER_MLX = {t: (mx.int8 if c == np.int8 else mx.uint8) for t, c in CARRIERS.items()}
+
+
+def carrier_bits(t: int) -> int:
+    return SUBBYTE[t][0] if t in SUBBYTE else 8
+
+
+def carrier_nbytes(t: int, n: int) -> int:
+    """Bytes ORT stores ``n`` elements of carrier type ``t`` in."""
+    return (n * carrier_bits(t) + 7) // 8
+
+
+def unpack_carrier(raw, t: int, n: int) -> np.ndarray:
+    """ORT's storage of ``n`` elements of carrier type ``t`` (a buffer) -> flat one-per-byte carrier.
+
+    float8: a zero-copy uint8 view. Sub-byte: element i sits in byte i // k at bit (i % k) * bits.
+    """
+    b = np.frombuffer(raw, np.uint8, count=carrier_nbytes(t, n))
+    if t not in SUBBYTE:
+        return b
+    bits, signed = SUBBYTE[t]
+    v = ((b[:, None] >> np.arange(0, 8, bits, dtype=np.uint8)) & np.uint8((1 << bits) - 1)).reshape(-1)[:n]
+    if signed:      # sign-extend: move the field to the top of an int8 and shift it back arithmetically
+        v = (v << np.uint8(8 - bits)).view(np.int8) >> np.int8(8 - bits)
+    return np.ascontiguousarray(v)
+
+
+def pack_carrier(a: np.ndarray, t: int) -> np.ndarray:
+    """A one-per-byte carrier array -> ORT's flat uint8 storage (inverse of ``unpack_carrier``)."""
+    a = np.ascontiguousarray(a).reshape(-1)
+    if a.dtype != CARRIERS[t]:
+        raise ValueError(f"{name(t)} output arrived as {a.dtype}, not its carrier {CARRIERS[t]}")
+    u = a.view(np.uint8)
+    if t not in SUBBYTE:
+        return u
+    bits = SUBBYTE[t][0]
+    k = 8 // bits
+    u = u & np.uint8((1 << bits) - 1)
+    pad = (-u.size) % k
+    if pad:
+        u = np.concatenate([u, np.zeros(pad, np.uint8)])
+    u = u.reshape(-1, k)
+    out = u[:, 0].copy()
+    for j in range(1, k):
+        out |= u[:, j] << np.uint8(j * bits)
+    return out
+
 
 def name(t: int | None) -> str:
     return NAMES.get(t, f"type{t}") if t is not None else "unknown"
@@ -47,7 +111,12 @@ def supported_on(t: int | None, device: str) -> bool:
 
 
 def to_mx(a: np.ndarray, t: int) -> mx.array:
-    """Copy a host array of element type ``t`` into MLX (bf16 arrives as uint16 bits)."""
+    """Copy a host array of element type ``t`` into MLX (bf16 arrives as uint16 bits; carriers as carriers)."""
+    if t in CARRIER_MLX:
+        a = np.asarray(a)
+        if a.dtype != CARRIERS[t]:
+            raise ValueError(f"{name(t)} value arrived as {a.dtype}, not its carrier {CARRIERS[t]}")
+        return mx.array(a, dtype=CARRIER_MLX[t])
     if t == BFLOAT16:
         return mx.array(a.view(np.uint16), dtype=mx.uint16).view(mx.bfloat16)
     return mx.array(a, dtype=MLX[t])

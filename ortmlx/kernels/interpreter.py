@@ -124,7 +124,7 @@ class Program:
         self.host_constants = {k: np.array(v) for k, v in graph.constants.items()
                                if k in constants_mx and v.size <= HOST_MAX_ELEMS
                                and dt.FROM_NUMPY.get(np.asarray(v).dtype) in dt.INTS | {dt.BOOL}
-                               and self.types.get(k) != dt.BFLOAT16}
+                               and self.types.get(k) != dt.BFLOAT16 and self.types.get(k) not in dt.CARRIERS}
 
     # ------------------------------------------------------------------ per call
     #: ``run`` accepts ``probe`` (``ortmlx.trace.Probe``): it marks the build and eval stages
@@ -214,6 +214,11 @@ class Program:
 def _as_type(v, t: int | None):
     """Coerce a translator result to the element type the graph declares."""
     if t is None:
+        return v
+    if t in dt.CARRIERS:        # never reinterpret: a carrier result must already be its carrier
+        have = v.dtype if isinstance(v, mx.array) else np.asarray(v).dtype
+        if have != (dt.CARRIER_MLX[t] if isinstance(v, mx.array) else dt.CARRIERS[t]):
+            raise KernelError(f"a {dt.name(t)} result arrived as {have}, not its carrier")
         return v
     if isinstance(v, mx.array):
         want = dt.MLX.get(t)

@@ -53,6 +53,7 @@ class OpDef:
     wants_ctx: bool
     variadic: bool
     until: int | None = None              # informational: next since_version registered
+    carriers: bool = False                # may see carrier types (dtypes.CARRIERS: float8, int4, int2 ...)
     const_when: Callable | None = None    # in_types -> more inputs read on the host for these types
 
     @property
@@ -86,8 +87,11 @@ class Registry:
     def register(self, op_type: str, since: int = 1, *, domain: str = ONNX, const: tuple[int, ...] = (),
                  dtypes: frozenset[int] | set[int] | None = None, check: Callable | None = None,
                  host: Callable | None = None, shape_only: bool = False, host_computed: bool = False,
-                 const_when: Callable | None = None):
+                 const_when: Callable | None = None, carriers: bool = False):
         """Decorator registering ``fn`` as the translator of ``op_type`` from opset ``since`` on.
+
+        ``carriers=True``: the node may touch carrier types (``dtypes.CARRIERS``: float8, int4, int2);
+        the translator's ``check`` must refuse every carrier case it does not handle exactly.
 
         ``const_when(in_types) -> indices``: inputs read on the host only for some input element
         types (integer Div's divisor, checked for zeros); resolved per node by ``OpDef.for_types``.
@@ -107,7 +111,7 @@ class Registry:
                     raise ValueError(f"translator {fn.__name__} for {op_type}: **kwargs hides which attributes it handles")
             d = OpDef(norm_domain(domain), op_type, since, fn, attrs, frozenset(const),
                       frozenset(dtypes) if dtypes is not None else None, check, host, shape_only,
-                      host_computed, wants_ctx, variadic, const_when=const_when)
+                      host_computed, wants_ctx, variadic, const_when=const_when, carriers=carriers)
             lst = self._ops.setdefault((d.domain, op_type), [])
             if any(o.since == since for o in lst):
                 raise ValueError(f"{domain or 'ai.onnx'}::{op_type} since {since} registered twice")
@@ -239,6 +243,8 @@ def check_dtypes(view: NodeView) -> str | None:
             if kind == "input" and i in d.const_inputs:
                 if t in dt.NUMPY or t == dt.STRING:
                     continue
+            if t in dt.CARRIERS and d.carriers:
+                continue
             if not dt.supported_on(t, view.device):
                 return f"{kind} {i} ('{n}') is {dt.name(t)}, not supported by MLX on {view.device}"
     if d.dtypes is not None and node.inputs and node.inputs[0]:

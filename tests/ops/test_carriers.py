@@ -1,0 +1,232 @@
+"""Carrier types (float8, int4/uint4, int2/uint2): Cast/CastLike bit-exact against ORT's CPU EP.
+
+Inputs and outputs of these types cross ORT's Python binding as OrtValues holding ORT's raw storage
+(float8 bytes; 4-/2-bit values packed low bits first), so every comparison here is of raw bytes:
+NaN payloads, signed zeros and packing included.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as T
+from onnx import helper
+
+from ortmlx import testing
+from ortmlx.kernels import dtypes as dt
+
+OPSET = 25                      # Cast-25 / CastLike-25 take the 2-bit types
+F8 = [T.FLOAT8E4M3FN, T.FLOAT8E4M3FNUZ, T.FLOAT8E5M2, T.FLOAT8E5M2FNUZ]
+# ONNX numbers (models) -> bits, signed; ORT's C enum numbers the 2-bit types one lower (dtypes.py)
+SUB = {T.UINT4: (4, False), T.INT4: (4, True), T.UINT2: (2, False), T.INT2: (2, True)}
+NP = {T.FLOAT: np.float32, T.FLOAT16: np.float16, T.INT8: np.int8, T.UINT8: np.uint8, T.INT16: np.int16,
+      T.INT32: np.int32, T.INT64: np.int64, T.UINT16: np.uint16, T.UINT32: np.uint32, T.UINT64: np.uint64}
+
+
+def _nbytes(t: int, n: int) -> int:
+    bits = SUB[t][0] if t in SUB else 8
+    return (n * bits + 7) // 8
+
+
+def _value(t: int, data, n: int | None = None) -> ort.OrtValue:
+    """An OrtValue of element type ``t``: numpy data for numpy types, raw storage bytes for carriers."""
+    if t in NP:
+        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(data, NP[t]))
+    raw = np.ascontiguousarray(data, np.uint8).tobytes()
+    v = ort.OrtValue.ortvalue_from_shape_and_type([n], t)
+    assert v.tensor_size_in_bytes() == len(raw) == _nbytes(t, n)
+    if raw:
+        ctypes.memmove(v.data_ptr(), raw, len(raw))
+    return v
+
+
+def _raw(v: ort.OrtValue) -> bytes:
+    n = v.tensor_size_in_bytes()
+    return ctypes.string_at(v.data_ptr(), n) if n else b""
+
+
+def _pack(vals, t: int) -> np.ndarray:
+    """Reference packing (independent of ortmlx's): element i at bit (i % k) * bits of byte i // k."""
+    bits = SUB[t][0]
+    k = 8 // bits
+    u = [int(v) & ((1 << bits) - 1) for v in vals]
+    out = np.zeros(_nbytes(t, len(u)), np.uint8)
+    for i, x in enumerate(u):
+        out[i // k] |= x << ((i % k) * bits)
+    return out
+
+
+def check_exact(model, feeds: dict):
+    """All nodes on MLX (check_against_cpu) and every output byte-identical to ORT's CPU EP."""
+    mlx_s = testing.check_against_cpu(model, [])
+    cpu_s = testing.session(model, "CPUExecutionProvider", record=False)
+    got = mlx_s.run_with_ort_values(None, feeds)
+    want = cpu_s.run_with_ort_values(None, feeds)
+    for g, w, o in zip(got, want, mlx_s.get_outputs()):
+        assert g.shape() == w.shape(), o.name
+        gb, wb = np.frombuffer(_raw(g), np.uint8), np.frombuffer(_raw(w), np.uint8)
+        bad = np.flatnonzero(gb != wb) if gb.size == wb.size else None
+        assert bad is not None and bad.size == 0, \
+            f"{o.name}: {gb.size} vs {wb.size} bytes; first differing bytes at {bad[:8] if bad is not None else '-'}"
+    return got
+
+
+def _cast_model(src: int, to: int, n: int, like: bool = False, **attrs):
+    if like:
+        node = helper.make_node("CastLike", ["x", "like"], ["y"], **attrs)
+        ins = [("x", src, [n]), ("like", to, [1])]
+    else:
+        node = helper.make_node("Cast", ["x"], ["y"], to=to, **attrs)
+        ins = [("x", src, [n])]
+    return testing.make_model([node], ins, [("y", to, [n])], opset=OPSET)
+
+
+def _like_feed(to: int) -> ort.OrtValue:
+    return _value(to, np.zeros(1)) if to in NP else _value(to, np.zeros(_nbytes(to, 1)), 1)
+
+
+def _run_cast(src, to, data, n, like=False, **attrs):
+    feeds = {"x": _value(src, data, n) if src not in NP else _value(src, data)}
+    if like:
+        feeds["like"] = _like_feed(to)
+    return check_exact(_cast_model(src, to, n, like, **attrs), feeds)
+
+
+# ----------------------------------------------------------------------------- float8
+@pytest.mark.parametrize("like", [False, True])
+@pytest.mark.parametrize("to", [T.FLOAT, T.FLOAT16])
+@pytest.mark.parametrize("f8", F8)
+def test_float8_decode_all_codes(f8, to, like):
+    _run_cast(f8, to, np.arange(256, dtype=np.uint8), 256, like)
+
+
+def _f32_sweep() -> np.ndarray:
+    """Every exponent x mantissas around each rounding boundary, both signs, plus all float16 values."""
+    hi = np.arange(64, dtype=np.uint32) << 17                  # top 6 mantissa bits, every pattern
+    lo = np.array([0, 1, 2, 0x7FFF, 0x8000, 0x10000, 0x1FFFF, 0x18000, 0x0FFFF], np.uint32)
+    m = (hi[:, None] | lo[None, :]).ravel()
+    # the round bit of every format/subnormal position set alone, with sticky, and with the lsb
+    for r in range(17, 23):
+        m = np.concatenate([m, np.array([1 << r, (1 << r) | 1, (1 << r) | (1 << (r + 1)),
+                                         (1 << (r + 1)) - 1, (3 << r) if r < 22 else 1 << r], np.uint32)])
+    e = np.arange(256, dtype=np.uint32) << 23
+    bits = (e[:, None] | m[None, :]).ravel()
+    bits = np.concatenate([bits, bits | 0x80000000])
+    f16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    return np.concatenate([bits.view(np.float32), f16])
+
+
+@pytest.mark.parametrize("saturate", [1, 0])
+@pytest.mark.parametrize("f8", F8)
+def test_float32_to_float8_sweep(f8, saturate):
+    x = _f32_sweep()
+    _run_cast(T.FLOAT, f8, x, x.size, saturate=saturate)
+
+
+@pytest.mark.parametrize("saturate", [1, 0])
+@pytest.mark.parametrize("f8", F8)
+def test_float16_to_float8_all_values(f8, saturate):
+    x = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    _run_cast(T.FLOAT16, f8, x, x.size, like=True, saturate=saturate)
+
+
+def test_float8_roundtrip_inside_a_group():
+    """float -> float8 -> float within one MLX group: the carrier never crosses the boundary."""
+    nodes = [helper.make_node("Cast", ["x"], ["q"], to=T.FLOAT8E4M3FN, saturate=0),
+             helper.make_node("Cast", ["q"], ["y"], to=T.FLOAT)]
+    model = testing.make_model(nodes, [("x", T.FLOAT, [7])], [("y", T.FLOAT, [7])], opset=OPSET)
+    x = np.array([0.3, -1e-3, 448, 465, 1e6, np.nan, -np.inf], np.float32)
+    check_exact(model, {"x": _value(T.FLOAT, x)})
+
+
+# ----------------------------------------------------------------------------- int4 / int2
+def _float_probe() -> np.ndarray:
+    q = np.arange(-80, 80.25, 0.25, dtype=np.float32)
+    special = [0.49999997, -0.49999997, 0.5000001, 1e3 + 0.6, -1e3 - 0.5, 2 ** 24 + 2, 2 ** 26 + 8, 2 ** 27,
+               -2 ** 27 - 16, 2 ** 31, -2 ** 31, 3e9, 1e10, -1e10, 3.4e38, np.nan, -np.nan, np.inf, -np.inf,
+               1e-40, -0.0]
+    return np.concatenate([q, np.array(special, np.float32)])
+
+
+@pytest.mark.parametrize("to", list(SUB))
+@pytest.mark.parametrize("src", [T.FLOAT, T.FLOAT16])
+def test_float_to_subbyte(src, to):
+    x = _float_probe() if src == T.FLOAT else np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    x = x.astype(NP[src])[: x.size - (x.size % 2 == 0)]          # an odd count: the last byte is half used
+    got = _run_cast(src, to, x, x.size)
+    assert len(_raw(got[0])) == _nbytes(to, x.size)
+
+
+@pytest.mark.parametrize("to", list(SUB))
+@pytest.mark.parametrize("src", [T.INT8, T.UINT8, T.INT32, T.INT64, T.UINT16])
+def test_int_to_subbyte(src, to):
+    info = np.iinfo(NP[src])
+    x = np.concatenate([np.arange(-300, 301), [info.min, info.max, info.min + 7, info.max - 5]])
+    x = x[(x >= info.min) & (x <= info.max)].astype(NP[src])
+    _run_cast(src, to, x, x.size, like=src == T.INT32)
+
+
+@pytest.mark.parametrize("to", [T.FLOAT, T.FLOAT16, T.INT8, T.UINT8, T.INT32, T.INT64, T.UINT16])
+@pytest.mark.parametrize("src", list(SUB))
+def test_subbyte_to(src, to):
+    bits, signed = SUB[src]
+    vals = np.arange(-(1 << (bits - 1)) if signed else 0, (1 << (bits - 1)) if signed else 1 << bits)
+    vals = np.concatenate([vals, vals[::-1], vals[:1]])           # every value at every bit position
+    _run_cast(src, to, _pack(vals, src), vals.size, like=to == T.FLOAT)
+
+
+def test_unpack_matches_reference_packing():
+    """What the EP unpacks is what ORT stored: Cast(int4 -> int8) of a known packing gives its values."""
+    vals = np.array([-8, 7, -1, 0, 3, -3, 5], np.int8)
+    got = _run_cast(T.INT4, T.INT8, _pack(vals, T.INT4), vals.size)
+    assert np.array_equal(np.frombuffer(_raw(got[0]), np.int8), vals)
+
+
+def test_subbyte_pack_roundtrip_helpers():
+    for t, (bits, signed) in SUB.items():
+        et = {T.UINT2: dt.UINT2, T.INT2: dt.INT2}.get(t, t)       # ORT's enum for the 2-bit types
+        lo = -(1 << (bits - 1)) if signed else 0
+        for n in range(0, 10):
+            a = ((np.arange(n) * 3) % (1 << bits) + lo).astype(dt.CARRIERS[et])
+            packed = dt.pack_carrier(a, et)
+            assert np.array_equal(packed, _pack(a, t))
+            assert np.array_equal(dt.unpack_carrier(packed.tobytes(), et, n), a)
+
+
+def test_constant_initializers_of_carrier_types():
+    """int4 and float8 constant initializers are read (unpacked) by the EP itself."""
+    w4 = helper.make_tensor("w4", T.INT4, [5], [-8, 7, -1, 0, 3])
+    w8 = helper.make_tensor("w8", T.FLOAT8E5M2, [4], [1.5, -0.25, 57344.0, -3.0])
+    nodes = [helper.make_node("Cast", ["w4"], ["a"], to=T.FLOAT), helper.make_node("Add", ["a", "x"], ["y"]),
+             helper.make_node("Cast", ["w8"], ["b"], to=T.FLOAT), helper.make_node("Add", ["b", "z"], ["u"])]
+    model = testing.make_model(nodes, [("x", T.FLOAT, [5]), ("z", T.FLOAT, [4])],
+                               [("y", T.FLOAT, [5]), ("u", T.FLOAT, [4])], [w4, w8], opset=OPSET)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL      # keep the Casts
+    so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    s = testing.session(model, sess_options=so)
+    assert not testing.unclaimed_ops(s), testing.unclaimed_ops(s)
+    x, z = np.arange(5, dtype=np.float32), np.zeros(4, np.float32)
+    y, u = s.run(None, {"x": x, "z": z})
+    assert np.array_equal(y, np.array([-8, 7, -1, 0, 3], np.float32) + x)
+    assert np.array_equal(u, np.array([1.5, -0.25, 57344.0, -3.0], np.float32))
+
+
+# ----------------------------------------------------------------------------- refused
+@pytest.mark.parametrize("src,to", [(T.FLOAT8E4M3FN, T.INT32), (T.INT32, T.FLOAT8E5M2), (T.INT4, T.UINT4),
+                                    (T.DOUBLE, T.INT4), (T.FLOAT8E4M3FN, T.FLOAT8E5M2)])
+def test_unhandled_carrier_casts_stay_on_cpu(src, to):
+    s = testing.session(_cast_model(src, to, 4))
+    assert testing.unclaimed_ops(s) == {"Cast": 1}
+
+
+def test_carriers_refused_by_ops_that_do_not_opt_in():
+    nodes = [helper.make_node("Identity", ["x"], ["y"])]
+    model = testing.make_model(nodes, [("x", T.FLOAT8E4M3FN, [3])], [("y", T.FLOAT8E4M3FN, [3])], opset=OPSET)
+    s = testing.session(model)
+    assert testing.unclaimed_ops(s) == {"Identity": 1}
+    feeds = {"x": _value(T.FLOAT8E4M3FN, np.array([1, 0x7F, 0xFF], np.uint8), 3)}
+    assert _raw(s.run_with_ort_values(None, feeds)[0]) == bytes([1, 0x7F, 0xFF])

@@ -327,3 +327,76 @@ def test_pad_value_computed_on_device():
     model = make_model(nodes, [("x", T.FLOAT, ["a", "b"]), ("v", T.FLOAT, [])], [("y", T.FLOAT, None)],
                        {"pads": i64(1, 0, 2, 1)}, opset=13)
     check_against_cpu(model, [{"x": data(T.FLOAT, (2, 3)), "v": np.array(2.5, np.float32)}])
+
+
+# ---------------------------------------------------------------- TensorScatter (opset 24)
+# id: (past shape, update shape, write_indices (None: omitted; "const": an initializer [1, 0, 2][:B]), attrs)
+TS_CASES = {
+    "linear_4d": ((2, 3, 6, 4), (2, 3, 2, 4), i64(1, 4), {}),
+    "linear_no_indices": ((2, 3, 6, 4), (2, 3, 3, 4), None, {"mode": "linear"}),
+    "linear_full": ((2, 5, 3), (2, 5, 3), i64(0, 0), {}),
+    "linear_empty_update": ((2, 5, 3), (2, 0, 3), i64(5, 2), {}),
+    "circular_wrap": ((2, 1, 5, 3), (2, 1, 3, 3), i64(4, 7), {"mode": "circular"}),
+    "circular_full": ((3, 4, 2), (3, 4, 2), i64(3, 0, 9), {"mode": "circular"}),
+    "axis_1": ((2, 6, 4), (2, 2, 4), i64(3, 0), {"axis": 1}),
+    "axis_last": ((2, 3, 6), (2, 3, 2), i64(1, 4), {"axis": -1, "mode": "circular"}),
+    "axis_2_of_4": ((2, 6, 3, 2), (2, 6, 1, 2), i64(2, 0), {"axis": 2}),
+    "const_indices": ((3, 5, 2), (3, 2, 2), "const", {}),
+}
+TS_TYPES = [T.FLOAT, T.FLOAT16, T.DOUBLE, T.INT8, T.UINT8, T.INT32, T.INT64, T.UINT64, T.BOOL]
+_NP = {T.FLOAT: np.float32, T.FLOAT16: np.float16, T.DOUBLE: np.float64, T.INT8: np.int8, T.UINT8: np.uint8,
+       T.INT32: np.int32, T.INT64: np.int64, T.UINT64: np.uint64, T.BOOL: np.bool_}
+
+
+def _ts_model(ps, us, w, attrs, t=T.FLOAT, name="ts"):
+    ins = ["p", "u"] + ([] if w is None else ["w"])
+    inits = {"w": i64(1, 0, 2)[:ps[0]]} if isinstance(w, str) else {}
+    vis = [("p", t, None), ("u", t, None)] + ([("w", T.INT64, None)] if w is not None and not inits else [])
+    return make_model([helper.make_node("TensorScatter", ins, ["y"], name=name, **attrs)], vis, [("y", t, None)],
+                      inits, opset=24)
+
+
+def _ts_data(t, shape, seed):
+    if t == T.BOOL:
+        return np.random.default_rng(seed).random(shape) < 0.5
+    return data(t, shape, seed).astype(_NP[t]) if t != T.UINT64 else np.abs(data(T.INT64, shape, seed)).astype(np.uint64)
+
+
+@pytest.mark.parametrize("case", list(TS_CASES), ids=str)
+def test_tensor_scatter(case):
+    ps, us, w, attrs = TS_CASES[case]
+    feeds = {"p": data(T.FLOAT, ps, 1), "u": data(T.FLOAT, us, 2)}
+    if w is not None and not isinstance(w, str):
+        feeds["w"] = w
+    check_against_cpu(_ts_model(ps, us, w, attrs), [feeds], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("t", TS_TYPES, ids=str)
+def test_tensor_scatter_dtypes(t):
+    ps, us, w, attrs = TS_CASES["circular_wrap"]
+    feeds = {"p": _ts_data(t, ps, 1), "u": _ts_data(t, us, 2), "w": w}
+    check_against_cpu(_ts_model(ps, us, w, attrs, t), [feeds], rtol=0, atol=0)
+
+
+def test_tensor_scatter_bf16():
+    """bfloat16 cache (Cast in and out, all on MLX): data movement only, so exact."""
+    nodes = [helper.make_node("Cast", ["p"], ["pb"], to=T.BFLOAT16), helper.make_node("Cast", ["u"], ["ub"], to=T.BFLOAT16),
+             helper.make_node("TensorScatter", ["pb", "ub", "w"], ["yb"], mode="circular"),
+             helper.make_node("Cast", ["yb"], ["y"], to=T.FLOAT)]
+    m = make_model(nodes, [("p", T.FLOAT, None), ("u", T.FLOAT, None), ("w", T.INT64, None)], [("y", T.FLOAT, None)],
+                   opset=24)
+    check_against_cpu(m, [{"p": data(T.FLOAT, (2, 5, 3), 1), "u": data(T.FLOAT, (2, 2, 3), 2), "w": i64(4, 1)}],
+                      rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("ps,us,w,attrs", [
+    ((2, 4, 3), (2, 2, 3), i64(3, 0), {}),                          # linear: 3 + 2 > 4
+    ((2, 4, 3), (2, 2, 3), i64(-1, 0), {"mode": "circular"}),        # negative write index
+    ((2, 4, 3), (2, 5, 3), i64(0, 0), {"mode": "circular"}),         # sequence_length > max_sequence_length
+    ((2, 4, 3), (2, 2, 3), i64(0, 0, 0), {}),                        # write_indices not [batch]
+    ((2, 4, 3), (2, 4, 3), i64(0, 0), {"axis": 0}),                  # axis 0 (the batch)
+], ids=["overflow", "negative", "too_long", "indices_shape", "axis0"])
+def test_tensor_scatter_errors(ps, us, w, attrs):
+    """ORT's CPU kernel fails on these; so do we, naming the node."""
+    feeds = {"p": data(T.FLOAT, ps, 1), "u": data(T.FLOAT, us, 2), "w": w}
+    check_error(_ts_model(ps, us, w, attrs, name="ts_err"), feeds, "ts_err")

@@ -529,3 +529,52 @@ def col2im(input, image_shape, block_shape, *, dilations=None, pads=None, stride
     cols = mx.take(cols, _idx(keep), axis=0)
     out = mx.zeros((math.prod(image), nb * c), input.dtype).at[_idx(pos.reshape(-1)[keep])].add(cols)
     return mx.reshape(mx.transpose(out), (nb, c, *image))
+
+
+# ---------------------------------------------------------------- TensorScatter (opset 24)
+def _tensor_scatter_check(view):
+    mode = view.attrs.get("mode", "linear")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if mode not in ("linear", "circular"):
+        return f"mode {mode!r} is not 'linear' or 'circular'"
+    return None
+
+
+@register("TensorScatter", 24, const=(2,), check=_tensor_scatter_check)
+def tensor_scatter(past_cache, update, write_indices=None, *, mode="linear", axis=-2):
+    """The cache with ``update`` written along ``axis`` from ``write_indices[b]`` for each batch row b.
+
+    Validation follows ORT's CPU kernel (errors, not values): axis in [1, rank), shapes equal off
+    the axis, sequence_length <= max_sequence_length, write_indices of shape [batch] and >= 0, and
+    in linear mode write_index + sequence_length <= max_sequence_length. Circular positions are
+    taken modulo max_sequence_length; with sequence_length <= max they never repeat.
+    """
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    r = past_cache.ndim
+    ax = axis + r if axis < 0 else axis
+    if not 0 < ax < r:
+        raise ValueError(f"TensorScatter axis {axis} must be in [1, {r - 1}] after normalization")
+    if update.ndim != r or any(a != b for d, (a, b) in enumerate(zip(past_cache.shape, update.shape)) if d != ax):
+        raise ValueError(f"update shape {tuple(update.shape)} differs from past_cache {tuple(past_cache.shape)} "
+                         f"off axis {ax}")
+    batch, m, s = past_cache.shape[0], past_cache.shape[ax], update.shape[ax]
+    if s > m:
+        raise ValueError(f"update sequence_length {s} exceeds max_sequence_length {m}")
+    if write_indices is None:
+        w = np.zeros(batch, np.int64)
+    else:
+        w = np.asarray(write_indices).astype(np.int64)
+        if w.shape != (batch,):
+            raise ValueError(f"write_indices shape {w.shape} must be [batch_size] = ({batch},)")
+    if (w < 0).any():
+        raise ValueError(f"write_indices {int(w[w < 0][0])} is negative")
+    if mode == "linear" and (w > m - s).any():
+        raise ValueError(f"linear mode: write_indices {int(w[w > m - s][0])} + sequence_length {s} exceeds "
+                         f"max_sequence_length {m}")
+    if s == 0 or update.size == 0:
+        return past_cache
+    pos = w[:, None] + np.arange(s, dtype=np.int64)[None, :]
+    if mode == "circular":
+        pos %= m
+    idx = _idx(pos).reshape((batch,) + (1,) * (ax - 1) + (s,) + (1,) * (r - ax - 1))
+    return mx.put_along_axis(past_cache, mx.broadcast_to(idx, update.shape), update, axis=ax)

@@ -89,3 +89,22 @@ def test_dropout_training_refused():
                    {"ratio": np.asarray(np.float32(0.5))}, opset=13)
     # training_mode False at run time: the CPU EP is deterministic too, so both answers agree
     stays_on_cpu(m, {"x": rand((2, 3)), "tm": np.asarray(False)}, "Dropout")
+
+
+@pytest.mark.parametrize("ratio_t", [T.FLOAT, T.FLOAT16, T.DOUBLE])
+def test_dropout_zero_ratio_any_training_mode(ratio_t):
+    """A constant ratio of 0 is deterministic whatever training_mode is: identity and an all-true mask."""
+    node = helper.make_node("Dropout", ["x", "ratio", "tm"], ["y", "mask"], seed=0)
+    ratio = np.asarray(0.0, {T.FLOAT: np.float32, T.FLOAT16: np.float16, T.DOUBLE: np.float64}[ratio_t])
+    m = make_model([node], [("x", T.FLOAT, (3, 4)), ("tm", T.BOOL, ())], [("y", T.FLOAT, None), ("mask", T.BOOL, None)],
+                   {"ratio": ratio}, opset=13)
+    for tm in (True, False):
+        check(m, {"x": rand((3, 4)), "tm": np.asarray(tm)}, rtol=1e-7, atol=1e-30)
+
+
+def test_dropout_ratio_input_refused():
+    """A ratio that arrives at run time may be nonzero (random in training mode): refused, even when it is 0."""
+    node = helper.make_node("Dropout", ["x", "ratio", "tm"], ["y", "mask"], seed=0)
+    m = make_model([node], [("x", T.FLOAT, (3, 4)), ("ratio", T.FLOAT, ()), ("tm", T.BOOL, ())],
+                   [("y", T.FLOAT, None), ("mask", T.BOOL, None)], opset=13)
+    stays_on_cpu(m, {"x": rand((3, 4)), "ratio": np.asarray(0.0, np.float32), "tm": np.asarray(True)}, "Dropout")

@@ -129,14 +129,15 @@ def dropout_7(data, *, ratio=0.5):
 
 def _dropout_check(view):
     if view.has(2):
+        ratio = view.const(1) if view.has(1) else np.float32(0.5)
+        if ratio is not None and float(np.asarray(ratio).reshape(-1)[0]) == 0.0:
+            return None              # a constant ratio of 0: deterministic even in training mode
         tm = view.const(2)
         if tm is None:
-            return "training_mode is not a constant: refusing a possibly random Dropout"
+            return "training_mode is not a constant and ratio is not a constant 0: refusing a possibly random Dropout"
         tm = np.asarray(tm).reshape(-1)
         if tm.size and bool(tm[0]):
-            ratio = view.const(1) if view.has(1) else np.float32(0.5)
-            if ratio is None or float(np.asarray(ratio).reshape(-1)[0]) != 0.0:
-                return "training_mode=True with a nonzero or non-constant ratio is random"
+            return "training_mode=True with a nonzero or non-constant ratio is random"
     return None
 
 

@@ -10,11 +10,17 @@ float64 and rounded once to float32/float16. float64 outputs are refused (ORT's 
 computes them from float32 coefficients: ~1e-8 off the float64 value, we cannot match
 bit for bit), and so are integer outputs (truncation near an integer could differ).
 STFT frames the signal (frame_step, frame_length host values), applies the window and runs
-the DFT of each frame. MelWeightMatrix is not implemented (it stays on the CPU EP).
+the DFT of each frame.
+
+MelWeightMatrix is built on the host with the arithmetic of ORT's CPU kernel (facts of its
+source): range checks in float32, mel edges in float64 through libm log10/pow (Python's math,
+the same libm), bin edges floored, weights as integer ratios divided in the output type. An edge
+whose floor depends on whether ORT's build fuses ``low + step * i`` into one FMA raises.
 """
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import mlx.core as mx
 import numpy as np
@@ -146,3 +152,83 @@ def stft(signal, frame_step, window=None, frame_length=None, *, onesided=1):
     if window is not None:
         x = x * window.reshape(1, 1, n, 1)
     return _dft(x, None, 2, 0, onesided)
+
+
+# ---------------------------------------------------------------- MelWeightMatrix
+#: ORT's CPU kernel output types (MLX holds all; float64 only on the CPU device, by the generic rule)
+MEL_OUT = frozenset({dt.FLOAT, dt.DOUBLE, dt.INT8, dt.INT16, dt.INT32, dt.INT64, dt.UINT8, dt.UINT16, dt.UINT32,
+                     dt.UINT64})
+
+
+def _mel_check(view):
+    t = view.attrs.get("output_datatype", dt.FLOAT)
+    if t not in MEL_OUT:
+        return f"output_datatype {dt.name(t)} has no ORT CPU kernel to verify against"
+    if view.dtype(3) != dt.FLOAT or view.dtype(4) != dt.FLOAT:
+        return "lower/upper_edge_hertz must be float32 (ORT's CPU kernel)"
+    return None
+
+
+def _scalar(v, what: str):
+    a = np.asarray(v).reshape(-1)
+    if a.size != 1:
+        raise ValueError(f"MelWeightMatrix {what} must be a scalar, got shape {np.asarray(v).shape}")
+    return a[0]
+
+
+def _hz(mel: float) -> float:
+    return 700 * (math.pow(10, mel / 2595) - 1)
+
+
+def mel_bin_edges(n: int, dft: int, sr: int, lo: float, hi: float) -> list[int]:
+    """The n + 2 FFT-bin edges of the mel triangles, floored like ORT's kernel."""
+    low = 2595 * math.log10(1 + lo / 700)
+    high = 2595 * math.log10(1 + hi / 700)
+    step = (high - low) / float(np.float32(n + 2))
+    edges = []
+    for i in range(n + 2):
+        seen = set()
+        for mel in (low + step * i, float(Fraction(low) + Fraction(step) * i)):     # unfused, fused
+            seen.add(math.floor(((dft + 1) * _hz(mel)) / sr))
+        if len(seen) != 1:
+            raise ValueError(f"MelWeightMatrix edge {i} lies on a rounding boundary: ORT's answer depends on "
+                             "whether its build fuses the multiply-add")
+        edges.append(seen.pop())
+    return edges
+
+
+@register("MelWeightMatrix", 17, const=(0, 1, 2, 3, 4), check=_mel_check)
+def mel_weight_matrix(num_mel_bins, dft_length, sample_rate, lower_edge_hertz, upper_edge_hertz, *,
+                      output_datatype=1):
+    """[dft_length // 2 + 1, num_mel_bins] triangular filters of peak 1 (ORT's CPU arithmetic)."""
+    n, dft, sr = (int(_scalar(v, w)) for v, w in ((num_mel_bins, "num_mel_bins"), (dft_length, "dft_length"),
+                                                   (sample_rate, "sample_rate")))
+    lo32, hi32 = (np.float32(_scalar(v, w)) for v, w in ((lower_edge_hertz, "lower_edge_hertz"),
+                                                         (upper_edge_hertz, "upper_edge_hertz")))
+    if n < 0 or dft < 0 or sr <= 0:
+        raise ValueError(f"MelWeightMatrix needs num_mel_bins >= 0, dft_length >= 0, sample_rate > 0 "
+                         f"(got {n}, {dft}, {sr})")
+    n_spec = dft // 2 + 1
+    with np.errstate(all="ignore"):                # the range checks, in float32 like the kernel
+        for name, e in (("lower", lo32), ("upper", hi32)):
+            idx = np.floor(np.float32(dft + 1) * e / np.float32(sr))
+            if not (idx >= 0 and idx < np.float32(n_spec)):
+                raise ValueError(f"{name}_edge_hertz produces a mel triangle filter bank that is out of range "
+                                 "given the dft_length and the sample_rate")
+    edges = mel_bin_edges(n, dft, sr, float(lo32), float(hi32))
+    if any(b < 0 or b >= n_spec for b in edges) or any(b > c for b, c in zip(edges, edges[1:])):
+        raise ValueError(f"MelWeightMatrix bin edges {edges} are not increasing within [0, {n_spec})")
+    npt = dt.NUMPY[output_datatype]
+    out = np.zeros((n_spec, n), npt)
+    flt = np.dtype(npt).kind == "f"
+    for i in range(n):
+        a, c, b = edges[i], edges[i + 1], edges[i + 2]
+        if c == a:
+            out[c, i] = 1
+        else:
+            j = np.arange(a, c + 1)
+            out[a:c + 1, i] = ((j - a).astype(npt) / npt(c - a)) if flt else (j - a) // (c - a)
+        if b > c:
+            j = np.arange(c, b)
+            out[c:b, i] = ((b - j).astype(npt) / npt(b - c)) if flt else (b - j) // (b - c)
+    return dt.to_mx(out, output_datatype)

@@ -1,8 +1,9 @@
 """Linear quantization: QuantizeLinear, DequantizeLinear (per-tensor, per-axis, blocked),
 DynamicQuantizeLinear, MatMulInteger, QLinearMatMul.
 
-Integer types only (int8/uint8/int16/uint16, int32 for DequantizeLinear): float8 and
-4-bit types do not exist in MLX and are refused by the generic dtype rule. Arithmetic
+Integer types: int8/uint8/int16/uint16 (int32 for DequantizeLinear), and from opset 21 on
+int4/uint4 (carrier types: unpacked one per int8/uint8 at the EP boundary). float8 and 2-bit
+types are refused. Arithmetic
 follows ORT's CPU kernels: dequantize is float(int32(x) - int32(zp)) * scale; quantize is
 round-half-even(x / scale) + zp, saturated; half types are computed in float32.
 MLX has no integer matmul: 8-bit products are summed in float64 on the CPU (exact for any K
@@ -20,7 +21,10 @@ from ..registry import register
 from .conv import _conv_check, conv
 
 Q_TYPES = {dt.UINT8: (0, 255), dt.INT8: (-128, 127), dt.UINT16: (0, 65535), dt.INT16: (-32768, 32767)}
-DQ_INPUTS = frozenset(Q_TYPES) | {dt.INT32}
+#: 4-bit quantized types (carriers; only the opset-21+ registrations, which opt in, see them)
+SUB_Q_TYPES = {dt.INT4: (-8, 7), dt.UINT4: (0, 15)}
+ALL_Q_TYPES = {**Q_TYPES, **SUB_Q_TYPES}
+DQ_INPUTS = frozenset(ALL_Q_TYPES) | {dt.INT32}
 #: bfloat16 scales are refused: ORT's CPU EP has no bf16 Q/DQ kernel to verify against
 SCALES = frozenset({dt.FLOAT, dt.FLOAT16})
 
@@ -74,11 +78,11 @@ def _check(quantize: bool):
             if view.dtype(0) not in SCALES:
                 return f"input dtype {dt.name(view.dtype(0))} is not a float"
             out = view.out_dtype(0)
-            if out not in Q_TYPES:
-                return f"output dtype {dt.name(out)} is not int8/uint8/int16/uint16"
+            if out not in ALL_Q_TYPES:
+                return f"output dtype {dt.name(out)} is not int8/uint8/int16/uint16/int4/uint4"
         else:
             if view.dtype(0) not in DQ_INPUTS:
-                return f"input dtype {dt.name(view.dtype(0))} is not an 8/16/32-bit integer"
+                return f"input dtype {dt.name(view.dtype(0))} is not a 4/8/16/32-bit integer"
             if view.dtype(0) == dt.INT32 and view.has(2):
                 zp = view.const(2)
                 if zp is None or np.any(zp != 0):
@@ -106,12 +110,12 @@ def _dequantize(x, scale, zp, axis, block_size, out_t):
 
 
 def _quantize(x, scale, zp, axis, block_size, out_t: int):
-    lo, hi = Q_TYPES[out_t]
+    lo, hi = ALL_Q_TYPES[out_t]
     s = _broadcast(scale, x.shape, axis, block_size).astype(mx.float32)
     q = mx.round(x.astype(mx.float32) / s)
     if zp is not None:
         q = q + _broadcast(zp, x.shape, axis, block_size).astype(mx.float32)
-    return mx.clip(q, lo, hi).astype(dt.MLX[out_t])
+    return mx.clip(q, lo, hi).astype(dt.MLX[out_t] if out_t in dt.MLX else dt.CARRIER_MLX[out_t])
 
 
 # ------------------------------------------------------------------ DequantizeLinear
@@ -127,13 +131,13 @@ def dequantize_linear_13(x, x_scale, x_zero_point=None, *, axis=1, ctx):
     return _dequantize(x, x_scale, x_zero_point, axis, 0, dt.MLX[ctx.out_dtypes[0]])
 
 
-@register("DequantizeLinear", 21, check=_check(False))
+@register("DequantizeLinear", 21, check=_check(False), carriers=True)
 def dequantize_linear_21(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, ctx):
     """Per tensor, per axis, or blocks of ``block_size`` along ``axis``."""
     return _dequantize(x, x_scale, x_zero_point, axis, block_size, dt.MLX[ctx.out_dtypes[0]])
 
 
-@register("DequantizeLinear", 23, check=_check(False))
+@register("DequantizeLinear", 23, check=_check(False), carriers=True)
 def dequantize_linear_23(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, output_dtype=0, ctx):
     """output_dtype (0: the scale's type) is what the graph declares for y."""
     return _dequantize(x, x_scale, x_zero_point, axis, block_size, dt.MLX[ctx.out_dtypes[0]])
@@ -157,12 +161,12 @@ def quantize_linear_19(x, y_scale, y_zero_point=None, *, axis=1, saturate=1, ctx
     return _quantize(x, y_scale, y_zero_point, axis, 0, ctx.out_dtypes[0])
 
 
-@register("QuantizeLinear", 21, check=_check(True))
+@register("QuantizeLinear", 21, check=_check(True), carriers=True)
 def quantize_linear_21(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, output_dtype=0, saturate=1, ctx):
     return _quantize(x, y_scale, y_zero_point, axis, block_size, ctx.out_dtypes[0])
 
 
-@register("QuantizeLinear", 23, check=_check(True))
+@register("QuantizeLinear", 23, check=_check(True), carriers=True)
 def quantize_linear_23(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, output_dtype=0, precision=0,
                        saturate=1, ctx):
     """``precision`` 0 or float32: the division runs in float32 (as ORT's CPU EP does)."""

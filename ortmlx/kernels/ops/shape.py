@@ -76,7 +76,7 @@ def _identity(xp, x):
     return x
 
 
-@register("Identity", 1, host=twin(_identity))
+@register("Identity", 1, host=twin(_identity), carriers=True)
 def identity(x):
     return x
 
@@ -128,7 +128,7 @@ def _reshape_check(view):
     return None
 
 
-@register("Reshape", 5, const=(1,), host=twin(_reshape), check=_reshape_check)
+@register("Reshape", 5, const=(1,), host=twin(_reshape), check=_reshape_check, carriers=True)
 def reshape(data, shape, *, allowzero=0):
     """Reshape; allowzero (opset 14) makes 0 a real zero-size dim."""
     return _reshape(mx, data, shape, allowzero)
@@ -143,7 +143,7 @@ def _transpose(xp, data, perm=None):
     return xp.transpose(data, perm)
 
 
-@register("Transpose", 1, host=twin(_transpose))
+@register("Transpose", 1, host=twin(_transpose), carriers=True)
 def transpose(data, *, perm=None):
     return _transpose(mx, data, perm)
 

@@ -131,6 +131,8 @@ class CompiledSubgraph:
                 self._fallback("called on a thread Python did not create (MLX's per-thread compile cache "
                                "would be torn down without the GIL): eager")
                 return self._eager(inputs, probe)
+            if self.device == "gpu" and any(a is not None and getattr(a, "size", 1) == 0 for a in inputs):
+                return self._eager(inputs, probe)      # MLX's CUDA compiled kernels crash (SIGFPE) on size 0
             try:
                 call = self._prepare(inputs)
                 if call is None:
@@ -191,6 +193,12 @@ class CompiledSubgraph:
     def _first(self, k1, inputs: list, call: "Call", probe, plan: HostPlan | None = None) -> list:
         """First call for a key: eager answer, host analysis, trace and verify."""
         ref, env = self._eager_env(inputs, probe)
+        if self.device == "gpu" and any(isinstance(v, mx.array) and v.size == 0 for v in env.values()):
+            # a compiled kernel over a zero-size value kills the process on MLX's CUDA backend (SIGFPE,
+            # measured on 0.32.4): this key stays eager
+            self._plans[k1] = "zero-size values in the group (MLX CUDA compiled kernels crash on them)"
+            self._fallback(self._plans[k1])
+            return ref
         try:
             new = host_plan(self.trace_program, env, hoist=self.config.shapeless)
         except Exception as e:  # noqa: BLE001

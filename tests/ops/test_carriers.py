@@ -336,3 +336,67 @@ def test_quantize_dequantize_int4_in_one_group():
                                opset=21)
     x = np.array([-9, -4.25, -4.75, -0.25, 0, 0.25, 0.75, 3.3, 100], np.float32)
     check_exact(model, {"x": _value(T.FLOAT, x)})
+
+
+# ----------------------------------------------------------------------------- Q/DQ with float8
+@pytest.mark.parametrize("zp", [False, True])
+@pytest.mark.parametrize("saturate", [1, 0])
+@pytest.mark.parametrize("axis,block", [(None, 0), (1, 0), (0, 4)])
+@pytest.mark.parametrize("f8", F8)
+def test_quantize_linear_float8(f8, axis, block, saturate, zp):
+    shape = [6, 40]
+    ps = _qdq_params(f8, shape, axis, block)
+    n_p = int(np.prod(ps)) if ps else 1
+    rng = np.random.default_rng(5)
+    scale = rng.choice(np.array([0.5, 3.0, 1e-3, 7.0], np.float32), n_p).reshape(ps)
+    x = np.concatenate([_f32_sweep()[::1097][:200],
+                        np.array([0, -0.0, 1e6, -1e6, np.nan, np.inf, -np.inf, 464, 480, 57344, 61440], np.float32)])
+    x = np.resize(x, 240).astype(np.float32).reshape(shape)
+    attrs = {"saturate": saturate} if axis is None else {"axis": axis, "saturate": saturate}
+    if block:
+        attrs["block_size"] = block
+    inits = [onnx.numpy_helper.from_array(scale, "s")]
+    ins = ["x", "s"]
+    if zp:
+        inits.append(helper.make_tensor("zp", f8, ps, np.zeros(n_p).tolist()))
+        ins.append("zp")
+    else:
+        attrs["output_dtype"] = f8
+    model = testing.make_model([helper.make_node("QuantizeLinear", ins, ["y"], **attrs)], [("x", T.FLOAT, shape)],
+                               [("y", f8, shape)], inits, opset=21)
+    check_exact(model, {"x": _value(T.FLOAT, x)})
+
+
+@pytest.mark.parametrize("out", [T.FLOAT])
+@pytest.mark.parametrize("axis,block", [(None, 0), (1, 0), (1, 64)])
+@pytest.mark.parametrize("f8", F8)
+def test_dequantize_linear_float8(f8, axis, block, out):
+    shape = [2, 256]
+    ps = _qdq_params(f8, shape, axis, block)
+    n_p = int(np.prod(ps)) if ps else 1
+    scale = np.random.default_rng(1).choice(np.array([0.5, 3.0, 1e-3, 300.0], np.float32), n_p)
+    attrs = {} if axis is None else {"axis": axis}
+    if block:
+        attrs["block_size"] = block
+    inits = [onnx.numpy_helper.from_array(scale.astype(NP[out]).reshape(ps), "s")]
+    model = testing.make_model([helper.make_node("DequantizeLinear", ["x", "s"], ["y"], **attrs)],
+                               [("x", f8, shape)], [("y", out, shape)], inits, opset=21)
+    codes = np.concatenate([np.arange(256), np.arange(255, -1, -1)]).astype(np.uint8)
+    check_exact(model, {"x": _value(f8, codes, 512, shape)})
+
+
+@pytest.mark.parametrize("f8", F8)
+def test_float8_dequantize_to_float16_refused(f8):
+    """ORT's CPU EP rounds some float8 * float16-scale products differently: refused, and right."""
+    inits = [onnx.numpy_helper.from_array(np.array([0.5, 3.0], np.float16), "s")]
+    model = testing.make_model([helper.make_node("DequantizeLinear", ["x", "s"], ["y"], axis=0)],
+                               [("x", f8, [2, 256])], [("y", T.FLOAT16, [2, 256])], inits, opset=21)
+    s = testing.session(model)
+    assert testing.unclaimed_ops(s) == {"DequantizeLinear": 1}
+
+
+def test_float8_nonzero_zero_point_refused():
+    inits = [onnx.numpy_helper.from_array(np.float32(2.0), "s"), helper.make_tensor("zp", T.FLOAT8E4M3FN, [], [1.0])]
+    model = testing.make_model([helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["y"])],
+                               [("x", T.FLOAT, [4])], [("y", T.FLOAT8E4M3FN, [4])], inits, opset=21)
+    assert testing.unclaimed_ops(testing.session(model)) == {"QuantizeLinear": 1}

@@ -2,8 +2,10 @@
 DynamicQuantizeLinear, MatMulInteger, QLinearMatMul.
 
 Integer types: int8/uint8/int16/uint16 (int32 for DequantizeLinear), and from opset 21 on
-int4/uint4 (carrier types: unpacked one per int8/uint8 at the EP boundary). float8 and 2-bit
-types are refused. Arithmetic
+int4/uint4 (carrier types: unpacked one per int8/uint8 at the EP boundary), and float8 from
+opset 21 on without a zero point (or a constant all-zero one): dequantize is decode(x) * scale
+(float32 output only),
+quantize encodes x / scale with Cast's float8 conversion (``saturate``). 2-bit types are refused. Arithmetic
 follows ORT's CPU kernels: dequantize is float(int32(x) - int32(zp)) * scale; quantize is
 round-half-even(x / scale) + zp, saturated; half types are computed in float32.
 MLX has no integer matmul: 8-bit products are summed in float64 on the CPU (exact for any K
@@ -18,6 +20,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..registry import register
+from .cast import _f8_decode, _f8_encode
 from .conv import _conv_check, conv
 
 Q_TYPES = {dt.UINT8: (0, 255), dt.INT8: (-128, 127), dt.UINT16: (0, 65535), dt.INT16: (-32768, 32767)}
@@ -78,10 +81,12 @@ def _check(quantize: bool):
             if view.dtype(0) not in SCALES:
                 return f"input dtype {dt.name(view.dtype(0))} is not a float"
             out = view.out_dtype(0)
-            if out not in ALL_Q_TYPES:
+            if out in dt.FLOAT8 and a.get("saturate", 1) not in (0, 1):
+                return f"saturate={a.get('saturate')!r}"
+            if out not in ALL_Q_TYPES and out not in dt.FLOAT8:
                 return f"output dtype {dt.name(out)} is not int8/uint8/int16/uint16/int4/uint4"
         else:
-            if view.dtype(0) not in DQ_INPUTS:
+            if view.dtype(0) not in DQ_INPUTS and view.dtype(0) not in dt.FLOAT8:
                 return f"input dtype {dt.name(view.dtype(0))} is not a 4/8/16/32-bit integer"
             if view.dtype(0) == dt.INT32 and view.has(2):
                 zp = view.const(2)
@@ -89,7 +94,15 @@ def _check(quantize: bool):
                     return "int32 input with a zero point that is not a constant 0"
             if view.out_dtype(0) not in SCALES:
                 return f"output dtype {dt.name(view.out_dtype(0))} is not a float"
-        if view.has(2) and view.dtype(2) != (view.dtype(0) if not quantize else view.out_dtype(0)):
+            if view.dtype(0) in dt.FLOAT8 and view.out_dtype(0) != dt.FLOAT:
+                # ORT's CPU EP rounds some float8 * float16-scale products differently (not reproduced)
+                return f"float8 input dequantized to {dt.name(view.out_dtype(0))} (only float32 is exact)"
+        q_t = view.dtype(0) if not quantize else view.out_dtype(0)
+        if q_t in dt.FLOAT8 and view.has(2):
+            zp = view.const(2)
+            if zp is None or np.any(zp != 0):
+                return "float8 zero point that is not a constant 0"
+        if view.has(2) and view.dtype(2) != q_t:
             return f"zero point dtype {dt.name(view.dtype(2))} does not match the quantized type"
         ss, xs = view.shape(1), view.shape(0)
         if ss is not None and xs is not None and all(isinstance(d, int) for d in (*ss, *xs)):
@@ -101,17 +114,21 @@ def _check(quantize: bool):
     return check
 
 
-def _dequantize(x, scale, zp, axis, block_size, out_t):
+def _dequantize(x, scale, zp, axis, block_size, out_t, src_t=None):
     s = _broadcast(scale, x.shape, axis, block_size).astype(mx.float32)
+    if src_t in dt.FLOAT8:          # zero point: absent or a constant 0 (checked)
+        return (_f8_decode(x, src_t, dt.FLOAT) * s).astype(out_t)
     q = x.astype(mx.int32)
     if zp is not None:
         q = q - _broadcast(zp, x.shape, axis, block_size).astype(mx.int32)
     return (q.astype(mx.float32) * s).astype(out_t)
 
 
-def _quantize(x, scale, zp, axis, block_size, out_t: int):
-    lo, hi = ALL_Q_TYPES[out_t]
+def _quantize(x, scale, zp, axis, block_size, out_t: int, saturate: int = 1):
     s = _broadcast(scale, x.shape, axis, block_size).astype(mx.float32)
+    if out_t in dt.FLOAT8:          # zero point: absent or a constant 0 (checked)
+        return _f8_encode(x.astype(mx.float32) / s, out_t, saturate)
+    lo, hi = ALL_Q_TYPES[out_t]
     q = mx.round(x.astype(mx.float32) / s)
     if zp is not None:
         q = q + _broadcast(zp, x.shape, axis, block_size).astype(mx.float32)
@@ -134,13 +151,13 @@ def dequantize_linear_13(x, x_scale, x_zero_point=None, *, axis=1, ctx):
 @register("DequantizeLinear", 21, check=_check(False), carriers=True)
 def dequantize_linear_21(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, ctx):
     """Per tensor, per axis, or blocks of ``block_size`` along ``axis``."""
-    return _dequantize(x, x_scale, x_zero_point, axis, block_size, dt.MLX[ctx.out_dtypes[0]])
+    return _dequantize(x, x_scale, x_zero_point, axis, block_size, dt.MLX[ctx.out_dtypes[0]], ctx.in_dtypes[0])
 
 
 @register("DequantizeLinear", 23, check=_check(False), carriers=True)
 def dequantize_linear_23(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, output_dtype=0, ctx):
     """output_dtype (0: the scale's type) is what the graph declares for y."""
-    return _dequantize(x, x_scale, x_zero_point, axis, block_size, dt.MLX[ctx.out_dtypes[0]])
+    return _dequantize(x, x_scale, x_zero_point, axis, block_size, dt.MLX[ctx.out_dtypes[0]], ctx.in_dtypes[0])
 
 
 # ------------------------------------------------------------------ QuantizeLinear
@@ -163,14 +180,14 @@ def quantize_linear_19(x, y_scale, y_zero_point=None, *, axis=1, saturate=1, ctx
 
 @register("QuantizeLinear", 21, check=_check(True), carriers=True)
 def quantize_linear_21(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, output_dtype=0, saturate=1, ctx):
-    return _quantize(x, y_scale, y_zero_point, axis, block_size, ctx.out_dtypes[0])
+    return _quantize(x, y_scale, y_zero_point, axis, block_size, ctx.out_dtypes[0], saturate)
 
 
 @register("QuantizeLinear", 23, check=_check(True), carriers=True)
 def quantize_linear_23(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, output_dtype=0, precision=0,
                        saturate=1, ctx):
     """``precision`` 0 or float32: the division runs in float32 (as ORT's CPU EP does)."""
-    return _quantize(x, y_scale, y_zero_point, axis, block_size, ctx.out_dtypes[0])
+    return _quantize(x, y_scale, y_zero_point, axis, block_size, ctx.out_dtypes[0], saturate)
 
 
 # ------------------------------------------------------------------ DynamicQuantizeLinear

@@ -278,32 +278,15 @@ def _qdq_params(q: int, shape, axis, block):
 LAYOUTS = [(None, 0), (1, 0), (0, 0), (1, 2), (0, 4)]
 
 
-@pytest.mark.parametrize("zp_init", [False, True])
-@pytest.mark.parametrize("axis,block", LAYOUTS)
 @pytest.mark.parametrize("q", [T.INT4, T.UINT4])
-def test_quantize_linear_4bit(q, axis, block, zp_init):
-    rng = np.random.default_rng(7)
-    shape = [5, 6]
-    ps = _qdq_params(q, shape, axis, block)
-    n_p = int(np.prod(ps)) if ps else 1
-    bits, signed = SUB[q]
-    zp = rng.integers(-8 if signed else 0, 8 if signed else 16, n_p)
-    scale = rng.choice(np.array([0.5, 0.25, 1.0, 0.125], np.float32), n_p).reshape(ps)
-    x = np.concatenate([np.arange(-7.5, 7.5, 1.0), rng.normal(0, 4, 15)]).astype(np.float32).reshape(shape)
-    attrs = {} if axis is None else {"axis": axis}
-    if block:
-        attrs["block_size"] = block
-    node = helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["y"], **attrs)
-    inits = [onnx.numpy_helper.from_array(scale, "s")]
-    ins = [("x", T.FLOAT, shape)]
-    feeds = {"x": _value(T.FLOAT, x)}
-    if zp_init:
-        inits.append(helper.make_tensor("zp", q, ps, zp.tolist()))
-    else:
-        ins.append(("zp", q, ps))
-        feeds["zp"] = _value(q, _pack(zp, q), n_p, ps)
-    model = testing.make_model([node], ins, [("y", q, shape)], inits, opset=21)
-    check_exact(model, feeds)
+def test_quantize_linear_4bit_refused(q):
+    """ORT's 4-bit QuantizeLinear sends inf/NaN/huge x/scale to min or max depending on the layout and
+    zero point (e.g. per-tensor inf -> max, per-axis with one element per channel -> min): refused."""
+    inits = [onnx.numpy_helper.from_array(np.float32(0.5), "s"), helper.make_tensor("zp", q, [], [1])]
+    model = testing.make_model([helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["y"])],
+                               [("x", T.FLOAT, [4])], [("y", q, [4])], inits, opset=21)
+    s = testing.session(model)
+    assert testing.unclaimed_ops(s) == {"QuantizeLinear": 1}
 
 
 @pytest.mark.parametrize("out", [T.FLOAT, T.FLOAT16])
@@ -326,16 +309,6 @@ def test_dequantize_linear_4bit(q, axis, block, out):
     inits = [onnx.numpy_helper.from_array(scale, "s"), helper.make_tensor("zp", q, ps, zp.tolist())]
     model = testing.make_model([node], [("x", q, shape)], [("y", out, shape)], inits, opset=21)
     check_exact(model, {"x": _value(q, _pack(x, q), 30, shape)})
-
-
-def test_quantize_dequantize_int4_in_one_group():
-    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["q"]),
-             helper.make_node("DequantizeLinear", ["q", "s", "zp"], ["y"])]
-    inits = [onnx.numpy_helper.from_array(np.float32(0.5), "s"), helper.make_tensor("zp", T.INT4, [], [1])]
-    model = testing.make_model(nodes, [("x", T.FLOAT, [9])], [("y", T.FLOAT, [9]), ("q", T.INT4, [9])], inits,
-                               opset=21)
-    x = np.array([-9, -4.25, -4.75, -0.25, 0, 0.25, 0.75, 3.3, 100], np.float32)
-    check_exact(model, {"x": _value(T.FLOAT, x)})
 
 
 # ----------------------------------------------------------------------------- Q/DQ with float8
@@ -400,3 +373,40 @@ def test_float8_nonzero_zero_point_refused():
     model = testing.make_model([helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["y"])],
                                [("x", T.FLOAT, [4])], [("y", T.FLOAT8E4M3FN, [4])], inits, opset=21)
     assert testing.unclaimed_ops(testing.session(model)) == {"QuantizeLinear": 1}
+
+
+@pytest.mark.parametrize("q", F8)
+def test_quantize_linear_float16_input(q):
+    """float16 x and scale: ORT computes x / scale in float32 for these outputs too."""
+    x = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).reshape(256, 256)
+    scale = np.array([0.5, 3.0, 1e-3, 7.0] * 64, np.float16)
+    attrs = {"axis": 1}
+    if q in F8:
+        attrs["output_dtype"] = q
+        inits, ins = [onnx.numpy_helper.from_array(scale, "s")], ["x", "s"]
+    else:
+        inits = [onnx.numpy_helper.from_array(scale, "s"), helper.make_tensor("zp", q, [256], [1] * 256)]
+        ins = ["x", "s", "zp"]
+    model = testing.make_model([helper.make_node("QuantizeLinear", ins, ["y"], **attrs)],
+                               [("x", T.FLOAT16, [256, 256])], [("y", q, [256, 256])], inits, opset=21)
+    check_exact(model, {"x": _value(T.FLOAT16, x)})
+
+
+@pytest.mark.parametrize("q", [T.INT8, T.UINT8, T.INT16, T.UINT16])
+@pytest.mark.parametrize("xt", [T.FLOAT, T.FLOAT16])
+def test_quantize_linear_nan_inf_huge(xt, q):
+    """NaN -> the minimum; from float16 also inf and x / scale beyond int32 (ORT's CPU kernels)."""
+    x = np.array([np.inf, -np.inf, np.nan, -np.nan, 6e4, -6e4, 65504, -65504, 3.5, -2.5, 0, 1e-3],
+                 NP[xt]).repeat(3)
+    scale = np.tile(np.array([1.0, 1e-5, 3e-4], NP[xt]), 12)
+    for zp in ([1] * 36, [0, 1, 0, 0, 2, 0] * 6):
+        inits = [onnx.numpy_helper.from_array(scale, "s"), helper.make_tensor("zp", q, [36], zp)]
+        model = testing.make_model([helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["y"], axis=0)],
+                                   [("x", xt, [36])], [("y", q, [36])], inits, opset=21)
+        check_exact(model, {"x": _value(xt, x)})
+    x2 = x.reshape(12, 3)          # per tensor, zero point 0 and 1
+    for zp in (0, 1):
+        inits = [onnx.numpy_helper.from_array(np.array(3e-4, NP[xt]), "s"), helper.make_tensor("zp", q, [], [zp])]
+        model = testing.make_model([helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["y"])],
+                                   [("x", xt, [12, 3])], [("y", q, [12, 3])], inits, opset=21)
+        check_exact(model, {"x": _value(xt, x2)})

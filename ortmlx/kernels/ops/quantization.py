@@ -2,7 +2,9 @@
 DynamicQuantizeLinear, MatMulInteger, QLinearMatMul.
 
 Integer types: int8/uint8/int16/uint16 (int32 for DequantizeLinear), and from opset 21 on
-int4/uint4 (carrier types: unpacked one per int8/uint8 at the EP boundary), and float8 from
+int4/uint4 for DequantizeLinear (carrier types: unpacked one per int8/uint8 at the EP boundary;
+QuantizeLinear to them is refused: ORT's 4-bit kernels treat inf/NaN/huge inputs differently per
+code path), and float8 from
 opset 21 on without a zero point (or a constant all-zero one): dequantize is decode(x) * scale
 (float32 output only),
 quantize encodes x / scale with Cast's float8 conversion (``saturate``). 2-bit types are refused. Arithmetic
@@ -83,8 +85,12 @@ def _check(quantize: bool):
             out = view.out_dtype(0)
             if out in dt.FLOAT8 and a.get("saturate", 1) not in (0, 1):
                 return f"saturate={a.get('saturate')!r}"
-            if out not in ALL_Q_TYPES and out not in dt.FLOAT8:
-                return f"output dtype {dt.name(out)} is not int8/uint8/int16/uint16/int4/uint4"
+            if out in SUB_Q_TYPES:
+                # ORT's 4-bit kernels send inf / NaN / |x/scale| >= 2^31 to the minimum or the maximum
+                # depending on the layout and zero point (vectorised vs scalar paths): not reproduced
+                return f"QuantizeLinear to {dt.name(out)} (ORT's out-of-range handling varies by kernel path)"
+            if out not in Q_TYPES and out not in dt.FLOAT8:
+                return f"output dtype {dt.name(out)} is not int8/uint8/int16/uint16/float8"
         else:
             if view.dtype(0) not in DQ_INPUTS and view.dtype(0) not in dt.FLOAT8:
                 return f"input dtype {dt.name(view.dtype(0))} is not a 4/8/16/32-bit integer"
@@ -130,9 +136,13 @@ def _quantize(x, scale, zp, axis, block_size, out_t: int, saturate: int = 1):
         return _f8_encode(x.astype(mx.float32) / s, out_t, saturate)
     lo, hi = ALL_Q_TYPES[out_t]
     q = mx.round(x.astype(mx.float32) / s)
+    # ORT's CPU kernels: NaN quantizes to the type's minimum; from float16, so does every x / scale
+    # outside int32 (inf included: the float -> int32 conversion gives INT_MIN before clamping)
+    lowest = mx.isnan(q) if x.dtype != mx.float16 else mx.isnan(q) | (mx.abs(q) >= 2.0 ** 31)
     if zp is not None:
         q = q + _broadcast(zp, x.shape, axis, block_size).astype(mx.float32)
-    return mx.clip(q, lo, hi).astype(dt.MLX[out_t] if out_t in dt.MLX else dt.CARRIER_MLX[out_t])
+    q = mx.where(lowest, lo, mx.clip(q, lo, hi))
+    return q.astype(dt.MLX[out_t] if out_t in dt.MLX else dt.CARRIER_MLX[out_t])
 
 
 # ------------------------------------------------------------------ DequantizeLinear

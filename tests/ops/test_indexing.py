@@ -179,13 +179,13 @@ def test_topk_unsorted_refused():
     check_refused(model, feeds, "TopK")
 
 
-def test_gather_device_indices_refused():
-    """Indices computed on the device cannot be range-checked on the host: Gather stays on CPU."""
+def test_gather_device_indices_are_synced():
+    """Indices computed on the device are read on the host (an eager sync), range-checked, and right."""
     nodes = [helper.make_node("TopK", ["v", "k"], ["vals", "idx"]),
              helper.make_node("Gather", ["x", "idx"], ["y"], axis=0)]
     model = make_model(nodes, [("x", T.FLOAT, ["a", "b"]), ("v", T.FLOAT, ["c"])],
                        [("y", T.FLOAT, None)], {"k": i64(2)}, opset=13)
-    check_refused(model, {"x": data(T.FLOAT, (5, 3)), "v": data(T.FLOAT, (5,))}, "Gather")
+    _claimed_with_sync(model, {"x": data(T.FLOAT, (5, 3)), "v": data(T.FLOAT, (5,))}, "Gather")
 
 
 # ------------------------------------------------------------------ errors name the node
@@ -400,3 +400,12 @@ def test_tensor_scatter_errors(ps, us, w, attrs):
     """ORT's CPU kernel fails on these; so do we, naming the node."""
     feeds = {"p": data(T.FLOAT, ps, 1), "u": data(T.FLOAT, us, 2), "w": w}
     check_error(_ts_model(ps, us, w, attrs, name="ts_err"), feeds, "ts_err")
+
+
+def _claimed_with_sync(model, feeds, op):
+    """The whole graph runs on MLX, equal to the CPU EP; the report names the host read of ``op``."""
+    import ortmlx
+    from ortmlx.testing import check_against_cpu
+    check_against_cpu(model, [feeds])
+    syncs = ortmlx.partition_reports()[-1].syncs
+    assert any(op in s for s in syncs), syncs

@@ -14,8 +14,13 @@ class CompiledConfig:
     - ``shape_mode``: ``shapeless`` (one trace for every length, verified at two lengths
       before it is trusted) or ``shape_keyed`` (one trace per input-shape key).
     - ``kv_alias``: present K/V outputs may share the past K/V buffer (genai's shared buffer).
-    - ``rope_as_data``: RoPE position and valid past length are closure inputs, not baked.
+      Declared by prefill/decode; NOT acted on yet: Compute still copies the whole present
+      K/V out every call (O(buffer) bytes per token, measured in docs/performance.md).
+    - ``rope_as_data``: RoPE position and valid past length are closure inputs, not baked
+      (the traced RotaryEmbedding / GroupQueryAttention forms in ``attention.py`` do this).
     - ``delta_copyout``: with an aliased KV buffer only the new rows are written back.
+      Declared by prefill/decode; NOT acted on yet (needs ORT's output buffer to be the
+      input's and a new-rows hint from the runner to ``ep/compute.py``).
     - ``contiguous_outputs``: outputs are made row-contiguous inside the trace.
     """
     name: str

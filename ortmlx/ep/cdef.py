@@ -17,7 +17,7 @@ ORT_API_VERSION = 24          # TensorTypeAndShape_HasShape (slot 390) arrived i
 EP_STRUCT_VERSION = 23
 MIN_ORT_VERSION = (1, 24)
 #: onnxruntime releases (major, minor) this ABI table was run on; pyproject pins the same range
-TESTED_ORT = ((1, 31), (1, 32))
+TESTED_ORT = ((1, 31), (1, 31))
 
 API_SLOTS = {
     0: "OrtStatus* (*CreateStatus)(int code, const char* msg)",

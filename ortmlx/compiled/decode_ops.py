@@ -258,25 +258,10 @@ def rotary_traced(input, position_ids, cos_cache, sin_cache, *, interleaved=0, i
     """com.microsoft RotaryEmbedding with ``position_ids`` as data (the eager translator reads
     them on the host). Eager's range check becomes a guard; the math is eager's
     (``rotary_tables`` + ``apply_rotary``)."""
-    from ..kernels.ops.contrib_attention import apply_rotary, rotary_tables
+    from ..kernels.ops.contrib_attention import apply_rotary, rope_layout, rotary_tables
     if is_packed_batching or scale != 1.0:
         raise Untraceable("traced RotaryEmbedding: is_packed_batching / scale")
-    half = cos_cache.shape[-1]
-    rd = rotary_embedding_dim if rotary_embedding_dim > 0 else 2 * half
-    if rd != 2 * half or sin_cache.shape != cos_cache.shape:
-        raise ValueError(f"cos_cache {cos_cache.shape} / sin_cache {sin_cache.shape} do not fit rotary dim {rd}")
-    if input.ndim == 4:
-        b, n, s, h = input.shape
-        x = input
-    else:
-        b, s, hidden = input.shape
-        n = num_heads if num_heads > 0 else hidden // rd
-        h = hidden // n
-        if n * h != hidden:
-            raise ValueError(f"hidden size {hidden} not divisible by num_heads {n}")
-        x = input.reshape(b, s, n, h).transpose(0, 2, 1, 3)
-    if rd > h:
-        raise ValueError(f"rotary dim {rd} exceeds head size {h}")
+    x, b, n, s, h, rd = rope_layout(input, cos_cache, sin_cache, num_heads, rotary_embedding_dim)
     rows = cos_cache.shape[0]
     pid = position_ids if isinstance(position_ids, mx.array) else mx.array(np.asarray(position_ids))
     pid = pid.astype(mx.int64)

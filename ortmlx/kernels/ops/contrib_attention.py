@@ -355,10 +355,8 @@ def _rope_positions(position_ids, b: int, s: int, max_pos: int):
     return position_ids
 
 
-@register("RotaryEmbedding", 1, domain=MS, check=_rope_check)
-def rotary_embedding(input, position_ids, cos_cache, sin_cache, *, interleaved=0, is_packed_batching=0,
-                     num_heads=0, rotary_embedding_dim=0, scale=1.0):
-    """Rotary position embedding of (B,S,N*H) or (B,N,S,H) input with cos/sin cache rows by position."""
+def rope_layout(input, cos_cache, sin_cache, num_heads: int, rotary_embedding_dim: int):
+    """RotaryEmbedding's input as (B,N,S,H) plus (b, n, s, h, rotary dim); validates the cache against the rotary dim."""
     half = cos_cache.shape[-1]
     rd = rotary_embedding_dim if rotary_embedding_dim > 0 else 2 * half
     if rd != 2 * half or sin_cache.shape != cos_cache.shape:
@@ -375,6 +373,14 @@ def rotary_embedding(input, position_ids, cos_cache, sin_cache, *, interleaved=0
         x = input.reshape(b, s, n, h).transpose(0, 2, 1, 3)
     if rd > h:
         raise ValueError(f"rotary dim {rd} exceeds head size {h}")
+    return x, b, n, s, h, rd
+
+
+@register("RotaryEmbedding", 1, domain=MS, check=_rope_check)
+def rotary_embedding(input, position_ids, cos_cache, sin_cache, *, interleaved=0, is_packed_batching=0,
+                     num_heads=0, rotary_embedding_dim=0, scale=1.0):
+    """Rotary position embedding of (B,S,N*H) or (B,N,S,H) input with cos/sin cache rows by position."""
+    x, b, n, s, h, rd = rope_layout(input, cos_cache, sin_cache, num_heads, rotary_embedding_dim)
     pos = _rope_positions(position_ids, b, s, cos_cache.shape[0])
     c, sn = rotary_tables(cos_cache, sin_cache, pos, h, bool(interleaved))
     y = apply_rotary(x, c.reshape(b, 1, s, h), sn.reshape(b, 1, s, h),

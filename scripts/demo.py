@@ -71,7 +71,8 @@ def llm(device: str | None, n_new: int) -> None:
         t1 = time.perf_counter()
         out[prov] = mg.greedy(model, prompt, n_new)
         t2 = time.perf_counter()
-        assert out[prov] == first, f"{prov}: two greedy runs differ"
+        if out[prov] != first:
+            raise SystemExit(f"{prov}: two greedy runs gave different tokens")
         print(f"  {prov:3s}: {n_new} greedy tokens: first run {1e3 * (t1 - t0):.0f} ms, second "
               f"{1e3 * (t2 - t1):.0f} ms: {out[prov][:12]}...")
     print(f"tokens identical on MLX and CPU: {out['mlx'] == out['cpu']}")

@@ -66,6 +66,22 @@ def split_packed_qkv(qkv, num_heads: int, kv_num_heads: int):
     return part(0, num_heads), part(num_heads, kv_num_heads), part(num_heads + kv_num_heads, kv_num_heads)
 
 
+def _gqa_args(args, attrs, refused: tuple, label: str):
+    """Attributes with defaults, inputs by name, and (q, k, v) with packed QKV split; raises
+    Untraceable for inputs the traced forms do not cover (quantized KV, qk norms, ``refused``)."""
+    a = {**_GQA_DEFAULTS, **attrs}
+    x = dict(zip(_GQA_INPUTS, list(args) + [None] * (len(_GQA_INPUTS) - len(args))))
+    for k in ("k_scale", "v_scale", "q_norm_weight", "k_norm_weight") + refused:
+        if x[k] is not None:
+            raise Untraceable(f"{label}: input {k}")
+    if x["past_key"] is None or x["past_value"] is None:
+        raise Untraceable(f"{label} needs past_key/past_value")
+    q, k, v = x["query"], x["key"], x["value"]
+    if k is None:
+        q, k, v = split_packed_qkv(q, a["num_heads"], a["kv_num_heads"])
+    return a, x, q, k, v
+
+
 def gqa_traced(decode: bool, padded: bool = False):
     """A GroupQueryAttention translator for traces: ``decode`` (S == 1, KV buffer of
     fixed length P, total length as data) or prefill (total length baked: shape-keyed).
@@ -85,17 +101,8 @@ def gqa_traced(decode: bool, padded: bool = False):
         return o, mx.where(keep, pk, zero), mx.where(keep, pv, zero)
 
     def _gqa(*args, **attrs):
-        a = {**_GQA_DEFAULTS, **attrs}
-        x = dict(zip(_GQA_INPUTS, list(args) + [None] * (len(_GQA_INPUTS) - len(args))))
-        for k in ("k_scale", "v_scale", "q_norm_weight", "k_norm_weight"):
-            if x[k] is not None:
-                raise Untraceable(f"traced GroupQueryAttention: input {k}")
-        if x["past_key"] is None or x["past_value"] is None:
-            raise Untraceable("traced GroupQueryAttention needs past_key/past_value")
+        a, x, q, k, v = _gqa_args(args, attrs, (), "traced GroupQueryAttention")
         nh, kvh = a["num_heads"], a["kv_num_heads"]
-        q, k, v = x["query"], x["key"], x["value"]
-        if k is None:
-            q, k, v = split_packed_qkv(q, nh, kvh)
         b, s, hidden = q.shape
         h = hidden // nh
         past_k, past_v = x["past_key"], x["past_value"]
@@ -172,17 +179,9 @@ def gqa_growing_traced(*args, **attrs):
     """
     from ..kernels.ops.contrib_attention import _bnsh, apply_rotary, attention_probs_softmax, rotary_tables
     import math
-    a = {**_GQA_DEFAULTS, **attrs}
-    x = dict(zip(_GQA_INPUTS, list(args) + [None] * (len(_GQA_INPUTS) - len(args))))
-    for k in ("k_scale", "v_scale", "q_norm_weight", "k_norm_weight", "position_ids", "attention_bias"):
-        if x[k] is not None:
-            raise Untraceable(f"traced growing-KV GroupQueryAttention: input {k}")
-    if x["past_key"] is None or x["past_value"] is None:
-        raise Untraceable("traced growing-KV GroupQueryAttention needs past_key/past_value")
+    a, x, q, k, v = _gqa_args(args, attrs, ("position_ids", "attention_bias"),
+                              "traced growing-KV GroupQueryAttention")
     nh, kvh = a["num_heads"], a["kv_num_heads"]
-    q, k, v = x["query"], x["key"], x["value"]
-    if k is None:
-        q, k, v = split_packed_qkv(q, nh, kvh)
     b, s, hidden = q.shape
     h = hidden // nh
     if s != 1 or h * nh != hidden or k.shape != (b, s, kvh * h) or v.shape != k.shape:

@@ -16,6 +16,18 @@ CONV_TYPES = frozenset({dt.FLOAT, dt.FLOAT16, dt.BFLOAT16})
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
 
+def window_attrs_reason(view, names=("strides", "dilations")) -> str | None:
+    """Conv/pool window attributes: ``names`` must be >= 1, pads >= 0 (None: fine)."""
+    for name in names:
+        v = view.attrs.get(name)
+        if v is not None and any(int(a) < 1 for a in v):
+            return f"{name} {list(v)} must be >= 1"
+    pads = view.attrs.get("pads")
+    if pads is not None and any(int(p) < 0 for p in pads):
+        return f"negative pads {list(pads)}"
+    return None
+
+
 def _s(v):
     return v.decode() if isinstance(v, bytes) else v
 
@@ -55,13 +67,9 @@ def _conv_check(view, transpose=False):
     ks = view.attrs.get("kernel_shape")
     if ks is not None and ws is not None and all(isinstance(d, int) for d in ws[2:]) and list(ks) != list(ws[2:]):
         return f"kernel_shape {list(ks)} differs from the weight's {list(ws[2:])}"
-    for name in ("strides", "dilations"):
-        v = view.attrs.get(name)
-        if v is not None and any(int(a) < 1 for a in v):
-            return f"{name} {list(v)} must be >= 1"
-    pads = view.attrs.get("pads")
-    if pads is not None and any(int(p) < 0 for p in pads):
-        return f"negative pads {list(pads)}"
+    reason = window_attrs_reason(view)
+    if reason:
+        return reason
     dil = view.attrs.get("dilations")
     if not transpose and ap.startswith("SAME") and dil is not None and any(int(d) != 1 for d in dil):
         return f"dilations {list(dil)} with auto_pad {ap} (ORT's CPU EP rejects it: nothing to verify against)"
@@ -209,14 +217,7 @@ def _deform_check(view):
     r = view.rank(0)
     if r != 4:
         return f"input rank {r} (2-D DeformConv only)"
-    for name in ("strides", "dilations"):
-        v = view.attrs.get(name)
-        if v is not None and any(int(a) < 1 for a in v):
-            return f"{name} {list(v)} must be >= 1"
-    pads = view.attrs.get("pads")
-    if pads is not None and any(int(p) < 0 for p in pads):
-        return f"negative pads {list(pads)}"
-    return None
+    return window_attrs_reason(view)
 
 
 def _bilinear_zero(xg, py, px, H, W):

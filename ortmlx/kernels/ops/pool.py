@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..registry import register
+from .conv import window_attrs_reason
 
 #: ORT's CPU EP has float64 MaxPool only: the other pools refuse float64 (nothing to verify against)
 POOL_FLOATS = frozenset({dt.FLOAT, dt.FLOAT16, dt.BFLOAT16})
@@ -68,13 +69,10 @@ def _pool_check(view, global_=False):
     k = view.attrs.get("kernel_shape")
     if r is not None and k is not None and len(k) != r - 2:
         return f"kernel_shape {list(k)} does not fit rank {r}"
-    for name in ("kernel_shape", "strides", "dilations"):
-        v = view.attrs.get(name)
-        if v is not None and any(int(a) < 1 for a in v):
-            return f"{name} {list(v)} must be >= 1"
+    reason = window_attrs_reason(view, ("kernel_shape", "strides", "dilations"))
+    if reason:
+        return reason
     pads = view.attrs.get("pads")
-    if pads is not None and any(int(p) < 0 for p in pads):
-        return f"negative pads {list(pads)}"
     if pads is not None and k is not None and any(int(p) >= int(kk) for p, kk in zip(pads, list(k) * 2)):
         return f"pads {list(pads)} not smaller than kernel_shape {list(k)}"
     return None

@@ -187,3 +187,36 @@ def test_decode_fault_falls_back_with_same_tokens(fault):
     assert counters["compiled_calls"] == 0 and counters["poisoned_closures"] == 1, counters
     assert [(c.fn, c.traces, c.calls) for c in closures] == [(None, 1, 1 if fault == "wrong" else 0)]
     assert counters["eager_calls"] == len(PROMPTS) * (N - 1)
+
+
+def test_kv_mirror_same_tokens_and_rows_only(monkeypatch):
+    """The shared KV buffer stays on the device (ep/mirror.py): tokens equal the no-mirror run's,
+    and a decode call moves the same few bytes at every context length (O(new tokens))."""
+    from ortmlx import residency
+    from ortmlx.ep import compute
+    monkeypatch.setattr(compute, "WHOLE_COPY_BYTES", [0, 0])     # diff even this tiny model's buffers
+    path = model_dir("llama")
+    want, _ = run(path, options={"no_kv_mirror": "1"})
+    model, _ = mg.load_model(path, "mlx", None, SHARE)
+    got = [greedy(model, p) for p in PROMPTS]
+    params = mg.search_options(model, MAX_LENGTH, len(PROMPTS[0]) + N)
+    gen = og.Generator(model, params)
+    residency.reset()
+    gen.append_tokens(np.asarray(PROMPTS[0], np.int32))       # the prompt: the buffer's first upload
+    prompt = residency.snapshot()
+    per = []
+    while len(per) < N and not gen.is_done():
+        residency.reset()
+        gen.generate_next_token()
+        per.append(residency.snapshot())
+    del gen, model
+    assert got == want
+    decode = [p for p in per if p["calls"]]     # genai 0.18 runs the prompt in append_tokens
+    assert len(decode) >= N - 2
+    assert all(p["calls"] == 1 for p in decode)
+    h2d = {p["h2d_bytes"] for p in decode}
+    d2h = {p["d2h_bytes"] for p in decode}
+    # input ids + the growing attention mask in, logits + one K/V row per layer and head out
+    assert max(h2d) - min(h2d) == 8 * (len(decode) - 1), sorted(h2d)      # the int64 mask grows
+    assert len(d2h) == 1, sorted(d2h)
+    assert max(h2d) < prompt["h2d_bytes"] / 10, (prompt, max(h2d))

@@ -260,7 +260,7 @@ class CompiledSubgraph:
             return
         try:
             want = [_host(r) for r in ref]
-            why = mismatch(got, want, self._bf16)
+            why = mismatch([_host(g) for g in got], want, self._bf16)
         except Exception as e:  # noqa: BLE001
             why = f"comparison failed: {type(e).__name__}: {e}"
         if why:
@@ -274,7 +274,8 @@ class CompiledSubgraph:
         stage = "inputs"
         inputs = call.inputs
         try:
-            dev = [dt.to_mx(np.asarray(inputs[i]), self._in_types[i] or dt.onnx_type_of(inputs[i]))
+            dev = [inputs[i] if isinstance(inputs[i], mx.array) else     # a device mirror (ep/mirror.py)
+                   dt.to_mx(np.asarray(inputs[i]), self._in_types[i] or dt.onnx_type_of(inputs[i]))
                    for i in c.dev_idx]
             if c.hoist:
                 stage = "hoisted values"
@@ -302,9 +303,9 @@ class CompiledSubgraph:
                     self.counters["guard_fails"] += 1
                     return GUARD_FAILED
                 outs = outs[:-1]
-            stage = "copy-out"
-            host = [_host(o) for o in outs]
-            return call.post(host) if call.post is not None else host
+            stage = "post"
+            outs = list(outs)           # evaluated MLX arrays: Compute copies them out (maybe only changed rows)
+            return call.post(outs) if call.post is not None else outs
         except Exception as e:  # noqa: BLE001 - any failure: poison and answer eagerly
             self._poison(c, f"{stage}: {type(e).__name__}: {e}")
             return None
@@ -396,10 +397,17 @@ class CompiledSubgraph:
         if self.config.shapeless:
             free = self.free_dims
             if free is None:
-                return tuple(None if a is None else (np.asarray(a).dtype.str, np.ndim(a)) for a in inputs)
-            return tuple(None if a is None else (np.asarray(a).dtype.str, tuple(
+                return tuple(None if a is None else (_dstr(a), np.ndim(a)) for a in inputs)
+            return tuple(None if a is None else (_dstr(a), tuple(
                 -1 if (i, ax) in free else d for ax, d in enumerate(np.shape(a)))) for i, a in enumerate(inputs))
-        return tuple(None if a is None else (np.asarray(a).dtype.str, np.shape(a)) for a in inputs)
+        return tuple(None if a is None else (_dstr(a), np.shape(a)) for a in inputs)
+
+
+def _dstr(a) -> str:
+    """The element type of an input for keys (an MLX mirror keys like the host buffer it mirrors)."""
+    if isinstance(a, mx.array):
+        return np.dtype(dt.NUMPY[dt.FROM_MLX[a.dtype]]).str
+    return np.asarray(a).dtype.str
 
 
 def _shapes(inputs: list) -> tuple:

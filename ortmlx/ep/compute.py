@@ -9,10 +9,18 @@ import numpy as np
 
 from .. import residency
 from ..compiled import make_runner
+from ..compiled.core import compile_thread
 from ..kernels import dtypes as dt
 from ..kernels.interpreter import Program
 from ..trace import Probe
 from .errors import ORT_INVALID_ARGUMENT, EpError
+from .mirror import MirrorSet, changed_rows, host_view, mirrorable, write_rows
+
+
+#: (cpu, gpu): total bytes of in-place outputs copied out whole rather than diffed on the device;
+#: a diff costs a device round trip (~50-250 us here) and reads both copies; on a GPU a whole copy
+#: crosses the link. Tests set both to 0 to exercise the diff on small buffers.
+WHOLE_COPY_BYTES = [1 << 20, 64 << 10]
 
 
 def _nbytes(arrays) -> int:
@@ -61,6 +69,11 @@ class ComputeInfo:
         self.address = int(ffi.cast("uintptr_t", c))
         self.calls = 0
         self._observed = ep.stats.observed
+        #: device mirrors of ORT buffers an output writes in place (genai's shared KV buffer)
+        self.mirrors = None if getattr(ep.options, "no_kv_mirror", False) else MirrorSet()
+        self._aliased: set[int] = set()         # inputs an output was ever written into
+        #: in-place outputs up to this size are copied out whole (no device diff)
+        self._whole_bytes = WHOLE_COPY_BYTES[ep.device == "gpu"]
 
     def release(self) -> None:
         if self.program is not None:
@@ -68,10 +81,13 @@ class ComputeInfo:
         runner, self.runner = self.runner, None
         if runner is not None and hasattr(runner, "release"):
             runner.release()
+        if self.mirrors is not None:
+            self.mirrors.clear()
         self.program = None
 
     # ------------------------------------------------------------------ per call
     def gather(self, kctx) -> list[np.ndarray | None]:
+        """numpy views of ORT's input buffers (None: an omitted optional input)."""
         abi, ffi = self.abi, self.abi.ffi
         b = getattr(self._tls, "b", None)
         if b is None:
@@ -108,12 +124,74 @@ class ComputeInfo:
                 arrays.append(np.frombuffer(ffi.buffer(b.data[i], cnt * itemsize), npt).reshape(shape))
         return arrays
 
-    def write_outputs(self, kctx, results, probe=None) -> int:
-        """Copy every result into ORT's output buffers; returns the bytes copied."""
+    def addresses(self, inputs) -> dict[int, int]:
+        """Buffer address -> input index, for the inputs an output may be written into."""
+        if self.mirrors is None:
+            return {}
+        ffi, data = self.abi.ffi, self._tls.b.data
+        return {int(ffi.cast("uintptr_t", data[i])): i for i, a in enumerate(inputs)
+                if a is not None and a.size and a.ndim >= 2 and a.shape[0] == 1}
+
+    def use_mirrors(self, inputs, addrs: dict[int, int]) -> tuple[list, dict[int, mx.array]]:
+        """Inputs with device mirrors substituted where ORT's buffer is one we mirror."""
+        if not self._aliased or not addrs:
+            return inputs, {}
+        run = list(inputs)
+        used = {}
+        for addr, i in addrs.items():
+            if i in self._aliased:
+                m = self.mirrors.lookup(i, addr, inputs[i])
+                if m is not None:
+                    run[i] = used[i] = m
+        return run, used
+
+    def write_outputs(self, kctx, results, probe=None, inputs=(), addrs=None, used=None) -> int:
+        """Copy every result into ORT's output buffers; returns the bytes copied.
+
+        An output ORT places in the buffer of input ``i`` (genai's shared KV buffer) keeps its
+        MLX result as that buffer's mirror; when the call ran on the mirror, only the rows
+        that changed are written (``ep/mirror.py``).
+        """
         abi, ffi = self.abi, self.abi.ffi
         b = self._tls.b
         moved = 0
+        addrs = addrs or {}
+        pending = []                    # (input index, address, result, old mirror, ORT's buffer)
+        done: set[int] = set()
         for j, r in enumerate(results):
+            if addrs and isinstance(r, mx.array) and mirrorable(r):
+                r_shape = tuple(r.shape)
+                if len(r_shape) > abi.max_rank:
+                    raise EpError(f"output {j} ('{self.out_names[j]}') has rank {len(r_shape)} > {abi.max_rank}",
+                                  node=self.name)
+                for k, d in enumerate(r_shape):
+                    b.odims[k] = d
+                abi.check(abi.get_output(abi.api, kctx, j, b.odims, len(r_shape), b.out))
+                if j == 0 and probe is not None:
+                    probe.fault_point("copy_out")
+                addr = int(ffi.cast("uintptr_t", b.out[0]))
+                i = addrs.get(addr)
+                src = inputs[i] if i is not None else None
+                npt = dt.NUMPY.get(self.out_types[j])
+                if i is not None and i not in done and src.shape == r_shape and npt is not None \
+                        and src.dtype == np.dtype(npt) and self.out_types[j] not in dt.CARRIERS:
+                    done.add(i)
+                    self._aliased.add(i)
+                    dst = np.frombuffer(ffi.buffer(b.out[0], src.nbytes), src.dtype).reshape(r_shape)
+                    if used and i in used:
+                        pending.append((i, addr, r, used[i], dst))
+                        continue
+                    host = host_view(r)
+                    np.copyto(dst, host)
+                    moved += host.nbytes
+                    self.mirrors.store(i, addr, dst, r, None)
+                    continue
+                host = host_view(r)
+                if host.size:
+                    dst = np.frombuffer(ffi.buffer(b.out[0], host.nbytes), host.dtype).reshape(r_shape)
+                    np.copyto(dst, host)
+                    moved += host.nbytes
+                continue
             host = dt.to_numpy(r) if isinstance(r, mx.array) else np.asarray(r)
             shape = host.shape
             if len(shape) > abi.max_rank:
@@ -132,15 +210,28 @@ class ComputeInfo:
                 dst = np.frombuffer(ffi.buffer(b.out[0], host.nbytes), host.dtype).reshape(shape)
                 np.copyto(dst, host)
                 moved += host.nbytes
+        if pending and sum(d.nbytes for *_, d in pending) <= self._whole_bytes:
+            for i, addr, r, _, dst in pending:      # small buffers: a whole copy beats a diff round trip
+                host = host_view(r)
+                np.copyto(dst, host)
+                moved += host.nbytes
+                self.mirrors.store(i, addr, dst, r, None)
+        elif pending:
+            ranges = changed_rows([(r, old) for _, _, r, old, _ in pending], compiled=compile_thread())
+            moved += write_rows([(r, dst) for _, _, r, _, dst in pending], ranges)
+            for (i, addr, r, _, dst), rng in zip(pending, ranges):
+                self.mirrors.store(i, addr, dst, r, rng)
         return moved
 
     def compute(self, kctx) -> None:
         if self._observed:
             return self._compute_observed(kctx)
         inputs = self.gather(kctx)
-        results = self.runner.run(inputs)
-        out_bytes = self.write_outputs(kctx, results)
-        residency.add(_nbytes(inputs), out_bytes)
+        addrs = self.addresses(inputs)
+        run, used = self.use_mirrors(inputs, addrs)
+        results = self.runner.run(run)
+        out_bytes = self.write_outputs(kctx, results, None, inputs, addrs, used)
+        residency.add(_nbytes(a for i, a in enumerate(inputs) if i not in used), out_bytes)
         self.calls += 1
         self.ep.stats.calls += 1
 
@@ -154,14 +245,16 @@ class ComputeInfo:
                 st.fault("compute", self.name)
             probe.mark("copy_in")
             inputs = self.gather(kctx)
+            addrs = self.addresses(inputs)
+            run, used = self.use_mirrors(inputs, addrs)
             if getattr(self.runner, "supports_probe", False):
-                results = self.runner.run(inputs, probe=probe)       # marks build / eval itself
+                results = self.runner.run(run, probe=probe)       # marks build / eval itself
             else:
                 probe.mark("run")
-                results = self.runner.run(inputs)
+                results = self.runner.run(run)
             probe.mark("copy_out")
-            out_bytes = self.write_outputs(kctx, results, probe)
-            residency.add(_nbytes(inputs), out_bytes)
+            out_bytes = self.write_outputs(kctx, results, probe, inputs, addrs, used)
+            residency.add(_nbytes(a for i, a in enumerate(inputs) if i not in used), out_bytes)
             ok = True
         except BaseException as e:
             err = e

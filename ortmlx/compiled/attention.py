@@ -174,13 +174,17 @@ class AttentionRunner:
         self.seq_dims = sorted(dims_named(program, {SEQ_DIM_NAME}))
         self.decode = None
         self.prefill = None
-        if not options.no_decode_compile and self.seq_dims:
+        #: MLX 0.32.4's CUDA backend: the compiled decode step measured ~139 ms/token on the H200 for a
+        #: 0.5B model vs ~46 ms eager (docs/performance.md): off on a GPU unless asked for
+        decode_ok = not options.no_decode_compile and (program.device != "gpu"
+                                                       or getattr(options, "gpu_decode_compile", False))
+        if decode_ok and self.seq_dims:
             self.decode = CompiledSubgraph(program, DECODE, stats, traced_overrides(program, True),
                                            dims_named(program, FREE_DIM_NAMES), label="decode")
         self.decode_growing = None
         self.past_dims = sorted(dims_named(program, {PAST_DIM_NAME}))
         self.total_dims = sorted(dims_named(program, {TOTAL_DIM_NAME}))
-        if not options.no_decode_compile and self.seq_dims and self.past_dims and self.total_dims:
+        if decode_ok and self.seq_dims and self.past_dims and self.total_dims:
             self.decode_growing = CompiledSubgraph(program, DECODE, stats,
                                                    traced_overrides(program, True, growing=True),
                                                    dims_named(program, GROWING_FREE_DIM_NAMES),

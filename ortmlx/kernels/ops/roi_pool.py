@@ -125,7 +125,8 @@ def _max_roi_pool(X: mx.array, rois: np.ndarray, pooled_shape, spatial_scale: fl
 
 
 def _check(view) -> str | None:
-    """float32 (ORT's CPU kernel has no other type), rank 4, two positive pooled sizes, host ROIs."""
+    """Opset 1-21 (ORT has no MaxRoiPool-22), float32 (its only type), rank 4, two positive pooled sizes,
+    ROIs on the host (a constant, a graph input or a value from another EP)."""
     if view.since_version >= 22:
         return (f"since_version {view.since_version}: ORT's CPU EP has no MaxRoiPool-22 kernel to verify "
                 "against")

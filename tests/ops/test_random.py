@@ -172,3 +172,13 @@ def test_refused_elsewhere(monkeypatch):
     monkeypatch.setattr(sys, "platform", "linux")
     monkeypatch.setattr(abi, "_LOADED", ["1.32.0"])
     assert "onnxruntime 1.31 only" in rnd.platform_reason()
+
+
+def test_like_of_a_device_value():
+    """The *Like input computed on the device inside the group: only its shape is read."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("RandomNormalLike", ["r"], ["y"], seed=8.0),
+             helper.make_node("Add", ["y", "r"], ["s"])]
+    m = make_model(nodes, [("x", T.FLOAT, (5, 4))], [("y", T.FLOAT, None), ("s", T.FLOAT, None)], opset=21)
+    x = np.random.default_rng(2).normal(size=(5, 4)).astype(np.float32)
+    check_exact(m, {"x": x})

@@ -104,3 +104,21 @@ def test_max_roi_pool_opset22_refused():
     with pytest.raises(ort.capi.onnxruntime_pybind11_state.NotImplemented, match="MaxRoiPool"):
         session(_model((2, 2), opset=22, x_shape=(1, 1, 4, 4)))
     assert any(u.op == "MaxRoiPool" and "22" in u.reason for u in partition_reports()[-1].unclaimed)
+
+
+def test_max_roi_pool_byte_exact_special_values_chunked(monkeypatch):
+    """Random ROIs over data sprinkled with NaN, +-0 and -inf, gathered in many small chunks: byte-equal."""
+    import ortmlx.kernels.ops.roi_pool as rp
+    monkeypatch.setattr(rp, "CHUNK_ELEMS", 1000)
+    rng = np.random.default_rng(5)
+    p, q = rng.uniform(-10, 70, (60, 2)), rng.uniform(-10, 70, (60, 2))
+    rois = np.concatenate([rng.integers(0, 3, (60, 1)), np.minimum(p, q), np.maximum(p, q)], 1).astype(np.float32)
+    x = rng.normal(size=(3, 5, 40, 44)).astype(np.float32)
+    for v, frac in ((np.nan, 0.02), (0.0, 0.05), (-0.0, 0.05), (-np.inf, 0.02)):
+        x[rng.random(x.shape) < frac] = v
+    m = _model((6, 5), 0.8, x_shape=x.shape)
+    s = check_against_cpu(m, [{"x": x, "rois": rois}], rtol=0, atol=0)
+    got = s.run(None, {"x": x, "rois": rois})[0]
+    want = session(m, "CPUExecutionProvider", record=False).run(None, {"x": x, "rois": rois})[0]
+    assert np.isnan(want).any() and np.signbit(want[want == 0]).any()
+    assert got.tobytes() == want.tobytes()

@@ -89,9 +89,15 @@ def _fold_max(g: mx.array) -> mx.array:
     return mx.where(from_lowest & (pick < LOWEST), mx.array(LOWEST, g.dtype), pick)
 
 
+#: elements gathered at once (bounds the memory of one gather and its fold)
+CHUNK_ELEMS = 1 << 23
+
+
 def _bucket(k: int) -> int:
-    """Bin sizes grouped by powers of two: few gathers, at most 2x padding."""
-    return 1 << max(int(k) - 1, 0).bit_length()
+    """Bin sizes grouped as 1, 2, 3, 4, 6, 8, 12, 16, 24 ...: few gathers, at most 1.5x padding."""
+    k = max(int(k), 1)
+    p = 1 << (k - 1).bit_length()                 # the power of two >= k
+    return p * 3 // 4 if p >= 4 and k <= p * 3 // 4 else p
 
 
 def _max_roi_pool(X: mx.array, rois: np.ndarray, pooled_shape, spatial_scale: float) -> mx.array:
@@ -101,6 +107,8 @@ def _max_roi_pool(X: mx.array, rois: np.ndarray, pooled_shape, spatial_scale: fl
     N, C, H, W = X.shape
     b, hs, he, ws, we = roi_geometry(rois, N, H, W, ph, pw, spatial_scale)
     R = len(b)
+    if N * H * W >= 2**31 - 1:
+        raise ValueError(f"X {X.shape} has too many positions for int32 gather indices")
     if R == 0 or C == 0:
         return mx.zeros((R, C, ph, pw), X.dtype)
     sizes = np.maximum(he - hs, 0)[:, :, None] * np.maximum(we - ws, 0)[:, None, :]   # (R, ph, pw)
@@ -110,11 +118,14 @@ def _max_roi_pool(X: mx.array, rois: np.ndarray, pooled_shape, spatial_scale: fl
     keys = np.array([_bucket(k) for k in sizes.reshape(R, -1).max(axis=1)])
     parts, order = [], []
     for k in np.unique(keys):
-        sel = np.nonzero(keys == k)[0]
-        idx = _bin_indices(b[sel], hs[sel], he[sel], ws[sel], we[sel], H, W, int(k), N * H * W)
-        g = mx.take(rows, mx.array(idx.reshape(-1).astype(np.int32)), axis=0).reshape(len(sel), ph * pw, int(k), C)
-        parts.append(_fold_max(g))
-        order.append(sel)
+        k = int(k)
+        every = np.nonzero(keys == k)[0]
+        step = max(1, CHUNK_ELEMS // (ph * pw * k * C))
+        for sel in np.array_split(every, -(-len(every) // step)):
+            idx = _bin_indices(b[sel], hs[sel], he[sel], ws[sel], we[sel], H, W, k, N * H * W)
+            g = mx.take(rows, mx.array(idx.reshape(-1).astype(np.int32)), axis=0).reshape(len(sel), ph * pw, k, C)
+            parts.append(_fold_max(g))
+            order.append(sel)
     y = parts[0] if len(parts) == 1 else mx.concatenate(parts)
     if len(parts) > 1:
         inv = np.empty(R, np.int64)

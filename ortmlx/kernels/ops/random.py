@@ -20,6 +20,7 @@ are refused: ORT seeds them from the clock, nothing to verify against.
 """
 from __future__ import annotations
 
+import functools
 import platform
 import sys
 import threading
@@ -151,13 +152,20 @@ def normal(eng: Engine, n: int, t, mean: float = 0.0, scale: float = 1.0) -> np.
 
 
 # ---------------------------------------------------------------- claim
+@functools.lru_cache(maxsize=1)
+def _libc() -> str:
+    """The C library's name ('glibc' ...); platform.libc_ver() reads the interpreter binary: asked once."""
+    return platform.libc_ver()[0]
+
+
 def platform_reason() -> str | None:
     """Why ORT's generators here may not be the libstdc++/glibc streams verified (None: they are)."""
     if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
         return (f"seeded random streams verified on Linux x86_64 only (here {sys.platform} "
                 f"{platform.machine()}; e.g. macOS ORT uses libc++'s engine and distributions)")
-    if platform.libc_ver()[0] != "glibc":
-        return f"seeded random streams verified with glibc's libm only (here {platform.libc_ver()[0] or 'unknown'})"
+    libc = _libc()
+    if libc != "glibc":
+        return f"seeded random streams verified with glibc's libm only (here {libc or 'unknown'})"
     from ...ep.abi import loaded_ort_version
     v = loaded_ort_version()
     parts = tuple(int(p) for p in (v or "").split(".")[:2] if p.isdigit())

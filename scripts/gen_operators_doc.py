@@ -99,6 +99,8 @@ def _constraints(d) -> str:
 
 
 def render() -> str:
+    if sys.path[:1] != [ROOT]:
+        sys.path.insert(0, ROOT)        # this tree's registry, not an installed (e.g. editable) ortmlx
     import ortmlx.kernels  # noqa: F401 - registers every translator
     from ortmlx.kernels import dtypes as dt
     from ortmlx.kernels.registry import REGISTRY

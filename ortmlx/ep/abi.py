@@ -114,6 +114,7 @@ class Abi:
 
 def check_ort_version(version: str) -> None:
     """Refuse an ORT without the plugin-EP ABI; warn once outside the tested range."""
+    _LOADED[0] = version
     parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
     if parts < cdef.MIN_ORT_VERSION:
         raise OrtCallError(f"onnxruntime {version} is older than {cdef.MIN_ORT_VERSION}: no plugin-EP ABI")
@@ -126,3 +127,9 @@ def check_ort_version(version: str) -> None:
 
 
 _WARNED: set[str] = set()
+_LOADED: list[str | None] = [None]
+
+
+def loaded_ort_version() -> str | None:
+    """The version string of the onnxruntime that loaded this EP (None before it did)."""
+    return _LOADED[0]

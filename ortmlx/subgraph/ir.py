@@ -25,11 +25,41 @@ class UnreadableAttr:
         return f"<unreadable: {self.why}>"
 
 
+#: value kinds (ORT's ONNXType). TENSOR also covers values ORT gives no type for (dtype None).
+TENSOR, SEQUENCE, OPTIONAL, MAP, OPAQUE, SPARSE_TENSOR = "tensor", "sequence", "optional", "map", "opaque", "sparse_tensor"
+
+
 @dataclass(frozen=True)
 class ValueInfo:
     name: str
     dtype: int | None = None                 # ONNX TensorProto elem type; None: not a tensor / unknown
     shape: tuple[Dim, ...] | None = None     # None: rank unknown
+    kind: str = TENSOR                       # TENSOR, SEQUENCE, OPTIONAL, MAP, OPAQUE, SPARSE_TENSOR
+    elem: "ValueInfo | None" = None          # SEQUENCE: the element type; OPTIONAL: the contained type
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.kind == TENSOR
+
+    @property
+    def tensor_dtype(self) -> int | None:
+        """The element type of the tensors this value holds (through sequences/optionals); None: unknown."""
+        if self.kind == TENSOR:
+            return self.dtype
+        if self.kind in (SEQUENCE, OPTIONAL) and self.elem is not None:
+            return self.elem.tensor_dtype
+        return None
+
+    def type_str(self, dtype_name=str) -> str:
+        """ONNX's spelling of the type, e.g. ``seq(tensor(float32))`` (``dtype_name`` names element types)."""
+        if self.kind == TENSOR:
+            return f"tensor({dtype_name(self.dtype)})" if self.dtype is not None else "tensor(?)"
+        inner = self.elem.type_str(dtype_name) if self.elem is not None else "?"
+        if self.kind == SEQUENCE:
+            return f"seq({inner})"
+        if self.kind == OPTIONAL:
+            return f"optional({inner})"
+        return self.kind
 
     @property
     def rank(self) -> int | None:

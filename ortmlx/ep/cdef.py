@@ -80,6 +80,8 @@ API_SLOTS = {
     354: "OrtStatus* (*Node_GetInputs)(const OrtNode* node, const OrtValueInfo** inputs, size_t n)",
     355: "OrtStatus* (*Node_GetNumOutputs)(const OrtNode* node, size_t* n)",
     356: "OrtStatus* (*Node_GetOutputs)(const OrtNode* node, const OrtValueInfo** outputs, size_t n)",
+    357: "OrtStatus* (*Node_GetNumImplicitInputs)(const OrtNode* node, size_t* n)",
+    358: "OrtStatus* (*Node_GetImplicitInputs)(const OrtNode* node, const OrtValueInfo** inputs, size_t n)",
     359: "OrtStatus* (*Node_GetNumAttributes)(const OrtNode* node, size_t* n)",
     360: "OrtStatus* (*Node_GetAttributes)(const OrtNode* node, const OrtOpAttr** attributes, size_t n)",
     362: "OrtStatus* (*OpAttr_GetTensorAttributeAsOrtValue)(const OrtOpAttr* attribute, OrtValue** attr_tensor)",

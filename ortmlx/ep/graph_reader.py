@@ -165,6 +165,8 @@ class GraphReader:
             index=index,
             handle=h,
             has_subgraphs=nsub[0] > 0,
+            implicit_inputs=(self._value_list(api.Node_GetNumImplicitInputs, api.Node_GetImplicitInputs, h, values)
+                             if nsub[0] > 0 else []),
         )
 
     def graph(self, g, copy_constants: bool = False) -> Graph:

@@ -84,6 +84,7 @@ class Node:
     index: int = 0               # position in ORT's topological order
     handle: Any = None           # the OrtNode* it came from (ep layer only)
     has_subgraphs: bool = False
+    implicit_inputs: list[str] = field(default_factory=list)   # outer-scope values its subgraphs read
 
     @property
     def label(self) -> str:
@@ -107,10 +108,11 @@ class Graph:
     def producers(self) -> dict[str, Node]:
         return {o: n for n in self.nodes for o in n.outputs if o}
 
-    def consumers(self) -> dict[str, list[Node]]:
+    def consumers(self, implicit: bool = False) -> dict[str, list[Node]]:
+        """Value -> the nodes reading it (``implicit``: also control-flow nodes whose subgraphs read it)."""
         out: dict[str, list[Node]] = {}
         for n in self.nodes:
-            for i in n.inputs:
+            for i in (n.inputs + n.implicit_inputs if implicit else n.inputs):
                 if i:
                     out.setdefault(i, []).append(n)
         return out

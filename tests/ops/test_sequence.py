@@ -125,6 +125,19 @@ def test_split_to_sequence_ort_permissive_splits(split, keepdims, shape):
                   inits={"last": i64(-1)}))
 
 
+#: element types ORT's CPU SplitToSequence has a kernel for (float32, float64, int32); bool/int64 via Cast
+@pytest.mark.parametrize("opset", [11, 18, 24])
+@pytest.mark.parametrize("t", [np.float32, np.float64, np.int32], ids=["float32", "float64", "int32"])
+def test_split_to_sequence_dtypes_and_opsets(t, opset):
+    et = NP2ONNX[np.dtype(t)]
+    nodes = [nd("SplitToSequence", ["x", "split"], ["s"], axis=1), nd("SequenceInsert", ["s", "t"], ["s1"]),
+             nd("SequenceErase", ["s1", "zero"], ["s2"]), nd("ConcatFromSequence", ["s2"], ["y"], axis=1),
+             nd("SequenceLength", ["s2"], ["n"])]
+    run_case(case(nodes, [("x", et, [2, 5]), ("t", et, [2, 1])], [("y", et, None), ("n", T.INT64, [])],
+                  {"x": arr((2, 5), t), "t": arr((2, 1), t, seed=3)}, opset=opset,
+                  inits={"split": i64(2, 3), "zero": i64(0)}))
+
+
 def test_split_to_sequence_scalar_split_keepdims0_refused():
     """ORT drops the axis for a scalar split with keepdims=0; the spec ignores keepdims: left to ORT."""
     c = split_case({"axis": 0, "keepdims": 0}, i64(1), (3, 2))

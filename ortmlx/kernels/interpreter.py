@@ -219,9 +219,11 @@ class Program:
             if j >= len(outs) or (outs[j] is None and info.kind != ir.OPTIONAL):
                 raise KernelError(f"{st.node.label}: translator produced no output {j} ('{name}')")
             try:
-                env[name] = _as_value(outs[j], info)
+                v = env[name] = _as_value(outs[j], info)
             except (TypeError, ValueError) as e:
                 raise KernelError(f"{st.node.label}: output {j} ('{name}'): {e}") from e
+            if isinstance(v, mx.array) and v.nbytes > MAX_VALUE_BYTES:      # ConcatFromSequence's result
+                raise KernelError(too_big(st.node.label, j, name, v))
 
     def _device_copy(self, name: str, a, dev: dict) -> mx.array:
         """The MLX copy of host value ``name`` (preloaded for constants, else made once per call)."""

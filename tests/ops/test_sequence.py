@@ -532,3 +532,13 @@ def test_sequence_groups_are_never_compiled():
     for _ in range(2):
         for g, w in zip(s.run(None, feeds), cpu.run(None, feeds)):
             assert_close(g, w)
+
+
+def test_concat_from_sequence_over_memory_cap_is_clear_error(monkeypatch):
+    """A result larger than MLX may allocate is refused before evaluation, naming the node."""
+    from ortmlx.kernels import interpreter
+    model, feeds = build(concat_case({"axis": 0}, [(4, 4), (4, 4)], np.float32))
+    s = session(model)
+    monkeypatch.setattr(interpreter, "MAX_VALUE_BYTES", 100)
+    with pytest.raises(Exception, match=r"ConcatFromSequence_y.*would take"):
+        s.run(None, feeds)

@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from ...subgraph import ir
-from ..registry import register
+from ..registry import register, same_input_types
 from .shape import _concat, norm_axis
 
 SEQ, OPT, TENSOR = ir.SEQUENCE, ir.OPTIONAL, ir.TENSOR
@@ -65,9 +65,9 @@ def _as_seq(s, what: str = "input sequence") -> list:
 
 # ---------------------------------------------------------------- construct / empty / length
 def _construct_check(view):
-    """Tensors in, a sequence of their element type out."""
+    """Tensors of one element type in, a sequence of it out."""
     return kinds_reason(view, {i: {TENSOR} for i in range(view.n_inputs)}, {0: {SEQ}}) or \
-        _elem_dtype_reason(view, None, seq_out=0, tensor_in=0)
+        same_input_types(view) or _elem_dtype_reason(view, None, seq_out=0, tensor_in=0)
 
 
 @register("SequenceConstruct", 11, containers=True, check=_construct_check)

@@ -292,7 +292,7 @@ def _container_reason(vi, d: OpDef, device: str) -> str | None:
     """Why a non-tensor value cannot be touched by this translator (None: it can)."""
     what = vi.type_str(dt.name)
     if not d.containers:
-        return f"is a {vi.kind} ({what}), not a tensor"
+        return f"is {ir.article(vi.kind)} {vi.kind} ({what}), not a tensor"
     inner = vi
     while inner is not None and inner.kind in (ir.SEQUENCE, ir.OPTIONAL):
         inner = inner.elem

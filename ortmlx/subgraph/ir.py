@@ -29,6 +29,11 @@ class UnreadableAttr:
 TENSOR, SEQUENCE, OPTIONAL, MAP, OPAQUE, SPARSE_TENSOR = "tensor", "sequence", "optional", "map", "opaque", "sparse_tensor"
 
 
+def article(word: str) -> str:
+    """'a' or 'an' for messages ("an optional")."""
+    return "an" if word[:1] in "aeiou" else "a"
+
+
 @dataclass(frozen=True)
 class ValueInfo:
     name: str

@@ -29,7 +29,7 @@ def kinds_reason(view, inputs: dict[int, set[str]], outputs: dict[int, set[str]]
         for i, allowed in table.items():
             k = kind_of(i)
             if k is not None and k not in allowed:
-                return f"{what} {i} is a {k}, expected {' or '.join(sorted(allowed))}"
+                return f"{what} {i} is {ir.article(k)} {k}, expected {' or '.join(sorted(allowed))}"
     return None
 
 

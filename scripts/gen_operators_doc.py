@@ -60,6 +60,8 @@ def _flags(d) -> str:
         f.append("host twin" + (" (shape only)" if d.shape_only else ""))
     if d.host_computed:
         f.append("host-computed")
+    if getattr(d, "containers", False):
+        f.append("sequence/optional values (inside one group, eager)")
     if d.variadic:
         f.append("variadic")
     return "; ".join(f)
@@ -129,7 +131,9 @@ def render() -> str:
         "attribute is not claimed.",
         "- **flags**: `host inputs i` = inputs read on the host (must be constant initializers, graph "
         "inputs or host shape math); `host inputs by type` = more such inputs for some input types; `host twin` = numpy twin for integer shape math; `host-computed` = "
-        "reads data on the host, never traced; `variadic` = any number of inputs.",
+        "reads data on the host, never traced; `sequence/optional values` = touches sequence or optional "
+        "values, which must stay inside one MLX group (never a group or graph input/output), never traced; "
+        "`variadic` = any number of inputs.",
         "- **constraints**: the support check's docstring; cases it refuses stay on the CPU EP.",
         "",
     ]

@@ -48,6 +48,8 @@ def static_reason(program) -> str | None:
             return f"{st.node.label}: control-flow node"
         if st.opdef.host_computed:
             return f"{st.node.label}: reads data on the host"
+        if st.opdef.containers:
+            return f"{st.node.label}: sequence/optional values (eager only)"
     return None
 
 

@@ -5,6 +5,10 @@ each member matters. Slots we do not call are ``void*`` padding, so the layout
 is exact without copying the whole header. Indices match the ``static_assert``
 checks in ORT's ``onnxruntime_c_api.cc`` / ``ep_api.cc`` (e.g. ``GetEpApi`` is
 317, ``OpAttr_GetTensorAttributeAsOrtValue`` is 362, ``TensorTypeAndShape_HasShape`` is 390) and were run on 1.31.1.
+The type-info slots follow the same table: ``ReleaseCustomOpDomain`` is asserted 101 (so ``ReleaseTypeInfo``
+is 98; ``CastTypeInfoToSequenceTypeInfo`` / ``GetSequenceElementType`` are 104 / 107 in version 2) and
+``GetBuildInfoString`` is asserted 254 (so ``CastTypeInfoToOptionalTypeInfo`` / ``GetOptionalContainedTypeInfo``
+are 250 / 251).
 
 This is the one place that states the versions:
 ``ORT_API_VERSION`` is what we request from ``OrtApiBase::GetApi`` and
@@ -37,7 +41,12 @@ API_SLOTS = {
     91: "OrtStatus* (*KernelContext_GetOutput)(OrtKernelContext* context, size_t index, const int64_t* dims, size_t n, OrtValue** out)",
     93: "void (*ReleaseStatus)(OrtStatus* input)",
     96: "void (*ReleaseValue)(OrtValue* input)",
+    98: "void (*ReleaseTypeInfo)(OrtTypeInfo* input)",
     99: "void (*ReleaseTensorTypeAndShapeInfo)(OrtTensorTypeAndShapeInfo* input)",
+    104: "OrtStatus* (*CastTypeInfoToSequenceTypeInfo)(const OrtTypeInfo* type_info, const OrtSequenceTypeInfo** out)",
+    107: "OrtStatus* (*GetSequenceElementType)(const OrtSequenceTypeInfo* sequence_type_info, OrtTypeInfo** type_info)",
+    250: "OrtStatus* (*CastTypeInfoToOptionalTypeInfo)(const OrtTypeInfo* type_info, const OrtOptionalTypeInfo** out)",
+    251: "OrtStatus* (*GetOptionalContainedTypeInfo)(const OrtOptionalTypeInfo* optional_type_info, OrtTypeInfo** out)",
     272: "OrtStatus* (*ReadOpAttr)(const OrtOpAttr* op_attr, int type, void* data, size_t len, size_t* out)",
     289: "OrtStatus* (*GetValueInfoName)(const OrtValueInfo* value_info, const char** name)",
     290: "OrtStatus* (*GetValueInfoTypeInfo)(const OrtValueInfo* value_info, const OrtTypeInfo** type_info)",
@@ -71,6 +80,8 @@ API_SLOTS = {
     354: "OrtStatus* (*Node_GetInputs)(const OrtNode* node, const OrtValueInfo** inputs, size_t n)",
     355: "OrtStatus* (*Node_GetNumOutputs)(const OrtNode* node, size_t* n)",
     356: "OrtStatus* (*Node_GetOutputs)(const OrtNode* node, const OrtValueInfo** outputs, size_t n)",
+    357: "OrtStatus* (*Node_GetNumImplicitInputs)(const OrtNode* node, size_t* n)",
+    358: "OrtStatus* (*Node_GetImplicitInputs)(const OrtNode* node, const OrtValueInfo** inputs, size_t n)",
     359: "OrtStatus* (*Node_GetNumAttributes)(const OrtNode* node, size_t* n)",
     360: "OrtStatus* (*Node_GetAttributes)(const OrtNode* node, const OrtOpAttr** attributes, size_t n)",
     362: "OrtStatus* (*OpAttr_GetTensorAttributeAsOrtValue)(const OrtOpAttr* attribute, OrtValue** attr_tensor)",
@@ -102,6 +113,8 @@ typedef struct OrtStatus OrtStatus;
 typedef struct OrtValue OrtValue;
 typedef struct OrtTypeInfo OrtTypeInfo;
 typedef struct OrtTensorTypeAndShapeInfo OrtTensorTypeAndShapeInfo;
+typedef struct OrtSequenceTypeInfo OrtSequenceTypeInfo;
+typedef struct OrtOptionalTypeInfo OrtOptionalTypeInfo;
 typedef struct OrtSessionOptions OrtSessionOptions;
 typedef struct OrtKernelContext OrtKernelContext;
 typedef struct OrtLogger OrtLogger;

@@ -3,11 +3,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..subgraph import ir
 from ..subgraph.ir import Graph, Node, UnreadableAttr, ValueInfo
 from .abi import (ATTR_FLOAT, ATTR_FLOATS, ATTR_GRAPH, ATTR_INT, ATTR_INTS, ATTR_STRING, ATTR_STRINGS,
                   ATTR_TENSOR, Abi)
+from .errors import OrtCallError
 
-ONNX_TYPE_TENSOR = 1
+#: ORT's ONNXType enum -> IR value kind (0, unknown, reads as an untyped tensor as before)
+ONNX_TYPE_TENSOR, ONNX_TYPE_SEQUENCE, ONNX_TYPE_OPTIONAL = 1, 2, 6
+_KINDS = {ONNX_TYPE_SEQUENCE: ir.SEQUENCE, 3: ir.MAP, 4: ir.OPAQUE, 5: ir.SPARSE_TENSOR, ONNX_TYPE_OPTIONAL: ir.OPTIONAL}
+#: nesting read for sequence/optional element types (optional(seq(tensor)) needs 2)
+_MAX_NESTING = 4
 
 
 class GraphReader:
@@ -23,12 +29,53 @@ class GraphReader:
         abi.check(api.GetValueInfoTypeInfo(vi, ti))
         if ti[0] == ffi.NULL:
             return ValueInfo(name)
+        return self.type_info(name, ti[0])
+
+    def type_info(self, name: str, ti, depth: int = 0) -> ValueInfo:
+        """An ``OrtTypeInfo`` as a ValueInfo: tensors with type and shape, sequences/optionals with ``elem``."""
+        abi, ffi, api = self.abi, self.ffi, self.api
         onnx_type = ffi.new("int*")
-        abi.check(api.GetOnnxTypeFromTypeInfo(ti[0], onnx_type))
-        if onnx_type[0] != ONNX_TYPE_TENSOR:
+        abi.check(api.GetOnnxTypeFromTypeInfo(ti, onnx_type))
+        if onnx_type[0] == ONNX_TYPE_TENSOR:
+            return self._tensor_info(name, ti)
+        kind = _KINDS.get(onnx_type[0])
+        if kind is None:
             return ValueInfo(name)
+        elem = None
+        if kind in (ir.SEQUENCE, ir.OPTIONAL) and depth < _MAX_NESTING:
+            try:
+                elem = self._contained(ti, kind, depth)
+            except OrtCallError:       # an element type we cannot read: kind known, element unknown (refused)
+                elem = None
+        return ValueInfo(name, kind=kind, elem=elem)
+
+    def _contained(self, ti, kind: str, depth: int) -> ValueInfo | None:
+        """The element type of a sequence / the contained type of an optional (None: ORT gives none)."""
+        abi, ffi, api = self.abi, self.ffi, self.api
+        owned = ffi.new("OrtTypeInfo**")
+        if kind == ir.SEQUENCE:
+            info = ffi.new("const OrtSequenceTypeInfo**")
+            abi.check(api.CastTypeInfoToSequenceTypeInfo(ti, info))
+            if info[0] == ffi.NULL:
+                return None
+            abi.check(api.GetSequenceElementType(info[0], owned))
+        else:
+            info = ffi.new("const OrtOptionalTypeInfo**")
+            abi.check(api.CastTypeInfoToOptionalTypeInfo(ti, info))
+            if info[0] == ffi.NULL:
+                return None
+            abi.check(api.GetOptionalContainedTypeInfo(info[0], owned))
+        if owned[0] == ffi.NULL:
+            return None
+        try:
+            return self.type_info("", owned[0], depth + 1)
+        finally:
+            api.ReleaseTypeInfo(owned[0])
+
+    def _tensor_info(self, name: str, ti) -> ValueInfo:
+        abi, ffi, api = self.abi, self.ffi, self.api
         tti = ffi.new("const OrtTensorTypeAndShapeInfo**")
-        abi.check(api.CastTypeInfoToTensorInfo(ti[0], tti))
+        abi.check(api.CastTypeInfoToTensorInfo(ti, tti))
         if tti[0] == ffi.NULL:
             return ValueInfo(name)
         et, dims, syms = abi.tensor_info(tti[0])
@@ -94,8 +141,8 @@ class GraphReader:
         for a in abi.array(api.Node_GetNumAttributes, api.Node_GetAttributes, node, "const OrtOpAttr*"):
             name = abi.call_str(api.OpAttr_GetName, a)
             ty = ffi.new("int*")
-            abi.check(api.OpAttr_GetType(a, ty))
             try:
+                abi.check(api.OpAttr_GetType(a, ty))     # fails for kinds ORT cannot expose (a TypeProto)
                 out[name] = self.read_attr(a, ty[0])
             except Exception as e:  # noqa: BLE001 - an unreadable attribute refuses the claim, not the session
                 out[name] = UnreadableAttr(f"{type(e).__name__}: {e}")
@@ -118,6 +165,8 @@ class GraphReader:
             index=index,
             handle=h,
             has_subgraphs=nsub[0] > 0,
+            implicit_inputs=(self._value_list(api.Node_GetNumImplicitInputs, api.Node_GetImplicitInputs, h, values)
+                             if nsub[0] > 0 else []),
         )
 
     def graph(self, g, copy_constants: bool = False) -> Graph:

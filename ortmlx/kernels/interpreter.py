@@ -14,6 +14,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from ..subgraph import ir
 from . import dtypes as dt
 from .registry import REGISTRY, Ctx, OpDef
 
@@ -92,6 +93,8 @@ class Step:
     out_types: list[int | None]
     in_types: list[int | None]
     ctx: Ctx | None
+    in_containers: frozenset[int] = frozenset()      # inputs that are sequence/optional values (passed as is)
+    out_infos: tuple = ()                            # outputs' ValueInfo when the step touches containers
 
 
 class Program:
@@ -112,8 +115,10 @@ class Program:
             in_types = [self.types.get(i) if i else None for i in node.inputs]
             opdef = opdef.for_types(in_types)
             ctx = Ctx(node, out_types, in_types, device, len(node.outputs)) if opdef.wants_ctx else None
+            conts = frozenset(k for k, i in enumerate(node.inputs) if i and not graph.value(i).is_tensor)
+            infos = tuple(graph.value(o) if o else None for o in node.outputs) if opdef.containers else ()
             self.steps.append(Step(node, opdef, list(node.inputs), list(node.outputs), dict(node.attrs),
-                                   out_types, in_types, ctx))
+                                   out_types, in_types, ctx, conts, infos))
         if constants_mx is None:
             with mx.stream(mx_device(device)):
                 constants_mx = {k: dt.to_mx(v, self.types.get(k) or dt.FROM_NUMPY[v.dtype])
@@ -176,7 +181,7 @@ class Program:
                     out = od.host(*args, **st.attrs)
                 else:
                     for i, a in enumerate(args):
-                        if a is None:
+                        if a is None or i in st.in_containers:
                             continue
                         if i in od.const_inputs:
                             if isinstance(a, mx.array):
@@ -188,6 +193,9 @@ class Program:
                 raise
             except Exception as e:
                 raise KernelError(f"{st.node.label}: {type(e).__name__}: {e}") from e
+            if st.out_infos:
+                self._store_container_outputs(st, out, env)
+                continue
             outs = out if isinstance(out, (tuple, list)) else (out,)
             for j, name in enumerate(st.outputs):
                 if not name:
@@ -199,6 +207,24 @@ class Program:
                     raise KernelError(too_big(st.node.label, j, name, v))
         return env
 
+    @staticmethod
+    def _store_container_outputs(st: Step, out, env: dict) -> None:
+        """Outputs of a ``containers`` translator: a tuple with one entry per output (a lone output may
+        come bare); a sequence is a list, an empty optional None."""
+        outs = out if isinstance(out, tuple) else (out,)
+        for j, name in enumerate(st.outputs):
+            if not name:
+                continue
+            info = st.out_infos[j]
+            if j >= len(outs) or (outs[j] is None and info.kind != ir.OPTIONAL):
+                raise KernelError(f"{st.node.label}: translator produced no output {j} ('{name}')")
+            try:
+                v = env[name] = _as_value(outs[j], info)
+            except (TypeError, ValueError) as e:
+                raise KernelError(f"{st.node.label}: output {j} ('{name}'): {e}") from e
+            if isinstance(v, mx.array) and v.nbytes > MAX_VALUE_BYTES:      # ConcatFromSequence's result
+                raise KernelError(too_big(st.node.label, j, name, v))
+
     def _device_copy(self, name: str, a, dev: dict) -> mx.array:
         """The MLX copy of host value ``name`` (preloaded for constants, else made once per call)."""
         v = dev.get(name)
@@ -209,6 +235,21 @@ class Program:
                 v = dt.to_mx(np.ascontiguousarray(a) if a.ndim else a, self.types.get(name) or dt.onnx_type_of(a))
             dev[name] = v
         return v
+
+
+def _as_value(v, info):
+    """Coerce a value to its declared kind: tensors via ``_as_type``, sequences element-wise."""
+    if info is None or info.kind == ir.TENSOR:
+        if isinstance(v, (list, tuple)):
+            raise TypeError(f"a tensor was declared, a {type(v).__name__} arrived")
+        return _as_type(v, info.dtype if info is not None else None)
+    if info.kind == ir.SEQUENCE:
+        if not isinstance(v, list):
+            raise TypeError(f"a sequence was declared, a {type(v).__name__} arrived")
+        return [_as_value(e, info.elem) for e in v]
+    if info.kind == ir.OPTIONAL:
+        return None if v is None else _as_value(v, info.elem)
+    raise TypeError(f"a {info.kind} value cannot be held")
 
 
 def _as_type(v, t: int | None):

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..subgraph import ir
 from ..subgraph.ir import UnreadableAttr
 from . import dtypes as dt
 
@@ -55,6 +56,8 @@ class OpDef:
     until: int | None = None              # informational: next since_version registered
     carriers: bool = False                # may see carrier types (dtypes.CARRIERS: float8, int4, int2 ...)
     const_when: Callable | None = None    # in_types -> more inputs read on the host for these types
+    containers: bool = False              # may see sequence/optional values (lists / None); never traced
+    opaque_attrs: frozenset[str] = frozenset()   # attributes never read (the graph's value types say the same)
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -87,8 +90,16 @@ class Registry:
     def register(self, op_type: str, since: int = 1, *, domain: str = ONNX, const: tuple[int, ...] = (),
                  dtypes: frozenset[int] | set[int] | None = None, check: Callable | None = None,
                  host: Callable | None = None, shape_only: bool = False, host_computed: bool = False,
-                 const_when: Callable | None = None, carriers: bool = False):
+                 const_when: Callable | None = None, carriers: bool = False, containers: bool = False,
+                 opaque_attrs: tuple[str, ...] = ()):
         """Decorator registering ``fn`` as the translator of ``op_type`` from opset ``since`` on.
+
+        ``containers=True``: the node may touch sequence/optional values (a sequence is a list of mx
+        arrays, an optional is None or its value); its ``check`` must verify every value's kind. Such
+        groups are never traced, and the partitioner keeps those values inside one group.
+
+        ``opaque_attrs``: attributes the translator never reads because the graph's value types carry
+        the same (Optional's ``type``, a TypeProto ORT cannot expose): an unreadable one does not refuse.
 
         ``carriers=True``: the node may touch carrier types (``dtypes.CARRIERS``: float8, int4, int2);
         the translator's ``check`` must refuse every carrier case it does not handle exactly.
@@ -111,7 +122,8 @@ class Registry:
                     raise ValueError(f"translator {fn.__name__} for {op_type}: **kwargs hides which attributes it handles")
             d = OpDef(norm_domain(domain), op_type, since, fn, attrs, frozenset(const),
                       frozenset(dtypes) if dtypes is not None else None, check, host, shape_only,
-                      host_computed, wants_ctx, variadic, const_when=const_when, carriers=carriers)
+                      host_computed, wants_ctx, variadic, const_when=const_when, carriers=carriers,
+                      containers=containers, opaque_attrs=frozenset(opaque_attrs))
             lst = self._ops.setdefault((d.domain, op_type), [])
             if any(o.since == since for o in lst):
                 raise ValueError(f"{domain or 'ai.onnx'}::{op_type} since {since} registered twice")
@@ -190,6 +202,22 @@ class NodeView:
         vi = self._vi(i, outputs=True)
         return vi.shape if vi else None
 
+    def value(self, i: int) -> "ir.ValueInfo | None":
+        """Input ``i``'s ValueInfo (kind, element type ...); None when omitted or unknown."""
+        return self._vi(i)
+
+    def out_value(self, i: int = 0) -> "ir.ValueInfo | None":
+        return self._vi(i, outputs=True)
+
+    def kind(self, i: int) -> str | None:
+        """Input ``i``'s value kind (``ir.TENSOR``, ``ir.SEQUENCE``, ``ir.OPTIONAL`` ...); None when omitted."""
+        vi = self._vi(i)
+        return (vi.kind if vi else ir.TENSOR) if self.has(i) else None
+
+    def out_kind(self, i: int = 0) -> str | None:
+        vi = self._vi(i, outputs=True)
+        return vi.kind if vi else None
+
     def rank(self, i: int) -> int | None:
         s = self.shape(i)
         return None if s is None else len(s)
@@ -228,13 +256,19 @@ def same_input_types(view: NodeView) -> str | None:
 
 
 def check_dtypes(view: NodeView) -> str | None:
-    """Generic dtype rule: every tensor the node touches must exist in MLX on the device."""
+    """Generic dtype rule: every tensor the node touches must exist in MLX on the device; sequence and
+    optional values only for ``containers`` translators, and their tensors' element type too."""
     node, d = view.node, view.opdef
     for kind, names in (("input", node.inputs), ("output", node.outputs)):
         for i, n in enumerate(names):
             if not n:
                 continue
             vi = view._values.get(n)
+            if vi is not None and not vi.is_tensor:
+                reason = _container_reason(vi, d, view.device)
+                if reason:
+                    return f"{kind} {i} ('{n}') {reason}"
+                continue
             t = vi.dtype if vi else None
             if t is None:
                 if kind == "output":
@@ -254,6 +288,21 @@ def check_dtypes(view: NodeView) -> str | None:
     return None
 
 
+def _container_reason(vi, d: OpDef, device: str) -> str | None:
+    """Why a non-tensor value cannot be touched by this translator (None: it can)."""
+    what = vi.type_str(dt.name)
+    if not d.containers:
+        return f"is {ir.article(vi.kind)} {vi.kind} ({what}), not a tensor"
+    inner = vi
+    while inner is not None and inner.kind in (ir.SEQUENCE, ir.OPTIONAL):
+        inner = inner.elem
+    if inner is None or not inner.is_tensor or inner.dtype is None:
+        return f"is {what}: element type unknown or not a tensor"
+    if not dt.supported_on(inner.dtype, device):
+        return f"is {what}: {dt.name(inner.dtype)} is not supported by MLX on {device}"
+    return None
+
+
 def support_reason(node, opdef: OpDef | None, values: dict, constants: dict, device: str,
                    host_known: set | frozenset | None = None,
                    host_values: set | frozenset | None = None) -> str | None:
@@ -265,7 +314,7 @@ def support_reason(node, opdef: OpDef | None, values: dict, constants: dict, dev
         return f"unsupported op {dom}::{node.op_type} (since_version {node.since_version})"
     if node.has_subgraphs:
         return "control-flow node with subgraphs"
-    bad = [k for k, v in node.attrs.items() if isinstance(v, UnreadableAttr)]
+    bad = [k for k, v in node.attrs.items() if isinstance(v, UnreadableAttr) and k not in opdef.opaque_attrs]
     if bad:
         return f"attribute {bad[0]!r} could not be read ({node.attrs[bad[0]].why})"
     extra = sorted(set(node.attrs) - set(opdef.attrs))

@@ -25,11 +25,46 @@ class UnreadableAttr:
         return f"<unreadable: {self.why}>"
 
 
+#: value kinds (ORT's ONNXType). TENSOR also covers values ORT gives no type for (dtype None).
+TENSOR, SEQUENCE, OPTIONAL, MAP, OPAQUE, SPARSE_TENSOR = "tensor", "sequence", "optional", "map", "opaque", "sparse_tensor"
+
+
+def article(word: str) -> str:
+    """'a' or 'an' for messages ("an optional")."""
+    return "an" if word[:1] in "aeiou" else "a"
+
+
 @dataclass(frozen=True)
 class ValueInfo:
     name: str
     dtype: int | None = None                 # ONNX TensorProto elem type; None: not a tensor / unknown
     shape: tuple[Dim, ...] | None = None     # None: rank unknown
+    kind: str = TENSOR                       # TENSOR, SEQUENCE, OPTIONAL, MAP, OPAQUE, SPARSE_TENSOR
+    elem: "ValueInfo | None" = None          # SEQUENCE: the element type; OPTIONAL: the contained type
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.kind == TENSOR
+
+    @property
+    def tensor_dtype(self) -> int | None:
+        """The element type of the tensors this value holds (through sequences/optionals); None: unknown."""
+        if self.kind == TENSOR:
+            return self.dtype
+        if self.kind in (SEQUENCE, OPTIONAL) and self.elem is not None:
+            return self.elem.tensor_dtype
+        return None
+
+    def type_str(self, dtype_name=str) -> str:
+        """ONNX's spelling of the type, e.g. ``seq(tensor(float32))`` (``dtype_name`` names element types)."""
+        if self.kind == TENSOR:
+            return f"tensor({dtype_name(self.dtype)})" if self.dtype is not None else "tensor(?)"
+        inner = self.elem.type_str(dtype_name) if self.elem is not None else "?"
+        if self.kind == SEQUENCE:
+            return f"seq({inner})"
+        if self.kind == OPTIONAL:
+            return f"optional({inner})"
+        return self.kind
 
     @property
     def rank(self) -> int | None:
@@ -54,6 +89,7 @@ class Node:
     index: int = 0               # position in ORT's topological order
     handle: Any = None           # the OrtNode* it came from (ep layer only)
     has_subgraphs: bool = False
+    implicit_inputs: list[str] = field(default_factory=list)   # outer-scope values its subgraphs read
 
     @property
     def label(self) -> str:
@@ -77,10 +113,11 @@ class Graph:
     def producers(self) -> dict[str, Node]:
         return {o: n for n in self.nodes for o in n.outputs if o}
 
-    def consumers(self) -> dict[str, list[Node]]:
+    def consumers(self, implicit: bool = False) -> dict[str, list[Node]]:
+        """Value -> the nodes reading it (``implicit``: also control-flow nodes whose subgraphs read it)."""
         out: dict[str, list[Node]] = {}
         for n in self.nodes:
-            for i in n.inputs:
+            for i in (n.inputs + n.implicit_inputs if implicit else n.inputs):
                 if i:
                     out.setdefault(i, []).append(n)
         return out

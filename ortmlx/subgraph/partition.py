@@ -54,7 +54,27 @@ class PartitionReport:
 
 
 def claim(graph: Graph, device: str, disabled_ops: frozenset[str] = frozenset()) -> tuple[list[list[Node]], PartitionReport]:
-    """Return the claimed groups (each in topological order) and the partition report."""
+    """Return the claimed groups (each in topological order) and the partition report.
+
+    Compute exchanges only tensors with ORT, so a sequence/optional value must live inside one group:
+    nodes touching one that would cross a group boundary are refused and the claim is redone until
+    no such value is left (each round refuses more nodes, so it ends).
+    """
+    refused: dict[int, str] = {}
+    while True:
+        claimed, report = _claim_nodes(graph, device, disabled_ops, refused)
+        groups = _group(graph, claimed)
+        crossing = container_crossings(graph, groups)
+        if not crossing:
+            break
+        refused.update(crossing)
+    report.groups = [[n.label for n in g] for g in groups]
+    return groups, report
+
+
+def _claim_nodes(graph: Graph, device: str, disabled_ops: frozenset[str],
+                 refused: dict[int, str]) -> tuple[dict[int, bool], PartitionReport]:
+    """Per node: claimed or not (with the reason in the report); ``refused``: node id -> reason imposed."""
     report = PartitionReport(graph.name, device, len(graph.nodes))
     producers = graph.producers()
     claimed: dict[int, bool] = {}
@@ -66,6 +86,8 @@ def claim(graph: Graph, device: str, disabled_ops: frozenset[str] = frozenset())
             opdef = opdef.for_types([graph.value(i).dtype if i else None for i in node.inputs])
         if node.op_type in disabled_ops:
             reason = "disabled by the disable_ops option"
+        elif id(node) in refused:
+            reason = refused[id(node)]
         else:
             reason = support_reason(node, opdef, graph.values, graph.constants, device, host_math, host_known)
         if reason is None:
@@ -89,9 +111,37 @@ def claim(graph: Graph, device: str, disabled_ops: frozenset[str] = frozenset())
             if all((not i) or i in host_math or (opdef.shape_only and k == 0)
                    for k, i in enumerate(node.inputs)):
                 host_math.update(o for o in node.outputs if o)
-    groups = _group(graph, claimed)
-    report.groups = [[n.label for n in g] for g in groups]
-    return groups, report
+    return claimed, report
+
+
+def container_crossings(graph: Graph, groups: list[list[Node]]) -> dict[int, str]:
+    """Claimed nodes touching a sequence/optional value that is not inside one group -> the reason.
+
+    Such a value would be a fused node's input or output (or a graph input/output, or from an outer
+    scope), and Compute exchanges only tensors with ORT.
+    """
+    group_of = {id(n): k for k, g in enumerate(groups) for n in g}
+    producers, consumers = graph.producers(), graph.consumers(implicit=True)
+    outer = set(graph.inputs) | set(graph.outputs)
+    out: dict[int, str] = {}
+    for name, vi in graph.values.items():
+        if vi.is_tensor:
+            continue
+        touching = ([producers[name]] if name in producers else []) + consumers.get(name, [])
+        where = {group_of.get(id(n)) for n in touching}
+        if not where - {None}:
+            continue
+        if name in outer:
+            why = "a graph input or output"
+        elif name not in producers:
+            why = "produced outside this graph"
+        elif None in where or len(where) > 1:
+            why = "used by a node outside its group"
+        else:
+            continue
+        reason = f"{vi.kind} '{name}' is {why}: sequence/optional values must stay inside one MLX group"
+        out.update((id(n), reason) for n in touching if group_of.get(id(n)) is not None)
+    return out
 
 
 def _group(graph: Graph, claimed: dict[int, bool]) -> list[list[Node]]:

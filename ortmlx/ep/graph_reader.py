@@ -101,12 +101,27 @@ class GraphReader:
                 out[name] = UnreadableAttr(f"{type(e).__name__}: {e}")
         return out
 
-    def node(self, h, index: int, values: dict) -> Node:
+    def subgraphs(self, h, copy_constants: bool) -> dict[str, Graph]:
+        """The node's graph attributes (control-flow bodies), attribute name -> body Graph."""
+        abi, ffi, api = self.abi, self.ffi, self.api
+        n = ffi.new("size_t*")
+        abi.check(api.Node_GetNumSubgraphs(h, n))
+        if n[0] == 0:
+            return {}
+        graphs = ffi.new("const OrtGraph*[]", n[0])
+        names = ffi.new("const char*[]", n[0])
+        abi.check(api.Node_GetSubgraphs(h, graphs, n[0], names))
+        return {abi.str(names[i]) or f"#{i}": self.graph(graphs[i], copy_constants) for i in range(n[0])}
+
+    def node(self, h, index: int, values: dict, copy_constants: bool = False) -> Node:
         abi, ffi, api = self.abi, self.ffi, self.api
         since = ffi.new("int*")
         abi.check(api.Node_GetSinceVersion(h, since))
-        nsub = ffi.new("size_t*")
-        abi.check(api.Node_GetNumSubgraphs(h, nsub))
+        attrs = self.attributes(h)
+        subgraphs = self.subgraphs(h, copy_constants)
+        attrs.update((k, g) for k, g in subgraphs.items() if k in attrs)     # graph attributes: their bodies
+        implicit = self._value_list(api.Node_GetNumImplicitInputs, api.Node_GetImplicitInputs, h, values) \
+            if subgraphs else []
         return Node(
             name=abi.call_str(api.Node_GetName, h),
             op_type=abi.call_str(api.Node_GetOperatorType, h),
@@ -114,10 +129,12 @@ class GraphReader:
             since_version=since[0],
             inputs=self._value_list(api.Node_GetNumInputs, api.Node_GetInputs, h, values),
             outputs=self._value_list(api.Node_GetNumOutputs, api.Node_GetOutputs, h, values),
-            attrs=self.attributes(h),
+            attrs=attrs,
             index=index,
             handle=h,
-            has_subgraphs=nsub[0] > 0,
+            has_subgraphs=bool(subgraphs),
+            implicit_inputs=implicit,
+            subgraphs=subgraphs,
         )
 
     def graph(self, g, copy_constants: bool = False) -> Graph:
@@ -142,7 +159,7 @@ class GraphReader:
                 except Exception:  # noqa: BLE001 - e.g. string tensors: not a constant we can use
                     pass
         handles = abi.array(api.Graph_GetNumNodes, api.Graph_GetNodes, g, "const OrtNode*")
-        nodes = [self.node(h, i, values) for i, h in enumerate(handles)]
+        nodes = [self.node(h, i, values, copy_constants) for i, h in enumerate(handles)]
         name = abi.call_str(api.Graph_GetName, g)
         # graph inputs that are constant initializers are constants, not runtime inputs
         inputs = [i for i in inputs if i not in constants]

@@ -55,6 +55,7 @@ class OpDef:
     until: int | None = None              # informational: next since_version registered
     carriers: bool = False                # may see carrier types (dtypes.CARRIERS: float8, int4, int2 ...)
     const_when: Callable | None = None    # in_types -> more inputs read on the host for these types
+    control: bool = False                 # control flow: graph attributes arrive as callable bodies
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -87,7 +88,7 @@ class Registry:
     def register(self, op_type: str, since: int = 1, *, domain: str = ONNX, const: tuple[int, ...] = (),
                  dtypes: frozenset[int] | set[int] | None = None, check: Callable | None = None,
                  host: Callable | None = None, shape_only: bool = False, host_computed: bool = False,
-                 const_when: Callable | None = None, carriers: bool = False):
+                 const_when: Callable | None = None, carriers: bool = False, control: bool = False):
         """Decorator registering ``fn`` as the translator of ``op_type`` from opset ``since`` on.
 
         ``carriers=True``: the node may touch carrier types (``dtypes.CARRIERS``: float8, int4, int2);
@@ -95,6 +96,10 @@ class Registry:
 
         ``const_when(in_types) -> indices``: inputs read on the host only for some input element
         types (integer Div's divisor, checked for zeros); resolved per node by ``OpDef.for_types``.
+
+        ``control=True``: a control-flow op (If, Loop, Scan). Its graph attributes arrive as
+        ``interpreter.Body`` callables (body inputs -> body outputs); the partitioner checks every
+        body node (``partition.bodies_reason``) besides ``check``. Never traced.
         """
         def deco(fn: Callable) -> Callable:
             sig = inspect.signature(fn)
@@ -111,7 +116,8 @@ class Registry:
                     raise ValueError(f"translator {fn.__name__} for {op_type}: **kwargs hides which attributes it handles")
             d = OpDef(norm_domain(domain), op_type, since, fn, attrs, frozenset(const),
                       frozenset(dtypes) if dtypes is not None else None, check, host, shape_only,
-                      host_computed, wants_ctx, variadic, const_when=const_when, carriers=carriers)
+                      host_computed, wants_ctx, variadic, const_when=const_when, carriers=carriers,
+                      control=control)
             lst = self._ops.setdefault((d.domain, op_type), [])
             if any(o.since == since for o in lst):
                 raise ValueError(f"{domain or 'ai.onnx'}::{op_type} since {since} registered twice")
@@ -263,8 +269,8 @@ def support_reason(node, opdef: OpDef | None, values: dict, constants: dict, dev
     if opdef is None:
         dom = node.domain or "ai.onnx"
         return f"unsupported op {dom}::{node.op_type} (since_version {node.since_version})"
-    if node.has_subgraphs:
-        return "control-flow node with subgraphs"
+    if node.has_subgraphs and not opdef.control:
+        return "node with graph attributes (subgraphs) and no control-flow translator"
     bad = [k for k, v in node.attrs.items() if isinstance(v, UnreadableAttr)]
     if bad:
         return f"attribute {bad[0]!r} could not be read ({node.attrs[bad[0]].why})"

@@ -61,13 +61,7 @@ def claim(graph: Graph, device: str, disabled_ops: frozenset[str] = frozenset())
     host_known: set[str] = set(graph.constants) | set(graph.inputs)
     host_math: set[str] = set(graph.constants)     # constants and outputs of claimed host shape math
     for node in graph.nodes:
-        opdef = REGISTRY.resolve(node.domain, node.op_type, node.since_version)
-        if opdef is not None:
-            opdef = opdef.for_types([graph.value(i).dtype if i else None for i in node.inputs])
-        if node.op_type in disabled_ops:
-            reason = "disabled by the disable_ops option"
-        else:
-            reason = support_reason(node, opdef, graph.values, graph.constants, device, host_math, host_known)
+        reason, opdef = node_reason(node, graph, device, disabled_ops, host_math, host_known)
         if reason is None:
             for i in sorted(opdef.const_inputs):
                 if i < len(node.inputs) and node.inputs[i] and node.inputs[i] not in host_known:
@@ -82,22 +76,81 @@ def claim(graph: Graph, device: str, disabled_ops: frozenset[str] = frozenset())
                                               else f"{node.domain}.{node.op_type}", reason))
             host_known.update(o for o in node.outputs if o)       # arrives from ORT as a host tensor
             continue
-        out_types = [graph.value(o).dtype for o in node.outputs if o]
-        flags = [(not i) or i in host_known for i in node.inputs]
-        if host_evaluable(opdef, out_types, flags):
-            host_known.update(o for o in node.outputs if o)
-            if all((not i) or i in host_math or (opdef.shape_only and k == 0)
-                   for k, i in enumerate(node.inputs)):
-                host_math.update(o for o in node.outputs if o)
+        _track_host(node, opdef, graph, host_math, host_known)
     groups = _group(graph, claimed)
     report.groups = [[n.label for n in g] for g in groups]
     return groups, report
 
 
+def node_reason(node: Node, graph: Graph, device: str, disabled_ops: frozenset[str], host_math: set,
+                host_known: set):
+    """Why ``node`` of ``graph`` cannot be claimed (None: it can), and its resolved OpDef."""
+    opdef = REGISTRY.resolve(node.domain, node.op_type, node.since_version)
+    if opdef is not None:
+        opdef = opdef.for_types([graph.value(i).dtype if i else None for i in node.inputs])
+    if node.op_type in disabled_ops:
+        return "disabled by the disable_ops option", opdef
+    reason = support_reason(node, opdef, graph.values, graph.constants, device, host_math, host_known)
+    if reason is None and opdef.control:
+        reason = bodies_reason(node, device, disabled_ops)
+    return reason, opdef
+
+
+def _track_host(node: Node, opdef, graph: Graph, host_math: set, host_known: set) -> None:
+    """Record the outputs of a claimed node that the interpreter computes on the host."""
+    out_types = [graph.value(o).dtype for o in node.outputs if o]
+    flags = [(not i) or i in host_known for i in node.inputs]
+    if host_evaluable(opdef, out_types, flags):
+        host_known.update(o for o in node.outputs if o)
+        if all((not i) or i in host_math or (opdef.shape_only and k == 0)
+               for k, i in enumerate(node.inputs)):
+            host_math.update(o for o in node.outputs if o)
+
+
+def bodies_reason(node: Node, device: str, disabled_ops: frozenset[str] = frozenset()) -> str | None:
+    """Why a control-flow node's bodies cannot all run on MLX (None: every body node can)."""
+    if not node.subgraphs:
+        return "control-flow node without readable bodies"
+    for attr, body in node.subgraphs.items():
+        reason = body_reason(body, device, disabled_ops)
+        if reason:
+            return f"{attr} body: {reason}"
+    return None
+
+
+def _untyped(body: Graph) -> str | None:
+    """The first value of ``body`` that is not a tensor of known element type (sequence, optional ...)."""
+    names = [*body.inputs, *body.outputs, *(x for n in body.nodes for x in (*n.inputs, *n.outputs))]
+    for name in names:
+        if name and body.value(name).dtype is None and name not in body.constants:
+            return name
+    return None
+
+
+def body_reason(body: Graph, device: str, disabled_ops: frozenset[str] = frozenset()) -> str | None:
+    """Why ``body`` cannot run whole on MLX (None: every node, nested bodies included, can).
+
+    Body inputs (iteration values) and outer-scope values may live on the device: only the body's
+    own constants and the host shape math computed from them count as host values.
+    """
+    bad = _untyped(body)
+    if bad is not None:
+        return f"value '{bad}' is not a tensor of known type (sequence, optional or unknown)"
+    host_known: set[str] = set(body.constants)
+    host_math: set[str] = set(body.constants)
+    for node in body.nodes:
+        reason, opdef = node_reason(node, body, device, disabled_ops, host_math, host_known)
+        if reason is not None:
+            return f"{node.label}: {reason}"
+        _track_host(node, opdef, body, host_math, host_known)
+    return None
+
+
 def _group(graph: Graph, claimed: dict[int, bool]) -> list[list[Node]]:
     producers = graph.producers()
     by_id = {id(n): n for n in graph.nodes}
-    preds = {id(n): {id(producers[i]) for i in n.inputs if i and i in producers} for n in graph.nodes}
+    preds = {id(n): {id(producers[i]) for i in (*n.inputs, *n.implicit_inputs) if i and i in producers}
+             for n in graph.nodes}
     succs: dict[int, list[Node]] = {k: [] for k in by_id}
     for n in graph.nodes:
         for p in preds[id(n)]:

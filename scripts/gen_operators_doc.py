@@ -20,6 +20,7 @@ import sys
 from collections import defaultdict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)        # document this checkout's registry, not whichever ortmlx is installed
 DEFAULT_OUT = os.path.join(ROOT, "docs", "operators.md")
 DOMAIN_TITLES = {"": "ai.onnx"}
 
@@ -60,6 +61,8 @@ def _flags(d) -> str:
         f.append("host twin" + (" (shape only)" if d.shape_only else ""))
     if d.host_computed:
         f.append("host-computed")
+    if getattr(d, "control", False):
+        f.append("control flow")
     if d.variadic:
         f.append("variadic")
     return "; ".join(f)
@@ -127,7 +130,8 @@ def render() -> str:
         "attribute is not claimed.",
         "- **flags**: `host inputs i` = inputs read on the host (must be constant initializers, graph "
         "inputs or host shape math); `host inputs by type` = more such inputs for some input types; `host twin` = numpy twin for integer shape math; `host-computed` = "
-        "reads data on the host, never traced; `variadic` = any number of inputs.",
+        "reads data on the host, never traced; `control flow` = bodies run eagerly as nested programs (every "
+        "body node must be claimable), never traced; `variadic` = any number of inputs.",
         "- **constraints**: the support check's docstring; cases it refuses stay on the CPU EP.",
         "",
     ]

@@ -71,6 +71,8 @@ def _arity(body, n_in: int, n_out: int, attr: str) -> str | None:
 # ----------------------------------------------------------------------------- If
 
 def _if_check(view) -> str | None:
+    """Every branch node must be claimable (checked by the partitioner); branches take no inputs and give
+    the node's outputs; cond is bool (read on the host)."""
     n_out = len(view.node.outputs)
     for attr in ("then_branch", "else_branch"):
         body = _body(view, attr)
@@ -107,6 +109,9 @@ def _passes_cond_through(body) -> bool:
 
 
 def _loop_check(view) -> str | None:
+    """Every body node must be claimable (checked by the partitioner); body arity matches the node. Refuses a
+    Loop with neither M nor cond, an omitted cond whose body computes its condition (ORT obeys it, the spec
+    ignores it), and scan outputs of unknown rank (zero iterations: ORT's [0] + body shape, symbolic dims 0)."""
     body = _body(view, "body")
     n_carried = len(view.node.inputs) - 2
     if n_carried < 0:
@@ -195,6 +200,8 @@ def _dirs_reason(what: str, dirs, n: int) -> str | None:
 
 
 def _scan_check(view) -> str | None:
+    """Every body node must be claimable (checked by the partitioner); body arity matches the node; scan axes
+    in range of known ranks (negative from opset 11), directions 0/1. A zero-length sequence fails, as in ORT."""
     body, a = _body(view, "body"), view.attrs
     m = a["num_scan_inputs"]
     n_in = len(view.node.inputs)

@@ -214,8 +214,10 @@ class Program:
                         elif not isinstance(a, mx.array):
                             args[i] = self._device_copy(st.inputs[i], a, dev)
                     out = od.fn(*args, **attrs, ctx=st.ctx) if od.wants_ctx else od.fn(*args, **attrs)
-            except KernelError:
-                raise
+            except KernelError as e:
+                if st.bodies is None:
+                    raise
+                raise KernelError(f"{st.node.label}: {e}") from e      # a body node failed: name both
             except Exception as e:
                 raise KernelError(f"{st.node.label}: {type(e).__name__}: {e}") from e
             outs = out if isinstance(out, (tuple, list)) else (out,)

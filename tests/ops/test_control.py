@@ -375,3 +375,20 @@ def test_refused(case):
     for f in feeds:
         for g, w in zip(s.run(None, f), cpu.run(None, f)):
             np.testing.assert_array_equal(g, w)
+
+
+def test_body_error_names_both_nodes():
+    """A body node failing at run time (a Reshape to a shape the data cannot take) names the Loop and the node."""
+    body = graph([h.make_node("Reshape", ["x_in", "shp"], ["x_out"], name="bad_reshape"),
+                  h.make_node("Identity", ["c_in"], ["c_out"])], "body",
+                 [("i", T.INT64, []), ("c_in", T.BOOL, []), ("x_in", F, None)],
+                 [("c_out", T.BOOL, []), ("x_out", F, None)])
+    m = make_model([h.make_node("Loop", ["M", "", "x0"], ["y"], body=body, name="the_loop")],
+                   [("M", T.INT64, []), ("x0", F, [6]), ("shp", T.INT64, [2])], [("y", F, None)], opset=16)
+    feeds = {"M": np.array(2, np.int64), "x0": f32(6), "shp": np.array([4, 2], np.int64)}
+    with pytest.raises(Exception):
+        session(m, "CPUExecutionProvider", record=False).run(None, feeds)
+    s = session(m)
+    assert not unclaimed_ops(s), assignment(s)
+    with pytest.raises(Exception, match="the_loop.*bad_reshape"):
+        s.run(None, feeds)

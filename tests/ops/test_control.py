@@ -246,8 +246,25 @@ def loop_scan_inside():
     return m, [{"M": np.array(3, np.int64), "x0": f32(2), "w": f32(3, 2)}]
 
 
+def loop_dtypes():
+    """int32 and float16 loop-carried values, a float16 scan output, a bool condition from int32 math."""
+    body = graph([h.make_node("Add", ["n_in", "k"], ["n_out"]),
+                  h.make_node("Mul", ["x_in", "half"], ["x_out"]),
+                  h.make_node("Less", ["n_out", "stop"], ["c_out"])], "body",
+                 [("i", T.INT64, []), ("c_in", T.BOOL, []), ("n_in", T.INT32, []), ("x_in", T.FLOAT16, [3])],
+                 [("c_out", T.BOOL, []), ("n_out", T.INT32, []), ("x_out", T.FLOAT16, [3]), ("x_in", T.FLOAT16, [3])],
+                 {"k": np.array(3, np.int32), "half": np.array(0.5, np.float16)})
+    m = make_model([h.make_node("Loop", ["M", "c", "n0", "x0"], ["n", "y", "ys"], body=body)],
+                   [("M", T.INT64, []), ("c", T.BOOL, []), ("n0", T.INT32, []), ("x0", T.FLOAT16, [3]),
+                    ("stop", T.INT32, [])],
+                   [("n", T.INT32, []), ("y", T.FLOAT16, [3]), ("ys", T.FLOAT16, None)], opset=16)
+    return m, [{"M": np.array(10, np.int64), "c": np.array(True), "n0": np.array(1, np.int32),
+                "x0": np.array([1, -3, 7], np.float16), "stop": np.array(s, np.int32)} for s in (11, 100)]
+
+
 LOOP_CASES = {
     "int_counter": loop_int_counter,
+    "dtypes": loop_dtypes,
     "scan_inside": loop_scan_inside,
     "trip_count_only": lambda: (loop_model("M", "", "pass"), loop_feeds([(4, None), (1, None)])),
     "cond_only": lambda: (loop_model("", "c", "less"), loop_feeds([(None, True)])),
@@ -360,6 +377,8 @@ REFUSED = {
     "loop_no_trip_count_no_cond": lambda: (loop_model("", "", "less"), loop_feeds([(None, None)]),
                                            "neither trip count M nor cond"),
     "scan_opset8": scan_opset8,
+    # cond False: ORT runs no iteration; with cond True it would never end on either EP
+    "loop_never_ends": lambda: (loop_model("", "c", "pass"), loop_feeds([(None, False)]), "never ends"),
 }
 
 

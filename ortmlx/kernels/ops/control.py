@@ -110,8 +110,9 @@ def _passes_cond_through(body) -> bool:
 
 def _loop_check(view) -> str | None:
     """Every body node must be claimable (checked by the partitioner); body arity matches the node. Refuses a
-    Loop with neither M nor cond, an omitted cond whose body computes its condition (ORT obeys it, the spec
-    ignores it), and scan outputs of unknown rank (zero iterations: ORT's [0] + body shape, symbolic dims 0)."""
+    Loop with neither M nor cond, one without M whose body passes its condition through (it never ends), an
+    omitted cond whose body computes its condition (ORT obeys it, the spec ignores it), and scan outputs of
+    unknown rank (zero iterations: ORT's [0] + body shape, symbolic dims 0)."""
     body = _body(view, "body")
     n_carried = len(view.node.inputs) - 2
     if n_carried < 0:
@@ -129,6 +130,8 @@ def _loop_check(view) -> str | None:
     if not view.has(0) and not view.has(1):
         return ("neither trip count M nor cond: only the body's condition could end the loop "
                 "(ORT's CPU EP obeys it, the spec ignores it)")
+    if not view.has(0) and _passes_cond_through(body):
+        return "no trip count M and the body passes its condition through: once entered, the loop never ends"
     if not view.has(1) and not _passes_cond_through(body):
         return ("cond input omitted but the body computes its condition output (the spec ignores it, "
                 "ORT's CPU EP stops on it)")

@@ -57,8 +57,10 @@ class Ep:
             parent = ffi.new("const OrtNode**")
             abi.check(abi.api.Graph_GetParentNode(graph_ptr, parent))
             if parent[0] != ffi.NULL and groups:
-                # ORT rejects a fused node inside a control-flow body (the body has no opset for the EP)
-                why = "inside a control-flow subgraph (Loop/If/Scan body): left to ORT"
+                # ORT rejects a fused node inside a control-flow body (the body has no opset for the EP);
+                # a body runs on MLX only as part of its claimed If/Loop/Scan (partition.bodies_reason)
+                why = ("inside a control-flow subgraph (Loop/If/Scan body): never fused alone; on MLX only "
+                       "with its whole control-flow node")
                 report.unclaimed.extend(Unclaimed(n.name, n.op_type, why) for g in groups for n in g)
                 report.groups, groups = [], []
             self.reports.append(report)

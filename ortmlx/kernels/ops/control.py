@@ -8,8 +8,8 @@ from the spec.
 
 - If: ``cond`` is read on the host (a sync when the device computed it).
 - Loop: the trip count and every iteration's condition are read on the host; loop-carried
-  values stay MLX arrays (evaluated once per iteration, so the lazy graph stays one iteration
-  deep); scan outputs are stacked on a new axis 0. With zero iterations a scan output is ORT's
+  values stay MLX arrays (evaluated every ``SETTLE_EVERY`` iterations, which bounds the lazy graph
+  a loop holds); scan outputs are stacked on a new axis 0. With zero iterations a scan output is ORT's
   empty tensor: ``[0] + the body output's shape`` with symbolic dims as 0 (an unknown rank is
   refused). ORT's CPU EP obeys the body's condition output even when the node's ``cond`` input is
   omitted (the spec says it is ignored): such loops are claimed only when the body passes its
@@ -46,8 +46,14 @@ def _mx(v) -> mx.array:
     return v if isinstance(v, mx.array) else mx.array(np.ascontiguousarray(np.asarray(v)))
 
 
-def _settle(values) -> None:
-    """Evaluate the MLX values among ``values`` (keeps a loop's lazy graph one iteration deep)."""
+#: a loop evaluates its values every this many iterations (bounds the lazy graph it holds)
+SETTLE_EVERY = 16
+
+
+def _settle(step: int, values) -> None:
+    """Every ``SETTLE_EVERY`` iterations, evaluate the MLX values among ``values``."""
+    if step % SETTLE_EVERY != SETTLE_EVERY - 1:
+        return
     lazy = [v for v in values if isinstance(v, mx.array)]
     if lazy:
         mx.eval(*lazy)
@@ -163,7 +169,7 @@ def loop(M=None, cond=None, *v_initial, body, ctx):
         carried = outs[1:1 + n]
         for k, v in enumerate(outs[1 + n:]):
             scans[k].append(_mx(v))
-        _settle([outs[0], *carried, *(s[-1] for s in scans)])
+        _settle(i, [outs[0], *carried, *(s[-1] for s in scans)])
         keep = bool(_one(outs[0], "Loop body condition"))
         i += 1
     return tuple(carried + [_stack_scan(items, body, 1 + n + k, ctx.out_dtypes[n + k])
@@ -258,7 +264,7 @@ def scan(*inputs, body, num_scan_inputs, scan_input_axes=None, scan_input_direct
         states = outs[:n_state]
         for k, v in enumerate(outs[n_state:]):
             per_step[k].append(_mx(v))
-        _settle([*states, *(p[-1] for p in per_step)])
+        _settle(t, [*states, *(p[-1] for p in per_step)])
     out_dirs = scan_output_directions or [0] * len(per_step)
     out_axes = _norm(scan_output_axes, [p[0] for p in per_step], extra=1)
     stacked = [mx.stack(p[::-1] if d else p, axis=ax) for p, ax, d in zip(per_step, out_axes, out_dirs)]

@@ -370,7 +370,31 @@ def scan_opset8():
     return m, [{"s": f32(1, 2), "xs": f32(1, 3, 2)}], "since_version 8"
 
 
+def scan_unknown_rank_axis():
+    """scan_input_axes on an input of unknown rank: the axis cannot be checked at claim time."""
+    m, feeds = scan_model(scan_input_axes=[1])
+    m.graph.input[1].CopyFrom(h.make_tensor_value_info("xs0", F, None))
+    return m, feeds, "unknown rank"
+
+
+def loop_scan_output_unknown_rank():
+    """A scan output of unknown rank (a Reshape to a shape of unknown length): a zero-iteration loop's
+    output shape cannot be known."""
+    body = graph([h.make_node("Add", ["x_in", "w"], ["x_out"]), h.make_node("Reshape", ["x_out", "shp"], ["sc"]),
+                  h.make_node("Identity", ["c_in"], ["c_out"])], "body",
+                 [("i", T.INT64, []), ("c_in", T.BOOL, []), ("x_in", F, [2])],
+                 [("c_out", T.BOOL, []), ("x_out", F, [2]), ("sc", F, None)])
+    m = make_model([h.make_node("Loop", ["M", "", "x0"], ["y", "ys"], body=body)],
+                   [("M", T.INT64, []), ("x0", F, [2]), ("w", F, [2]), ("shp", T.INT64, ["K"])],
+                   [("y", F, [2]), ("ys", F, None)], opset=16)
+    feeds = [{"M": np.array(k, np.int64), "x0": f32(2), "w": f32(2), "shp": np.array([1, 2], np.int64)}
+             for k in (0, 2)]
+    return m, feeds, "unknown rank"
+
+
 REFUSED = {
+    "scan_unknown_rank_axis": scan_unknown_rank_axis,
+    "loop_scan_output_unknown_rank": loop_scan_output_unknown_rank,
     "if_unsupported_body_op": if_unsupported_body_op,
     "loop_cond_omitted_body_computes_it": lambda: (loop_model("M", "", "less"), loop_feeds([(5, None)]),
                                                    "cond input omitted"),

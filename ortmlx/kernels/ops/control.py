@@ -129,6 +129,8 @@ def _loop_check(view) -> str | None:
     r = _arity(body, 2 + n_carried, 1 + n_carried + n_scan, "body")
     if r:
         return r
+    if not all(view.has(2 + k) for k in range(n_carried)):
+        return "a loop-carried input is omitted"
     if view.has(0) and view.dtype(0) != dt.INT64:
         return f"trip count M is {dt.name(view.dtype(0))}, not int64"
     if view.has(1) and view.dtype(1) != dt.BOOL:
@@ -223,9 +225,11 @@ def _scan_check(view) -> str | None:
     if not all(view.has(i) for i in range(n_in)):
         return "an input is omitted"
     r = _arity(body, n_state + m, n_state + n_scan, "body")
+    if r:
+        return r
     in_ranks = [view.rank(n_state + k) for k in range(m)]
     out_ranks = [None if body.value(o).rank is None else body.value(o).rank + 1 for o in body.outputs[n_state:]]
-    return (r or _axes_reason("scan_input_axes", a["scan_input_axes"], in_ranks, view.since_version)
+    return (_axes_reason("scan_input_axes", a["scan_input_axes"], in_ranks, view.since_version)
             or _dirs_reason("scan_input_directions", a["scan_input_directions"], m)
             or _axes_reason("scan_output_axes", a["scan_output_axes"], out_ranks, view.since_version)
             or _dirs_reason("scan_output_directions", a["scan_output_directions"], n_scan))

@@ -63,6 +63,9 @@ def claim(graph: Graph, device: str, disabled_ops: frozenset[str] = frozenset())
     for node in graph.nodes:
         reason, opdef = node_reason(node, graph, device, disabled_ops, host_math, host_known)
         if reason is None:
+            if opdef.control:
+                report.syncs.append(f"{node.label} runs its bodies eagerly: conditions and trip counts are "
+                                    f"read on the host")
             for i in sorted(opdef.const_inputs):
                 if i < len(node.inputs) and node.inputs[i] and node.inputs[i] not in host_known:
                     # read on the host after the device computes it: an eager sync; never traced

@@ -140,6 +140,7 @@ def test_if_result_feeds_one_group():
         check_against_cpu(model, feeds)
     rep = ortmlx.partition_reports()[-1]
     assert len(rep.groups) == 1 and rep.n_claimed == 3, rep.format()
+    assert any("If" in s and "eagerly" in s for s in rep.syncs), rep.syncs
     assert runners == [], "a group with control flow must run eagerly, never traced"
 
 

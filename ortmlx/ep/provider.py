@@ -4,7 +4,7 @@ from __future__ import annotations
 import threading
 
 from ..subgraph.ir import Graph
-from ..subgraph.partition import Unclaimed, claim
+from ..subgraph.partition import Unclaimed, claim, claimed_bodies
 from ..subgraph.plan import build_plan
 from . import stats
 from .compute import ComputeInfo
@@ -63,6 +63,10 @@ class Ep:
                        "with its whole control-flow node")
                 report.unclaimed.extend(Unclaimed(n.name, n.op_type, why) for g in groups for n in g)
                 report.groups, groups = [], []
+            bodies = claimed_bodies(groups)
+            for r in self.reports:
+                if not r.absorbed_by and r.produced in bodies:
+                    r.absorb(bodies[r.produced])
             self.reports.append(report)
             REPORTS.append(report)
             del REPORTS[:-_REPORTS_MAX]

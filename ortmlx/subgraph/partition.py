@@ -32,15 +32,25 @@ class PartitionReport:
     groups: list[list[str]] = field(default_factory=list)          # node labels per group
     unclaimed: list[Unclaimed] = field(default_factory=list)
     syncs: list[str] = field(default_factory=list)      # host reads of device values (eager only)
+    produced: frozenset[str] = frozenset()              # values the graph's nodes produce (identifies a body)
+    absorbed_by: str = ""       # a control-flow body that runs on MLX inside this claimed node (its label)
 
     @property
     def n_claimed(self) -> int:
-        return sum(len(g) for g in self.groups)
+        return self.n_nodes if self.absorbed_by else sum(len(g) for g in self.groups)
+
+    def absorb(self, label: str) -> None:
+        """This body graph runs on MLX as part of the claimed control-flow node ``label``."""
+        self.absorbed_by = label
+        self.unclaimed = []
 
     def reasons(self) -> Counter:
         return Counter(u.reason for u in self.unclaimed)
 
     def format(self) -> str:
+        if self.absorbed_by:
+            return (f"graph '{self.graph}' on MLX {self.device}: all {self.n_nodes} nodes run on MLX inside the "
+                    f"claimed {self.absorbed_by}")
         lines = [f"graph '{self.graph}' on MLX {self.device}: {self.n_claimed}/{self.n_nodes} nodes claimed "
                  f"in {len(self.groups)} group(s), {len(self.unclaimed)} left to the CPU EP"]
         for i, g in enumerate(self.groups):
@@ -55,7 +65,7 @@ class PartitionReport:
 
 def claim(graph: Graph, device: str, disabled_ops: frozenset[str] = frozenset()) -> tuple[list[list[Node]], PartitionReport]:
     """Return the claimed groups (each in topological order) and the partition report."""
-    report = PartitionReport(graph.name, device, len(graph.nodes))
+    report = PartitionReport(graph.name, device, len(graph.nodes), produced=_produced(graph))
     producers = graph.producers()
     claimed: dict[int, bool] = {}
     host_known: set[str] = set(graph.constants) | set(graph.inputs)
@@ -83,6 +93,32 @@ def claim(graph: Graph, device: str, disabled_ops: frozenset[str] = frozenset())
     groups = _group(graph, claimed)
     report.groups = [[n.label for n in g] for g in groups]
     return groups, report
+
+
+def _produced(graph: Graph) -> frozenset[str]:
+    return frozenset(o for n in graph.nodes for o in n.outputs if o)
+
+
+def claimed_bodies(groups: list[list[Node]]) -> dict[frozenset[str], str]:
+    """The bodies (nested ones too) of the claimed control-flow nodes: produced values -> the node's label.
+
+    ORT asks for a body's capability before its parent's, so these bodies' reports say "left to the CPU EP";
+    the provider marks them absorbed (``PartitionReport.absorb``) once the parent is claimed.
+    """
+    out: dict[frozenset[str], str] = {}
+
+    def visit(node: Node, label: str) -> None:
+        for body in node.subgraphs.values():
+            key = _produced(body)
+            if key:
+                out[key] = label
+            for inner in body.nodes:
+                visit(inner, label)
+
+    for g in groups:
+        for n in g:
+            visit(n, n.label)
+    return out
 
 
 def node_reason(node: Node, graph: Graph, device: str, disabled_ops: frozenset[str], host_math: set,

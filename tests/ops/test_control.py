@@ -141,6 +141,9 @@ def test_if_result_feeds_one_group():
     rep = ortmlx.partition_reports()[-1]
     assert len(rep.groups) == 1 and rep.n_claimed == 3, rep.format()
     assert any("If" in s and "eagerly" in s for s in rep.syncs), rep.syncs
+    bodies = [r for r in ortmlx.partition_reports()[-3:-1]]
+    assert sorted(r.graph for r in bodies) == ["else", "then"]
+    assert all(r.absorbed_by.startswith("If") and r.n_claimed == r.n_nodes and not r.unclaimed for r in bodies)
     assert runners == [], "a group with control flow must run eagerly, never traced"
 
 

@@ -8,6 +8,7 @@ from .abi import (ATTR_FLOAT, ATTR_FLOATS, ATTR_GRAPH, ATTR_INT, ATTR_INTS, ATTR
                   ATTR_TENSOR, Abi)
 
 ONNX_TYPE_TENSOR = 1
+GRAPH_ATTR = "graph attribute"      # why a graph attribute is unreadable until its body is read
 
 
 class GraphReader:
@@ -85,7 +86,7 @@ class GraphReader:
                 api.ReleaseValue(out[0])
             return arr
         if ty == ATTR_GRAPH:
-            return UnreadableAttr("graph attribute")
+            return UnreadableAttr(GRAPH_ATTR)
         return UnreadableAttr(f"attribute type {ty}")
 
     def attributes(self, node) -> dict:
@@ -101,27 +102,39 @@ class GraphReader:
                 out[name] = UnreadableAttr(f"{type(e).__name__}: {e}")
         return out
 
-    def subgraphs(self, h, copy_constants: bool) -> dict[str, Graph]:
-        """The node's graph attributes (control-flow bodies), attribute name -> body Graph."""
+    def subgraphs(self, h, n: int, copy_constants: bool) -> dict[str, Graph]:
+        """The node's ``n`` graph attributes (control-flow bodies), attribute name -> body Graph."""
+        abi, ffi, api = self.abi, self.ffi, self.api
+        graphs = ffi.new("const OrtGraph*[]", n)
+        names = ffi.new("const char*[]", n)
+        abi.check(api.Node_GetSubgraphs(h, graphs, n, names))
+        return {abi.str(names[i]) or f"#{i}": self.graph(graphs[i], copy_constants) for i in range(n)}
+
+    def bodies(self, h, attrs: dict, values: dict, copy_constants: bool) -> tuple[bool, dict, list[str]]:
+        """(has subgraphs, attribute -> body Graph, implicit inputs); graph attributes in ``attrs`` become
+        their bodies. A body that cannot be read leaves its attributes unreadable (refuses the claim)."""
         abi, ffi, api = self.abi, self.ffi, self.api
         n = ffi.new("size_t*")
         abi.check(api.Node_GetNumSubgraphs(h, n))
         if n[0] == 0:
-            return {}
-        graphs = ffi.new("const OrtGraph*[]", n[0])
-        names = ffi.new("const char*[]", n[0])
-        abi.check(api.Node_GetSubgraphs(h, graphs, n[0], names))
-        return {abi.str(names[i]) or f"#{i}": self.graph(graphs[i], copy_constants) for i in range(n[0])}
+            return False, {}, []
+        try:
+            subgraphs = self.subgraphs(h, n[0], copy_constants)
+            implicit = self._value_list(api.Node_GetNumImplicitInputs, api.Node_GetImplicitInputs, h, values)
+        except Exception as e:  # noqa: BLE001 - an unreadable body refuses the claim, not the session
+            for k, v in attrs.items():
+                if isinstance(v, UnreadableAttr) and v.why == GRAPH_ATTR:
+                    attrs[k] = UnreadableAttr(f"{GRAPH_ATTR}: {type(e).__name__}: {e}")
+            return True, {}, []
+        attrs.update((k, g) for k, g in subgraphs.items() if k in attrs)
+        return True, subgraphs, implicit
 
     def node(self, h, index: int, values: dict, copy_constants: bool = False) -> Node:
         abi, ffi, api = self.abi, self.ffi, self.api
         since = ffi.new("int*")
         abi.check(api.Node_GetSinceVersion(h, since))
         attrs = self.attributes(h)
-        subgraphs = self.subgraphs(h, copy_constants)
-        attrs.update((k, g) for k, g in subgraphs.items() if k in attrs)     # graph attributes: their bodies
-        implicit = self._value_list(api.Node_GetNumImplicitInputs, api.Node_GetImplicitInputs, h, values) \
-            if subgraphs else []
+        has_subgraphs, subgraphs, implicit = self.bodies(h, attrs, values, copy_constants)
         return Node(
             name=abi.call_str(api.Node_GetName, h),
             op_type=abi.call_str(api.Node_GetOperatorType, h),
@@ -132,7 +145,7 @@ class GraphReader:
             attrs=attrs,
             index=index,
             handle=h,
-            has_subgraphs=bool(subgraphs),
+            has_subgraphs=has_subgraphs,
             implicit_inputs=implicit,
             subgraphs=subgraphs,
         )

@@ -6,8 +6,8 @@ into ORT's buffer. ``ortmlx.ep.compute`` adds those byte counts here; ``snapshot
 reads them, ``reset()`` zeroes them. ``bench.py`` divides by tokens to report the
 per-token host<->device bytes of a generation.
 
-Not yet here: a device-resident mirror of genai's shared KV buffers (the KV cache
-still crosses the link every token, O(context)); see docs/performance.md.
+Inputs served from a device mirror (``ep/mirror.py``: genai's shared KV buffer) count 0 bytes in;
+an in-place output counts only the rows written back.
 """
 from __future__ import annotations
 

@@ -20,6 +20,7 @@ import sys
 from collections import defaultdict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)        # document this checkout's registry, not whichever ortmlx is installed
 DEFAULT_OUT = os.path.join(ROOT, "docs", "operators.md")
 DOMAIN_TITLES = {"": "ai.onnx"}
 
@@ -62,6 +63,8 @@ def _flags(d) -> str:
         f.append("host-computed")
     if getattr(d, "containers", False):
         f.append("sequence/optional values (inside one group, eager)")
+    if getattr(d, "control", False):
+        f.append("control flow")
     if d.variadic:
         f.append("variadic")
     return "; ".join(f)
@@ -133,6 +136,7 @@ def render() -> str:
         "inputs or host shape math); `host inputs by type` = more such inputs for some input types; `host twin` = numpy twin for integer shape math; `host-computed` = "
         "reads data on the host, never traced; `sequence/optional values` = touches sequence or optional "
         "values, which must stay inside one MLX group (never a group or graph input/output), never traced; "
+        "`control flow` = bodies run eagerly as nested programs (every body node must be claimable), never traced; "
         "`variadic` = any number of inputs.",
         "- **constraints**: the support check's docstring; cases it refuses stay on the CPU EP.",
         "",

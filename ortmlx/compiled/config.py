@@ -14,13 +14,14 @@ class CompiledConfig:
     - ``shape_mode``: ``shapeless`` (one trace for every length, verified at two lengths
       before it is trusted) or ``shape_keyed`` (one trace per input-shape key).
     - ``kv_alias``: present K/V outputs may share the past K/V buffer (genai's shared buffer).
-      Declared by prefill/decode; NOT acted on yet: Compute still copies the whole present
-      K/V out every call (O(buffer) bytes per token, measured in docs/performance.md).
+      Informational: the aliasing is detected and served generically by ``ep/compute.py`` +
+      ``ep/mirror.py`` (any output ORT places in an input's buffer, whichever runner ran), which
+      the closures allow by returning their outputs as MLX arrays.
     - ``rope_as_data``: RoPE position and valid past length are closure inputs, not baked
       (the traced RotaryEmbedding / GroupQueryAttention forms in ``attention.py`` do this).
     - ``delta_copyout``: with an aliased KV buffer only the new rows are written back.
-      Declared by prefill/decode; NOT acted on yet (needs ORT's output buffer to be the
-      input's and a new-rows hint from the runner to ``ep/compute.py``).
+      Informational, like ``kv_alias``: ``ep/mirror.py`` finds the changed rows by a device diff
+      against the mirror (no hint from the runner needed), for every runner.
     - ``contiguous_outputs``: outputs are made row-contiguous inside the trace.
     """
     name: str

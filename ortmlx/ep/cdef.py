@@ -88,6 +88,7 @@ API_SLOTS = {
     363: "OrtStatus* (*OpAttr_GetType)(const OrtOpAttr* attribute, int* type)",
     364: "OrtStatus* (*OpAttr_GetName)(const OrtOpAttr* attribute, const char** name)",
     365: "OrtStatus* (*Node_GetNumSubgraphs)(const OrtNode* node, size_t* n)",
+    366: "OrtStatus* (*Node_GetSubgraphs)(const OrtNode* node, const OrtGraph** graphs, size_t n, const char** attribute_names)",
     378: "OrtStatus* (*GetTensorData)(const OrtValue* value, const void** out)",
     379: "OrtStatus* (*GetSessionOptionsConfigEntries)(const OrtSessionOptions* options, OrtKeyValuePairs** out)",
     390: "bool (*TensorTypeAndShape_HasShape)(const OrtTensorTypeAndShapeInfo* info)",

@@ -14,6 +14,7 @@ ONNX_TYPE_TENSOR, ONNX_TYPE_SEQUENCE, ONNX_TYPE_OPTIONAL = 1, 2, 6
 _KINDS = {ONNX_TYPE_SEQUENCE: ir.SEQUENCE, 3: ir.MAP, 4: ir.OPAQUE, 5: ir.SPARSE_TENSOR, ONNX_TYPE_OPTIONAL: ir.OPTIONAL}
 #: nesting read for sequence/optional element types (optional(seq(tensor)) needs 2)
 _MAX_NESTING = 4
+GRAPH_ATTR = "graph attribute"      # why a graph attribute is unreadable until its body is read
 
 
 class GraphReader:
@@ -132,7 +133,7 @@ class GraphReader:
                 api.ReleaseValue(out[0])
             return arr
         if ty == ATTR_GRAPH:
-            return UnreadableAttr("graph attribute")
+            return UnreadableAttr(GRAPH_ATTR)
         return UnreadableAttr(f"attribute type {ty}")
 
     def attributes(self, node) -> dict:
@@ -148,12 +149,39 @@ class GraphReader:
                 out[name] = UnreadableAttr(f"{type(e).__name__}: {e}")
         return out
 
-    def node(self, h, index: int, values: dict) -> Node:
+    def subgraphs(self, h, n: int, copy_constants: bool) -> dict[str, Graph]:
+        """The node's ``n`` graph attributes (control-flow bodies), attribute name -> body Graph."""
+        abi, ffi, api = self.abi, self.ffi, self.api
+        graphs = ffi.new("const OrtGraph*[]", n)
+        names = ffi.new("const char*[]", n)
+        abi.check(api.Node_GetSubgraphs(h, graphs, n, names))
+        return {abi.str(names[i]) or f"#{i}": self.graph(graphs[i], copy_constants) for i in range(n)}
+
+    def bodies(self, h, attrs: dict, values: dict, copy_constants: bool) -> tuple[bool, dict, list[str]]:
+        """(has subgraphs, attribute -> body Graph, implicit inputs); graph attributes in ``attrs`` become
+        their bodies. A body that cannot be read leaves its attributes unreadable (refuses the claim)."""
+        abi, ffi, api = self.abi, self.ffi, self.api
+        n = ffi.new("size_t*")
+        abi.check(api.Node_GetNumSubgraphs(h, n))
+        if n[0] == 0:
+            return False, {}, []
+        try:
+            subgraphs = self.subgraphs(h, n[0], copy_constants)
+            implicit = self._value_list(api.Node_GetNumImplicitInputs, api.Node_GetImplicitInputs, h, values)
+        except Exception as e:  # noqa: BLE001 - an unreadable body refuses the claim, not the session
+            for k, v in attrs.items():
+                if isinstance(v, UnreadableAttr) and v.why == GRAPH_ATTR:
+                    attrs[k] = UnreadableAttr(f"{GRAPH_ATTR}: {type(e).__name__}: {e}")
+            return True, {}, []
+        attrs.update((k, g) for k, g in subgraphs.items() if k in attrs)
+        return True, subgraphs, implicit
+
+    def node(self, h, index: int, values: dict, copy_constants: bool = False) -> Node:
         abi, ffi, api = self.abi, self.ffi, self.api
         since = ffi.new("int*")
         abi.check(api.Node_GetSinceVersion(h, since))
-        nsub = ffi.new("size_t*")
-        abi.check(api.Node_GetNumSubgraphs(h, nsub))
+        attrs = self.attributes(h)
+        has_subgraphs, subgraphs, implicit = self.bodies(h, attrs, values, copy_constants)
         return Node(
             name=abi.call_str(api.Node_GetName, h),
             op_type=abi.call_str(api.Node_GetOperatorType, h),
@@ -161,12 +189,12 @@ class GraphReader:
             since_version=since[0],
             inputs=self._value_list(api.Node_GetNumInputs, api.Node_GetInputs, h, values),
             outputs=self._value_list(api.Node_GetNumOutputs, api.Node_GetOutputs, h, values),
-            attrs=self.attributes(h),
+            attrs=attrs,
             index=index,
             handle=h,
-            has_subgraphs=nsub[0] > 0,
-            implicit_inputs=(self._value_list(api.Node_GetNumImplicitInputs, api.Node_GetImplicitInputs, h, values)
-                             if nsub[0] > 0 else []),
+            has_subgraphs=has_subgraphs,
+            implicit_inputs=implicit,
+            subgraphs=subgraphs,
         )
 
     def graph(self, g, copy_constants: bool = False) -> Graph:
@@ -191,7 +219,7 @@ class GraphReader:
                 except Exception:  # noqa: BLE001 - e.g. string tensors: not a constant we can use
                     pass
         handles = abi.array(api.Graph_GetNumNodes, api.Graph_GetNodes, g, "const OrtNode*")
-        nodes = [self.node(h, i, values) for i, h in enumerate(handles)]
+        nodes = [self.node(h, i, values, copy_constants) for i, h in enumerate(handles)]
         name = abi.call_str(api.Graph_GetName, g)
         # graph inputs that are constant initializers are constants, not runtime inputs
         inputs = [i for i in inputs if i not in constants]

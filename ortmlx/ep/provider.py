@@ -4,7 +4,7 @@ from __future__ import annotations
 import threading
 
 from ..subgraph.ir import Graph
-from ..subgraph.partition import Unclaimed, claim
+from ..subgraph.partition import Unclaimed, claim, claimed_bodies
 from ..subgraph.plan import build_plan
 from . import stats
 from .compute import ComputeInfo
@@ -57,10 +57,16 @@ class Ep:
             parent = ffi.new("const OrtNode**")
             abi.check(abi.api.Graph_GetParentNode(graph_ptr, parent))
             if parent[0] != ffi.NULL and groups:
-                # ORT rejects a fused node inside a control-flow body (the body has no opset for the EP)
-                why = "inside a control-flow subgraph (Loop/If/Scan body): left to ORT"
+                # ORT rejects a fused node inside a control-flow body (the body has no opset for the EP);
+                # a body runs on MLX only as part of its claimed If/Loop/Scan (partition.bodies_reason)
+                why = ("inside a control-flow subgraph (Loop/If/Scan body): never fused alone; on MLX only "
+                       "with its whole control-flow node")
                 report.unclaimed.extend(Unclaimed(n.name, n.op_type, why) for g in groups for n in g)
                 report.groups, groups = [], []
+            bodies = claimed_bodies(groups)
+            for r in self.reports:
+                if not r.absorbed_by and r.produced in bodies:
+                    r.absorb(bodies[r.produced])
             self.reports.append(report)
             REPORTS.append(report)
             del REPORTS[:-_REPORTS_MAX]

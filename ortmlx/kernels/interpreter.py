@@ -15,6 +15,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..subgraph import ir
+from ..subgraph.ir import outer_refs
 from . import dtypes as dt
 from .registry import REGISTRY, Ctx, OpDef
 
@@ -95,6 +96,33 @@ class Step:
     ctx: Ctx | None
     in_containers: frozenset[int] = frozenset()      # inputs that are sequence/optional values (passed as is)
     out_infos: tuple = ()                            # outputs' ValueInfo when the step touches containers
+    bodies: dict | None = None       # control flow: graph attribute -> (nested Program, outer names it reads)
+
+
+class Body:
+    """A control-flow body bound to the outer-scope values it reads: ``body(*inputs)`` -> its outputs.
+
+    Runs the body's nested ``Program`` lazily (no evaluation); outputs are mx arrays or host (numpy) values.
+    """
+
+    def __init__(self, program: "Program", outer: dict[str, Any]):
+        self.program = program
+        self.outer = outer
+
+    @property
+    def n_inputs(self) -> int:
+        return len(self.program.inputs)
+
+    @property
+    def n_outputs(self) -> int:
+        return len(self.program.outputs)
+
+    def __call__(self, *inputs) -> list[Any]:
+        env = dict(self.outer)
+        env.update(self.program.constants)
+        env.update(self.program.host_constants)
+        env = self.program.build(list(inputs), env)
+        return [env[o] for o in self.program.outputs]
 
 
 class Program:
@@ -115,10 +143,11 @@ class Program:
             in_types = [self.types.get(i) if i else None for i in node.inputs]
             opdef = opdef.for_types(in_types)
             ctx = Ctx(node, out_types, in_types, device, len(node.outputs)) if opdef.wants_ctx else None
+            bodies = _nested(node, opdef, device)
             conts = frozenset(k for k, i in enumerate(node.inputs) if i and not graph.value(i).is_tensor)
             infos = tuple(graph.value(o) if o else None for o in node.outputs) if opdef.containers else ()
             self.steps.append(Step(node, opdef, list(node.inputs), list(node.outputs), dict(node.attrs),
-                                   out_types, in_types, ctx, conts, infos))
+                                   out_types, in_types, ctx, conts, infos, bodies))
         if constants_mx is None:
             with mx.stream(mx_device(device)):
                 constants_mx = {k: dt.to_mx(v, self.types.get(k) or dt.FROM_NUMPY[v.dtype])
@@ -174,11 +203,12 @@ class Program:
                 args.append(v)
             on_host = host_evaluable(od, st.out_types, host_flags) and \
                 all(a is None or not isinstance(a, np.ndarray) or a.size <= HOST_MAX_ELEMS for a in args)
+            attrs = st.attrs if st.bodies is None else self._bind_bodies(st, env)
             try:
                 if on_host:
                     if not od.shape_only:
                         args = [None if a is None else np.asarray(a) for a in args]
-                    out = od.host(*args, **st.attrs)
+                    out = od.host(*args, **attrs)
                 else:
                     for i, a in enumerate(args):
                         if a is None or i in st.in_containers:
@@ -188,9 +218,11 @@ class Program:
                                 args[i] = dt.to_numpy(a)       # forces evaluation: eager only
                         elif not isinstance(a, mx.array):
                             args[i] = self._device_copy(st.inputs[i], a, dev)
-                    out = od.fn(*args, **st.attrs, ctx=st.ctx) if od.wants_ctx else od.fn(*args, **st.attrs)
-            except KernelError:
-                raise
+                    out = od.fn(*args, **attrs, ctx=st.ctx) if od.wants_ctx else od.fn(*args, **attrs)
+            except KernelError as e:
+                if st.bodies is None:
+                    raise
+                raise KernelError(f"{st.node.label}: {e}") from e      # a body node failed: name both
             except Exception as e:
                 raise KernelError(f"{st.node.label}: {type(e).__name__}: {e}") from e
             if st.out_infos:
@@ -225,6 +257,18 @@ class Program:
             if isinstance(v, mx.array) and v.nbytes > MAX_VALUE_BYTES:      # ConcatFromSequence's result
                 raise KernelError(too_big(st.node.label, j, name, v))
 
+    @staticmethod
+    def _bind_bodies(st: Step, env: dict) -> dict:
+        """The step's attributes with each body bound to the outer values it reads from ``env``."""
+        attrs = dict(st.attrs)
+        for attr, (prog, names) in st.bodies.items():
+            missing = [n for n in names if n not in env]
+            if missing:
+                raise KernelError(f"{st.node.label}: {attr} body reads outer-scope value(s) {missing} "
+                                  f"that the group does not have")
+            attrs[attr] = Body(prog, {n: env[n] for n in names})
+        return attrs
+
     def _device_copy(self, name: str, a, dev: dict) -> mx.array:
         """The MLX copy of host value ``name`` (preloaded for constants, else made once per call)."""
         v = dev.get(name)
@@ -250,6 +294,13 @@ def _as_value(v, info):
     if info.kind == ir.OPTIONAL:
         return None if v is None else _as_value(v, info.elem)
     raise TypeError(f"a {info.kind} value cannot be held")
+
+
+def _nested(node, opdef: OpDef, device: str) -> dict | None:
+    """A control-flow node's bodies as nested Programs with the outer names each reads (None: no bodies)."""
+    if not opdef.control:
+        return None
+    return {attr: (Program(g, device), outer_refs(g)) for attr, g in node.subgraphs.items()}
 
 
 def _as_type(v, t: int | None):

@@ -58,6 +58,7 @@ class OpDef:
     const_when: Callable | None = None    # in_types -> more inputs read on the host for these types
     containers: bool = False              # may see sequence/optional values (lists / None); never traced
     opaque_attrs: frozenset[str] = frozenset()   # attributes never read (the graph's value types say the same)
+    control: bool = False                 # control flow: graph attributes arrive as callable bodies
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -91,7 +92,7 @@ class Registry:
                  dtypes: frozenset[int] | set[int] | None = None, check: Callable | None = None,
                  host: Callable | None = None, shape_only: bool = False, host_computed: bool = False,
                  const_when: Callable | None = None, carriers: bool = False, containers: bool = False,
-                 opaque_attrs: tuple[str, ...] = ()):
+                 opaque_attrs: tuple[str, ...] = (), control: bool = False):
         """Decorator registering ``fn`` as the translator of ``op_type`` from opset ``since`` on.
 
         ``containers=True``: the node may touch sequence/optional values (a sequence is a list of mx
@@ -106,6 +107,10 @@ class Registry:
 
         ``const_when(in_types) -> indices``: inputs read on the host only for some input element
         types (integer Div's divisor, checked for zeros); resolved per node by ``OpDef.for_types``.
+
+        ``control=True``: a control-flow op (If, Loop, Scan). Its graph attributes arrive as
+        ``interpreter.Body`` callables (body inputs -> body outputs); the partitioner checks every
+        body node (``partition.bodies_reason``) besides ``check``. Never traced.
         """
         def deco(fn: Callable) -> Callable:
             sig = inspect.signature(fn)
@@ -123,7 +128,7 @@ class Registry:
             d = OpDef(norm_domain(domain), op_type, since, fn, attrs, frozenset(const),
                       frozenset(dtypes) if dtypes is not None else None, check, host, shape_only,
                       host_computed, wants_ctx, variadic, const_when=const_when, carriers=carriers,
-                      containers=containers, opaque_attrs=frozenset(opaque_attrs))
+                      containers=containers, opaque_attrs=frozenset(opaque_attrs), control=control)
             lst = self._ops.setdefault((d.domain, op_type), [])
             if any(o.since == since for o in lst):
                 raise ValueError(f"{domain or 'ai.onnx'}::{op_type} since {since} registered twice")
@@ -312,8 +317,8 @@ def support_reason(node, opdef: OpDef | None, values: dict, constants: dict, dev
     if opdef is None:
         dom = node.domain or "ai.onnx"
         return f"unsupported op {dom}::{node.op_type} (since_version {node.since_version})"
-    if node.has_subgraphs:
-        return "control-flow node with subgraphs"
+    if node.has_subgraphs and not opdef.control:
+        return "node with graph attributes (subgraphs) and no control-flow translator"
     bad = [k for k, v in node.attrs.items() if isinstance(v, UnreadableAttr) and k not in opdef.opaque_attrs]
     if bad:
         return f"attribute {bad[0]!r} could not be read ({node.attrs[bad[0]].why})"

@@ -89,7 +89,8 @@ class Node:
     index: int = 0               # position in ORT's topological order
     handle: Any = None           # the OrtNode* it came from (ep layer only)
     has_subgraphs: bool = False
-    implicit_inputs: list[str] = field(default_factory=list)   # outer-scope values its subgraphs read
+    implicit_inputs: list[str] = field(default_factory=list)     # outer-scope values its bodies read
+    subgraphs: dict[str, "Graph"] = field(default_factory=dict)   # graph attribute -> body (also in attrs)
 
     @property
     def label(self) -> str:
@@ -121,3 +122,18 @@ class Graph:
                 if i:
                     out.setdefault(i, []).append(n)
         return out
+
+
+def outer_refs(graph: Graph) -> list[str]:
+    """Names ``graph`` reads from an enclosing scope (its nodes' and nested bodies' free values), in first-use order."""
+    local = set(graph.inputs) | set(graph.constants)
+    out: dict[str, None] = {}
+    for n in graph.nodes:
+        for name in [*n.inputs, *(r for g in n.subgraphs.values() for r in outer_refs(g))]:
+            if name and name not in local:
+                out.setdefault(name)
+        local.update(o for o in n.outputs if o)
+    for o in graph.outputs:
+        if o and o not in local:
+            out.setdefault(o)
+    return list(out)

@@ -32,15 +32,25 @@ class PartitionReport:
     groups: list[list[str]] = field(default_factory=list)          # node labels per group
     unclaimed: list[Unclaimed] = field(default_factory=list)
     syncs: list[str] = field(default_factory=list)      # host reads of device values (eager only)
+    produced: frozenset[str] = frozenset()              # values the graph's nodes produce (identifies a body)
+    absorbed_by: str = ""       # a control-flow body that runs on MLX inside this claimed node (its label)
 
     @property
     def n_claimed(self) -> int:
-        return sum(len(g) for g in self.groups)
+        return self.n_nodes if self.absorbed_by else sum(len(g) for g in self.groups)
+
+    def absorb(self, label: str) -> None:
+        """This body graph runs on MLX as part of the claimed control-flow node ``label``."""
+        self.absorbed_by = label
+        self.unclaimed = []
 
     def reasons(self) -> Counter:
         return Counter(u.reason for u in self.unclaimed)
 
     def format(self) -> str:
+        if self.absorbed_by:
+            return (f"graph '{self.graph}' on MLX {self.device}: all {self.n_nodes} nodes run on MLX inside the "
+                    f"claimed {self.absorbed_by}")
         lines = [f"graph '{self.graph}' on MLX {self.device}: {self.n_claimed}/{self.n_nodes} nodes claimed "
                  f"in {len(self.groups)} group(s), {len(self.unclaimed)} left to the CPU EP"]
         for i, g in enumerate(self.groups):
@@ -75,22 +85,19 @@ def claim(graph: Graph, device: str, disabled_ops: frozenset[str] = frozenset())
 def _claim_nodes(graph: Graph, device: str, disabled_ops: frozenset[str],
                  refused: dict[int, str]) -> tuple[dict[int, bool], PartitionReport]:
     """Per node: claimed or not (with the reason in the report); ``refused``: node id -> reason imposed."""
-    report = PartitionReport(graph.name, device, len(graph.nodes))
+    report = PartitionReport(graph.name, device, len(graph.nodes), produced=_produced(graph))
     producers = graph.producers()
     claimed: dict[int, bool] = {}
     host_known: set[str] = set(graph.constants) | set(graph.inputs)
     host_math: set[str] = set(graph.constants)     # constants and outputs of claimed host shape math
     for node in graph.nodes:
-        opdef = REGISTRY.resolve(node.domain, node.op_type, node.since_version)
-        if opdef is not None:
-            opdef = opdef.for_types([graph.value(i).dtype if i else None for i in node.inputs])
-        if node.op_type in disabled_ops:
-            reason = "disabled by the disable_ops option"
-        elif id(node) in refused:
+        reason, opdef = node_reason(node, graph, device, disabled_ops, host_math, host_known)
+        if reason is None and id(node) in refused:
             reason = refused[id(node)]
-        else:
-            reason = support_reason(node, opdef, graph.values, graph.constants, device, host_math, host_known)
         if reason is None:
+            if opdef.control:
+                report.syncs.append(f"{node.label} runs its bodies eagerly: conditions and trip counts are "
+                                    f"read on the host")
             for i in sorted(opdef.const_inputs):
                 if i < len(node.inputs) and node.inputs[i] and node.inputs[i] not in host_known:
                     # read on the host after the device computes it: an eager sync; never traced
@@ -104,13 +111,7 @@ def _claim_nodes(graph: Graph, device: str, disabled_ops: frozenset[str],
                                               else f"{node.domain}.{node.op_type}", reason))
             host_known.update(o for o in node.outputs if o)       # arrives from ORT as a host tensor
             continue
-        out_types = [graph.value(o).dtype for o in node.outputs if o]
-        flags = [(not i) or i in host_known for i in node.inputs]
-        if host_evaluable(opdef, out_types, flags):
-            host_known.update(o for o in node.outputs if o)
-            if all((not i) or i in host_math or (opdef.shape_only and k == 0)
-                   for k, i in enumerate(node.inputs)):
-                host_math.update(o for o in node.outputs if o)
+        _track_host(node, opdef, graph, host_math, host_known)
     return claimed, report
 
 
@@ -144,10 +145,101 @@ def container_crossings(graph: Graph, groups: list[list[Node]]) -> dict[int, str
     return out
 
 
+def _produced(graph: Graph) -> frozenset[str]:
+    return frozenset(o for n in graph.nodes for o in n.outputs if o)
+
+
+def claimed_bodies(groups: list[list[Node]]) -> dict[frozenset[str], str]:
+    """The bodies (nested ones too) of the claimed control-flow nodes: produced values -> the node's label.
+
+    ORT asks for a body's capability before its parent's, so these bodies' reports say "left to the CPU EP";
+    the provider marks them absorbed (``PartitionReport.absorb``) once the parent is claimed.
+    """
+    out: dict[frozenset[str], str] = {}
+
+    def visit(node: Node, label: str) -> None:
+        for body in node.subgraphs.values():
+            key = _produced(body)
+            if key:
+                out[key] = label
+            for inner in body.nodes:
+                visit(inner, label)
+
+    for g in groups:
+        for n in g:
+            visit(n, n.label)
+    return out
+
+
+def node_reason(node: Node, graph: Graph, device: str, disabled_ops: frozenset[str], host_math: set,
+                host_known: set):
+    """Why ``node`` of ``graph`` cannot be claimed (None: it can), and its resolved OpDef."""
+    opdef = REGISTRY.resolve(node.domain, node.op_type, node.since_version)
+    if opdef is not None:
+        opdef = opdef.for_types([graph.value(i).dtype if i else None for i in node.inputs])
+    if node.op_type in disabled_ops:
+        return "disabled by the disable_ops option", opdef
+    reason = support_reason(node, opdef, graph.values, graph.constants, device, host_math, host_known)
+    if reason is None and opdef.control:
+        reason = bodies_reason(node, device, disabled_ops)
+    return reason, opdef
+
+
+def _track_host(node: Node, opdef, graph: Graph, host_math: set, host_known: set) -> None:
+    """Record the outputs of a claimed node that the interpreter computes on the host."""
+    out_types = [graph.value(o).dtype for o in node.outputs if o]
+    flags = [(not i) or i in host_known for i in node.inputs]
+    if host_evaluable(opdef, out_types, flags):
+        host_known.update(o for o in node.outputs if o)
+        if all((not i) or i in host_math or (opdef.shape_only and k == 0)
+               for k, i in enumerate(node.inputs)):
+            host_math.update(o for o in node.outputs if o)
+
+
+def bodies_reason(node: Node, device: str, disabled_ops: frozenset[str] = frozenset()) -> str | None:
+    """Why a control-flow node's bodies cannot all run on MLX (None: every body node can)."""
+    if not node.subgraphs:
+        return "control-flow node without readable bodies"
+    for attr, body in node.subgraphs.items():
+        reason = body_reason(body, device, disabled_ops)
+        if reason:
+            return f"{attr} body: {reason}"
+    return None
+
+
+def _untyped(body: Graph) -> str | None:
+    """The first value of ``body`` that is not a tensor of known element type (sequence, optional ...)."""
+    names = [*body.inputs, *body.outputs, *(x for n in body.nodes for x in (*n.inputs, *n.outputs))]
+    for name in names:
+        if name and name not in body.constants and (not body.value(name).is_tensor or body.value(name).dtype is None):
+            return name
+    return None
+
+
+def body_reason(body: Graph, device: str, disabled_ops: frozenset[str] = frozenset()) -> str | None:
+    """Why ``body`` cannot run whole on MLX (None: every node, nested bodies included, can).
+
+    Body inputs (iteration values) and outer-scope values may live on the device: only the body's
+    own constants and the host shape math computed from them count as host values.
+    """
+    bad = _untyped(body)
+    if bad is not None:
+        return f"value '{bad}' is not a tensor of known type (sequence, optional or unknown)"
+    host_known: set[str] = set(body.constants)
+    host_math: set[str] = set(body.constants)
+    for node in body.nodes:
+        reason, opdef = node_reason(node, body, device, disabled_ops, host_math, host_known)
+        if reason is not None:
+            return f"{node.label}: {reason}"
+        _track_host(node, opdef, body, host_math, host_known)
+    return None
+
+
 def _group(graph: Graph, claimed: dict[int, bool]) -> list[list[Node]]:
     producers = graph.producers()
     by_id = {id(n): n for n in graph.nodes}
-    preds = {id(n): {id(producers[i]) for i in n.inputs if i and i in producers} for n in graph.nodes}
+    preds = {id(n): {id(producers[i]) for i in (*n.inputs, *n.implicit_inputs) if i and i in producers}
+             for n in graph.nodes}
     succs: dict[int, list[Node]] = {k: [] for k in by_id}
     for n in graph.nodes:
         for p in preds[id(n)]:

@@ -6,6 +6,7 @@ ints/flags: no host reads, no data-dependent shapes, no slicing, so they can be 
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import mlx.core as mx
@@ -25,7 +26,15 @@ def rotary_tables(cos_cache, sin_cache, positions, head_size: int, interleaved: 
     The sin table carries the sign of the rotation, so ``x*cos + x[perm]*sin`` is the
     rotated value on the first ``rotary_dim`` features. Beyond rotary_dim: cos 1, sin 0.
     """
-    half = cos_cache.shape[-1]
+    col, sign = _rotary_cols(cos_cache.shape[-1], head_size, interleaved, sin_cache.dtype)
+    c = mx.take(mx.take(cos_cache, positions, axis=0), col, axis=-1)
+    s = mx.take(mx.take(sin_cache, positions, axis=0), col, axis=-1)
+    return c, s * sign
+
+
+@functools.lru_cache(maxsize=64)
+def _rotary_cols(half: int, head_size: int, interleaved: bool, dtype) -> tuple[mx.array, mx.array]:
+    """(cache column of each head-dim element, sign of its sin term): made once per layout."""
     rd = 2 * half
     i = np.arange(head_size)
     col = (i // 2) if interleaved else (i % half)
@@ -34,10 +43,7 @@ def rotary_tables(cos_cache, sin_cache, positions, head_size: int, interleaved: 
         sign = np.where(i % 2 == 0, -1.0, 1.0)
     else:
         sign = np.where(i < half, -1.0, 1.0)
-    c = mx.take(mx.take(cos_cache, positions, axis=0), mx.array(col, mx.int32), axis=-1)
-    s = mx.take(mx.take(sin_cache, positions, axis=0), mx.array(col, mx.int32), axis=-1)
-    s = s * mx.array(sign, s.dtype)
-    return c, s
+    return mx.array(col, mx.int32), mx.array(sign, dtype)
 
 
 def _rotary_perm(head_size: int, rotary_dim: int, interleaved: bool) -> np.ndarray:
@@ -55,13 +61,19 @@ def apply_rotary(x, cos, sin, rotary_dim: int, interleaved: bool):
     """Rotate the first ``rotary_dim`` features of x (..., H); cos/sin broadcast to x.
     Half inputs compute in float32 and round once."""
     h = x.shape[-1]
-    partner = mx.take(x, mx.array(_rotary_perm(h, rotary_dim, interleaved)), axis=-1)
+    perm, keep = _rotary_consts(h, rotary_dim, interleaved)
+    partner = mx.take(x, perm, axis=-1)
     f32 = mx.float32
     rot = (x.astype(f32) * cos.astype(f32) + partner.astype(f32) * sin.astype(f32)).astype(x.dtype)
     if rotary_dim == h:
         return rot
-    keep = mx.array(np.arange(h) >= rotary_dim)
     return mx.where(keep, x, rot)
+
+
+@functools.lru_cache(maxsize=64)
+def _rotary_consts(h: int, rotary_dim: int, interleaved: bool) -> tuple[mx.array, mx.array]:
+    """(partner index of each feature, features kept as they are): made once per layout."""
+    return mx.array(_rotary_perm(h, rotary_dim, interleaved)), mx.array(np.arange(h) >= rotary_dim)
 
 
 # ---------------------------------------------------------------------------- GQA

@@ -23,6 +23,12 @@ from .mirror import MirrorSet, changed_rows, host_view, mirrorable, write_rows
 WHOLE_COPY_BYTES = [1 << 20, 64 << 10]
 
 
+def _copy_whole(dst: np.ndarray, r: mx.array) -> int:
+    host = host_view(r)
+    np.copyto(dst, host)
+    return host.nbytes
+
+
 def _nbytes(arrays) -> int:
     """Bytes of the gathered inputs (what MLX copies onto its device)."""
     return sum(a.nbytes for a in arrays if a is not None)
@@ -152,75 +158,83 @@ class ComputeInfo:
         MLX result as that buffer's mirror; when the call ran on the mirror, only the rows
         that changed are written (``ep/mirror.py``).
         """
-        abi, ffi = self.abi, self.abi.ffi
-        b = self._tls.b
         moved = 0
-        addrs = addrs or {}
         pending = []                    # (input index, address, result, old mirror, ORT's buffer)
         done: set[int] = set()
         for j, r in enumerate(results):
-            if addrs and isinstance(r, mx.array) and mirrorable(r):
-                r_shape = tuple(r.shape)
-                if len(r_shape) > abi.max_rank:
-                    raise EpError(f"output {j} ('{self.out_names[j]}') has rank {len(r_shape)} > {abi.max_rank}",
-                                  node=self.name)
-                for k, d in enumerate(r_shape):
-                    b.odims[k] = d
-                abi.check(abi.get_output(abi.api, kctx, j, b.odims, len(r_shape), b.out))
-                if j == 0 and probe is not None:
-                    probe.fault_point("copy_out")
-                addr = int(ffi.cast("uintptr_t", b.out[0]))
-                i = addrs.get(addr)
-                src = inputs[i] if i is not None else None
-                npt = dt.NUMPY.get(self.out_types[j])
-                if i is not None and i not in done and src.shape == r_shape and npt is not None \
-                        and src.dtype == np.dtype(npt) and self.out_types[j] not in dt.CARRIERS:
-                    done.add(i)
-                    self._aliased.add(i)
-                    dst = np.frombuffer(ffi.buffer(b.out[0], src.nbytes), src.dtype).reshape(r_shape)
+            inplace = bool(addrs) and isinstance(r, mx.array) and mirrorable(r)
+            host = None if inplace else dt.to_numpy(r) if isinstance(r, mx.array) else np.asarray(r)
+            shape = tuple(r.shape) if inplace else host.shape
+            ptr = self._output(kctx, j, shape, probe)
+            if inplace:
+                i = self._aliased_input(ptr, j, shape, inputs, addrs, done)
+                if i is not None:
+                    src = inputs[i]
+                    dst = np.frombuffer(self.abi.ffi.buffer(ptr, src.nbytes), src.dtype).reshape(shape)
+                    addr = int(self.abi.ffi.cast("uintptr_t", ptr))
                     if used and i in used:
                         pending.append((i, addr, r, used[i], dst))
-                        continue
-                    host = host_view(r)
-                    np.copyto(dst, host)
-                    moved += host.nbytes
-                    self.mirrors.store(i, addr, dst, r, None)
+                    else:
+                        moved += _copy_whole(dst, r)
+                        self.mirrors.store(i, addr, dst, r, None)
                     continue
                 host = host_view(r)
-                if host.size:
-                    dst = np.frombuffer(ffi.buffer(b.out[0], host.nbytes), host.dtype).reshape(r_shape)
-                    np.copyto(dst, host)
-                    moved += host.nbytes
-                continue
-            host = dt.to_numpy(r) if isinstance(r, mx.array) else np.asarray(r)
-            shape = host.shape
-            if len(shape) > abi.max_rank:
-                raise EpError(f"output {j} ('{self.out_names[j]}') has rank {len(shape)} > {abi.max_rank}",
-                              node=self.name)
-            for k, d in enumerate(shape):
-                b.odims[k] = d
-            abi.check(abi.get_output(abi.api, kctx, j, b.odims, len(shape), b.out))
-            if j == 0 and probe is not None:
-                probe.fault_point("copy_out")       # testing: fail with output 0 already allocated
-            if host.size and self.out_types[j] in dt.CARRIERS:
-                packed = dt.pack_carrier(host, self.out_types[j])
-                np.copyto(np.frombuffer(ffi.buffer(b.out[0], packed.nbytes), np.uint8), packed)
-                moved += packed.nbytes
-            elif host.size:
-                dst = np.frombuffer(ffi.buffer(b.out[0], host.nbytes), host.dtype).reshape(shape)
-                np.copyto(dst, host)
-                moved += host.nbytes
-        if pending and sum(d.nbytes for *_, d in pending) <= self._whole_bytes:
+            moved += self._copy(ptr, host, self.out_types[j])
+        return moved + self._write_pending(pending)
+
+    def _output(self, kctx, j: int, shape: tuple, probe):
+        """ORT's buffer for output ``j``, allocated with ``shape``."""
+        abi = self.abi
+        b = self._tls.b
+        if len(shape) > abi.max_rank:
+            raise EpError(f"output {j} ('{self.out_names[j]}') has rank {len(shape)} > {abi.max_rank}",
+                          node=self.name)
+        for k, d in enumerate(shape):
+            b.odims[k] = d
+        abi.check(abi.get_output(abi.api, kctx, j, b.odims, len(shape), b.out))
+        if j == 0 and probe is not None:
+            probe.fault_point("copy_out")       # testing: fail with output 0 already allocated
+        return b.out[0]
+
+    def _copy(self, ptr, host: np.ndarray, t: int | None) -> int:
+        """Copy a host result (ONNX element type ``t``) into ORT's buffer at ``ptr``; returns bytes."""
+        if not host.size:
+            return 0
+        ffi = self.abi.ffi
+        if t in dt.CARRIERS:
+            packed = dt.pack_carrier(host, t)
+            np.copyto(np.frombuffer(ffi.buffer(ptr, packed.nbytes), np.uint8), packed)
+            return packed.nbytes
+        np.copyto(np.frombuffer(ffi.buffer(ptr, host.nbytes), host.dtype).reshape(host.shape), host)
+        return host.nbytes
+
+    def _aliased_input(self, ptr, j: int, shape: tuple, inputs, addrs: dict, done: set) -> int | None:
+        """The input whose buffer ORT gave as output ``j``'s (same shape and type), else None."""
+        i = addrs.get(int(self.abi.ffi.cast("uintptr_t", ptr)))
+        if i is None or i in done:
+            return None
+        src, t = inputs[i], self.out_types[j]
+        npt = dt.NUMPY.get(t)
+        if src.shape != shape or npt is None or src.dtype != np.dtype(npt) or t in dt.CARRIERS:
+            return None
+        done.add(i)
+        self._aliased.add(i)
+        return i
+
+    def _write_pending(self, pending: list) -> int:
+        """Write back in-place results computed on mirrors: whole when small, else changed rows only."""
+        if not pending:
+            return 0
+        if sum(d.nbytes for *_, d in pending) <= self._whole_bytes:
+            moved = 0
             for i, addr, r, _, dst in pending:      # small buffers: a whole copy beats a diff round trip
-                host = host_view(r)
-                np.copyto(dst, host)
-                moved += host.nbytes
+                moved += _copy_whole(dst, r)
                 self.mirrors.store(i, addr, dst, r, None)
-        elif pending:
-            ranges = changed_rows([(r, old) for _, _, r, old, _ in pending], compiled=compile_thread())
-            moved += write_rows([(r, dst) for _, _, r, _, dst in pending], ranges)
-            for (i, addr, r, _, dst), rng in zip(pending, ranges):
-                self.mirrors.store(i, addr, dst, r, rng)
+            return moved
+        ranges = changed_rows([(r, old) for _, _, r, old, _ in pending], compiled=compile_thread())
+        moved = write_rows([(r, dst) for _, _, r, _, dst in pending], ranges)
+        for (i, addr, r, _, dst), rng in zip(pending, ranges):
+            self.mirrors.store(i, addr, dst, r, rng)
         return moved
 
     def compute(self, kctx) -> None:

@@ -220,3 +220,44 @@ def test_kv_mirror_same_tokens_and_rows_only(monkeypatch):
     assert max(h2d) - min(h2d) == 8 * (len(decode) - 1), sorted(h2d)      # the int64 mask grows
     assert len(d2h) == 1, sorted(d2h)
     assert max(h2d) < prompt["h2d_bytes"] / 10, (prompt, max(h2d))
+
+
+def _rewind_and_interleave(model) -> list[list[int]]:
+    """Two generators alive at once, stepped in turn (two KV buffers on one session), one of them
+    rewound mid-way (its buffer keeps rows past the new length) and continued."""
+    params = mg.search_options(model, MAX_LENGTH, 0)
+    a, b = og.Generator(model, params), og.Generator(model, params)
+    a.append_tokens(np.asarray(PROMPTS[0], np.int32))
+    b.append_tokens(np.asarray(PROMPTS[1], np.int32))
+    ta, tb = [], []
+    for _ in range(12):
+        a.generate_next_token()
+        ta.append(int(a.get_next_tokens()[0]))
+        b.generate_next_token()
+        tb.append(int(b.get_next_tokens()[0]))
+    a.rewind_to(len(PROMPTS[0]) + 5)
+    del ta[6:]
+    a.append_tokens(np.asarray([300, 301, 302], np.int32))
+    for _ in range(10):
+        a.generate_next_token()
+        ta.append(int(a.get_next_tokens()[0]))
+        b.generate_next_token()
+        tb.append(int(b.get_next_tokens()[0]))
+    return [ta, tb]
+
+
+@pytest.mark.parametrize("force_diff", [False, True])
+def test_kv_mirror_rewind_and_two_generators(monkeypatch, force_diff):
+    """genai rewind_to and two live generators: the same tokens with and without the mirror, and
+    as the CPU EP's."""
+    from ortmlx.ep import compute
+    if force_diff:
+        monkeypatch.setattr(compute, "WHOLE_COPY_BYTES", [0, 0])
+    path = model_dir("qwen2")
+    got = {}
+    for key, provider, opts in (("cpu", "cpu", None), (False, "mlx", {"no_kv_mirror": "1"}), (True, "mlx", {})):
+        model, _ = mg.load_model(path, provider, opts, SHARE)
+        got[key] = _rewind_and_interleave(model)
+        del model
+    assert got[False] == got[True] == got["cpu"]
+    assert len(got[True][0]) == 6 + 10 and len(got[True][1]) == 22

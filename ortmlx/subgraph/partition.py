@@ -96,8 +96,8 @@ def _claim_nodes(graph: Graph, device: str, disabled_ops: frozenset[str],
             reason = refused[id(node)]
         if reason is None:
             if opdef.control:
-                report.syncs.append(f"{node.label} runs its bodies eagerly: conditions and trip counts are "
-                                    f"read on the host")
+                host = ": conditions and trip counts are read on the host" if opdef.const_inputs else ""
+                report.syncs.append(f"{node.label} runs its bodies eagerly{host}")
             for i in sorted(opdef.const_inputs):
                 if i < len(node.inputs) and node.inputs[i] and node.inputs[i] not in host_known:
                     # read on the host after the device computes it: an eager sync; never traced

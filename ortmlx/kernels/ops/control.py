@@ -1,4 +1,4 @@
-"""Control flow: If, Loop, Scan (ai.onnx), run eagerly with nested bodies.
+"""Control flow: If, Loop, Scan, SequenceMap (ai.onnx), run eagerly with nested bodies.
 
 Each graph attribute arrives as an ``interpreter.Body``: call it with the body's inputs to get
 its outputs (lazy MLX arrays or host values); it sees the outer scope by itself. Every body
@@ -17,6 +17,12 @@ from the spec.
 - Scan (9+): ``scan_input_axes/directions``, ``scan_output_axes/directions``; a zero-length
   sequence is an error, as in ORT's CPU EP. Opset-8 Scan (batch axis, ``sequence_lens``) has no
   translator.
+- SequenceMap (17+): the body runs once per element of the first input sequence, with the matching element
+  of every additional sequence and every additional tensor whole; its outputs are collected into sequences.
+  It is also a container op (sequence inputs/outputs, kept inside one group by the partitioner). Like ORT's
+  CPU EP (which runs the spec's function body: a Loop of SequenceLength(input 0) iterations reading
+  SequenceAt of every sequence), an empty first sequence gives empty outputs, a shorter additional
+  sequence is an error, and a longer one's extra elements are ignored.
 """
 from __future__ import annotations
 
@@ -24,7 +30,9 @@ import mlx.core as mx
 import numpy as np
 
 from .. import dtypes as dt
+from ...subgraph import ir
 from ..registry import register
+from .sequence import kinds_reason
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -273,3 +281,71 @@ def scan(*inputs, body, num_scan_inputs, scan_input_axes=None, scan_input_direct
     out_axes = _norm(scan_output_axes, [p[0] for p in per_step], extra=1)
     stacked = [mx.stack(p[::-1] if d else p, axis=ax) for p, ax, d in zip(per_step, out_axes, out_dirs)]
     return tuple(states + stacked)
+
+
+# ----------------------------------------------------------------------------- SequenceMap
+
+def _smap_types_reason(view, body) -> str | None:
+    """Body input/output element types must match the node's sequences and tensors (ORT's function body
+    passes them through unchanged)."""
+    for k, name in enumerate(body.inputs):
+        want, have = body.value(name).dtype, (view.value(k).tensor_dtype if view.value(k) else None)
+        if want is None or have is None or want != have:
+            return (f"body input {k} ('{name}') is {dt.name(want) if want else 'untyped'}, node input {k} "
+                    f"holds {dt.name(have) if have else 'an unknown type'}")
+    for k, name in enumerate(body.outputs):
+        want, have = body.value(name).dtype, (view.out_value(k).tensor_dtype if view.out_value(k) else None)
+        if want is None or have is None or want != have:
+            return (f"body output {k} ('{name}') is {dt.name(want) if want else 'untyped'}, output sequence "
+                    f"{k} holds {dt.name(have) if have else 'an unknown type'}")
+    return None
+
+
+def _smap_check(view) -> str | None:
+    """Every body node must be claimable (checked by the partitioner); one body input per node input and one
+    body output per output sequence, of matching element types; input 0 a sequence, the others sequences or
+    tensors (none omitted), every output a sequence."""
+    body = _body(view, "body")
+    n_in, n_out = len(view.node.inputs), len(view.node.outputs)
+    r = _arity(body, n_in, n_out, "body")
+    if r:
+        return r
+    if not all(view.has(i) for i in range(n_in)):
+        return "an input is omitted"
+    return (kinds_reason(view, {0: {ir.SEQUENCE}, **{i: {ir.SEQUENCE, ir.TENSOR} for i in range(1, n_in)}},
+                         {k: {ir.SEQUENCE} for k in range(n_out)})
+            or _smap_types_reason(view, body))
+
+
+def _element(v, i: int, k: int):
+    """Iteration ``i``'s value of node input ``k``: a sequence's element ``i``, a tensor whole."""
+    if not isinstance(v, list):
+        return v
+    if i >= len(v):
+        raise ValueError(f"additional input {k} is a sequence of {len(v)} tensor(s), shorter than input_sequence: "
+                         f"no element {i}")
+    return v[i]
+
+
+def _seq_element(v, dtype: int | None) -> mx.array:
+    """A body result as a sequence element: an MLX array of the body output's type (host results copied)."""
+    if isinstance(v, mx.array):
+        return v
+    a = np.ascontiguousarray(np.asarray(v))
+    return dt.to_mx(a, dtype) if dtype is not None else mx.array(a)
+
+
+@register("SequenceMap", 17, control=True, containers=True, check=_smap_check)
+def sequence_map(input_sequence, *additional_inputs, body):
+    """Run ``body`` on each element of ``input_sequence`` (with the matching element of each additional sequence,
+    each additional tensor whole); returns one sequence per body output."""
+    if not isinstance(input_sequence, list):
+        raise TypeError(f"input_sequence is a {type(input_sequence).__name__}, not a sequence")
+    types = [body.program.types.get(o) for o in body.program.outputs]
+    outs: list[list] = [[] for _ in range(body.n_outputs)]
+    for i, x in enumerate(input_sequence):
+        res = body(x, *(_element(v, i, k + 1) for k, v in enumerate(additional_inputs)))
+        for k, v in enumerate(res):
+            outs[k].append(_seq_element(v, types[k]))
+        _settle(i, [o[-1] for o in outs])
+    return tuple(outs)

@@ -540,3 +540,186 @@ def test_concat_from_sequence_over_memory_cap_is_clear_error(monkeypatch):
     monkeypatch.setattr(interpreter, "MAX_VALUE_BYTES", 100)
     with pytest.raises(Exception, match=r"ConcatFromSequence_y.*would take"):
         s.run(None, feeds)
+
+
+# ---------------------------------------------------------------------------- SequenceMap
+# A body runs once per element of input 0 (with the matching element of each additional sequence, each
+# additional tensor whole); its outputs are collected into sequences. ORT's CPU EP runs the spec's function
+# body (a Loop of SequenceLength(input 0) iterations doing SequenceAt on every sequence).
+def tvi(name, t=T.FLOAT, shape=None):
+    return helper.make_tensor_value_info(name, t, shape)
+
+
+def body(nodes, inputs, outputs, inits=None):
+    """A body graph; inputs/outputs are names (float tensors) or (name, elem type) pairs."""
+    pair = lambda v: v if isinstance(v, tuple) else (v, T.FLOAT)  # noqa: E731
+    return helper.make_graph(nodes, "smap_body", [tvi(*pair(i)) for i in inputs], [tvi(*pair(o)) for o in outputs],
+                             [onnx.numpy_helper.from_array(np.asarray(v), k) for k, v in (inits or {}).items()])
+
+
+def smap(ins, outs, b, name="SequenceMap_o"):
+    return helper.make_node("SequenceMap", ins, outs, body=b, name=name)
+
+
+RELU = body([helper.make_node("Relu", ["a"], ["r"])], ["a"], ["r"])
+ADD = body([helper.make_node("Add", ["a", "b"], ["c"])], ["a", "b"], ["c"])
+SPLIT_X = nd("SplitToSequence", ["x"], ["s"], axis=0)
+SPLIT_Z = nd("SplitToSequence", ["z"], ["sz"], axis=0)
+X24, Z = ("x", T.FLOAT, [2, 4]), ("z", T.FLOAT, None)
+x24 = arr((2, 4), seed=11)
+
+
+def cat(seq, out, axis=0, new_axis=0):
+    return nd("ConcatFromSequence", [seq], [out], axis=axis, new_axis=new_axis)
+
+
+def if_body():
+    """A nested If: the branch follows the sign of the element's sum (its branches read the element)."""
+    then_b = helper.make_graph([helper.make_node("Neg", ["a"], ["t"])], "then", [], [tvi("t")])
+    else_b = helper.make_graph([helper.make_node("Mul", ["a", "a"], ["e"])], "else", [], [tvi("e")])
+    return body([helper.make_node("ReduceSum", ["a"], ["sm"], keepdims=0), helper.make_node("Greater", ["sm", "zf"], ["c"]),
+                 helper.make_node("If", ["c"], ["r"], then_branch=then_b, else_branch=else_b)], ["a"], ["r"],
+                {"zf": np.float32(0)})
+
+
+SMAP = {
+    # the body per row, then the rows back together
+    "relu": lambda: case([SPLIT_X, smap(["s"], ["o"], RELU), cat("o", "y"), nd("SequenceLength", ["o"], ["n"])],
+                         [X34], [Y, ("n", T.INT64, [])], {"x": x34}),
+    # an additional tensor passed whole to every iteration (broadcast against each row)
+    "add_tensor": lambda: case([SPLIT_X, smap(["s", "t"], ["o"], ADD), cat("o", "y")],
+                               [X34, ("t", T.FLOAT, [4])], [Y], {"x": x34, "t": arr((4,), seed=2)}),
+    # two sequences of equal length, element by element
+    "add_two_sequences": lambda: case([SPLIT_X, SPLIT_Z, smap(["s", "sz"], ["o"], ADD), cat("o", "y", 1)],
+                                      [X34, Z], [Y], {"x": x34, "z": arr((3, 4), seed=3)}),
+    # ORT reads only as many elements of an additional sequence as input 0 holds: extra ones are ignored
+    "longer_additional_sequence": lambda: case([SPLIT_X, SPLIT_Z, smap(["s", "sz"], ["o"], ADD), cat("o", "y")],
+                                               [X34, Z], [Y], {"x": x34, "z": arr((5, 4), seed=4)}),
+    # two outputs: a float tensor and an int64 shape (host shape math inside the body)
+    "two_outputs": lambda: case([nd("SplitToSequence", ["x", "sp"], ["s"], axis=1),
+                                 smap(["s"], ["o", "sh"], body([helper.make_node("Relu", ["a"], ["r"]),
+                                                                helper.make_node("Shape", ["a"], ["q"])],
+                                                               ["a"], ["r", ("q", T.INT64)])),
+                                 cat("o", "y", 1), cat("sh", "shapes", 0, 1)],
+                                [X34], [Y, ("shapes", T.INT64, None)], {"x": x34}, inits={"sp": i64(1, 2, 1)}),
+    # the body reads an outer value computed in the group and its own initializer
+    "outer_and_body_constant": lambda: case(
+        [nd("Neg", ["x"], ["w"]), SPLIT_X,
+         smap(["s"], ["o"], body([helper.make_node("Mul", ["a", "w"], ["m"]), helper.make_node("Add", ["m", "k"], ["r"])],
+                                 ["a"], ["r"], {"k": np.float32(0.5)})), cat("o", "y")],
+        [X34], [Y], {"x": x34}),
+    # uneven chunks: every iteration sees a different shape
+    "uneven_chunks": lambda: case([nd("SplitToSequence", ["x", "sp"], ["s"], axis=0),
+                                   smap(["s"], ["o"], body([helper.make_node("Transpose", ["a"], ["r"])], ["a"], ["r"])),
+                                   cat("o", "y", 1)],
+                                  [X34], [Y], {"x": x34}, inits={"sp": i64(2, 1)}),
+    # a nested If in the body (its condition read on the host per element)
+    "nested_if": lambda: case([SPLIT_X, smap(["s"], ["o"], if_body()), cat("o", "y")], [X34], [Y], {"x": x34}),
+    # chained maps, then the second map's sequence is read back by SequenceAt
+    "chained": lambda: case([SPLIT_X, smap(["s"], ["o1"], RELU, "SequenceMap_o1"),
+                             smap(["o1", "t"], ["o2"], ADD, "SequenceMap_o2"), cat("o2", "y"),
+                             nd("SequenceAt", ["o2", "last"], ["y2"])],
+                            [X34, ("t", T.FLOAT, [1, 4])], [Y, ("y2", T.FLOAT, None)],
+                            {"x": x34, "t": arr((1, 4), seed=5)}, inits={"last": i64(-1)}),
+    # mixed shapes from SequenceConstruct, the body extracts each shape
+    "extract_shapes": lambda: case([nd("SequenceConstruct", ["x", "x2"], ["s"]),
+                                    smap(["s"], ["o"], body([helper.make_node("Shape", ["a"], ["q"])], ["a"],
+                                                            [("q", T.INT64)])), cat("o", "y", 0, 1)],
+                                   [X34, ("x2", T.FLOAT, [2, 4])], [("y", T.INT64, None)],
+                                   {"x": x34, "x2": x24}),
+    # a body output that is its input (no node) and one that is the additional tensor
+    "pass_through": lambda: case([SPLIT_X, smap(["s", "t"], ["o1", "o2"], body([], ["a", "b"], ["a", "b"])),
+                                  cat("o1", "y"), cat("o2", "y2", 0, 1)],
+                                 [X34, ("t", T.FLOAT, [2])], [Y, ("y2", T.FLOAT, None)],
+                                 {"x": x34, "t": arr((2,), seed=6)}),
+    # an empty input sequence: empty output sequences (SequenceLength 0)
+    "empty": lambda: case([SPLIT_X, smap(["s", "t"], ["o"], ADD), nd("SequenceLength", ["o"], ["n"])],
+                          [("x", T.FLOAT, [0, 4]), ("t", T.FLOAT, [4])], [("n", T.INT64, [])],
+                          {"x": np.zeros((0, 4), np.float32), "t": arr((4,))}),
+    # an empty input 0 with a non-empty additional sequence
+    "empty_first_nonempty_additional": lambda: case(
+        [SPLIT_X, SPLIT_Z, smap(["s", "sz"], ["o"], ADD), nd("SequenceLength", ["o"], ["n"])],
+        [("x", T.FLOAT, [0, 4]), Z], [("n", T.INT64, [])], {"x": np.zeros((0, 4), np.float32), "z": arr((2, 4))}),
+}
+
+
+@pytest.mark.parametrize("opset", [17, 18, 21])
+@pytest.mark.parametrize("name", list(SMAP))
+def test_sequence_map(name, opset):
+    nodes, inputs, outputs, feeds, _, inits = SMAP[name]()
+    s = check_against_cpu(make_model(nodes, inputs, outputs, inits, opset=opset), [feeds])
+    assert "SequenceMap" in assignment(s)[EP], assignment(s)
+
+
+SMAP_TYPES = {"int32": (T.INT32, np.int32), "int64": (T.INT64, np.int64), "float16": (T.FLOAT16, np.float16),
+              "float64": (T.DOUBLE, np.float64)}
+
+
+@pytest.mark.parametrize("name", list(SMAP_TYPES))
+def test_sequence_map_dtypes(name):
+    et, t = SMAP_TYPES[name]
+    b = body([helper.make_node("Mul", ["a", "b"], ["c"])], [("a", et), ("b", et)], [("c", et)])
+    nodes = [nd("SequenceConstruct", ["x", "x2"], ["s"]), smap(["s", "t"], ["o"], b), cat("o", "y")]
+    feeds = {"x": arr((2, 3), t), "x2": arr((1, 3), t, seed=1), "t": arr((3,), t, seed=2)}
+    s = check_against_cpu(make_model(nodes, [("x", et, [2, 3]), ("x2", et, [1, 3]), ("t", et, [3])], [("y", et, None)],
+                                     opset=18), [feeds])
+    assert "SequenceMap" in assignment(s)[EP], assignment(s)
+
+
+def test_sequence_map_shorter_additional_sequence_names_node():
+    """Input 0 holds more elements than an additional sequence: ORT's SequenceAt fails; we name the node."""
+    nodes, inputs, outputs, _, _, inits = SMAP["add_two_sequences"]()
+    model = make_model(nodes, inputs, outputs, inits, opset=18)
+    feeds = {"x": x34, "z": arr((2, 4), seed=3)}
+    with pytest.raises(Exception):
+        session(model, "CPUExecutionProvider", record=False).run(None, feeds)
+    s = session(model)
+    assert not unclaimed_ops(s), assignment(s)
+    with pytest.raises(Exception, match=r"SequenceMap_o.*additional input 1 .* 2 tensor\(s\), shorter"):
+        s.run(None, feeds)
+
+
+def test_sequence_map_body_error_names_both_nodes():
+    """A body node failing at run time (Reshape to a size the element does not have) names the map and the node."""
+    b = body([helper.make_node("Reshape", ["a", "shp"], ["r"], name="body_reshape")], ["a"], ["r"],
+             {"shp": i64(3, 3)})
+    model = make_model([SPLIT_X, smap(["s"], ["o"], b), cat("o", "y")], [X34], [Y], opset=18)
+    with pytest.raises(Exception):
+        session(model, "CPUExecutionProvider", record=False).run(None, {"x": x34})
+    s = session(model)
+    assert not unclaimed_ops(s), assignment(s)
+    with pytest.raises(Exception, match=r"SequenceMap_o.*body_reshape"):
+        s.run(None, {"x": x34})
+
+
+def _any_reason(op):
+    """The reason a report of this session leaves ``op`` on the CPU EP (ORT inlines a refused SequenceMap into a
+    Loop, so the newest reports no longer hold it)."""
+    for rep in reversed(ortmlx.partition_reports()):
+        for u in rep.unclaimed:
+            if u.op == op:
+                return u.reason
+    raise AssertionError(f"no report leaves {op} on the CPU EP")
+
+
+def test_sequence_map_graph_input_stays_on_cpu():
+    model = make_model([smap(["s"], ["o"], RELU), cat("o", "y")], [seq_vi("s", T.FLOAT)], [Y], opset=18)
+    s = _cpu_equal(model, {"s": [arr((2, 3)), arr((1, 3), seed=1)]})
+    assert "SequenceMap" not in assignment(s).get(EP, {}), assignment(s)
+    assert "graph input or output" in _any_reason("SequenceMap")
+
+
+def test_sequence_map_graph_output_stays_on_cpu():
+    model = make_model([SPLIT_X, smap(["s"], ["o"], RELU), cat("o", "y")], [X34], [Y, seq_vi("o", T.FLOAT)], opset=18)
+    s = _cpu_equal(model, {"x": x34})
+    assert "SequenceMap" not in assignment(s).get(EP, {}), assignment(s)
+    assert "graph input or output" in _any_reason("SequenceMap")
+
+
+def test_sequence_map_unclaimable_body_stays_on_cpu():
+    """A body node MLX cannot take (Relu, disabled here) keeps the map, and the sequences around it, on the CPU EP."""
+    model = make_model([nd("Neg", ["x"], ["x1"]), nd("SplitToSequence", ["x1"], ["s"], axis=0),
+                        smap(["s"], ["o"], RELU), cat("o", "y")], [X34], [Y], opset=18)
+    s = _cpu_equal(model, {"x": x34}, options={"disable_ops": "Relu"})
+    assert "SequenceMap" not in assignment(s).get(EP, {}) and "Neg" in assignment(s)[EP], assignment(s)
+    assert "body" in _any_reason("SequenceMap") and "disabled" in _any_reason("SequenceMap")

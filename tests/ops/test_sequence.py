@@ -504,17 +504,28 @@ def test_sequence_through_unclaimed_node_regroups():
     assert "must stay inside one MLX group" in _reasons("SplitToSequence")[0]
 
 
-def test_sequence_read_inside_if_branch_stays_on_cpu():
-    """A control-flow body reading a sequence from the outer scope makes it a fused output: refused."""
+def _if_reading_sequence():
+    """Branches read a sequence of the outer scope (SequenceAt), chosen by its length."""
     branch = lambda name, k: helper.make_graph(  # noqa: E731
         [helper.make_node("SequenceAt", ["s", f"k{name}"], [name])], name, [],
         [helper.make_tensor_value_info(name, T.FLOAT, None)], [onnx.numpy_helper.from_array(i64(k), f"k{name}")])
     nodes = [nd("SplitToSequence", ["x"], ["s"], axis=1), nd("SequenceLength", ["s"], ["n"]),
              nd("Greater", ["n", "two"], ["c"]),
              nd("If", ["c"], ["y"], then_branch=branch("t", 1), else_branch=branch("e", 0))]
-    model = make_model(nodes, [X34], [Y], {"two": i64(2)}, opset=18)
-    s = _cpu_equal(model, {"x": x34})
-    assert {"SplitToSequence", "SequenceLength"} <= set(unclaimed_ops(s)), assignment(s)
+    return make_model(nodes, [X34], [Y], {"two": i64(2)}, opset=18)
+
+
+def test_sequence_read_inside_if_branch():
+    """A body reading a sequence of the outer scope: the sequence stays inside the group holding the If."""
+    s = _cpu_equal(_if_reading_sequence(), {"x": x34})
+    assert not unclaimed_ops(s), assignment(s)
+
+
+def test_sequence_read_inside_unclaimed_if_stays_on_cpu():
+    """The If left to the CPU EP (disabled here) would make the sequence a fused output: its nodes are refused."""
+    s = _cpu_equal(_if_reading_sequence(), {"x": x34}, options={"disable_ops": "If"})
+    assert {"SplitToSequence", "SequenceLength", "If"} <= set(unclaimed_ops(s)), assignment(s)
+    assert "used by a node outside its group" in _reasons("SplitToSequence")[0]
 
 
 def test_sequence_groups_are_never_compiled():
@@ -621,6 +632,16 @@ SMAP = {
                              nd("SequenceAt", ["o2", "last"], ["y2"])],
                             [X34, ("t", T.FLOAT, [1, 4])], [Y, ("y2", T.FLOAT, None)],
                             {"x": x34, "t": arr((1, 4), seed=5)}, inits={"last": i64(-1)}),
+    # scalar host outputs (Size, and Shape -> ReduceProd) stay scalars in the output sequences
+    "scalar_host_outputs": lambda: case([nd("SplitToSequence", ["x", "sp"], ["s"], axis=1),
+                                         smap(["s"], ["o1", "o2"], body([helper.make_node("Size", ["a"], ["q"]),
+                                                                         helper.make_node("Shape", ["a"], ["sh"]),
+                                                                         helper.make_node("ReduceProd", ["sh"], ["p"],
+                                                                                          keepdims=0)],
+                                                                        ["a"], [("q", T.INT64), ("p", T.INT64)])),
+                                         cat("o1", "y", 0, 1), cat("o2", "y2", 0, 1)],
+                                        [X34], [("y", T.INT64, None), ("y2", T.INT64, None)], {"x": x34},
+                                        inits={"sp": i64(3, 1)}),
     # mixed shapes from SequenceConstruct, the body extracts each shape
     "extract_shapes": lambda: case([nd("SequenceConstruct", ["x", "x2"], ["s"]),
                                     smap(["s"], ["o"], body([helper.make_node("Shape", ["a"], ["q"])], ["a"],
@@ -723,3 +744,98 @@ def test_sequence_map_unclaimable_body_stays_on_cpu():
     s = _cpu_equal(model, {"x": x34}, options={"disable_ops": "Relu"})
     assert "SequenceMap" not in assignment(s).get(EP, {}) and "Neg" in assignment(s)[EP], assignment(s)
     assert "body" in _any_reason("SequenceMap") and "disabled" in _any_reason("SequenceMap")
+
+
+# ---------------------------------------------------------------------------- sequences inside control flow
+def loop_body(nodes, inputs, outputs, inits=None):
+    """A Loop body: (iteration, cond) then the carried values; inputs/outputs are (name, type proto or elem type)."""
+    def v(n, t):
+        return helper.make_value_info(n, t) if isinstance(t, onnx.TypeProto) else tvi(n, t, None)
+    return helper.make_graph(nodes, "loop_body", [v(*i) for i in inputs], [v(*o) for o in outputs],
+                             [onnx.numpy_helper.from_array(np.asarray(v_), k) for k, v_ in (inits or {}).items()])
+
+
+SEQ_F = helper.make_sequence_type_proto(helper.make_tensor_type_proto(T.FLOAT, None))
+LOOP_IO = [("i", helper.make_tensor_type_proto(T.INT64, [])), ("c", helper.make_tensor_type_proto(T.BOOL, []))]
+
+
+def appending_loop(n_trip=3, scan=False):
+    """SequenceEmpty -> Loop(M): each iteration appends x * i to the carried sequence (and keeps a running sum;
+    with ``scan``, also scans out i * 2) -> ConcatFromSequence / SequenceLength."""
+    b = loop_body([helper.make_node("Cast", ["i"], ["fi"], to=T.FLOAT), helper.make_node("Mul", ["x", "fi"], ["xi"]),
+                   helper.make_node("SequenceInsert", ["sin", "xi"], ["sout"]),
+                   helper.make_node("Add", ["acc", "xi"], ["acc2"]), helper.make_node("Identity", ["c"], ["co"])]
+                  + ([helper.make_node("Add", ["i", "i"], ["i2"])] if scan else []),
+                  LOOP_IO + [("sin", SEQ_F), ("acc", T.FLOAT)],
+                  [("co", T.BOOL), ("sout", SEQ_F), ("acc2", T.FLOAT)] + ([("i2", T.INT64)] if scan else []))
+    nodes = [nd("SequenceEmpty", [], ["s0"]),
+             nd("Loop", ["M", "cond", "s0", "zero_f"], ["s", "sum"] + (["scan"] if scan else []), body=b),
+             nd("SequenceLength", ["s"], ["n"]), nd("SequenceInsert", ["s", "x"], ["s_"]),
+             nd("ConcatFromSequence", ["s_"], ["y"], axis=0)]
+    outs = [Y, ("n", T.INT64, []), ("sum", T.FLOAT, None)] + ([("scan", T.INT64, None)] if scan else [])
+    return make_model(nodes, [X34, ("M", T.INT64, [])], outs,
+                      {"cond": np.array(True), "zero_f": np.zeros((3, 4), np.float32)}, opset=18)
+
+
+@pytest.mark.parametrize("trip,scan", [(3, False), (0, False), (20, False), (2, True)],
+                         ids=["three", "zero_iterations", "twenty", "with_scan_output"])
+def test_loop_carried_sequence(trip, scan):
+    run = check_against_cpu(appending_loop(scan=scan), [{"x": x34, "M": i64(trip)}])
+    assert "Loop" in assignment(run)[EP], assignment(run)
+
+
+def test_loop_reads_outer_sequence_and_stops_on_its_length():
+    """The body reads an outer sequence (SequenceAt by iteration) and stops when the carried one is long enough."""
+    b = loop_body([helper.make_node("SequenceAt", ["s", "i"], ["e"]), helper.make_node("Relu", ["e"], ["r"]),
+                   helper.make_node("SequenceInsert", ["sin", "r"], ["sout"]),
+                   helper.make_node("SequenceLength", ["sout"], ["ln"]), helper.make_node("Less", ["ln", "two"], ["co"])],
+                  LOOP_IO + [("sin", SEQ_F)], [("co", T.BOOL), ("sout", SEQ_F)], {"two": i64(2)})
+    nodes = [nd("SplitToSequence", ["x"], ["s"], axis=0), nd("SequenceEmpty", [], ["s0"]),
+             nd("Loop", ["n", "cond", "s0"], ["o"], body=b), nd("SequenceLength", ["s"], ["n"]),
+             nd("ConcatFromSequence", ["o"], ["y"], axis=0)]
+    model = make_model(nodes, [X34], [Y], {"cond": np.array(True)}, opset=18)
+    run = check_against_cpu(model, [{"x": x34}])
+    assert "Loop" in assignment(run)[EP], assignment(run)
+
+
+def test_sequence_map_inlined_by_ort_stays_on_cpu():
+    """A SequenceMap left to ORT (disabled here) is inlined into the spec's function body (a Loop carrying
+    sequences) only after the CPU EP took the nodes around it: everything stays on the CPU EP, right answers."""
+    nodes, inputs, outputs, feeds, _, inits = SMAP["add_two_sequences"]()
+    s = _cpu_equal(make_model(nodes, inputs, outputs, inits, opset=18), feeds, options={"disable_ops": "SequenceMap"})
+    assert EP not in assignment(s), assignment(s)
+
+
+def test_loop_carried_sequence_graph_output_stays_on_cpu():
+    """A carried sequence that is a graph output keeps the Loop (and its producer) on the CPU EP."""
+    model = appending_loop()
+    model.graph.output.append(seq_vi("s", T.FLOAT))
+    s = _cpu_equal(model, {"x": x34, "M": i64(2)})
+    assert {"Loop", "SequenceEmpty"} <= set(unclaimed_ops(s)), assignment(s)
+    assert "graph input or output" in _reasons("Loop")[0]
+
+
+def test_loop_carried_optional_refused():
+    """An optional carried value is not handled: the Loop stays on the CPU EP, with ORT's answer."""
+    opt_t = helper.make_optional_type_proto(helper.make_tensor_type_proto(T.FLOAT, None))
+    b = loop_body([helper.make_node("Identity", ["oin"], ["oout"]), helper.make_node("Identity", ["c"], ["co"])],
+                  LOOP_IO + [("oin", opt_t)], [("co", T.BOOL), ("oout", opt_t)])
+    nodes = [nd("Optional", ["x"], ["o0"]), nd("Loop", ["M", "", "o0"], ["o"], body=b),
+             nd("OptionalGetElement", ["o"], ["y"])]
+    model = make_model(nodes, [X34], [Y], {"M": i64(2)}, opset=18)
+    s = _cpu_equal(model, {"x": x34})
+    assert "Loop" in unclaimed_ops(s), assignment(s)
+    assert "optional" in _any_reason("Loop")
+
+
+def test_if_with_sequence_output_refused():
+    """If takes no sequence outputs (its branches would return them): left to the CPU EP, with ORT's answer."""
+    branch = lambda name, ax: helper.make_graph(  # noqa: E731
+        [helper.make_node("SplitToSequence", ["x"], [name], axis=ax)], name, [], [helper.make_value_info(name, SEQ_F)])
+    nodes = [nd("ReduceSum", ["x"], ["sm"], keepdims=0), nd("Greater", ["sm", "zf"], ["c"]),
+             nd("If", ["c"], ["s"], then_branch=branch("t", 0), else_branch=branch("e", 1)),
+             nd("ConcatFromSequence", ["s"], ["y"], axis=0, new_axis=1)]
+    model = make_model(nodes, [X34], [Y], {"zf": np.float32(0)}, opset=18)
+    s = _cpu_equal(model, {"x": x34})
+    assert "If" in unclaimed_ops(s) and "ReduceSum" in assignment(s)[EP], assignment(s)
+    assert "sequence" in _any_reason("If")

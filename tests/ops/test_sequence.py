@@ -642,6 +642,15 @@ SMAP = {
                                          cat("o1", "y", 0, 1), cat("o2", "y2", 0, 1)],
                                         [X34], [("y", T.INT64, None), ("y2", T.INT64, None)], {"x": x34},
                                         inits={"sp": i64(3, 1)}),
+    # sequences inside the body: each row split into pairs, reversed by SequenceInsert at 0, concatenated back
+    "sequence_inside_body": lambda: case(
+        [SPLIT_X, smap(["s"], ["o"], body([helper.make_node("SplitToSequence", ["a", "two"], ["p"], axis=1),
+                                           helper.make_node("SequenceAt", ["p", "one"], ["p1"]),
+                                           helper.make_node("SequenceErase", ["p", "one"], ["p0"]),
+                                           helper.make_node("SequenceInsert", ["p0", "p1", "zero"], ["q"]),
+                                           helper.make_node("ConcatFromSequence", ["q"], ["r"], axis=1)],
+                                          ["a"], ["r"], {"two": i64(2), "one": i64(1), "zero": i64(0)})),
+         cat("o", "y")], [X34], [Y], {"x": x34}),
     # mixed shapes from SequenceConstruct, the body extracts each shape
     "extract_shapes": lambda: case([nd("SequenceConstruct", ["x", "x2"], ["s"]),
                                     smap(["s"], ["o"], body([helper.make_node("Shape", ["a"], ["q"])], ["a"],
@@ -839,3 +848,16 @@ def test_if_with_sequence_output_refused():
     s = _cpu_equal(model, {"x": x34})
     assert "If" in unclaimed_ops(s) and "ReduceSum" in assignment(s)[EP], assignment(s)
     assert "sequence" in _any_reason("If")
+
+
+def test_optional_inside_loop_body():
+    """An optional made and read inside a Loop body (never a body input or output) runs with the Loop on MLX."""
+    b = loop_body([helper.make_node("Optional", ["x"], ["op"]), helper.make_node("OptionalGetElement", ["op"], ["g"]),
+                   helper.make_node("OptionalHasElement", ["op"], ["hs"]), helper.make_node("Cast", ["hs"], ["hf"], to=T.FLOAT),
+                   helper.make_node("Mul", ["g", "hf"], ["gm"]), helper.make_node("Add", ["acc", "gm"], ["acc2"]),
+                   helper.make_node("Identity", ["c"], ["co"])],
+                  LOOP_IO + [("acc", T.FLOAT)], [("co", T.BOOL), ("acc2", T.FLOAT)])
+    model = make_model([nd("Loop", ["M", "", "zero_f"], ["y"], body=b)], [X34], [Y],
+                       {"M": i64(3), "zero_f": np.zeros((3, 4), np.float32)}, opset=18)
+    run = check_against_cpu(model, [{"x": x34}])
+    assert "Loop" in assignment(run)[EP], assignment(run)

@@ -861,3 +861,54 @@ def test_optional_inside_loop_body():
                        {"M": i64(3), "zero_f": np.zeros((3, 4), np.float32)}, opset=18)
     run = check_against_cpu(model, [{"x": x34}])
     assert "Loop" in assignment(run)[EP], assignment(run)
+
+
+# ---------------------------------------------------------------------------- the ONNX suite's SequenceMap cases
+SUITE_SMAP = ["identity_1_sequence", "identity_2_sequences", "identity_1_sequence_1_tensor", "add_2_sequences",
+              "add_1_sequence_1_tensor", "extract_shapes"]
+
+
+@pytest.fixture(scope="module")
+def smap_suite():
+    """The ONNX backend suite's SequenceMap cases (name -> TestCase), plain and expanded (a Loop carrying sequences)."""
+    import warnings
+    from onnx.backend.test.loader import load_model_tests
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")         # the suite's generators divide by zero on purpose
+        return {c.name: c for c in load_model_tests(kind="node") if c.name.startswith("test_sequence_map")}
+
+
+def inside(model, inputs):
+    """The suite's graph with its sequences kept inside: every sequence input built by SequenceConstruct from one
+    tensor input per element, every element of an output sequence read back by SequenceAt. Returns model, feeds."""
+    g, nodes, tail, new_in, outs, feeds, inits = model.graph, [], [], [], [], {}, list(model.graph.initializer)
+    n = 0
+    for v, val in zip(g.input, inputs):
+        if not v.type.HasField("sequence_type"):
+            new_in.append(v)
+            feeds[v.name] = np.asarray(val)
+            continue
+        et, n = v.type.sequence_type.elem_type.tensor_type.elem_type, len(val)
+        names = [f"{v.name}_{k}" for k in range(n)]
+        new_in += [tvi(e, et) for e in names]
+        feeds.update(zip(names, val))
+        nodes.append(helper.make_node("SequenceConstruct", names, [v.name]))
+    for v in g.output:
+        et = v.type.sequence_type.elem_type.tensor_type.elem_type
+        for k in range(n):
+            inits.append(onnx.numpy_helper.from_array(i64(k), f"{v.name}_at{k}"))
+            tail.append(helper.make_node("SequenceAt", [v.name, f"{v.name}_at{k}"], [f"{v.name}_{k}"]))
+            outs.append(tvi(f"{v.name}_{k}", et))
+    graph = helper.make_graph(nodes + list(g.node) + tail, "inside", new_in, outs, inits)
+    return helper.make_model(graph, opset_imports=model.opset_import, ir_version=10), feeds
+
+
+@pytest.mark.parametrize("expanded", [False, True], ids=["node", "expanded_loop"])
+@pytest.mark.parametrize("name", SUITE_SMAP)
+def test_sequence_map_onnx_suite_inside(smap_suite, name, expanded):
+    """The suite's own cases take sequence graph inputs/outputs (left to the CPU EP); with the sequences kept
+    inside, SequenceMap (and the function body ORT would run: a Loop carrying sequences) is claimed whole."""
+    c = smap_suite[f"test_sequence_map_{name}" + ("_expanded" if expanded else "")]
+    model, feeds = inside(c.model, c.data_sets[0][0])
+    s = check_against_cpu(model, [feeds])
+    assert ("Loop" if expanded else "SequenceMap") in assignment(s)[EP], assignment(s)

@@ -59,7 +59,7 @@ class Ep:
             if parent[0] != ffi.NULL and groups:
                 # ORT rejects a fused node inside a control-flow body (the body has no opset for the EP);
                 # a body runs on MLX only as part of its claimed If/Loop/Scan (partition.bodies_reason)
-                why = ("inside a control-flow subgraph (Loop/If/Scan body): never fused alone; on MLX only "
+                why = ("inside a control-flow subgraph (If/Loop/Scan/SequenceMap body): never fused alone; on MLX only "
                        "with its whole control-flow node")
                 report.unclaimed.extend(Unclaimed(n.name, n.op_type, why) for g in groups for n in g)
                 report.groups, groups = [], []

@@ -108,7 +108,7 @@ class Registry:
         ``const_when(in_types) -> indices``: inputs read on the host only for some input element
         types (integer Div's divisor, checked for zeros); resolved per node by ``OpDef.for_types``.
 
-        ``control=True``: a control-flow op (If, Loop, Scan). Its graph attributes arrive as
+        ``control=True``: a control-flow op (If, Loop, Scan, SequenceMap). Its graph attributes arrive as
         ``interpreter.Body`` callables (body inputs -> body outputs); the partitioner checks every
         body node (``partition.bodies_reason``) besides ``check``. Never traced.
         """

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from ..kernels.interpreter import host_evaluable
 from ..kernels.registry import REGISTRY, support_reason
-from .ir import Graph, Node
+from .ir import OPTIONAL, SEQUENCE, Graph, Node
 
 
 @dataclass
@@ -96,8 +96,8 @@ def _claim_nodes(graph: Graph, device: str, disabled_ops: frozenset[str],
             reason = refused[id(node)]
         if reason is None:
             if opdef.control:
-                report.syncs.append(f"{node.label} runs its bodies eagerly: conditions and trip counts are "
-                                    f"read on the host")
+                host = ": conditions and trip counts are read on the host" if opdef.const_inputs else ""
+                report.syncs.append(f"{node.label} runs its bodies eagerly{host}")
             for i in sorted(opdef.const_inputs):
                 if i < len(node.inputs) and node.inputs[i] and node.inputs[i] not in host_known:
                     # read on the host after the device computes it: an eager sync; never traced
@@ -181,7 +181,7 @@ def node_reason(node: Node, graph: Graph, device: str, disabled_ops: frozenset[s
         return "disabled by the disable_ops option", opdef
     reason = support_reason(node, opdef, graph.values, graph.constants, device, host_math, host_known)
     if reason is None and opdef.control:
-        reason = bodies_reason(node, device, disabled_ops)
+        reason = bodies_reason(node, device, disabled_ops, opdef.containers)
     return reason, opdef
 
 
@@ -196,35 +196,48 @@ def _track_host(node: Node, opdef, graph: Graph, host_math: set, host_known: set
             host_math.update(o for o in node.outputs if o)
 
 
-def bodies_reason(node: Node, device: str, disabled_ops: frozenset[str] = frozenset()) -> str | None:
-    """Why a control-flow node's bodies cannot all run on MLX (None: every body node can)."""
+def bodies_reason(node: Node, device: str, disabled_ops: frozenset[str] = frozenset(),
+                  containers: bool = False) -> str | None:
+    """Why a control-flow node's bodies cannot all run on MLX (None: every body node can). ``containers``: the
+    node's translator takes sequence/optional body inputs/outputs (its check matches their kinds)."""
     if not node.subgraphs:
         return "control-flow node without readable bodies"
     for attr, body in node.subgraphs.items():
-        reason = body_reason(body, device, disabled_ops)
+        reason = body_reason(body, device, disabled_ops, containers)
         if reason:
             return f"{attr} body: {reason}"
     return None
 
 
-def _untyped(body: Graph) -> str | None:
-    """The first value of ``body`` that is not a tensor of known element type (sequence, optional ...)."""
+def _untyped(body: Graph, containers: bool = False) -> str | None:
+    """The first value of ``body`` that cannot be held: not a tensor of known element type. Sequences and
+    optionals are allowed between body nodes (each node's check verifies the kinds it takes); as body inputs
+    or outputs only when the control-flow op handles them (``containers``: its check matches the kinds)."""
+    io = set(body.inputs) | set(body.outputs)
     names = [*body.inputs, *body.outputs, *(x for n in body.nodes for x in (*n.inputs, *n.outputs))]
     for name in names:
-        if name and name not in body.constants and (not body.value(name).is_tensor or body.value(name).dtype is None):
-            return name
+        if not name or name in body.constants:
+            continue
+        vi = body.value(name)
+        if vi.is_tensor and vi.dtype is not None:
+            continue
+        if vi.kind in (SEQUENCE, OPTIONAL) and vi.tensor_dtype is not None and (containers or name not in io):
+            continue
+        return name
     return None
 
 
-def body_reason(body: Graph, device: str, disabled_ops: frozenset[str] = frozenset()) -> str | None:
+def body_reason(body: Graph, device: str, disabled_ops: frozenset[str] = frozenset(),
+                containers: bool = False) -> str | None:
     """Why ``body`` cannot run whole on MLX (None: every node, nested bodies included, can).
 
     Body inputs (iteration values) and outer-scope values may live on the device: only the body's
     own constants and the host shape math computed from them count as host values.
     """
-    bad = _untyped(body)
+    bad = _untyped(body, containers)
     if bad is not None:
-        return f"value '{bad}' is not a tensor of known type (sequence, optional or unknown)"
+        what = "a body input or output" if bad in set(body.inputs) | set(body.outputs) else "a body value"
+        return f"{what} '{bad}' is not a tensor of known type (sequence, optional or unknown)"
     host_known: set[str] = set(body.constants)
     host_math: set[str] = set(body.constants)
     for node in body.nodes:

@@ -318,8 +318,20 @@ def scan_model(n_state=1, n_scan=1, opset=16, **attrs):
     return m, [feeds]
 
 
+def scan_scalar_host_output():
+    """Scan outputs computed on the host per slice: Size (0-d) and Shape (1-d) stack to (n,) and (n, 1)."""
+    body = graph([h.make_node("Add", ["s_in", "x"], ["s_out"]), h.make_node("Size", ["x"], ["n"]),
+                  h.make_node("Shape", ["x"], ["sh"])], "body",
+                 [("s_in", F, [3]), ("x", F, [3])], [("s_out", F, [3]), ("n", T.INT64, []), ("sh", T.INT64, [1])])
+    node = h.make_node("Scan", ["s", "xs"], ["sf", "ns", "shs"], body=body, num_scan_inputs=1)
+    m = make_model([node], [("s", F, [3]), ("xs", F, [4, 3])],
+                   [("sf", F, None), ("ns", T.INT64, None), ("shs", T.INT64, None)], opset=16)
+    return m, [{"s": f32(3), "xs": f32(4, 3)}]
+
+
 SCAN_CASES = {
     "sum": lambda: scan_model(),
+    "scalar_host_output": scan_scalar_host_output,
     "opset9": lambda: scan_model(opset=9),
     "input_axis_reverse": lambda: scan_model(scan_input_axes=[1], scan_input_directions=[1]),
     "output_axis_reverse": lambda: scan_model(scan_output_axes=[1], scan_output_directions=[1]),

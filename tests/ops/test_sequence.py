@@ -504,17 +504,28 @@ def test_sequence_through_unclaimed_node_regroups():
     assert "must stay inside one MLX group" in _reasons("SplitToSequence")[0]
 
 
-def test_sequence_read_inside_if_branch_stays_on_cpu():
-    """A control-flow body reading a sequence from the outer scope makes it a fused output: refused."""
+def _if_reading_sequence():
+    """Branches read a sequence of the outer scope (SequenceAt), chosen by its length."""
     branch = lambda name, k: helper.make_graph(  # noqa: E731
         [helper.make_node("SequenceAt", ["s", f"k{name}"], [name])], name, [],
         [helper.make_tensor_value_info(name, T.FLOAT, None)], [onnx.numpy_helper.from_array(i64(k), f"k{name}")])
     nodes = [nd("SplitToSequence", ["x"], ["s"], axis=1), nd("SequenceLength", ["s"], ["n"]),
              nd("Greater", ["n", "two"], ["c"]),
              nd("If", ["c"], ["y"], then_branch=branch("t", 1), else_branch=branch("e", 0))]
-    model = make_model(nodes, [X34], [Y], {"two": i64(2)}, opset=18)
-    s = _cpu_equal(model, {"x": x34})
-    assert {"SplitToSequence", "SequenceLength"} <= set(unclaimed_ops(s)), assignment(s)
+    return make_model(nodes, [X34], [Y], {"two": i64(2)}, opset=18)
+
+
+def test_sequence_read_inside_if_branch():
+    """A body reading a sequence of the outer scope: the sequence stays inside the group holding the If."""
+    s = _cpu_equal(_if_reading_sequence(), {"x": x34})
+    assert not unclaimed_ops(s), assignment(s)
+
+
+def test_sequence_read_inside_unclaimed_if_stays_on_cpu():
+    """The If left to the CPU EP (disabled here) would make the sequence a fused output: its nodes are refused."""
+    s = _cpu_equal(_if_reading_sequence(), {"x": x34}, options={"disable_ops": "If"})
+    assert {"SplitToSequence", "SequenceLength", "If"} <= set(unclaimed_ops(s)), assignment(s)
+    assert "used by a node outside its group" in _reasons("SplitToSequence")[0]
 
 
 def test_sequence_groups_are_never_compiled():
@@ -540,3 +551,364 @@ def test_concat_from_sequence_over_memory_cap_is_clear_error(monkeypatch):
     monkeypatch.setattr(interpreter, "MAX_VALUE_BYTES", 100)
     with pytest.raises(Exception, match=r"ConcatFromSequence_y.*would take"):
         s.run(None, feeds)
+
+
+# ---------------------------------------------------------------------------- SequenceMap
+# A body runs once per element of input 0 (with the matching element of each additional sequence, each
+# additional tensor whole); its outputs are collected into sequences. ORT's CPU EP runs the spec's function
+# body (a Loop of SequenceLength(input 0) iterations doing SequenceAt on every sequence).
+def tvi(name, t=T.FLOAT, shape=None):
+    return helper.make_tensor_value_info(name, t, shape)
+
+
+def body(nodes, inputs, outputs, inits=None):
+    """A body graph; inputs/outputs are names (float tensors) or (name, elem type) pairs."""
+    pair = lambda v: v if isinstance(v, tuple) else (v, T.FLOAT)  # noqa: E731
+    return helper.make_graph(nodes, "smap_body", [tvi(*pair(i)) for i in inputs], [tvi(*pair(o)) for o in outputs],
+                             [onnx.numpy_helper.from_array(np.asarray(v), k) for k, v in (inits or {}).items()])
+
+
+def smap(ins, outs, b, name="SequenceMap_o"):
+    return helper.make_node("SequenceMap", ins, outs, body=b, name=name)
+
+
+RELU = body([helper.make_node("Relu", ["a"], ["r"])], ["a"], ["r"])
+ADD = body([helper.make_node("Add", ["a", "b"], ["c"])], ["a", "b"], ["c"])
+SPLIT_X = nd("SplitToSequence", ["x"], ["s"], axis=0)
+SPLIT_Z = nd("SplitToSequence", ["z"], ["sz"], axis=0)
+X24, Z = ("x", T.FLOAT, [2, 4]), ("z", T.FLOAT, None)
+x24 = arr((2, 4), seed=11)
+
+
+def cat(seq, out, axis=0, new_axis=0):
+    return nd("ConcatFromSequence", [seq], [out], axis=axis, new_axis=new_axis)
+
+
+def if_body():
+    """A nested If: the branch follows the sign of the element's sum (its branches read the element)."""
+    then_b = helper.make_graph([helper.make_node("Neg", ["a"], ["t"])], "then", [], [tvi("t")])
+    else_b = helper.make_graph([helper.make_node("Mul", ["a", "a"], ["e"])], "else", [], [tvi("e")])
+    return body([helper.make_node("ReduceSum", ["a"], ["sm"], keepdims=0), helper.make_node("Greater", ["sm", "zf"], ["c"]),
+                 helper.make_node("If", ["c"], ["r"], then_branch=then_b, else_branch=else_b)], ["a"], ["r"],
+                {"zf": np.float32(0)})
+
+
+SMAP = {
+    # the body per row, then the rows back together
+    "relu": lambda: case([SPLIT_X, smap(["s"], ["o"], RELU), cat("o", "y"), nd("SequenceLength", ["o"], ["n"])],
+                         [X34], [Y, ("n", T.INT64, [])], {"x": x34}),
+    # an additional tensor passed whole to every iteration (broadcast against each row)
+    "add_tensor": lambda: case([SPLIT_X, smap(["s", "t"], ["o"], ADD), cat("o", "y")],
+                               [X34, ("t", T.FLOAT, [4])], [Y], {"x": x34, "t": arr((4,), seed=2)}),
+    # two sequences of equal length, element by element
+    "add_two_sequences": lambda: case([SPLIT_X, SPLIT_Z, smap(["s", "sz"], ["o"], ADD), cat("o", "y", 1)],
+                                      [X34, Z], [Y], {"x": x34, "z": arr((3, 4), seed=3)}),
+    # ORT reads only as many elements of an additional sequence as input 0 holds: extra ones are ignored
+    "longer_additional_sequence": lambda: case([SPLIT_X, SPLIT_Z, smap(["s", "sz"], ["o"], ADD), cat("o", "y")],
+                                               [X34, Z], [Y], {"x": x34, "z": arr((5, 4), seed=4)}),
+    # two outputs: a float tensor and an int64 shape (host shape math inside the body)
+    "two_outputs": lambda: case([nd("SplitToSequence", ["x", "sp"], ["s"], axis=1),
+                                 smap(["s"], ["o", "sh"], body([helper.make_node("Relu", ["a"], ["r"]),
+                                                                helper.make_node("Shape", ["a"], ["q"])],
+                                                               ["a"], ["r", ("q", T.INT64)])),
+                                 cat("o", "y", 1), cat("sh", "shapes", 0, 1)],
+                                [X34], [Y, ("shapes", T.INT64, None)], {"x": x34}, inits={"sp": i64(1, 2, 1)}),
+    # the body reads an outer value computed in the group and its own initializer
+    "outer_and_body_constant": lambda: case(
+        [nd("Neg", ["x"], ["w"]), SPLIT_X,
+         smap(["s"], ["o"], body([helper.make_node("Mul", ["a", "w"], ["m"]), helper.make_node("Add", ["m", "k"], ["r"])],
+                                 ["a"], ["r"], {"k": np.float32(0.5)})), cat("o", "y")],
+        [X34], [Y], {"x": x34}),
+    # uneven chunks: every iteration sees a different shape
+    "uneven_chunks": lambda: case([nd("SplitToSequence", ["x", "sp"], ["s"], axis=0),
+                                   smap(["s"], ["o"], body([helper.make_node("Transpose", ["a"], ["r"])], ["a"], ["r"])),
+                                   cat("o", "y", 1)],
+                                  [X34], [Y], {"x": x34}, inits={"sp": i64(2, 1)}),
+    # a nested If in the body (its condition read on the host per element)
+    "nested_if": lambda: case([SPLIT_X, smap(["s"], ["o"], if_body()), cat("o", "y")], [X34], [Y], {"x": x34}),
+    # chained maps, then the second map's sequence is read back by SequenceAt
+    "chained": lambda: case([SPLIT_X, smap(["s"], ["o1"], RELU, "SequenceMap_o1"),
+                             smap(["o1", "t"], ["o2"], ADD, "SequenceMap_o2"), cat("o2", "y"),
+                             nd("SequenceAt", ["o2", "last"], ["y2"])],
+                            [X34, ("t", T.FLOAT, [1, 4])], [Y, ("y2", T.FLOAT, None)],
+                            {"x": x34, "t": arr((1, 4), seed=5)}, inits={"last": i64(-1)}),
+    # scalar host outputs (Size, and Shape -> ReduceProd) stay scalars in the output sequences
+    "scalar_host_outputs": lambda: case([nd("SplitToSequence", ["x", "sp"], ["s"], axis=1),
+                                         smap(["s"], ["o1", "o2"], body([helper.make_node("Size", ["a"], ["q"]),
+                                                                         helper.make_node("Shape", ["a"], ["sh"]),
+                                                                         helper.make_node("ReduceProd", ["sh"], ["p"],
+                                                                                          keepdims=0)],
+                                                                        ["a"], [("q", T.INT64), ("p", T.INT64)])),
+                                         cat("o1", "y", 0, 1), cat("o2", "y2", 0, 1)],
+                                        [X34], [("y", T.INT64, None), ("y2", T.INT64, None)], {"x": x34},
+                                        inits={"sp": i64(3, 1)}),
+    # sequences inside the body: each row split into pairs, reversed by SequenceInsert at 0, concatenated back
+    "sequence_inside_body": lambda: case(
+        [SPLIT_X, smap(["s"], ["o"], body([helper.make_node("SplitToSequence", ["a", "two"], ["p"], axis=1),
+                                           helper.make_node("SequenceAt", ["p", "one"], ["p1"]),
+                                           helper.make_node("SequenceErase", ["p", "one"], ["p0"]),
+                                           helper.make_node("SequenceInsert", ["p0", "p1", "zero"], ["q"]),
+                                           helper.make_node("ConcatFromSequence", ["q"], ["r"], axis=1)],
+                                          ["a"], ["r"], {"two": i64(2), "one": i64(1), "zero": i64(0)})),
+         cat("o", "y")], [X34], [Y], {"x": x34}),
+    # mixed shapes from SequenceConstruct, the body extracts each shape
+    "extract_shapes": lambda: case([nd("SequenceConstruct", ["x", "x2"], ["s"]),
+                                    smap(["s"], ["o"], body([helper.make_node("Shape", ["a"], ["q"])], ["a"],
+                                                            [("q", T.INT64)])), cat("o", "y", 0, 1)],
+                                   [X34, ("x2", T.FLOAT, [2, 4])], [("y", T.INT64, None)],
+                                   {"x": x34, "x2": x24}),
+    # a body output that is its input (no node) and one that is the additional tensor
+    "pass_through": lambda: case([SPLIT_X, smap(["s", "t"], ["o1", "o2"], body([], ["a", "b"], ["a", "b"])),
+                                  cat("o1", "y"), cat("o2", "y2", 0, 1)],
+                                 [X34, ("t", T.FLOAT, [2])], [Y, ("y2", T.FLOAT, None)],
+                                 {"x": x34, "t": arr((2,), seed=6)}),
+    # an empty input sequence: empty output sequences (SequenceLength 0)
+    "empty": lambda: case([SPLIT_X, smap(["s", "t"], ["o"], ADD), nd("SequenceLength", ["o"], ["n"])],
+                          [("x", T.FLOAT, [0, 4]), ("t", T.FLOAT, [4])], [("n", T.INT64, [])],
+                          {"x": np.zeros((0, 4), np.float32), "t": arr((4,))}),
+    # an empty input 0 with a non-empty additional sequence
+    "empty_first_nonempty_additional": lambda: case(
+        [SPLIT_X, SPLIT_Z, smap(["s", "sz"], ["o"], ADD), nd("SequenceLength", ["o"], ["n"])],
+        [("x", T.FLOAT, [0, 4]), Z], [("n", T.INT64, [])], {"x": np.zeros((0, 4), np.float32), "z": arr((2, 4))}),
+}
+
+
+@pytest.mark.parametrize("opset", [17, 18, 21])
+@pytest.mark.parametrize("name", list(SMAP))
+def test_sequence_map(name, opset):
+    nodes, inputs, outputs, feeds, _, inits = SMAP[name]()
+    s = check_against_cpu(make_model(nodes, inputs, outputs, inits, opset=opset), [feeds])
+    assert "SequenceMap" in assignment(s)[EP], assignment(s)
+
+
+SMAP_TYPES = {"int32": (T.INT32, np.int32), "int64": (T.INT64, np.int64), "float16": (T.FLOAT16, np.float16),
+              "float64": (T.DOUBLE, np.float64)}
+
+
+@pytest.mark.parametrize("name", list(SMAP_TYPES))
+def test_sequence_map_dtypes(name):
+    et, t = SMAP_TYPES[name]
+    b = body([helper.make_node("Mul", ["a", "b"], ["c"])], [("a", et), ("b", et)], [("c", et)])
+    nodes = [nd("SequenceConstruct", ["x", "x2"], ["s"]), smap(["s", "t"], ["o"], b), cat("o", "y")]
+    feeds = {"x": arr((2, 3), t), "x2": arr((1, 3), t, seed=1), "t": arr((3,), t, seed=2)}
+    s = check_against_cpu(make_model(nodes, [("x", et, [2, 3]), ("x2", et, [1, 3]), ("t", et, [3])], [("y", et, None)],
+                                     opset=18), [feeds])
+    assert "SequenceMap" in assignment(s)[EP], assignment(s)
+
+
+def test_sequence_map_shorter_additional_sequence_names_node():
+    """Input 0 holds more elements than an additional sequence: ORT's SequenceAt fails; we name the node."""
+    nodes, inputs, outputs, _, _, inits = SMAP["add_two_sequences"]()
+    model = make_model(nodes, inputs, outputs, inits, opset=18)
+    feeds = {"x": x34, "z": arr((2, 4), seed=3)}
+    with pytest.raises(Exception):
+        session(model, "CPUExecutionProvider", record=False).run(None, feeds)
+    s = session(model)
+    assert not unclaimed_ops(s), assignment(s)
+    with pytest.raises(Exception, match=r"SequenceMap_o.*additional input 1 .* 2 tensor\(s\), shorter"):
+        s.run(None, feeds)
+
+
+def test_sequence_map_body_error_names_both_nodes():
+    """A body node failing at run time (Reshape to a size the element does not have) names the map and the node."""
+    b = body([helper.make_node("Reshape", ["a", "shp"], ["r"], name="body_reshape")], ["a"], ["r"],
+             {"shp": i64(3, 3)})
+    model = make_model([SPLIT_X, smap(["s"], ["o"], b), cat("o", "y")], [X34], [Y], opset=18)
+    with pytest.raises(Exception):
+        session(model, "CPUExecutionProvider", record=False).run(None, {"x": x34})
+    s = session(model)
+    assert not unclaimed_ops(s), assignment(s)
+    with pytest.raises(Exception, match=r"SequenceMap_o.*body_reshape"):
+        s.run(None, {"x": x34})
+
+
+def _any_reason(op):
+    """The reason a report of this session leaves ``op`` on the CPU EP (ORT inlines a refused SequenceMap into a
+    Loop, so the newest reports no longer hold it)."""
+    for rep in reversed(ortmlx.partition_reports()):
+        for u in rep.unclaimed:
+            if u.op == op:
+                return u.reason
+    raise AssertionError(f"no report leaves {op} on the CPU EP")
+
+
+def test_sequence_map_graph_input_stays_on_cpu():
+    model = make_model([smap(["s"], ["o"], RELU), cat("o", "y")], [seq_vi("s", T.FLOAT)], [Y], opset=18)
+    s = _cpu_equal(model, {"s": [arr((2, 3)), arr((1, 3), seed=1)]})
+    assert "SequenceMap" not in assignment(s).get(EP, {}), assignment(s)
+    assert "graph input or output" in _any_reason("SequenceMap")
+
+
+def test_sequence_map_graph_output_stays_on_cpu():
+    model = make_model([SPLIT_X, smap(["s"], ["o"], RELU), cat("o", "y")], [X34], [Y, seq_vi("o", T.FLOAT)], opset=18)
+    s = _cpu_equal(model, {"x": x34})
+    assert "SequenceMap" not in assignment(s).get(EP, {}), assignment(s)
+    assert "graph input or output" in _any_reason("SequenceMap")
+
+
+def test_sequence_map_unclaimable_body_stays_on_cpu():
+    """A body node MLX cannot take (Relu, disabled here) keeps the map, and the sequences around it, on the CPU EP."""
+    model = make_model([nd("Neg", ["x"], ["x1"]), nd("SplitToSequence", ["x1"], ["s"], axis=0),
+                        smap(["s"], ["o"], RELU), cat("o", "y")], [X34], [Y], opset=18)
+    s = _cpu_equal(model, {"x": x34}, options={"disable_ops": "Relu"})
+    assert "SequenceMap" not in assignment(s).get(EP, {}) and "Neg" in assignment(s)[EP], assignment(s)
+    assert "body" in _any_reason("SequenceMap") and "disabled" in _any_reason("SequenceMap")
+
+
+# ---------------------------------------------------------------------------- sequences inside control flow
+def loop_body(nodes, inputs, outputs, inits=None):
+    """A Loop body: (iteration, cond) then the carried values; inputs/outputs are (name, type proto or elem type)."""
+    def v(n, t):
+        return helper.make_value_info(n, t) if isinstance(t, onnx.TypeProto) else tvi(n, t, None)
+    return helper.make_graph(nodes, "loop_body", [v(*i) for i in inputs], [v(*o) for o in outputs],
+                             [onnx.numpy_helper.from_array(np.asarray(v_), k) for k, v_ in (inits or {}).items()])
+
+
+SEQ_F = helper.make_sequence_type_proto(helper.make_tensor_type_proto(T.FLOAT, None))
+LOOP_IO = [("i", helper.make_tensor_type_proto(T.INT64, [])), ("c", helper.make_tensor_type_proto(T.BOOL, []))]
+
+
+def appending_loop(n_trip=3, scan=False):
+    """SequenceEmpty -> Loop(M): each iteration appends x * i to the carried sequence (and keeps a running sum;
+    with ``scan``, also scans out i * 2) -> ConcatFromSequence / SequenceLength."""
+    b = loop_body([helper.make_node("Cast", ["i"], ["fi"], to=T.FLOAT), helper.make_node("Mul", ["x", "fi"], ["xi"]),
+                   helper.make_node("SequenceInsert", ["sin", "xi"], ["sout"]),
+                   helper.make_node("Add", ["acc", "xi"], ["acc2"]), helper.make_node("Identity", ["c"], ["co"])]
+                  + ([helper.make_node("Add", ["i", "i"], ["i2"])] if scan else []),
+                  LOOP_IO + [("sin", SEQ_F), ("acc", T.FLOAT)],
+                  [("co", T.BOOL), ("sout", SEQ_F), ("acc2", T.FLOAT)] + ([("i2", T.INT64)] if scan else []))
+    nodes = [nd("SequenceEmpty", [], ["s0"]),
+             nd("Loop", ["M", "cond", "s0", "zero_f"], ["s", "sum"] + (["scan"] if scan else []), body=b),
+             nd("SequenceLength", ["s"], ["n"]), nd("SequenceInsert", ["s", "x"], ["s_"]),
+             nd("ConcatFromSequence", ["s_"], ["y"], axis=0)]
+    outs = [Y, ("n", T.INT64, []), ("sum", T.FLOAT, None)] + ([("scan", T.INT64, None)] if scan else [])
+    return make_model(nodes, [X34, ("M", T.INT64, [])], outs,
+                      {"cond": np.array(True), "zero_f": np.zeros((3, 4), np.float32)}, opset=18)
+
+
+@pytest.mark.parametrize("trip,scan", [(3, False), (0, False), (20, False), (2, True)],
+                         ids=["three", "zero_iterations", "twenty", "with_scan_output"])
+def test_loop_carried_sequence(trip, scan):
+    run = check_against_cpu(appending_loop(scan=scan), [{"x": x34, "M": i64(trip)}])
+    assert "Loop" in assignment(run)[EP], assignment(run)
+
+
+def test_loop_reads_outer_sequence_and_stops_on_its_length():
+    """The body reads an outer sequence (SequenceAt by iteration) and stops when the carried one is long enough."""
+    b = loop_body([helper.make_node("SequenceAt", ["s", "i"], ["e"]), helper.make_node("Relu", ["e"], ["r"]),
+                   helper.make_node("SequenceInsert", ["sin", "r"], ["sout"]),
+                   helper.make_node("SequenceLength", ["sout"], ["ln"]), helper.make_node("Less", ["ln", "two"], ["co"])],
+                  LOOP_IO + [("sin", SEQ_F)], [("co", T.BOOL), ("sout", SEQ_F)], {"two": i64(2)})
+    nodes = [nd("SplitToSequence", ["x"], ["s"], axis=0), nd("SequenceEmpty", [], ["s0"]),
+             nd("Loop", ["n", "cond", "s0"], ["o"], body=b), nd("SequenceLength", ["s"], ["n"]),
+             nd("ConcatFromSequence", ["o"], ["y"], axis=0)]
+    model = make_model(nodes, [X34], [Y], {"cond": np.array(True)}, opset=18)
+    run = check_against_cpu(model, [{"x": x34}])
+    assert "Loop" in assignment(run)[EP], assignment(run)
+
+
+def test_sequence_map_inlined_by_ort_stays_on_cpu():
+    """A SequenceMap left to ORT (disabled here) is inlined into the spec's function body (a Loop carrying
+    sequences) only after the CPU EP took the nodes around it: everything stays on the CPU EP, right answers."""
+    nodes, inputs, outputs, feeds, _, inits = SMAP["add_two_sequences"]()
+    s = _cpu_equal(make_model(nodes, inputs, outputs, inits, opset=18), feeds, options={"disable_ops": "SequenceMap"})
+    assert EP not in assignment(s), assignment(s)
+
+
+def test_loop_carried_sequence_graph_output_stays_on_cpu():
+    """A carried sequence that is a graph output keeps the Loop (and its producer) on the CPU EP."""
+    model = appending_loop()
+    model.graph.output.append(seq_vi("s", T.FLOAT))
+    s = _cpu_equal(model, {"x": x34, "M": i64(2)})
+    assert {"Loop", "SequenceEmpty"} <= set(unclaimed_ops(s)), assignment(s)
+    assert "graph input or output" in _reasons("Loop")[0]
+
+
+def test_loop_carried_optional_refused():
+    """An optional carried value is not handled: the Loop stays on the CPU EP, with ORT's answer."""
+    opt_t = helper.make_optional_type_proto(helper.make_tensor_type_proto(T.FLOAT, None))
+    b = loop_body([helper.make_node("Identity", ["oin"], ["oout"]), helper.make_node("Identity", ["c"], ["co"])],
+                  LOOP_IO + [("oin", opt_t)], [("co", T.BOOL), ("oout", opt_t)])
+    nodes = [nd("Optional", ["x"], ["o0"]), nd("Loop", ["M", "", "o0"], ["o"], body=b),
+             nd("OptionalGetElement", ["o"], ["y"])]
+    model = make_model(nodes, [X34], [Y], {"M": i64(2)}, opset=18)
+    s = _cpu_equal(model, {"x": x34})
+    assert "Loop" in unclaimed_ops(s), assignment(s)
+    assert "optional" in _any_reason("Loop")
+
+
+def test_if_with_sequence_output_refused():
+    """If takes no sequence outputs (its branches would return them): left to the CPU EP, with ORT's answer."""
+    branch = lambda name, ax: helper.make_graph(  # noqa: E731
+        [helper.make_node("SplitToSequence", ["x"], [name], axis=ax)], name, [], [helper.make_value_info(name, SEQ_F)])
+    nodes = [nd("ReduceSum", ["x"], ["sm"], keepdims=0), nd("Greater", ["sm", "zf"], ["c"]),
+             nd("If", ["c"], ["s"], then_branch=branch("t", 0), else_branch=branch("e", 1)),
+             nd("ConcatFromSequence", ["s"], ["y"], axis=0, new_axis=1)]
+    model = make_model(nodes, [X34], [Y], {"zf": np.float32(0)}, opset=18)
+    s = _cpu_equal(model, {"x": x34})
+    assert "If" in unclaimed_ops(s) and "ReduceSum" in assignment(s)[EP], assignment(s)
+    assert "sequence" in _any_reason("If")
+
+
+def test_optional_inside_loop_body():
+    """An optional made and read inside a Loop body (never a body input or output) runs with the Loop on MLX."""
+    b = loop_body([helper.make_node("Optional", ["x"], ["op"]), helper.make_node("OptionalGetElement", ["op"], ["g"]),
+                   helper.make_node("OptionalHasElement", ["op"], ["hs"]), helper.make_node("Cast", ["hs"], ["hf"], to=T.FLOAT),
+                   helper.make_node("Mul", ["g", "hf"], ["gm"]), helper.make_node("Add", ["acc", "gm"], ["acc2"]),
+                   helper.make_node("Identity", ["c"], ["co"])],
+                  LOOP_IO + [("acc", T.FLOAT)], [("co", T.BOOL), ("acc2", T.FLOAT)])
+    model = make_model([nd("Loop", ["M", "", "zero_f"], ["y"], body=b)], [X34], [Y],
+                       {"M": i64(3), "zero_f": np.zeros((3, 4), np.float32)}, opset=18)
+    run = check_against_cpu(model, [{"x": x34}])
+    assert "Loop" in assignment(run)[EP], assignment(run)
+
+
+# ---------------------------------------------------------------------------- the ONNX suite's SequenceMap cases
+SUITE_SMAP = ["identity_1_sequence", "identity_2_sequences", "identity_1_sequence_1_tensor", "add_2_sequences",
+              "add_1_sequence_1_tensor", "extract_shapes"]
+
+
+@pytest.fixture(scope="module")
+def smap_suite():
+    """The ONNX backend suite's SequenceMap cases (name -> TestCase), plain and expanded (a Loop carrying sequences)."""
+    import warnings
+    from onnx.backend.test.loader import load_model_tests
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")         # the suite's generators divide by zero on purpose
+        return {c.name: c for c in load_model_tests(kind="node") if c.name.startswith("test_sequence_map")}
+
+
+def inside(model, inputs):
+    """The suite's graph with its sequences kept inside: every sequence input built by SequenceConstruct from one
+    tensor input per element, every element of an output sequence read back by SequenceAt. Returns model, feeds."""
+    g, nodes, tail, new_in, outs, feeds, inits = model.graph, [], [], [], [], {}, list(model.graph.initializer)
+    n = 0
+    for v, val in zip(g.input, inputs):
+        if not v.type.HasField("sequence_type"):
+            new_in.append(v)
+            feeds[v.name] = np.asarray(val)
+            continue
+        et, n = v.type.sequence_type.elem_type.tensor_type.elem_type, len(val)
+        names = [f"{v.name}_{k}" for k in range(n)]
+        new_in += [tvi(e, et) for e in names]
+        feeds.update(zip(names, val))
+        nodes.append(helper.make_node("SequenceConstruct", names, [v.name]))
+    for v in g.output:
+        et = v.type.sequence_type.elem_type.tensor_type.elem_type
+        for k in range(n):
+            inits.append(onnx.numpy_helper.from_array(i64(k), f"{v.name}_at{k}"))
+            tail.append(helper.make_node("SequenceAt", [v.name, f"{v.name}_at{k}"], [f"{v.name}_{k}"]))
+            outs.append(tvi(f"{v.name}_{k}", et))
+    graph = helper.make_graph(nodes + list(g.node) + tail, "inside", new_in, outs, inits)
+    return helper.make_model(graph, opset_imports=model.opset_import, ir_version=10), feeds
+
+
+@pytest.mark.parametrize("expanded", [False, True], ids=["node", "expanded_loop"])
+@pytest.mark.parametrize("name", SUITE_SMAP)
+def test_sequence_map_onnx_suite_inside(smap_suite, name, expanded):
+    """The suite's own cases take sequence graph inputs/outputs (left to the CPU EP); with the sequences kept
+    inside, SequenceMap (and the function body ORT would run: a Loop carrying sequences) is claimed whole."""
+    c = smap_suite[f"test_sequence_map_{name}" + ("_expanded" if expanded else "")]
+    model, feeds = inside(c.model, c.data_sets[0][0])
+    s = check_against_cpu(model, [feeds])
+    assert ("Loop" if expanded else "SequenceMap") in assignment(s)[EP], assignment(s)

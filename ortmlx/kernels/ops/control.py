@@ -1,4 +1,4 @@
-"""Control flow: If, Loop, Scan (ai.onnx), run eagerly with nested bodies.
+"""Control flow: If, Loop, Scan, SequenceMap (ai.onnx), run eagerly with nested bodies.
 
 Each graph attribute arrives as an ``interpreter.Body``: call it with the body's inputs to get
 its outputs (lazy MLX arrays or host values); it sees the outer scope by itself. Every body
@@ -11,12 +11,19 @@ from the spec.
   values stay MLX arrays (evaluated every ``SETTLE_EVERY`` iterations, which bounds the lazy graph
   a loop holds); scan outputs are stacked on a new axis 0. With zero iterations a scan output is ORT's
   empty tensor: ``[0] + the body output's shape`` with symbolic dims as 0 (an unknown rank is
-  refused). ORT's CPU EP obeys the body's condition output even when the node's ``cond`` input is
+  refused). A loop-carried value may be a sequence (a list, kept inside the group like any sequence); scan
+  outputs are tensors. ORT's CPU EP obeys the body's condition output even when the node's ``cond`` input is
   omitted (the spec says it is ignored): such loops are claimed only when the body passes its
   condition through or makes it constantly true, where both agree.
 - Scan (9+): ``scan_input_axes/directions``, ``scan_output_axes/directions``; a zero-length
   sequence is an error, as in ORT's CPU EP. Opset-8 Scan (batch axis, ``sequence_lens``) has no
   translator.
+- SequenceMap (17+): the body runs once per element of the first input sequence, with the matching element
+  of every additional sequence and every additional tensor whole; its outputs are collected into sequences.
+  It is also a container op (sequence inputs/outputs, kept inside one group by the partitioner). Like ORT's
+  CPU EP (which runs the spec's function body: a Loop of SequenceLength(input 0) iterations reading
+  SequenceAt of every sequence), an empty first sequence gives empty outputs, a shorter additional
+  sequence is an error, and a longer one's extra elements are ignored.
 """
 from __future__ import annotations
 
@@ -24,7 +31,9 @@ import mlx.core as mx
 import numpy as np
 
 from .. import dtypes as dt
+from ...subgraph import ir
 from ..registry import register
+from .sequence import kinds_reason
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -41,9 +50,14 @@ def _one(v, what: str):
     return a[0]
 
 
-def _mx(v) -> mx.array:
-    """A body result as an MLX array (host results are small integer/bool arrays)."""
-    return v if isinstance(v, mx.array) else mx.array(np.ascontiguousarray(np.asarray(v)))
+def _mx(v, dtype: int | None = None) -> mx.array:
+    """A body result as an MLX array of element type ``dtype`` when given (host results are small integer/bool
+    arrays, or outer values as ORT handed them); a 0-d host value stays 0-d."""
+    if isinstance(v, mx.array):
+        return v
+    a = np.asarray(v)
+    a = a if a.flags.c_contiguous else a.copy(order="C")        # (ascontiguousarray makes 0-d 1-d)
+    return dt.to_mx(a, dtype) if dtype is not None else mx.array(a)
 
 
 #: a loop evaluates its values every this many iterations (bounds the lazy graph it holds)
@@ -54,9 +68,14 @@ def _settle(step: int, values) -> None:
     """Every ``SETTLE_EVERY`` iterations, evaluate the MLX values among ``values``."""
     if step % SETTLE_EVERY != SETTLE_EVERY - 1:
         return
-    lazy = [v for v in values if isinstance(v, mx.array)]
+    lazy = [e for v in values for e in (v if isinstance(v, list) else [v]) if isinstance(e, mx.array)]
     if lazy:
         mx.eval(*lazy)
+
+
+def _out_types(body) -> list[int | None]:
+    """The element types a bound body declares for its outputs."""
+    return [body.program.types.get(o) for o in body.program.outputs]
 
 
 def _body(view, attr: str):
@@ -117,8 +136,9 @@ def _passes_cond_through(body) -> bool:
 def _loop_check(view) -> str | None:
     """Every body node must be claimable (checked by the partitioner); body arity matches the node. Refuses a
     Loop with neither M nor cond, one without M whose body passes its condition through (it never ends), an
-    omitted cond whose body computes its condition (ORT obeys it, the spec ignores it), and scan outputs of
-    unknown rank (zero iterations: ORT's [0] + body shape, symbolic dims 0)."""
+    omitted cond whose body computes its condition (ORT obeys it, the spec ignores it), scan outputs of
+    unknown rank (zero iterations: ORT's [0] + body shape, symbolic dims 0), and non-tensor values other than
+    loop-carried sequences of one type throughout."""
     body = _body(view, "body")
     n_carried = len(view.node.inputs) - 2
     if n_carried < 0:
@@ -143,11 +163,46 @@ def _loop_check(view) -> str | None:
     if not view.has(1) and not _passes_cond_through(body):
         return ("cond input omitted but the body computes its condition output (the spec ignores it, "
                 "ORT's CPU EP stops on it)")
+    r = _loop_kinds_reason(view, body, n_carried)
+    if r:
+        return r
     for k in range(n_scan):
         name = body.outputs[1 + n_carried + k]
         if body.value(name).shape is None:
             return (f"scan output {k} ('{name}') has unknown rank: its zero-iteration shape "
                     f"cannot be known")
+    return None
+
+
+def _carried_reason(k: int, infos: list) -> str | None:
+    """Loop-carried value ``k`` (node input, body input, body output, node output): all tensors, or all
+    sequences of one known element type."""
+    kinds = {vi.kind if vi is not None else ir.TENSOR for vi in infos}
+    if kinds == {ir.TENSOR}:
+        return None
+    types = {vi.tensor_dtype if vi is not None else None for vi in infos}
+    if kinds != {ir.SEQUENCE} or len(types) != 1 or None in types:
+        what = ", ".join(vi.type_str(dt.name) if vi is not None else "unknown" for vi in infos)
+        return (f"loop-carried value {k} is not a tensor or one sequence type throughout (node input, body input, "
+                f"body output, node output: {what})")
+    return None
+
+
+def _loop_kinds_reason(view, body, n_carried: int) -> str | None:
+    """M, cond, the iteration count and conditions, and scan outputs are tensors; a loop-carried value is a tensor
+    or a sequence (the same sequence type in and out of the node and the body)."""
+    r = kinds_reason(view, {0: {ir.TENSOR}, 1: {ir.TENSOR}},
+                     {k: {ir.TENSOR} for k in range(n_carried, len(view.node.outputs))})
+    if r:
+        return r
+    for name in [*body.inputs[:2], body.outputs[0], *body.outputs[1 + n_carried:]]:
+        if not body.value(name).is_tensor:
+            return f"body value '{name}' is {ir.article(body.value(name).kind)} {body.value(name).kind}, not a tensor"
+    for k in range(n_carried):
+        r = _carried_reason(k, [view.value(2 + k), body.value(body.inputs[2 + k]),
+                                body.value(body.outputs[1 + k]), view.out_value(k)])
+        if r:
+            return r
     return None
 
 
@@ -157,7 +212,7 @@ def _empty_scan_output(shape, dtype: int | None) -> mx.array:
     return mx.zeros(dims, dtype=dt.MLX.get(dtype, mx.float32))
 
 
-@register("Loop", 1, const=(0, 1), control=True, check=_loop_check)
+@register("Loop", 1, const=(0, 1), control=True, containers=True, check=_loop_check)
 def loop(M=None, cond=None, *v_initial, body, ctx):
     """Run ``body`` while ``i < M`` and ``cond``; returns final loop-carried values, then stacked scan outputs."""
     trip = None if M is None else int(_one(M, "Loop trip count M"))
@@ -165,12 +220,13 @@ def loop(M=None, cond=None, *v_initial, body, ctx):
     carried = list(v_initial)
     n = len(carried)
     scans: list[list] = [[] for _ in range(ctx.n_outputs - n)]
+    types = _out_types(body)[1 + n:]
     i = 0
     while keep and (trip is None or i < trip):
         outs = body(np.array(i, np.int64), np.array(keep), *carried)
         carried = outs[1:1 + n]
         for k, v in enumerate(outs[1 + n:]):
-            scans[k].append(_mx(v))
+            scans[k].append(_mx(v, types[k]))
         _settle(i, [outs[0], *carried, *(s[-1] for s in scans)])
         keep = bool(_one(outs[0], "Loop body condition"))
         i += 1
@@ -262,14 +318,75 @@ def scan(*inputs, body, num_scan_inputs, scan_input_axes=None, scan_input_direct
     in_dirs = scan_input_directions or [0] * len(xs)
     length = _seq_len(xs, in_axes)
     per_step: list[list] = [[] for _ in range(body.n_outputs - n_state)]
+    types = _out_types(body)[n_state:]
     for t in range(length):
         slices = [mx.take(x, length - 1 - t if d else t, axis=ax) for x, ax, d in zip(xs, in_axes, in_dirs)]
         outs = body(*states, *slices)
         states = outs[:n_state]
         for k, v in enumerate(outs[n_state:]):
-            per_step[k].append(_mx(v))
+            per_step[k].append(_mx(v, types[k]))
         _settle(t, [*states, *(p[-1] for p in per_step)])
     out_dirs = scan_output_directions or [0] * len(per_step)
     out_axes = _norm(scan_output_axes, [p[0] for p in per_step], extra=1)
     stacked = [mx.stack(p[::-1] if d else p, axis=ax) for p, ax, d in zip(per_step, out_axes, out_dirs)]
     return tuple(states + stacked)
+
+
+# ----------------------------------------------------------------------------- SequenceMap
+
+def _smap_types_reason(view, body) -> str | None:
+    """Body input/output element types must match the node's sequences and tensors (ORT's function body
+    passes them through unchanged)."""
+    for k, name in enumerate(body.inputs):
+        want, have = body.value(name).dtype, (view.value(k).tensor_dtype if view.value(k) else None)
+        if want is None or have is None or want != have:
+            return (f"body input {k} ('{name}') is {dt.name(want) if want else 'untyped'}, node input {k} "
+                    f"holds {dt.name(have) if have else 'an unknown type'}")
+    for k, name in enumerate(body.outputs):
+        want, have = body.value(name).dtype, (view.out_value(k).tensor_dtype if view.out_value(k) else None)
+        if want is None or have is None or want != have:
+            return (f"body output {k} ('{name}') is {dt.name(want) if want else 'untyped'}, output sequence "
+                    f"{k} holds {dt.name(have) if have else 'an unknown type'}")
+    return None
+
+
+def _smap_check(view) -> str | None:
+    """Every body node must be claimable (checked by the partitioner); one body input per node input and one
+    body output per output sequence, of matching element types; input 0 a sequence, the others sequences or
+    tensors (none omitted), every output a sequence."""
+    body = _body(view, "body")
+    n_in, n_out = len(view.node.inputs), len(view.node.outputs)
+    r = _arity(body, n_in, n_out, "body")
+    if r:
+        return r
+    if not all(view.has(i) for i in range(n_in)):
+        return "an input is omitted"
+    return (kinds_reason(view, {0: {ir.SEQUENCE}, **{i: {ir.SEQUENCE, ir.TENSOR} for i in range(1, n_in)}},
+                         {k: {ir.SEQUENCE} for k in range(n_out)})
+            or _smap_types_reason(view, body))
+
+
+def _element(v, i: int, k: int):
+    """Iteration ``i``'s value of node input ``k``: a sequence's element ``i``, a tensor whole."""
+    if not isinstance(v, list):
+        return v
+    if i >= len(v):
+        raise ValueError(f"additional input {k} is a sequence of {len(v)} tensor(s), shorter than input_sequence: "
+                         f"no element {i}")
+    return v[i]
+
+
+@register("SequenceMap", 17, control=True, containers=True, check=_smap_check)
+def sequence_map(input_sequence, *additional_inputs, body):
+    """Run ``body`` on each element of ``input_sequence`` (with the matching element of each additional sequence,
+    each additional tensor whole); returns one sequence per body output."""
+    if not isinstance(input_sequence, list):
+        raise TypeError(f"input_sequence is a {type(input_sequence).__name__}, not a sequence")
+    types = _out_types(body)
+    outs: list[list] = [[] for _ in range(body.n_outputs)]
+    for i, x in enumerate(input_sequence):
+        res = body(x, *(_element(v, i, k + 1) for k, v in enumerate(additional_inputs)))
+        for k, v in enumerate(res):
+            outs[k].append(_mx(v, types[k]))
+        _settle(i, [o[-1] for o in outs])
+    return tuple(outs)

@@ -41,34 +41,37 @@ def mirrorable(a) -> bool:
             and a.dtype.size in _UINT)
 
 
-def _ranges_body(*pairs):
-    """Per leading index of each (new, old) pair: [first, end) of the rows (axis -2) that differ."""
+def _changed_body(*pairs):
+    """One flat bool array: for each (new, old) pair, per leading index and row (axis -2), whether the
+    row's bits differ (two kernels a pair: the compare fuses into the reduction's input)."""
     out = []
     for k in range(0, len(pairs), 2):
         new, old = pairs[k], pairs[k + 1]
         s, r = new.shape[-2], new.shape[-1]
         ut = _UINT[new.dtype.size]
-        neq = mx.any(new.reshape(-1, s, r).view(ut) != old.reshape(-1, s, r).view(ut), axis=-1)
-        idx = mx.arange(s, dtype=mx.int32)
-        first = mx.min(mx.where(neq, idx, s), axis=-1)
-        end = mx.max(mx.where(neq, idx + 1, 0), axis=-1)
-        out.append(mx.stack([first, end], axis=-1))
-    return mx.concatenate(out, axis=0) if len(out) > 1 else out[0]
+        out.append(mx.any(new.reshape(-1, s, r).view(ut) != old.reshape(-1, s, r).view(ut), axis=-1).reshape(-1))
+    return mx.concatenate(out) if len(out) > 1 else out[0]
 
 
-_ranges_compiled = mx.compile(_ranges_body)
+_changed_compiled = mx.compile(_changed_body)
 
 
 def changed_rows(pairs: list[tuple[mx.array, mx.array]], compiled: bool) -> list[np.ndarray]:
-    """For each (new, old) pair an int32 [L, 2] array of changed row ranges (one device round trip)."""
+    """For each (new, old) pair an int32 [L, 2] array of changed row ranges [first, end) per leading
+    index (first >= end: none), from one device round trip of L x S flags per pair."""
     flat = [a for p in pairs for a in p]
-    fn = _ranges_compiled if compiled else _ranges_body
-    allr = np.array(fn(*flat), copy=True)
+    fn = _changed_compiled if compiled else _changed_body
+    flags = np.array(fn(*flat), copy=True)
     out, at = [], 0
     for new, _ in pairs:
-        n = new.size // (new.shape[-2] * new.shape[-1])
-        out.append(allr[at:at + n])
-        at += n
+        s = new.shape[-2]
+        n = new.size // (s * new.shape[-1])
+        f = flags[at:at + n * s].reshape(n, s)
+        at += n * s
+        any_ = f.any(axis=1)
+        first = np.where(any_, f.argmax(axis=1), s)
+        end = np.where(any_, s - f[:, ::-1].argmax(axis=1), 0)
+        out.append(np.stack([first, end], axis=1).astype(np.int32))
     return out
 
 

@@ -25,15 +25,16 @@ def rotary_tables(cos_cache, sin_cache, positions, head_size: int, interleaved: 
 
     The sin table carries the sign of the rotation, so ``x*cos + x[perm]*sin`` is the
     rotated value on the first ``rotary_dim`` features. Beyond rotary_dim: cos 1, sin 0.
+    Tables are float32 (the cache values, exactly), as ``apply_rotary`` computes.
     """
-    col, sign = _rotary_cols(cos_cache.shape[-1], head_size, interleaved, sin_cache.dtype)
-    c = mx.take(mx.take(cos_cache, positions, axis=0), col, axis=-1)
-    s = mx.take(mx.take(sin_cache, positions, axis=0), col, axis=-1)
+    col, sign = _rotary_cols(cos_cache.shape[-1], head_size, interleaved)
+    c = mx.take(mx.take(cos_cache, positions, axis=0), col, axis=-1).astype(mx.float32)
+    s = mx.take(mx.take(sin_cache, positions, axis=0), col, axis=-1).astype(mx.float32)
     return c, s * sign
 
 
 @functools.lru_cache(maxsize=64)
-def _rotary_cols(half: int, head_size: int, interleaved: bool, dtype) -> tuple[mx.array, mx.array]:
+def _rotary_cols(half: int, head_size: int, interleaved: bool) -> tuple[mx.array, mx.array]:
     """(cache column of each head-dim element, sign of its sin term): made once per layout."""
     rd = 2 * half
     i = np.arange(head_size)
@@ -43,7 +44,7 @@ def _rotary_cols(half: int, head_size: int, interleaved: bool, dtype) -> tuple[m
         sign = np.where(i % 2 == 0, -1.0, 1.0)
     else:
         sign = np.where(i < half, -1.0, 1.0)
-    return mx.array(col, mx.int32), mx.array(sign, dtype)
+    return mx.array(col, mx.int32), mx.array(sign, mx.float32)
 
 
 def _rotary_perm(head_size: int, rotary_dim: int, interleaved: bool) -> np.ndarray:
@@ -62,9 +63,10 @@ def apply_rotary(x, cos, sin, rotary_dim: int, interleaved: bool):
     Half inputs compute in float32 and round once."""
     h = x.shape[-1]
     perm, keep = _rotary_consts(h, rotary_dim, interleaved)
-    partner = mx.take(x, perm, axis=-1)
     f32 = mx.float32
-    rot = (x.astype(f32) * cos.astype(f32) + partner.astype(f32) * sin.astype(f32)).astype(x.dtype)
+    x32 = x.astype(f32)
+    partner = mx.take(x32, perm, axis=-1)
+    rot = (x32 * cos.astype(f32) + partner * sin.astype(f32)).astype(x.dtype)
     if rotary_dim == h:
         return rot
     return mx.where(keep, x, rot)
@@ -91,11 +93,14 @@ def _present(past, new, past_len, total: int):
     b, n, s, h = new.shape
     t = mx.arange(total, dtype=mx.int32).reshape(1, 1, total, 1)
     pl = past_len.reshape(b, 1, 1, 1)
-    idx = t - pl
-    in_new = (idx >= 0) & (idx < s)
-    gathered = mx.take_along_axis(new, mx.broadcast_to(mx.clip(idx, 0, s - 1), (b, n, total, 1)), axis=2)
     zeros = mx.zeros((1,), new.dtype)
-    out = mx.where(in_new, gathered, zeros)
+    if s == 1:                                 # decode: the one new row sits at past_len (no gather)
+        out = mx.where(t == pl, new, zeros)
+    else:
+        idx = t - pl
+        in_new = (idx >= 0) & (idx < s)
+        gathered = mx.take_along_axis(new, mx.broadcast_to(mx.clip(idx, 0, s - 1), (b, n, total, 1)), axis=2)
+        out = mx.where(in_new, gathered, zeros)
     if past is not None:
         p = past.shape[2]                      # callers give total >= p
         if p < total:

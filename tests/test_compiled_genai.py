@@ -261,3 +261,14 @@ def test_kv_mirror_rewind_and_two_generators(monkeypatch, force_diff):
         del model
     assert got[False] == got[True] == got["cpu"]
     assert len(got[True][0]) == 6 + 10 and len(got[True][1]) == 22
+
+
+def test_soak_kv_script_quick():
+    """scripts/soak_kv.py (random prompts, rewinds, two generators; CPU EP replay) on a few generations."""
+    path = model_dir("qwen2")
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "soak_kv.py"), "--model", path,
+                          "--generations", "6", "--force-diff"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    import json
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["wrong_generations"] == 0 and out["tokens"] > 6 * 10, out

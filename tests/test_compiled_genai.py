@@ -272,3 +272,23 @@ def test_soak_kv_script_quick():
     import json
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out["wrong_generations"] == 0 and out["tokens"] > 6 * 10, out
+
+
+def test_decode_closure_sees_fixed_shapes_only():
+    """The attention mask (whose length grows every token) reaches the decode closure only through
+    values hoisted per call (seqlens_k, total length): no step in the trace reads it, so every value
+    the closure computes on has a fixed shape; tokens stay eager's."""
+    path = model_dir("llama")
+    want, _ = run(path, options={"no_compile": "1"})
+    with C.capture() as rs:
+        model, _ = mg.load_model(path, "mlx", None, SHARE)
+    got = [greedy(model, p) for p in PROMPTS]
+    (att,) = [r for r in rs if hasattr(r, "decode")]
+    (c,) = att.decode.closures()
+    mask = [n for n in att.decode.program.inputs if "attention_mask" in n]
+    traced_inputs = {n for st in c.trace_prog.steps for n in st.inputs}
+    hoist, trusted = c.hoist, c.trusted
+    del model
+    assert got == want
+    assert mask and not (set(mask) & traced_inputs), sorted(traced_inputs & set(mask))
+    assert len(hoist) >= 2 and trusted, hoist

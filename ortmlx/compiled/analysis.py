@@ -8,6 +8,7 @@ reason when the group cannot be traced at all.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -154,3 +155,62 @@ def _ancestors(program, names, producer: dict) -> set[int]:
 
 def _size(v) -> int:
     return int(getattr(v, "size", 0)) if v is not None else 0
+
+
+def hoist_free_work(program, env: dict, plan: HostPlan, free_inputs) -> HostPlan:
+    """Move small integer computations over shape-varying (free-dim) group inputs out of a
+    shapeless trace: they run per call before the closure and enter it as data.
+
+    Example: genai's decode reads ``attention_mask`` [1, T] (T grows every token) only through
+    ReduceSum -> Sub -> Cast (seqlens_k). Hoisted, every value the closure sees has a fixed shape.
+    Only steps whose inputs are free group inputs, constants or values already hoisted, and whose
+    outputs were small integer/bool tensors in this call, are moved; a value that a traced step
+    would read on the host, or that is a group output, keeps the plan as it was.
+    """
+    if plan.reason or not free_inputs:
+        return plan
+    free = {program.inputs[i] for i in free_inputs}
+    hoisted = set(plan.hoist_steps)
+    avail = set(free) | set(program.constants) | set(plan.hoist)
+    avail.update(o for k in hoisted for o in program.steps[k].outputs if o)
+    moved: set[int] = set()
+    derived: set[str] = set()
+    for k, st in enumerate(program.steps):
+        if k in hoisted or st.opdef.host_computed or st.node.has_subgraphs:
+            continue
+        ins = [n for n in st.inputs if n]
+        outs = [o for o in st.outputs if o]
+        if not ins or not outs or not all(n in avail for n in ins) or not any(n in free or n in derived for n in ins):
+            continue
+        if not all(_small_int(env.get(o)) for o in outs):
+            continue
+        moved.add(k)
+        avail.update(outs)
+        derived.update(outs)
+    if not moved:
+        return plan
+    keep = [j for j in range(len(program.steps)) if j not in moved and j not in hoisted]
+    need = sorted({n for j in keep for n in program.steps[j].inputs if n in derived})
+    for j in keep:
+        st = program.steps[j]
+        if any(n in derived and i in st.opdef.const_inputs for i, n in enumerate(st.inputs)):
+            return plan                     # a traced step would read it on the host
+    if not need or any(o in derived for o in program.outputs):
+        return plan
+    used = _ancestors(program, need, {o: k for k in moved for o in program.steps[k].outputs if o})
+    return dataclasses.replace(plan, hoist=tuple(plan.hoist) + tuple(need),
+                               hoist_steps=frozenset(hoisted | used))
+
+
+def _small_int(v) -> bool:
+    """An integer/bool tensor of at most HOST_MAX_ELEMS elements (MLX or NumPy)."""
+    if v is None:
+        return False
+    if isinstance(v, np.ndarray):
+        return v.size <= HOST_MAX_ELEMS and (v.dtype.kind in "iub")
+    dtype = getattr(v, "dtype", None)
+    size = getattr(v, "size", HOST_MAX_ELEMS + 1)
+    if dtype is None or size > HOST_MAX_ELEMS:
+        return False
+    import mlx.core as mx
+    return dtype == mx.bool_ or mx.issubdtype(dtype, mx.integer)

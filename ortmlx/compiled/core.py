@@ -16,7 +16,7 @@ import numpy as np
 
 from ..kernels import dtypes as dt
 from ..kernels.interpreter import mx_device
-from .analysis import HostPlan, host_plan, static_reason
+from .analysis import HostPlan, hoist_free_work, host_plan, static_reason
 from .config import CompiledConfig
 from .decode_ops import collect_guards, stop_guards
 from .verify import mismatch
@@ -202,6 +202,8 @@ class CompiledSubgraph:
             return ref
         try:
             new = host_plan(self.trace_program, env, hoist=self.config.shapeless)
+            if self.config.shapeless and not new.shapeless_reason():
+                new = hoist_free_work(self.trace_program, env, new, self._free_inputs())
         except Exception as e:  # noqa: BLE001
             new = HostPlan(frozenset(), (), frozenset(), f"host analysis failed: {type(e).__name__}: {e}")
         reason = new.shapeless_reason() if self.config.shapeless else new.reason
@@ -230,6 +232,12 @@ class CompiledSubgraph:
         if c.fn is not None:
             self._verify(c, call, ref)
         return ref
+
+    def _free_inputs(self) -> frozenset[int]:
+        """Group inputs with a dim a shapeless key leaves free (all of them when every dim is free)."""
+        if self.free_dims is None:
+            return frozenset(range(len(self.program.inputs)))
+        return frozenset(i for i, _ in self.free_dims)
 
     def _new_closure(self, plan: HostPlan, inputs: list) -> _Closure:
         """A closure for one key: device inputs are traced, the others baked in (copied)."""

@@ -15,10 +15,11 @@ says so); scipy-openblas32 or the forwarder is missing. On the CUDA backend only
 CPU-stream matmuls go through it.
 
 Threads: ``ORTMLX_BLAS_THREADS`` (or ``OPENBLAS_NUM_THREADS``) when set, else
-``max(1, min(4, cpu_count // 2))``. OpenBLAS's workers spin while they wait; next to
-MLX's CPU thread and ORT's pool on a small machine they fight for the cores (measured on
-a loaded 2-core box: 4 chained 64x1024x1024 matmuls 18-23 ms with 1 thread, 49-365 ms
-with 2), so the default leaves room.
+``max(1, min(4, cpu_count))``, with ``OPENBLAS_THREAD_TIMEOUT=4`` unless set: OpenBLAS's
+idle workers otherwise spin and take the cores from MLX's CPU thread and ORT's pool in the
+same process (measured on a 2-core box: with 2 spinning workers the CPU EP's MLP went 3.4 ->
+5.6 ms and a small CNN on MLX 2.1 -> 9.7 ms; with the short timeout neither slowed while the
+MLX MLP went 7.4 -> 5.6 ms). See docs/performance.md.
 """
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ import ctypes
 import os
 import re
 import sys
+
+#: OPENBLAS_THREAD_TIMEOUT default: workers spin ~2^4 cycles before sleeping (OpenBLAS's minimum)
+SPIN_TIMEOUT = "4"
 
 _state: dict = {"active": False, "reason": "not attempted", "library": None, "threads": None}
 _fwd = None
@@ -56,6 +60,9 @@ def preload() -> dict:
     elif "mlx.core" in sys.modules:
         _state["reason"] = "mlx.core was imported before ortmlx: MLX keeps the BLAS it bound"
     else:
+        # idle workers stop spinning almost at once (OpenBLAS reads it when it loads, which importing
+        # scipy_openblas32 may do): spinning workers take the cores from MLX's and ORT's own threads
+        os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", SPIN_TIMEOUT)
         try:
             import scipy_openblas32 as sob
             from . import _blasfwd
@@ -86,7 +93,7 @@ def _set_threads(ob, pre: str) -> int | None:
         elif os.environ.get("OPENBLAS_NUM_THREADS", "").strip():
             n = None                                    # OpenBLAS read it itself
         else:
-            n = max(1, min(4, (os.cpu_count() or 1) // 2))
+            n = max(1, min(4, os.cpu_count() or 1))
         if n is not None and n > 0:
             getattr(ob, f"{pre}openblas_set_num_threads")(ctypes.c_int(n))
         return int(getattr(ob, f"{pre}openblas_get_num_threads")())

@@ -101,4 +101,18 @@ def test_thread_policy():
     for k, err in r["err"].items():
         assert err < 1e-5, (k, err)
     r = _probe("ortmlx-first", ORTMLX_BLAS="", ORTMLX_BLAS_THREADS="", OPENBLAS_NUM_THREADS="")
-    assert r["status"]["threads"] == max(1, min(4, (os.cpu_count() or 1) // 2)), r["status"]
+    assert r["status"]["threads"] == max(1, min(4, os.cpu_count() or 1)), r["status"]
+
+
+@pytest.mark.skipif(not _have_openblas(), reason="scipy-openblas32 or the built forwarder is missing")
+@pytest.mark.parametrize("given,want", [(None, "4"), ("7", "7")])
+def test_spin_timeout_default(given, want):
+    """OPENBLAS_THREAD_TIMEOUT defaults to 4 (idle workers stop spinning) and a user's value wins."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    env["ORTMLX_BLAS"] = ""
+    if given is not None:
+        env["OPENBLAS_THREAD_TIMEOUT"] = given
+    code = "import os, ortmlx, ortmlx.blas as b; print(b.status()['active'], os.environ.get('OPENBLAS_THREAD_TIMEOUT'))"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["True", want], p.stdout

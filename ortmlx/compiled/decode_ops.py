@@ -18,7 +18,7 @@ import threading
 import mlx.core as mx
 import numpy as np
 
-from ..kernels.ops.contrib_attention import gqa_core
+from ..kernels.ops.contrib_attention import gqa_core, softmax_sink
 
 _GUARDS = threading.local()
 
@@ -149,11 +149,7 @@ def gqa_traced(decode: bool, padded: bool = False):
             ab = x["attention_bias"].shape
             if len(ab) != 4 or ab[0] not in (1, b) or ab[1] not in (1, nh) or ab[2] != s or ab[3] != tot:
                 raise Untraceable(f"traced GroupQueryAttention: attention_bias shape {ab}")
-        sink = x["head_sink"]
-        if sink is not None and sink.shape != (nh,):
-            raise ValueError(f"head_sink shape {sink.shape}, expected ({nh},)")
-        if sink is None and a["smooth_softmax"] == 1:
-            sink = mx.zeros((nh,), mx.float32)
+        sink = softmax_sink(x["head_sink"], a["smooth_softmax"], nh)
         add_guard(ok)
         return gqa_core(q, k, v, past_k, past_v, seqlens, total_sequence_length=present_len, num_heads=nh,
                         kv_num_heads=kvh, first_prompt=first_prompt, scale=a["scale"], softcap=a["softcap"],
@@ -227,11 +223,7 @@ def gqa_growing_traced(*args, **attrs):
         ok = ok & mx.all(total <= a["local_window_size"])
     if a["softcap"] > 0.0:
         scores = a["softcap"] * mx.tanh(scores / a["softcap"])
-    sink = x["head_sink"]
-    if sink is not None and sink.shape != (nh,):
-        raise ValueError(f"head_sink shape {sink.shape}, expected ({nh},)")
-    if sink is None and a["smooth_softmax"] == 1:
-        sink = mx.zeros((nh,), mx.float32)
+    sink = softmax_sink(x["head_sink"], a["smooth_softmax"], nh)
     add_guard(ok)
     probs = attention_probs_softmax(scores, mx.array(True), sink)
     out = probs.reshape(b, kvh, group * s, -1) @ pv.astype(mx.float32)

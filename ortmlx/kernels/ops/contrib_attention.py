@@ -138,6 +138,15 @@ def attention_probs_softmax(scores, mask, sink=None):
     return e / den
 
 
+def softmax_sink(head_sink, smooth_softmax: int, num_heads: int):
+    """The extra per-head softmax logit: ``head_sink`` (N,), zeros for smooth softmax, else None."""
+    if head_sink is not None:
+        if head_sink.shape != (num_heads,):
+            raise ValueError(f"head_sink shape {head_sink.shape}, expected ({num_heads},)")
+        return head_sink
+    return mx.zeros((num_heads,), mx.float32) if smooth_softmax == 1 else None
+
+
 def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length: int, num_heads: int,
              kv_num_heads: int, first_prompt: bool, scale: float = 0.0, softcap: float = 0.0,
              local_window_size: int = -1, cos_cache=None, sin_cache=None, position_ids=None,
@@ -324,13 +333,7 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
         ab = attention_bias.shape
         if len(ab) != 4 or ab[0] not in (1, b) or ab[1] not in (1, num_heads) or ab[2] != s or ab[3] != total:
             raise ValueError(f"attention_bias shape {ab}, expected (1|{b}, 1|{num_heads}, {s}, {total})")
-    if head_sink is not None and head_sink.shape != (num_heads,):
-        raise ValueError(f"head_sink shape {head_sink.shape}, expected ({num_heads},)")
-    sink = None
-    if head_sink is not None:
-        sink = head_sink
-    elif smooth_softmax == 1:
-        sink = mx.zeros((num_heads,), mx.float32)
+    sink = softmax_sink(head_sink, smooth_softmax, num_heads)
     return gqa_core(query, key, value, past_key, past_value, seqlens_k, total_sequence_length=total,
                     num_heads=num_heads, kv_num_heads=kv_num_heads, first_prompt=first_prompt, scale=scale,
                     softcap=softcap, local_window_size=local_window_size,

@@ -332,14 +332,9 @@ def inspect_empty():
 def gather_block_quantized_traced(data, indices, scales, zero_points=None, *, bits=4, block_size=128,
                                   quantize_axis=1, gather_axis=0):
     """GatherBlockQuantized with the indices as data (eager reads them on the host): out-of-range
-    indices fail a guard; the zero-point crop is a ``take`` (no static slice). Same math as eager."""
-    from ..kernels.ops.contrib_quant import unpack_bits
-    r = data.ndim
-    ga = gather_axis % r
-    cols = data.shape[-1] * 8 // bits
-    kb = -(-cols // block_size)
-    if tuple(scales.shape) != tuple(data.shape[:-1]) + (kb,):
-        raise ValueError(f"scales shape {scales.shape}, expected {tuple(data.shape[:-1]) + (kb,)}")
+    indices fail a guard; the dequantization is eager's (``dequantize_gathered``)."""
+    from ..kernels.ops.contrib_quant import dequantize_gathered, gbq_layout
+    ga, cols, kb = gbq_layout(data, scales, bits, block_size, gather_axis)
     if kb * block_size != cols:
         raise Untraceable("traced GatherBlockQuantized: blocks that do not tile the row")
     idx = indices if isinstance(indices, mx.array) else mx.array(np.asarray(indices))
@@ -347,19 +342,6 @@ def gather_block_quantized_traced(data, indices, scales, zero_points=None, *, bi
     n = data.shape[ga]
     add_guard(mx.all((idx >= -n) & (idx < n)))
     flat = mx.clip(mx.where(idx < 0, idx + n, idx), 0, n - 1).reshape(-1).astype(mx.int32)
-    q = unpack_bits(mx.take(data, flat, axis=ga), bits)
-    s = mx.take(scales, flat, axis=ga)
-    if zero_points is None:
-        z = mx.full(s.shape, float(1 << (bits - 1)), s.dtype)
-    else:
-        zrow = -(-kb * bits // 8)
-        if tuple(zero_points.shape) != tuple(data.shape[:-1]) + (zrow,):
-            raise ValueError(f"zero_points shape {zero_points.shape}, expected {tuple(data.shape[:-1]) + (zrow,)}")
-        z = unpack_bits(mx.take(zero_points, flat, axis=ga), bits)
-        z = mx.take(z.reshape(-1, z.shape[-1]), mx.arange(kb, dtype=mx.int32), axis=1)
-        z = z.reshape(s.shape).astype(s.dtype)
-    lead = q.shape[:-1]
-    qb = q.reshape(*lead, kb, block_size)
-    w = ((qb.astype(s.dtype) - z[..., None]) * s[..., None]).reshape(*lead, kb * block_size)
+    w = dequantize_gathered(data, scales, zero_points, flat, ga, cols, kb, block_size, bits)
     out_shape = data.shape[:ga] + tuple(idx.shape) + data.shape[ga + 1:-1] + (cols,)
     return w.reshape(out_shape)

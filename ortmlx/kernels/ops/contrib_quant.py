@@ -145,21 +145,20 @@ def _gbq_check(v) -> str | None:
     return None
 
 
-@register("GatherBlockQuantized", 1, domain=MS, check=_gbq_check)
-def gather_block_quantized(data, indices, scales, zero_points=None, *, bits=4, block_size=128,
-                           quantize_axis=1, gather_axis=0):
-    """Gather along gather_axis, then dequantize (q - zp) * scale per block of the last axis."""
-    r = data.ndim
-    ga = gather_axis % r
+def gbq_layout(data, scales, bits: int, block_size: int, gather_axis: int) -> tuple[int, int, int]:
+    """(gather axis, unpacked columns, blocks per row) of GatherBlockQuantized; checks the scales shape."""
+    ga = gather_axis % data.ndim
     cols = data.shape[-1] * 8 // bits
     kb = -(-cols // block_size)
     if tuple(scales.shape) != tuple(data.shape[:-1]) + (kb,):
         raise ValueError(f"scales shape {scales.shape}, expected {tuple(data.shape[:-1]) + (kb,)}")
-    idx = _host_ints(indices)
-    n = data.shape[ga]
-    if idx.size and (idx.min() < -n or idx.max() >= n):
-        raise ValueError(f"indices out of range [-{n}, {n - 1}]")
-    flat = mx.array(np.where(idx < 0, idx + n, idx).reshape(-1).astype(np.int32))
+    return ga, cols, kb
+
+
+def dequantize_gathered(data, scales, zero_points, flat, ga: int, cols: int, kb: int, block_size: int, bits: int):
+    """Rows ``flat`` (int32 MLX indices) of ``data`` along ``ga``, dequantized: (q - zp) * scale per block
+    of the last axis (zp: the packed zero points, else the midpoint). The zero points' crop to ``kb``
+    is a take, so traces can use it too. Returns (..., cols) with len(flat) rows on ``ga``."""
     q = unpack_bits(mx.take(data, flat, axis=ga), bits)
     s = mx.take(scales, flat, axis=ga)
     if zero_points is None:
@@ -169,14 +168,27 @@ def gather_block_quantized(data, indices, scales, zero_points=None, *, bits=4, b
         if tuple(zero_points.shape) != tuple(data.shape[:-1]) + (zrow,):
             raise ValueError(f"zero_points shape {zero_points.shape}, expected {tuple(data.shape[:-1]) + (zrow,)}")
         z = unpack_bits(mx.take(zero_points, flat, axis=ga), bits)
-        z = z.reshape(-1, z.shape[-1])[:, :kb].reshape(s.shape).astype(s.dtype)
+        z = mx.take(z.reshape(-1, z.shape[-1]), mx.arange(kb, dtype=mx.int32), axis=1)
+        z = z.reshape(s.shape).astype(s.dtype)
     lead = q.shape[:-1]
-    qb = q.reshape(*lead, kb, block_size) if kb * block_size == q.shape[-1] else \
-        mx.concatenate([q, mx.zeros((*lead, kb * block_size - q.shape[-1]), q.dtype)], axis=-1) \
-        .reshape(*lead, kb, block_size)
+    if kb * block_size != q.shape[-1]:          # the last block is short: pad it, crop after
+        q = mx.concatenate([q, mx.zeros((*lead, kb * block_size - q.shape[-1]), q.dtype)], axis=-1)
+    qb = q.reshape(*lead, kb, block_size)
     w = ((qb.astype(s.dtype) - z[..., None]) * s[..., None]).reshape(*lead, kb * block_size)
-    if kb * block_size != cols:
-        w = w[..., :cols]
+    return w[..., :cols] if kb * block_size != cols else w
+
+
+@register("GatherBlockQuantized", 1, domain=MS, check=_gbq_check)
+def gather_block_quantized(data, indices, scales, zero_points=None, *, bits=4, block_size=128,
+                           quantize_axis=1, gather_axis=0):
+    """Gather along gather_axis, then dequantize (q - zp) * scale per block of the last axis."""
+    ga, cols, kb = gbq_layout(data, scales, bits, block_size, gather_axis)
+    idx = _host_ints(indices)
+    n = data.shape[ga]
+    if idx.size and (idx.min() < -n or idx.max() >= n):
+        raise ValueError(f"indices out of range [-{n}, {n - 1}]")
+    flat = mx.array(np.where(idx < 0, idx + n, idx).reshape(-1).astype(np.int32))
+    w = dequantize_gathered(data, scales, zero_points, flat, ga, cols, kb, block_size, bits)
     out_shape = data.shape[:ga] + tuple(idx.shape) + data.shape[ga + 1:-1] + (cols,)
     return w.reshape(out_shape)
 

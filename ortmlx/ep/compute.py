@@ -14,7 +14,7 @@ from ..kernels import dtypes as dt
 from ..kernels.interpreter import Program
 from ..trace import Probe
 from .errors import ORT_INVALID_ARGUMENT, EpError
-from .mirror import MirrorSet, changed_rows, host_view, mirrorable, write_rows
+from .mirror import MirrorSet, changed_rows, mirrorable, write_rows
 
 
 #: (cpu, gpu): total bytes of in-place outputs copied out whole rather than diffed on the device;
@@ -24,7 +24,7 @@ WHOLE_COPY_BYTES = [1 << 20, 64 << 10]
 
 
 def _copy_whole(dst: np.ndarray, r: mx.array) -> int:
-    host = host_view(r)
+    host = dt.to_numpy(r)
     np.copyto(dst, host)
     return host.nbytes
 
@@ -178,7 +178,7 @@ class ComputeInfo:
                         moved += _copy_whole(dst, r)
                         self.mirrors.store(i, addr, dst, r, None)
                     continue
-                host = host_view(r)
+                host = dt.to_numpy(r)
             moved += self._copy(ptr, host, self.out_types[j])
         return moved + self._write_pending(pending)
 
@@ -237,15 +237,25 @@ class ComputeInfo:
             self.mirrors.store(i, addr, dst, r, rng)
         return moved
 
-    def compute(self, kctx) -> None:
-        if self._observed:
-            return self._compute_observed(kctx)
+    def copy_in(self, kctx) -> tuple[list, dict[int, int], list, dict[int, mx.array]]:
+        """(ORT's inputs as numpy views, their buffer addresses, what the runner gets: device mirrors
+        substituted where ORT's buffer has one, the substituted inputs)."""
         inputs = self.gather(kctx)
         addrs = self.addresses(inputs)
         run, used = self.use_mirrors(inputs, addrs)
-        results = self.runner.run(run)
-        out_bytes = self.write_outputs(kctx, results, None, inputs, addrs, used)
+        return inputs, addrs, run, used
+
+    def copy_out(self, kctx, results, probe, inputs, addrs, used) -> None:
+        """Write the results into ORT's buffers and count the bytes that crossed (mirrored inputs: none)."""
+        out_bytes = self.write_outputs(kctx, results, probe, inputs, addrs, used)
         residency.add(_nbytes(a for i, a in enumerate(inputs) if i not in used), out_bytes)
+
+    def compute(self, kctx) -> None:
+        if self._observed:
+            return self._compute_observed(kctx)
+        inputs, addrs, run, used = self.copy_in(kctx)
+        results = self.runner.run(run)
+        self.copy_out(kctx, results, None, inputs, addrs, used)
         self.calls += 1
         self.ep.stats.calls += 1
 
@@ -258,17 +268,14 @@ class ComputeInfo:
             if st.faults is not None:
                 st.fault("compute", self.name)
             probe.mark("copy_in")
-            inputs = self.gather(kctx)
-            addrs = self.addresses(inputs)
-            run, used = self.use_mirrors(inputs, addrs)
+            inputs, addrs, run, used = self.copy_in(kctx)
             if getattr(self.runner, "supports_probe", False):
                 results = self.runner.run(run, probe=probe)       # marks build / eval itself
             else:
                 probe.mark("run")
                 results = self.runner.run(run)
             probe.mark("copy_out")
-            out_bytes = self.write_outputs(kctx, results, probe, inputs, addrs, used)
-            residency.add(_nbytes(a for i, a in enumerate(inputs) if i not in used), out_bytes)
+            self.copy_out(kctx, results, probe, inputs, addrs, used)
             ok = True
         except BaseException as e:
             err = e

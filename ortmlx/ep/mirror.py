@@ -25,7 +25,6 @@ import threading
 import mlx.core as mx
 import numpy as np
 
-from ..kernels import dtypes as dt
 
 #: most mirrored buffers kept per group input (each holds one device copy of the buffer)
 MAX_PER_INPUT = 2
@@ -180,7 +179,3 @@ class MirrorSet:
         with self._lock:
             return sum(len(v) for v in self._by_input.values())
 
-
-def host_view(a: mx.array) -> np.ndarray:
-    """Zero-copy host view of an evaluated result (on a GPU only the rows read move)."""
-    return dt.to_numpy(a)

@@ -267,8 +267,8 @@ class CompiledSubgraph:
         if got is None or got is GUARD_FAILED:
             return
         try:
-            want = [_host(r) for r in ref]
-            why = mismatch([_host(g) for g in got], want, self._bf16)
+            want = [dt.host(r) for r in ref]
+            why = mismatch([dt.host(g) for g in got], want, self._bf16)
         except Exception as e:  # noqa: BLE001
             why = f"comparison failed: {type(e).__name__}: {e}"
         if why:
@@ -426,10 +426,6 @@ def _host_bytes(plan: HostPlan, inputs: list) -> tuple:
     """The values of the inputs a trace bakes in (part of the key)."""
     return tuple(None if inputs[i] is None else np.ascontiguousarray(inputs[i]).tobytes()
                  for i in sorted(plan.host_inputs))
-
-
-def _host(v) -> np.ndarray:
-    return dt.to_numpy(v) if isinstance(v, mx.array) else np.asarray(v)
 
 
 def _device_output(v, t: int | None, contiguous: bool) -> mx.array:

@@ -163,7 +163,7 @@ class ComputeInfo:
         done: set[int] = set()
         for j, r in enumerate(results):
             inplace = bool(addrs) and isinstance(r, mx.array) and mirrorable(r)
-            host = None if inplace else dt.to_numpy(r) if isinstance(r, mx.array) else np.asarray(r)
+            host = None if inplace else dt.host(r)
             shape = tuple(r.shape) if inplace else host.shape
             ptr = self._output(kctx, j, shape, probe)
             if inplace:

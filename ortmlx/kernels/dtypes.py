@@ -129,6 +129,11 @@ def to_numpy(a: mx.array) -> np.ndarray:
     return np.asarray(a)
 
 
+def host(v) -> np.ndarray:
+    """A host (numpy) array of an MLX or host value: ``to_numpy`` for MLX (evaluates it), else ``np.asarray``."""
+    return to_numpy(v) if isinstance(v, mx.array) else np.asarray(v)
+
+
 def onnx_type_of(a) -> int:
     """Element type of an MLX or numpy array."""
     if isinstance(a, mx.array):

@@ -38,15 +38,12 @@ from .sequence import kinds_reason
 
 # ----------------------------------------------------------------------------- helpers
 
-def _host(v) -> np.ndarray:
-    return dt.to_numpy(v) if isinstance(v, mx.array) else np.asarray(v)
-
 
 def _one(v, what: str):
     """The single element of ``v`` read on the host (a sync for a device value)."""
-    a = _host(v).reshape(-1)
+    a = dt.host(v).reshape(-1)
     if a.size != 1:
-        raise ValueError(f"{what} must hold exactly one element, got shape {_host(v).shape}")
+        raise ValueError(f"{what} must hold exactly one element, got shape {dt.host(v).shape}")
     return a[0]
 
 

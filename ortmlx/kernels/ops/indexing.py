@@ -375,14 +375,11 @@ def _bad_k(K):
 
 
 # ---------------------------------------------------------------- host-computed: NonZero, Unique
-def _host(x) -> np.ndarray:
-    return dt.to_numpy(x) if isinstance(x, mx.array) else np.asarray(x)
-
 
 @register("NonZero", 9, host_computed=True)
 def nonzero(X, *, ctx):
     """Indices of the non-zero elements, (rank, n) int64 in row-major order."""
-    x = _host(X)
+    x = dt.host(X)
     if ctx.in_dtypes[0] == dt.BFLOAT16:
         x = x & 0x7FFF                      # bf16 bits: +-0 are the only zeros
     if x.ndim == 0:                         # ORT: one coordinate row for a scalar
@@ -396,7 +393,7 @@ _UNIQUE_TYPES = dt.NUMERIC - {dt.BFLOAT16} | {dt.BOOL}      # bf16 bits would no
 @register("Unique", 11, dtypes=_UNIQUE_TYPES, host_computed=True)
 def unique(X, *, axis=None, sorted=1):
     """Unique values (or slices along ``axis``): Y, first indices, inverse indices, counts."""
-    x = _host(X)
+    x = dt.host(X)
     if x.dtype.kind == "f" and np.isnan(x).any():
         raise ValueError("NaN input: ORT's Unique treats NaN as equal to whatever it is compared with, "
                          "an order-dependent result that is not reproduced")

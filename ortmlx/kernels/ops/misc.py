@@ -24,16 +24,12 @@ from ..registry import register
 F32 = np.float32
 
 
-def _host(x):
-    return dt.to_numpy(x) if isinstance(x, mx.array) else np.asarray(x)
-
-
 def _scalar(x, default, kind):
     if x is None:
         return default
-    a = _host(x).reshape(-1)
+    a = dt.host(x).reshape(-1)
     if a.size != 1:
-        raise ValueError(f"{kind} must hold one value, got shape {_host(x).shape}")
+        raise ValueError(f"{kind} must hold one value, got shape {dt.host(x).shape}")
     return a[0]
 
 
@@ -110,7 +106,7 @@ def non_max_suppression(boxes, scores, max_output_boxes_per_class=None, iou_thre
     max_out = int(_scalar(max_output_boxes_per_class, 0, "max_output_boxes_per_class"))
     iou = float(_scalar(iou_threshold, 0.0, "iou_threshold"))
     st = None if score_threshold is None else float(_scalar(score_threshold, 0.0, "score_threshold"))
-    return nms(_host(boxes), _host(scores), max_out, iou, st, center_point_box)
+    return nms(dt.host(boxes), dt.host(scores), max_out, iou, st, center_point_box)
 
 
 # ------------------------------------------------------------------ Det
@@ -124,7 +120,7 @@ def _det_check(view):
 @register("Det", 11, dtypes={dt.FLOAT}, host_computed=True, check=_det_check)
 def det(X):
     """Determinant of the trailing square matrices, float64 LU on the host, float32 out."""
-    x = _host(X)
+    x = dt.host(X)
     if x.ndim < 2 or x.shape[-1] != x.shape[-2]:
         raise ValueError(f"input shape {x.shape} is not a (batch of) square matrices")
     return np.linalg.det(x.astype(np.float64)).astype(np.float32)
@@ -189,7 +185,7 @@ def _tf_row(row, table, lo, hi, max_skip, width):
 def tfidf_vectorizer(X, *, max_gram_length, max_skip_count, min_gram_length, mode, ngram_counts, ngram_indexes,
                      pool_int64s=None, pool_strings=None, weights=None):
     """Counts of the pool's n-grams (skip-grams up to max_skip_count), as TF, IDF (0/1) or TFIDF."""
-    x = _host(X).astype(np.int64)
+    x = dt.host(X).astype(np.int64)
     mode = mode.decode() if isinstance(mode, bytes) else mode
     width = int(max(ngram_indexes)) + 1
     table = _pool_table([int(v) for v in pool_int64s], [int(c) for c in ngram_counts], list(ngram_indexes))
@@ -277,7 +273,7 @@ def _roi_one(fmap, roi, ph: int, pw: int, ratio: int, scale, half: bool, mode: s
 
 
 def _roi_align(X, rois, batch_indices, mode, output_height, output_width, sampling_ratio, spatial_scale, half):
-    x, r, b = _host(X).astype(F32), _host(rois).astype(F32), _host(batch_indices).astype(np.int64)
+    x, r, b = dt.host(X).astype(F32), dt.host(rois).astype(F32), dt.host(batch_indices).astype(np.int64)
     mode = mode.decode() if isinstance(mode, bytes) else mode
     if r.ndim != 2 or r.shape[1] != 4 or b.shape != (r.shape[0],):
         raise ValueError(f"rois {r.shape} must be (n, 4) and batch_indices {b.shape} (n,)")

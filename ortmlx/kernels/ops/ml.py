@@ -178,7 +178,7 @@ def _le_check(view):
 
 def _label_encode(X, attrs):
     keys, vals, default = _le_arrays(attrs)
-    x = dt.to_numpy(X) if isinstance(X, mx.array) else np.asarray(X)
+    x = dt.host(X)
     order = np.argsort(keys, kind="stable")
     sk, sv = keys[order], vals[order]
     pos = np.clip(np.searchsorted(sk, x), 0, max(sk.size - 1, 0))

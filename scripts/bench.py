@@ -135,7 +135,7 @@ def genai_gen(og, mg, model, ids, n_new, trace_bytes=False):
     return (t1 - t0) / 1e6, (len(toks) - 1) / ((t2 - t1) / 1e9), toks, per
 
 
-def bench_llm(path, device, rounds, prompt_len, n_new, engines, bytes_run, bw):
+def bench_llm(path, device, rounds, prompt_len, n_new, engines, bytes_run, bw, extra=None):
     import onnxruntime_genai as og
     from ortmlx import genai as mg
     name = os.path.basename(os.path.normpath(path))
@@ -143,8 +143,8 @@ def bench_llm(path, device, rounds, prompt_len, n_new, engines, bytes_run, bw):
     if "cpu_ep" in engines:
         models["cpu_ep"] = mg.load_model(path, "cpu")[0]
     if "mlx_eager" in engines:
-        models["mlx_eager"] = mg.load_model(path, "mlx", {"no_compile": "1", "device": device})[0]
-    models["mlx_compiled"] = mg.load_model(path, "mlx", {"device": device})[0]
+        models["mlx_eager"] = mg.load_model(path, "mlx", {**(extra or {}), "no_compile": "1", "device": device})[0]
+    models["mlx_compiled"] = mg.load_model(path, "mlx", {**(extra or {}), "device": device})[0]
     ids = np.asarray(RNG.integers(5, 500, prompt_len), np.int32)
     first = {}
     for k, m in models.items():                 # warm-up: traces, verification, kernel JIT
@@ -296,6 +296,8 @@ def main(argv=None) -> int:
     ap.add_argument("--torch", action="store_true")
     ap.add_argument("--mlx-lm", action="store_true")
     ap.add_argument("--bw-gbs", type=float, default=None, help="memory bandwidth GB/s for the limit")
+    ap.add_argument("--mlx-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra MLX EP option for the LLM sessions (repeatable)")
     args = ap.parse_args(argv)
 
     import mlx.core as mx
@@ -316,7 +318,8 @@ def main(argv=None) -> int:
             bench_graph(name, m, f, device, args.rounds)
     engines = {"mlx_compiled"} | (set() if args.no_cpu_ep else {"cpu_ep"}) | (set() if args.no_eager else {"mlx_eager"})
     for path in args.model:
-        med, _ = bench_llm(path, device, args.rounds, args.prompt_len, args.new_tokens, engines, args.bytes_run, bw)
+        med, _ = bench_llm(path, device, args.rounds, args.prompt_len, args.new_tokens, engines, args.bytes_run, bw,
+                             dict(kv.split("=", 1) for kv in args.mlx_option))
         others = {}
         if args.hf and args.torch:
             try:

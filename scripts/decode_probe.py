@@ -99,6 +99,8 @@ def main(argv=None) -> int:
         print(f"[{s}] {time.perf_counter() - t0:.1f} s: {json.dumps(res)}", flush=True)
         if prof:
             print(prof, flush=True)
+        if "verbose" in opts:                       # the EP's session summary (per-group time split)
+            print(r.stderr[-4000:], flush=True)
     return 0
 
 

@@ -181,3 +181,20 @@ def test_changed_rows_matches_numpy(compiled):
                 assert tuple(got[l]) == (idx[0], idx[-1] + 1), (got, flags)
             else:
                 assert got[l, 0] >= got[l, 1], (got, flags)
+
+
+def test_decode_steps_take_one_round_trip(sess, monkeypatch):
+    """Rows written one after another: the diff brings the predicted next row along, so the
+    second gather (write_rows) runs only when the prediction misses (a rewind)."""
+    from ortmlx.ep import compute
+    calls = []
+    real = compute.write_rows
+    monkeypatch.setattr(compute, "write_rows", lambda *a: calls.append(1) or real(*a))
+    buf = Buffer(sess, 6)
+    for pos in range(5):
+        buf.step(pos)
+    assert calls == [1], calls              # call 1 uploads whole; call 2 has no last range yet
+    buf.step(1)                              # a rewind: predicted row 5, changed row 1
+    assert calls == [1, 1], calls
+    buf.step(2)                              # back in step
+    assert calls == [1, 1], calls

@@ -18,11 +18,13 @@ from ..kernels import dtypes as dt
 from ..kernels.interpreter import mx_device
 from .analysis import HostPlan, hoist_free_work, host_plan, static_reason
 from .config import CompiledConfig
-from .decode_ops import collect_guards, stop_guards
+from .decode_ops import Untraceable, collect_guards, set_shapeless_trace, stop_guards
 from .verify import mismatch
 
 #: what ``_apply`` returns when a guard computed in the graph said "not this call"
 GUARD_FAILED = object()
+#: traces a shape-keyed closure of a shapeless key may make before it is given up (shapes vary)
+MAX_FIXED_TRACES = 3
 
 #: MLX's trace state is process-global: one trace at a time (re-entrant for nested groups)
 TRACE_LOCK = threading.RLock()
@@ -46,6 +48,7 @@ def tracing() -> bool:
     return getattr(_TLS, "depth", 0) > 0
 
 
+
 class Call:
     """One call as a closure sees it: its inputs (maybe padded), the shapes that verify it
     (the real ones), and ``post`` mapping the closure's host outputs to the call's."""
@@ -63,7 +66,7 @@ class _Closure:
     """One compiled closure for one key: its inputs split, its counters and state."""
 
     __slots__ = ("fn", "dev_idx", "host_vals", "traces", "calls", "verified", "trusted", "poisoned", "guarded",
-                 "guard_fails", "hoist", "hoist_prog", "trace_prog")
+                 "guard_fails", "hoist", "hoist_prog", "trace_prog", "shapeless")
 
     def __init__(self, dev_idx: tuple[int, ...], host_vals: dict[int, np.ndarray | None]):
         self.fn = None
@@ -79,6 +82,7 @@ class _Closure:
         self.poisoned: str | None = None
         self.guarded = False            # the last output is a guard (set while tracing)
         self.guard_fails = 0
+        self.shapeless = False          # traced with mx.compile(shapeless=True)
 
 
 class CompiledSubgraph:
@@ -233,6 +237,16 @@ class CompiledSubgraph:
             self._verify(c, call, ref)
         return ref
 
+    def _traces_free_dims(self, c: _Closure) -> bool:
+        """Whether a closure of a shapeless key sees a shape that varies between calls: a traced
+        group input with a free dim. When none does (genai's decode once the growing attention
+        mask is hoisted out), the closure is traced shape-keyed instead: MLX retraces on any new
+        input shape (hoisted values included), so nothing baked from a shape can go stale, and
+        slices, ``split`` and ``mx.fast`` kernels are allowed. More than ``MAX_FIXED_TRACES``
+        traces (shapes did vary) poisons it: that key runs eagerly."""
+        free = self._free_inputs()
+        return any(i in free for i in c.dev_idx)
+
     def _free_inputs(self) -> frozenset[int]:
         """Group inputs with a dim a shapeless key leaves free (all of them when every dim is free)."""
         if self.free_dims is None:
@@ -241,17 +255,24 @@ class CompiledSubgraph:
 
     def _new_closure(self, plan: HostPlan, inputs: list) -> _Closure:
         """A closure for one key: device inputs are traced, the others baked in (copied)."""
-        dev_idx = tuple(i for i, a in enumerate(inputs) if a is not None and i not in plan.host_inputs)
-        host_vals = {i: (None if a is None else np.array(a, copy=True))
+        trace_prog, unread = self.trace_program, frozenset()
+        if plan.hoist:
+            keep = [k for k in range(len(self.trace_program.steps)) if k not in plan.hoist_steps]
+            trace_prog = sub_program(self.trace_program, keep, self.program.inputs + list(plan.hoist),
+                                     self.program.outputs)
+            # inputs only the hoisted work reads (the growing mask) are not passed to the trace
+            read = {n for st in trace_prog.steps for n in st.inputs if n} | set(self.program.outputs)
+            unread = frozenset(i for i, n in enumerate(self.program.inputs) if n not in read)
+        dev_idx = tuple(i for i, a in enumerate(inputs)
+                        if a is not None and i not in plan.host_inputs and i not in unread)
+        host_vals = {i: (None if a is None or i in unread else np.array(a, copy=True))
                      for i, a in enumerate(inputs) if i not in dev_idx}
         c = _Closure(dev_idx, host_vals)
-        c.trace_prog = self.trace_program
+        c.trace_prog = trace_prog
         if plan.hoist:
             c.hoist = plan.hoist
             c.hoist_prog = sub_program(self.program, plan.hoist_steps, self.program.inputs, plan.hoist)
-            keep = [k for k in range(len(self.trace_program.steps)) if k not in plan.hoist_steps]
-            c.trace_prog = sub_program(self.trace_program, keep, self.program.inputs + list(plan.hoist),
-                                       self.program.outputs)
+        c.shapeless = self.config.shapeless and self._traces_free_dims(c)
         try:
             c.fn = self._compile(c)
         except Exception as e:  # noqa: BLE001
@@ -325,10 +346,15 @@ class CompiledSubgraph:
         dev_idx = c.dev_idx + tuple(range(len(self.program.inputs), n))      # then the hoisted values
         out_types, contiguous = self._out_types, self.config.contiguous_outputs
 
+        shapeless = c.shapeless
+
         def body(*dev):
             c.traces += 1                       # a Python side effect: runs only while tracing
             counters["traces"] += 1
+            if not shapeless and self.config.shapeless and c.traces > MAX_FIXED_TRACES:
+                raise Untraceable(f"shapes changed between calls ({c.traces} traces of a fixed-shape closure)")
             _TLS.depth = getattr(_TLS, "depth", 0) + 1
+            outer = set_shapeless_trace(shapeless)
             try:
                 if stats is not None and getattr(stats, "faults", None) is not None:
                     stats.fault("trace", name)
@@ -347,8 +373,9 @@ class CompiledSubgraph:
             finally:
                 stop_guards()
                 _TLS.depth -= 1
+                set_shapeless_trace(outer)
 
-        return mx.compile(body, shapeless=self.config.shapeless)
+        return mx.compile(body, shapeless=shapeless)
 
     def _hoisted(self, c: _Closure, inputs: list) -> list:
         """The hoisted (shape-derived) values of this call, as MLX arrays."""

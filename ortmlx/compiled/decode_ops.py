@@ -18,6 +18,7 @@ import threading
 import mlx.core as mx
 import numpy as np
 
+from ..kernels import consts
 from ..kernels.ops.contrib_attention import gqa_core, softmax_sink
 
 _GUARDS = threading.local()
@@ -44,6 +45,19 @@ def stop_guards() -> None:
     _GUARDS.items = None
 
 
+def set_shapeless_trace(flag: bool) -> bool:
+    """Mark this thread's trace as shapeless (or not); returns the previous mark."""
+    old = getattr(_GUARDS, "shapeless", False)
+    _GUARDS.shapeless = flag
+    return old
+
+
+def shapeless_trace() -> bool:
+    """Whether this thread is tracing a shapeless closure: static slices, ``split`` and
+    ``mx.fast.rope`` fail there (shape-keyed traces may use them)."""
+    return getattr(_GUARDS, "shapeless", False)
+
+
 def add_guard(ok: mx.array) -> None:
     """A boolean scalar that must be true for the traced answer to be used."""
     items = getattr(_GUARDS, "items", None)
@@ -53,7 +67,7 @@ def add_guard(ok: mx.array) -> None:
 
 
 def split_packed_qkv(qkv, num_heads: int, kv_num_heads: int):
-    """(B,S,(N+2Nkv)*H) -> q, k, v with ``take`` (shapeless-safe, no static slices)."""
+    """(B,S,(N+2Nkv)*H) -> q, k, v: slices, or ``take`` in a shapeless trace (no static slices)."""
     b, s, hidden = qkv.shape
     heads = num_heads + 2 * kv_num_heads
     h = hidden // heads
@@ -62,7 +76,9 @@ def split_packed_qkv(qkv, num_heads: int, kv_num_heads: int):
     x = qkv.reshape(b, s, heads, h)
 
     def part(lo: int, n: int):
-        return mx.take(x, mx.arange(lo, lo + n, dtype=mx.int32), axis=2).reshape(b, s, n * h)
+        if not shapeless_trace():
+            return x[:, :, lo:lo + n].reshape(b, s, n * h)
+        return mx.take(x, consts.arange(n, mx.int32, lo), axis=2).reshape(b, s, n * h)
     return part(0, num_heads), part(num_heads, kv_num_heads), part(num_heads + kv_num_heads, kv_num_heads)
 
 
@@ -96,7 +112,7 @@ def gqa_traced(decode: bool, padded: bool = False):
         o, pk, pv = out
         seqlens = args[5].reshape(-1).astype(mx.int32)
         b, t = pk.shape[0], pk.shape[2]
-        keep = mx.arange(t, dtype=mx.int32).reshape(1, 1, t, 1) < (seqlens + 1).reshape(b, 1, 1, 1)
+        keep = consts.arange(t).reshape(1, 1, t, 1) < (seqlens + 1).reshape(b, 1, 1, 1)
         zero = mx.zeros((1,), pk.dtype)
         return o, mx.where(keep, pk, zero), mx.where(keep, pv, zero)
 
@@ -202,7 +218,7 @@ def gqa_growing_traced(*args, **attrs):
             raise ValueError(f"rotary: head_size {h}, cos_cache {cos.shape}")
         rows = cos.shape[0]
         ok = ok & mx.all(seqlens < rows)
-        pos = past_len.reshape(b, 1) + mx.arange(s, dtype=mx.int32).reshape(1, s)
+        pos = past_len.reshape(b, 1) + consts.arange(s).reshape(1, s)
         pos = mx.clip(pos, 0, rows - 1)                    # a failed guard answers from eager anyway
         c, sn = rotary_tables(cos, sin, pos, h, bool(a["rotary_interleaved"]))
         c, sn = c.reshape(b, 1, s, h), sn.reshape(b, 1, s, h)
@@ -260,7 +276,7 @@ def rotary_traced(input, position_ids, cos_cache, sin_cache, *, interleaved=0, i
         # eager: a one-element position_ids is a start offset for the S positions
         start = pid.reshape(1, 1)
         add_guard(mx.all(start >= 0) & mx.all(start + s <= rows))
-        pos = mx.broadcast_to(mx.arange(s, dtype=mx.int64).reshape(1, s) + start, (b, s))
+        pos = mx.broadcast_to(consts.arange(s, mx.int64).reshape(1, s) + start, (b, s))
     elif tuple(pid.shape) == (b, s):
         add_guard(mx.all(pid >= 0) & mx.all(pid < rows))
         pos = pid

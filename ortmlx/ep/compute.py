@@ -14,7 +14,7 @@ from ..kernels import dtypes as dt
 from ..kernels.interpreter import Program
 from ..trace import Probe
 from .errors import ORT_INVALID_ARGUMENT, EpError
-from .mirror import MirrorSet, changed_rows, mirrorable, write_rows
+from .mirror import MirrorSet, changed_rows, mirrorable, predicted_rows, write_predicted, write_rows
 
 
 #: (cpu, gpu): total bytes of in-place outputs copied out whole rather than diffed on the device;
@@ -231,8 +231,18 @@ class ComputeInfo:
                 moved += _copy_whole(dst, r)
                 self.mirrors.store(i, addr, dst, r, None)
             return moved
-        ranges = changed_rows([(r, old) for _, _, r, old, _ in pending], compiled=compile_thread())
-        moved = write_rows([(r, dst) for _, _, r, _, dst in pending], ranges)
+        pairs = [(r, old) for _, _, r, old, _ in pending]
+        writes = [(r, dst) for _, _, r, _, dst in pending]
+        # a decode step writes the row after the last one in every buffer: bring it with the diff
+        rows = predicted_rows([self.mirrors.ends(i, addr) for i, addr, *_ in pending], [d.shape for *_, d in pending])
+        moved = None
+        if rows is not None:
+            ranges, picked = changed_rows(pairs, compiled=compile_thread(), predict=rows)
+            moved = write_predicted(writes, ranges, rows, picked)
+        else:
+            ranges = changed_rows(pairs, compiled=compile_thread())
+        if moved is None:
+            moved = write_rows(writes, ranges)
         for (i, addr, r, _, dst), rng in zip(pending, ranges):
             self.mirrors.store(i, addr, dst, r, rng)
         return moved

@@ -55,22 +55,58 @@ def _changed_body(*pairs):
 _changed_compiled = mx.compile(_changed_body)
 
 
-def changed_rows(pairs: list[tuple[mx.array, mx.array]], compiled: bool) -> list[np.ndarray]:
+def _changed_and_rows_body(rows, *pairs):
+    """``_changed_body``'s flags, and the ``rows`` (int32, axis -2, every leading index) of each
+    pair's new array as one flat byte array: a predicted write-back in the same round trip."""
+    picked = []
+    for k in range(0, len(pairs), 2):
+        new = pairs[k]
+        n3 = new.reshape(-1, new.shape[-2], new.shape[-1])
+        picked.append(mx.take(n3, rows, axis=1).reshape(-1).view(mx.uint8))
+    return _changed_body(*pairs), mx.concatenate(picked) if len(picked) > 1 else picked[0]
+
+
+_changed_and_rows_compiled = mx.compile(_changed_and_rows_body)
+
+
+def changed_rows(pairs: list[tuple[mx.array, mx.array]], compiled: bool, predict: range | None = None):
     """For each (new, old) pair an int32 [L, 2] array of changed row ranges [first, end) per leading
-    index (first >= end: none), from one device round trip of L x S flags per pair."""
+    index (first >= end: none), from one device round trip of L x S flags per pair.
+
+    With ``predict`` (rows along axis -2 valid in every pair), that round trip also brings those
+    rows of every new array: returns (ranges, host bytes of the rows, pair order) instead.
+    """
     flat = [a for p in pairs for a in p]
+    if predict is not None:
+        fn = _changed_and_rows_compiled if compiled else _changed_and_rows_body
+        rows = mx.array(np.arange(predict.start, predict.stop, dtype=np.int32))
+        f, picked = fn(rows, *flat)
+        mx.eval(f, picked)
+        return _ranges(pairs, np.array(f, copy=True)), np.array(picked, copy=True)
     fn = _changed_compiled if compiled else _changed_body
-    flags = np.array(fn(*flat), copy=True)
-    out, at = [], 0
-    for new, _ in pairs:
+    return _ranges(pairs, np.array(fn(*flat), copy=True))
+
+
+def _ranges(pairs, flags: np.ndarray) -> list[np.ndarray]:
+    """Per pair, [first, end) of the set flags of each leading index's S rows (runs of pairs
+    with the same layout are done in one NumPy pass)."""
+    out, at, k = [], 0, 0
+    while k < len(pairs):
+        new = pairs[k][0]
         s = new.shape[-2]
         n = new.size // (s * new.shape[-1])
-        f = flags[at:at + n * s].reshape(n, s)
-        at += n * s
+        m = 1                                   # pairs k .. k+m-1 share (n, s)
+        while k + m < len(pairs) and pairs[k + m][0].shape[-2] == s and \
+                pairs[k + m][0].size // (s * pairs[k + m][0].shape[-1]) == n:
+            m += 1
+        f = flags[at:at + m * n * s].reshape(m * n, s)
+        at += m * n * s
         any_ = f.any(axis=1)
         first = np.where(any_, f.argmax(axis=1), s)
         end = np.where(any_, s - f[:, ::-1].argmax(axis=1), 0)
-        out.append(np.stack([first, end], axis=1).astype(np.int32))
+        both = np.stack([first, end], axis=1).astype(np.int32).reshape(m, n, 2)
+        out.extend(both)
+        k += m
     return out
 
 
@@ -81,13 +117,14 @@ def _rows3(a: np.ndarray) -> np.ndarray:
 class Mirror:
     """One ORT buffer's device copy and the host rows that vouch for it."""
 
-    __slots__ = ("shape", "dtype", "array", "checks")
+    __slots__ = ("shape", "dtype", "array", "checks", "ends")
 
-    def __init__(self, shape: tuple, dtype, array: mx.array, checks: list):
+    def __init__(self, shape: tuple, dtype, array: mx.array, checks: list, ends: np.ndarray | None = None):
         self.shape = shape
         self.dtype = dtype
         self.array = array
         self.checks = checks            # [(leading index, row0, row1, bytes)]
+        self.ends = ends                # end of the last changed range per leading index (None: unknown)
 
     def holds(self, host: np.ndarray) -> bool:
         """Whether ``host`` (ORT's buffer now) still matches what was written from this mirror."""
@@ -112,6 +149,42 @@ def checks_for(host: np.ndarray, ranges: np.ndarray | None) -> list:
             r0 = max(r0, r1 - CHECK_ROWS)
         out.append((l, r0, r1, h3[l, r0:r1].tobytes()))
     return out
+
+
+def predicted_rows(ends: list[np.ndarray | None], shapes: list[tuple]) -> range | None:
+    """The row a decode step writes next in every buffer: the row after the last range written
+    when all buffers (and leading indices) agree and it exists in all of them, else None."""
+    row = None
+    for e, shape in zip(ends, shapes):
+        if e is None or e.size == 0 or not (e == e.flat[0]).all():
+            return None
+        r = int(e.flat[0])
+        if (row is not None and r != row) or r <= 0 or r >= shape[-2]:
+            return None
+        row = r
+    return None if row is None else range(row, row + 1)
+
+
+def write_predicted(pending: list, ranges: list[np.ndarray], rows: range, picked: np.ndarray) -> int | None:
+    """Write the changed rows from ``picked`` (``rows`` of every (result, ORT buffer) pair, flat bytes in
+    pair order) when every changed range lies inside ``rows``; returns bytes, or None (write nothing:
+    some change lies outside the prediction)."""
+    for rng in ranges:
+        live = rng[:, 0] < rng[:, 1]
+        if live.any() and ((rng[live, 0] < rows.start).any() or (rng[live, 1] > rows.stop).any()):
+            return None
+    k, at, moved = len(rows), 0, 0
+    for (new, dst), rng in zip(pending, ranges):
+        d3 = _rows3(dst)
+        L, r = d3.shape[0], d3.shape[2]
+        block = picked[at:at + L * k * r * d3.itemsize].view(d3.dtype).reshape(L, k, r)
+        at += block.nbytes
+        for l in range(L):
+            r0, r1 = int(rng[l, 0]), int(rng[l, 1])
+            if r0 < r1:
+                np.copyto(d3[l, r0:r1], block[l, r0 - rows.start:r1 - rows.start])
+                moved += (r1 - r0) * r * d3.itemsize
+    return moved
 
 
 def write_rows(pending: list, ranges: list[np.ndarray]) -> int:
@@ -158,8 +231,17 @@ class MirrorSet:
         self.drop(i, addr)
         return None
 
+    def ends(self, i: int, addr: int) -> np.ndarray | None:
+        """Where the last write into this buffer ended, per leading index (None: not known)."""
+        with self._lock:
+            m = self._by_input.get(i, {}).get(addr)
+        return None if m is None else m.ends
+
     def store(self, i: int, addr: int, host: np.ndarray, array: mx.array, ranges: np.ndarray | None) -> None:
-        m = Mirror(host.shape, host.dtype, array, checks_for(host, ranges))
+        ends = None
+        if ranges is not None and (ranges[:, 0] < ranges[:, 1]).all():
+            ends = ranges[:, 1].copy()
+        m = Mirror(host.shape, host.dtype, array, checks_for(host, ranges), ends)
         with self._lock:
             per = self._by_input.setdefault(i, {})
             per.pop(addr, None)

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..subgraph import ir
 from ..subgraph.ir import outer_refs
+from . import consts
 from . import dtypes as dt
 from .registry import REGISTRY, Ctx, OpDef
 
@@ -154,6 +155,7 @@ class Program:
                                 for k, v in graph.constants.items() if k not in set(self.inputs)}
                 mx.eval(*constants_mx.values())
         self.constants = constants_mx
+        consts.register(constants_mx.values())     # their casts are made once (consts.cast)
         #: small integer/bool constants also live on the host, so shape math on them stays there
         self.host_constants = {k: np.array(v) for k, v in graph.constants.items()
                                if k in constants_mx and v.size <= HOST_MAX_ELEMS

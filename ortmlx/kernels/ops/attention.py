@@ -10,6 +10,7 @@ import math
 
 import mlx.core as mx
 
+from .. import consts
 from .. import dtypes as dt
 from ..registry import register
 
@@ -111,8 +112,8 @@ def attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv
         else:
             s = s + attn_mask.astype(acc)
     if is_causal:
-        qi = mx.arange(sq).reshape(sq, 1)
-        kj = mx.arange(total).reshape(1, total)
+        qi = consts.arange(sq).reshape(sq, 1)
+        kj = consts.arange(total).reshape(1, total)
         if nonpad_kv_seqlen is not None and past_key is None:
             off = (nonpad_kv_seqlen.astype(mx.int32) - sq).reshape(b, 1, 1, 1)
             causal = kj <= qi + off
@@ -120,7 +121,7 @@ def attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv
             causal = kj <= qi + past_len
         allowed = causal if allowed is None else mx.logical_and(allowed, causal)
     if nonpad_kv_seqlen is not None:
-        valid = mx.arange(total).reshape(1, 1, 1, total) < nonpad_kv_seqlen.astype(mx.int32).reshape(b, 1, 1, 1)
+        valid = consts.arange(total).reshape(1, 1, 1, total) < nonpad_kv_seqlen.astype(mx.int32).reshape(b, 1, 1, 1)
         allowed = valid if allowed is None else mx.logical_and(allowed, valid)
     if allowed is not None:
         s = mx.where(allowed, s, mx.array(-float("inf"), acc))

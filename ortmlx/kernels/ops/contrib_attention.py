@@ -12,6 +12,7 @@ import math
 import mlx.core as mx
 import numpy as np
 
+from .. import consts
 from .. import dtypes as dt
 from ..registry import MS, register
 
@@ -64,9 +65,8 @@ def apply_rotary(x, cos, sin, rotary_dim: int, interleaved: bool):
     h = x.shape[-1]
     perm, keep = _rotary_consts(h, rotary_dim, interleaved)
     f32 = mx.float32
-    x32 = x.astype(f32)
-    partner = mx.take(x32, perm, axis=-1)
-    rot = (x32 * cos.astype(f32) + partner * sin.astype(f32)).astype(x.dtype)
+    partner = mx.take(x, perm, axis=-1)         # gathered in x's own type: the casts below fuse
+    rot = (x.astype(f32) * cos.astype(f32) + partner.astype(f32) * sin.astype(f32)).astype(x.dtype)
     if rotary_dim == h:
         return rot
     return mx.where(keep, x, rot)
@@ -91,7 +91,7 @@ def _present(past, new, past_len, total: int):
     ``new``, the rest are zero; ``total`` rows (ORT: max(total_sequence_length, past length)).
     """
     b, n, s, h = new.shape
-    t = mx.arange(total, dtype=mx.int32).reshape(1, 1, total, 1)
+    t = consts.arange(total).reshape(1, 1, total, 1)
     pl = past_len.reshape(b, 1, 1, 1)
     zeros = mx.zeros((1,), new.dtype)
     if s == 1:                                 # decode: the one new row sits at past_len (no gather)
@@ -114,8 +114,8 @@ def gqa_mask(past_len, total_len, seq_len: int, kv_len: int, local_window_size: 
     t <= its position, t < total_len[b], and (local window w > 0) t > position - w: w keys,
     itself included (what ORT 1.31's CPU kernel does)."""
     b = past_len.shape[0]
-    q_pos = past_len.reshape(b, 1, 1, 1) + mx.arange(seq_len, dtype=mx.int32).reshape(1, 1, seq_len, 1)
-    t = mx.arange(kv_len, dtype=mx.int32).reshape(1, 1, 1, kv_len)
+    q_pos = past_len.reshape(b, 1, 1, 1) + consts.arange(seq_len).reshape(1, 1, seq_len, 1)
+    t = consts.arange(kv_len).reshape(1, 1, 1, kv_len)
     m = (t <= q_pos) & (t < total_len.reshape(b, 1, 1, 1))
     if local_window_size > 0:
         m = m & (t > q_pos - local_window_size)
@@ -127,6 +127,8 @@ def attention_probs_softmax(scores, mask, sink=None):
     extra logit per head to the denominator (smooth softmax: sink 0)."""
     neg = mx.array(-np.inf, mx.float32)
     scores = mx.where(mask, scores, neg)
+    if sink is None:
+        return mx.softmax(scores, axis=-1)      # one kernel; every row has a visible key
     m = mx.max(scores, axis=-1, keepdims=True)
     if sink is not None:
         sk = sink.astype(mx.float32).reshape(1, -1, 1, 1)
@@ -166,12 +168,12 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
     past_len = mx.zeros((b,), mx.int32) if first_prompt else total_len - s
     if cos_cache is not None:
         if position_ids is not None and first_prompt:      # ORT reads only the first id, then +s
-            pos = position_ids.reshape(-1)[:1].reshape(1, 1) + mx.arange(s, dtype=position_ids.dtype).reshape(1, s)
+            pos = position_ids.reshape(-1)[:1].reshape(1, 1) + consts.arange(s, position_ids.dtype).reshape(1, s)
             pos = mx.broadcast_to(pos, (b, s))
         elif position_ids is not None:
             pos = position_ids
         else:
-            pos = past_len.reshape(b, 1) + mx.arange(s, dtype=mx.int32).reshape(1, s)
+            pos = past_len.reshape(b, 1) + consts.arange(s).reshape(1, s)
         c, sn = rotary_tables(cos_cache, sin_cache, pos, h, rotary_interleaved)
         c, sn = c.reshape(b, 1, s, h), sn.reshape(b, 1, s, h)
         rd = 2 * cos_cache.shape[-1]
@@ -184,8 +186,7 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
     alpha = scale if scale != 0.0 else 1.0 / math.sqrt(h)
     group = num_heads // kv_num_heads
     qf = q.astype(mx.float32).reshape(b, kv_num_heads, group * s, h)
-    scores = (qf @ pk.astype(mx.float32).swapaxes(-1, -2)) * alpha
-    scores = scores.reshape(b, num_heads, s, present_len)
+    scores = (qf @ pk.astype(mx.float32).swapaxes(-1, -2)).reshape(b, num_heads, s, present_len) * alpha
     if softcap > 0.0:
         scores = softcap * mx.tanh(scores / softcap)
     if attention_bias is not None:          # (B|1, N|1, S, total_sequence_length)
@@ -366,7 +367,7 @@ def _rope_positions(position_ids, b: int, s: int, max_pos: int):
         start = int(pid.reshape(-1)[0])
         if start < 0 or start + s > max_pos:
             raise ValueError(f"positions {start}..{start + s - 1} outside the rotary cache ({max_pos} rows)")
-        pos = mx.arange(s, dtype=mx.int32).reshape(1, s) + start
+        pos = consts.arange(s).reshape(1, s) + start
         return mx.broadcast_to(pos, (b, s))
     if pid.shape != (b, s):
         raise ValueError(f"position_ids shape {pid.shape}, expected (1,) or ({b}, {s})")
@@ -469,8 +470,8 @@ def multi_head_attention(query, key=None, value=None, bias=None, key_padding_mas
         scores = scores + attention_bias.astype(mx.float32)
     if unidirectional:
         past = t - s
-        qpos = mx.arange(s, dtype=mx.int32).reshape(s, 1) + past
-        scores = mx.where(mx.arange(t, dtype=mx.int32).reshape(1, t) <= qpos, scores,
+        qpos = consts.arange(s).reshape(s, 1) + past
+        scores = mx.where(consts.arange(t).reshape(1, t) <= qpos, scores,
                           mx.array(mask_filter_value, mx.float32))
     probs = mx.softmax(scores, axis=-1)
     out = (probs @ vv.astype(mx.float32)).transpose(0, 2, 1, 3).reshape(b, s, num_heads * hv).astype(query.dtype)
@@ -518,9 +519,9 @@ def rotary_embedding_23(X, cos_cache, sin_cache, position_ids=None, *, interleav
     else:
         if cos_cache.shape[:2] != (b, s):
             raise ValueError(f"cos_cache shape {cos_cache.shape}, expected ({b}, {s}, {half}) without position_ids")
-        pos = mx.broadcast_to(mx.arange(s, dtype=mx.int32).reshape(1, s), (b, s))
+        pos = mx.broadcast_to(consts.arange(s).reshape(1, s), (b, s))
         c, sn = rotary_tables(cos_cache.reshape(b * s, half), sin_cache.reshape(b * s, half),
-                              pos + mx.arange(b, dtype=mx.int32).reshape(b, 1) * s, h, bool(interleaved))
+                              pos + consts.arange(b).reshape(b, 1) * s, h, bool(interleaved))
     y = apply_rotary(x, c.reshape(b, 1, s, h), sn.reshape(b, 1, s, h),
                      rd, bool(interleaved))
     if X.ndim == 4:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from .. import consts
 from .. import dtypes as dt
 from ..registry import MS, register
 from .normalization import _ln_check, layer_norm
@@ -18,7 +19,17 @@ _SKIP_TYPES = {dt.FLOAT, dt.FLOAT16, dt.BFLOAT16}
 
 
 def _f32(x):
-    return None if x is None else x.astype(mx.float32)
+    return consts.cast(x, mx.float32)
+
+
+def _rms_norm(x, gamma, epsilon: float):
+    """x / sqrt(mean(x^2, last axis) + eps) * gamma in float32 (one fused kernel where MLX has one)."""
+    return mx.fast.rms_norm(x, _f32(gamma), epsilon)
+
+
+def _wants_stats(ctx) -> bool:
+    """Whether the node uses its mean/inv_std_var outputs (1 and 2)."""
+    return any(o for o in ctx.node.outputs[1:3])
 
 
 def _skip_check(v, n_params: int) -> str | None:
@@ -81,9 +92,12 @@ def skip_simplified_layer_norm(input, skip, gamma, bias=None, *, epsilon=1e-12, 
     h = input.shape[-1]
     _check_param(gamma, h, "gamma")
     x = _skip_sum(input, skip, bias)
-    inv_std = 1.0 / mx.sqrt(mx.mean(x * x, axis=-1, keepdims=True) + epsilon)
-    y = x * inv_std * _f32(gamma)
-    return _skip_outputs(input, x, y, mx.zeros_like(inv_std), inv_std, ctx.n_outputs)
+    y = _rms_norm(x, gamma, epsilon)
+    inv_std = None
+    if _wants_stats(ctx):
+        inv_std = 1.0 / mx.sqrt(mx.mean(x * x, axis=-1, keepdims=True) + epsilon)
+    return _skip_outputs(input, x, y, None if inv_std is None else mx.zeros_like(inv_std), inv_std,
+                         ctx.n_outputs)
 
 
 def _simplified_check(v) -> str | None:
@@ -107,7 +121,9 @@ def simplified_layer_norm(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1, ctx)
     if tuple(scale.shape) != tuple(X.shape[a:]) and scale.size != 1:
         if tuple(scale.shape) != tuple(X.shape[X.ndim - scale.ndim:]):
             raise ValueError(f"scale shape {scale.shape} does not fit X shape {X.shape} at axis {axis}")
-    x = _f32(X)
+    x = X.astype(mx.float32)
+    if ctx.n_outputs == 1 and a == X.ndim - 1 and scale.shape == (X.shape[-1],):
+        return _rms_norm(x, scale, epsilon).astype(X.dtype)
     inv_std = 1.0 / mx.sqrt(mx.mean(x * x, axis=axes, keepdims=True) + epsilon)
     y = (x * inv_std * _f32(scale)).astype(X.dtype)
     return (y, inv_std) if ctx.n_outputs > 1 else y

@@ -1,0 +1,64 @@
+"""Values made once and reused: integer ranges and casts of a group's constants.
+
+``mx.compile`` does no constant folding: an ``mx.arange`` or an ``astype`` of a constant inside
+a traced closure runs again on every call, one kernel each, and work over fresh ranges is never
+merged between layers. These helpers hand back evaluated arrays instead. Inside a trace they are
+captured constants, so the same work over them in several layers (the rotary rows, the attention
+mask) is merged by compile's common-subexpression pass; eagerly they save the kernels too.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+import weakref
+
+import mlx.core as mx
+
+#: casts of constants up to this many elements are kept (larger ones are recast each call)
+CAST_MAX_ELEMS = 1 << 20
+
+
+@functools.lru_cache(maxsize=512)
+def arange(n: int, dtype=mx.int32, start: int = 0) -> mx.array:
+    """``mx.arange(start, start + n, dtype=dtype)``, evaluated once (never write into it)."""
+    if n < 0:
+        raise ValueError(f"arange length {n} is negative")
+    a = mx.arange(start, start + n, dtype=dtype)
+    mx.eval(a)
+    return a
+
+
+_lock = threading.Lock()
+#: id(constant) -> (weak reference to it, {dtype: evaluated cast})
+_CONSTS: dict[int, tuple[weakref.ref, dict]] = {}
+
+
+def register(arrays) -> None:
+    """Mark evaluated ``arrays`` (a group's constants) as castable once by ``cast``."""
+    with _lock:
+        for a in arrays:
+            if isinstance(a, mx.array) and a.size <= CAST_MAX_ELEMS and id(a) not in _CONSTS:
+                key = id(a)
+                _CONSTS[key] = (weakref.ref(a, lambda _r, k=key: _forget(k, _r)), {})
+
+
+def _forget(key: int, ref) -> None:
+    with _lock:
+        e = _CONSTS.get(key)
+        if e is not None and e[0] is ref:
+            del _CONSTS[key]
+
+
+def cast(x, dtype):
+    """``x.astype(dtype)``; for a registered constant the cast is made once and kept."""
+    if x is None or x.dtype == dtype:
+        return x
+    e = _CONSTS.get(id(x))
+    if e is None or e[0]() is not x:
+        return x.astype(dtype)
+    got = e[1].get(dtype)
+    if got is None:
+        got = x.astype(dtype)
+        mx.eval(got)
+        e[1][dtype] = got
+    return got

@@ -292,3 +292,22 @@ def test_decode_closure_sees_fixed_shapes_only():
     assert got == want
     assert mask and not (set(mask) & traced_inputs), sorted(traced_inputs & set(mask))
     assert len(hoist) >= 2 and trusted, hoist
+
+
+def test_decode_copy_out_uses_row_hints(monkeypatch):
+    """A trusted decode closure declares the one row each K/V buffer gets (decode_ops.add_row_hint):
+    copy-out writes it without diffing; only the eager/verifying calls diff. Same tokens."""
+    from ortmlx.ep import compute
+    monkeypatch.setattr(compute, "WHOLE_COPY_BYTES", [0, 0])
+    diffs = []
+    real = compute.changed_rows
+    monkeypatch.setattr(compute, "changed_rows", lambda *a, **k: diffs.append(1) or real(*a, **k))
+    path = model_dir("llama")
+    want, _ = run(path, options={"no_kv_mirror": "1"})
+    model, _ = mg.load_model(path, "mlx", None, SHARE)
+    diffs.clear()
+    got = [greedy(model, p) for p in PROMPTS]
+    del model
+    assert got == want
+    decode_calls = len(PROMPTS) * (N - 1)
+    assert len(diffs) <= 4, (len(diffs), decode_calls)

@@ -174,10 +174,9 @@ class AttentionRunner:
         self.seq_dims = sorted(dims_named(program, {SEQ_DIM_NAME}))
         self.decode = None
         self.prefill = None
-        #: MLX 0.32.4's CUDA backend: the compiled decode step measured ~139 ms/token on the H200 for a
-        #: 0.5B model vs ~46 ms eager (docs/performance.md): off on a GPU unless asked for
+        #: ``gpu_decode_compile=0`` keeps a GPU's decode step eager (compiled is the default there too)
         decode_ok = not options.no_decode_compile and (program.device != "gpu"
-                                                       or getattr(options, "gpu_decode_compile", False))
+                                                       or getattr(options, "gpu_decode_compile", True))
         if decode_ok and self.seq_dims:
             self.decode = CompiledSubgraph(program, DECODE, stats, traced_overrides(program, True),
                                            dims_named(program, FREE_DIM_NAMES), label="decode")

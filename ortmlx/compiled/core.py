@@ -18,7 +18,7 @@ from ..kernels import dtypes as dt
 from ..kernels.interpreter import mx_device
 from .analysis import HostPlan, hoist_free_work, host_plan, static_reason
 from .config import CompiledConfig
-from .decode_ops import Untraceable, collect_guards, set_shapeless_trace, stop_guards
+from .decode_ops import Untraceable, collect_guards, set_shapeless_trace, stop_guards, take_row_hints
 from .verify import mismatch
 
 #: what ``_apply`` returns when a guard computed in the graph said "not this call"
@@ -66,7 +66,7 @@ class _Closure:
     """One compiled closure for one key: its inputs split, its counters and state."""
 
     __slots__ = ("fn", "dev_idx", "host_vals", "traces", "calls", "verified", "trusted", "poisoned", "guarded",
-                 "guard_fails", "hoist", "hoist_prog", "trace_prog", "shapeless")
+                 "guard_fails", "hoist", "hoist_prog", "trace_prog", "shapeless", "hints")
 
     def __init__(self, dev_idx: tuple[int, ...], host_vals: dict[int, np.ndarray | None]):
         self.fn = None
@@ -83,6 +83,9 @@ class _Closure:
         self.guarded = False            # the last output is a guard (set while tracing)
         self.guard_fails = 0
         self.shapeless = False          # traced with mx.compile(shapeless=True)
+        #: row hints of the trace: [(output j, input i, row shape, item size)]; their rows and starts are two
+        #: extra outputs before the guard (set while tracing)
+        self.hints: list = []
 
 
 class CompiledSubgraph:
@@ -334,7 +337,15 @@ class CompiledSubgraph:
                 outs = outs[:-1]
             stage = "post"
             outs = list(outs)           # evaluated MLX arrays: Compute copies them out (maybe only changed rows)
-            return call.post(outs) if call.post is not None else outs
+            hints = None
+            if c.hints:
+                hints = RowHints(c.hints, outs[-2], outs[-1])
+                outs = outs[:-2]
+            outs = call.post(outs) if call.post is not None else outs
+            if hints is not None and call.post is None:
+                outs = HintedResults(outs)
+                outs.row_hints = hints
+            return outs
         except Exception as e:  # noqa: BLE001 - any failure: poison and answer eagerly
             self._poison(c, f"{stage}: {type(e).__name__}: {e}")
             return None
@@ -366,6 +377,11 @@ class CompiledSubgraph:
                 guards = collect_guards()
                 env = program.build(inputs)
                 outs = [_device_output(env[o], t, contiguous) for o, t in zip(program.outputs, out_types)]
+                hints = take_row_hints()
+                meta = _hinted_outputs(hints, outs, {id(inputs[i]): i for i in dev_idx})
+                c.hints = [m for m in meta if m is not None]
+                if c.hints:
+                    outs.extend(_hint_arrays(hints, meta))
                 c.guarded = bool(guards)
                 if guards:
                     outs.append(mx.all(mx.stack([mx.all(g) for g in guards])))
@@ -436,6 +452,49 @@ class CompiledSubgraph:
             return tuple(None if a is None else (_dstr(a), tuple(
                 -1 if (i, ax) in free else d for ax, d in enumerate(np.shape(a)))) for i, a in enumerate(inputs))
         return tuple(None if a is None else (_dstr(a), np.shape(a)) for a in inputs)
+
+
+class RowHints:
+    """What a trace declared about its aliased outputs (``decode_ops.add_row_hint``), evaluated:
+    ``meta`` [(output j, input i, row shape, item size)], the rows as one flat byte array, and the start row
+    of each hint's batch rows (int32, concatenated)."""
+
+    __slots__ = ("meta", "rows", "starts")
+
+    def __init__(self, meta: list, rows: mx.array, starts: mx.array):
+        self.meta = meta
+        self.rows = rows
+        self.starts = starts
+
+
+class HintedResults(list):
+    """A runner's results carrying ``row_hints`` (a ``RowHints``) for Compute's copy-out."""
+
+    row_hints = None
+
+
+def _hinted_outputs(hints: list, outs: list, inputs: dict) -> list:
+    """Per hint (output j, input i, row shape, item size) when its present is a group output and its past
+    a traced group input (by identity), else None (that output is diffed as usual)."""
+    out_at = {id(o): j for j, o in enumerate(outs)}
+    meta = []
+    for present, past, start, rows in hints:
+        j, i = out_at.get(id(present)), inputs.get(id(past))
+        if j is None or i is None or rows.dtype != present.dtype or rows.ndim != present.ndim \
+                or start.size != present.shape[0] or any(m[0] == j for m in meta):
+            meta.append(None)
+            continue
+        meta.append((j, i, tuple(rows.shape), rows.dtype.size))
+    return meta
+
+
+def _hint_arrays(hints: list, meta: list) -> list:
+    """The two extra outputs of the kept hints: their rows as flat bytes, their starts (int32)."""
+    kept = [h for h, m in zip(hints, meta) if m is not None]
+    rows = [r.reshape(-1).view(mx.uint8) for _, _, _, r in kept]
+    starts = [s.reshape(-1).astype(mx.int32) for _, _, s, _ in kept]
+    return [mx.concatenate(rows) if len(rows) > 1 else rows[0],
+            mx.concatenate(starts) if len(starts) > 1 else starts[0]]
 
 
 def _dstr(a) -> str:

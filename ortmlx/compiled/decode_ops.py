@@ -36,13 +36,29 @@ _GQA_DEFAULTS = dict(scale=0.0, softcap=0.0, do_rotary=0, rotary_interleaved=0, 
 
 
 def collect_guards() -> list:
-    """Start collecting guards on this thread (inside a traced body); returns the list."""
+    """Start collecting guards (and row hints) on this thread (inside a traced body); returns the guards."""
     _GUARDS.items = []
+    _GUARDS.hints = []
     return _GUARDS.items
 
 
 def stop_guards() -> None:
     _GUARDS.items = None
+    _GUARDS.hints = None
+
+
+def add_row_hint(present: mx.array, past: mx.array, start: mx.array, rows: mx.array) -> None:
+    """Declare, inside a trace, that ``present`` equals ``past`` bit for bit except rows
+    ``start[b] .. start[b] + S`` (axis -2) of batch row b, which hold ``rows`` (B, ..., S, H).
+    The copy-out of an aliased KV buffer then writes those rows without diffing (``ep/mirror.py``)."""
+    hints = getattr(_GUARDS, "hints", None)
+    if hints is not None:
+        hints.append((present, past, start, rows))
+
+
+def take_row_hints() -> list:
+    """The row hints declared in this trace so far."""
+    return list(getattr(_GUARDS, "hints", None) or ())
 
 
 def set_shapeless_trace(flag: bool) -> bool:
@@ -167,13 +183,20 @@ def gqa_traced(decode: bool, padded: bool = False):
                 raise Untraceable(f"traced GroupQueryAttention: attention_bias shape {ab}")
         sink = softmax_sink(x["head_sink"], a["smooth_softmax"], nh)
         add_guard(ok)
-        return gqa_core(q, k, v, past_k, past_v, seqlens, total_sequence_length=present_len, num_heads=nh,
-                        kv_num_heads=kvh, first_prompt=first_prompt, scale=a["scale"], softcap=a["softcap"],
-                        local_window_size=a["local_window_size"],
-                        cos_cache=x["cos_cache"] if a["do_rotary"] else None,
-                        sin_cache=x["sin_cache"] if a["do_rotary"] else None,
-                        rotary_interleaved=bool(a["rotary_interleaved"]), position_ids=None,
-                        attention_bias=x["attention_bias"], sink=sink)
+        res = gqa_core(q, k, v, past_k, past_v, seqlens, total_sequence_length=present_len, num_heads=nh,
+                       kv_num_heads=kvh, first_prompt=first_prompt, scale=a["scale"], softcap=a["softcap"],
+                       local_window_size=a["local_window_size"],
+                       cos_cache=x["cos_cache"] if a["do_rotary"] else None,
+                       sin_cache=x["sin_cache"] if a["do_rotary"] else None,
+                       rotary_interleaved=bool(a["rotary_interleaved"]), position_ids=None,
+                       attention_bias=x["attention_bias"], sink=sink, in_place=decode)
+        if not decode:
+            return res
+        # decode writes row seqlens_k (= past length, S == 1) into the buffer and leaves the others
+        o, pk, pv, k_new, v_new = res
+        add_row_hint(pk, past_k, seqlens, k_new)
+        add_row_hint(pv, past_v, seqlens, v_new)
+        return o, pk, pv
     return gqa
 
 

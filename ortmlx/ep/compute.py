@@ -14,7 +14,8 @@ from ..kernels import dtypes as dt
 from ..kernels.interpreter import Program
 from ..trace import Probe
 from .errors import ORT_INVALID_ARGUMENT, EpError
-from .mirror import MirrorSet, changed_rows, mirrorable, predicted_rows, write_predicted, write_rows
+from .mirror import (MirrorSet, changed_rows, hinted_rows, mirrorable, predicted_rows, write_hinted,
+                     write_predicted, write_rows)
 
 
 #: (cpu, gpu): total bytes of in-place outputs copied out whole rather than diffed on the device;
@@ -161,6 +162,8 @@ class ComputeInfo:
         moved = 0
         pending = []                    # (input index, address, result, old mirror, ORT's buffer)
         done: set[int] = set()
+        hints = getattr(results, "row_hints", None)
+        hinted = hinted_rows(hints) if hints is not None and used else {}
         for j, r in enumerate(results):
             inplace = bool(addrs) and isinstance(r, mx.array) and mirrorable(r)
             host = None if inplace else dt.host(r)
@@ -172,6 +175,14 @@ class ComputeInfo:
                     src = inputs[i]
                     dst = np.frombuffer(self.abi.ffi.buffer(ptr, src.nbytes), src.dtype).reshape(shape)
                     addr = int(self.abi.ffi.cast("uintptr_t", ptr))
+                    h = hinted.get(j)
+                    if h is not None and h[0] == i and i in used:
+                        # the runner ran on the mirror and says which rows it changed: write just those
+                        ranges = write_hinted(dst, h[1], h[2], h[3])
+                        if ranges is not None:
+                            moved += h[2].nbytes
+                            self.mirrors.store(i, addr, dst, r, ranges)
+                            continue
                     if used and i in used:
                         pending.append((i, addr, r, used[i], dst))
                     else:

@@ -20,6 +20,7 @@ are mirrored (beam search reorders rows of batched buffers between calls).
 """
 from __future__ import annotations
 
+import math
 import threading
 
 import mlx.core as mx
@@ -185,6 +186,40 @@ def write_predicted(pending: list, ranges: list[np.ndarray], rows: range, picked
                 np.copyto(d3[l, r0:r1], block[l, r0 - rows.start:r1 - rows.start])
                 moved += (r1 - r0) * r * d3.itemsize
     return moved
+
+
+def hinted_rows(hints) -> dict[int, tuple[int, np.ndarray, np.ndarray, tuple]]:
+    """A runner's row hints (``compiled.core.RowHints``) on the host: output j -> (input i, start row
+    per batch row, the rows' bytes, the rows' shape (B, ..., S, H))."""
+    flat = np.array(hints.rows, copy=True)          # one round trip for every hinted output
+    starts = np.array(hints.starts, copy=True)
+    out, at, sat = {}, 0, 0
+    for j, i, shape, itemsize in hints.meta:
+        n = math.prod(shape) * itemsize
+        out[j] = (i, starts[sat:sat + shape[0]], flat[at:at + n], shape)
+        sat += shape[0]
+        at += n
+    return out
+
+
+def write_hinted(dst: np.ndarray, start: np.ndarray, raw: np.ndarray, shape: tuple) -> np.ndarray | None:
+    """Write the rows (``raw`` bytes of ``shape`` (B, ..., S, H) in dst's type) into ``dst`` (B, ..., P, H)
+    at row ``start[b]`` of each batch row; returns the written ranges per leading index ([L, 2], as
+    ``changed_rows``), or None when they do not fit (nothing written)."""
+    b, s, p = shape[0], shape[-2], dst.shape[-2]
+    if tuple(shape[:-2]) != dst.shape[:-2] or shape[-1] != dst.shape[-1] or start.shape != (b,) \
+            or raw.nbytes != math.prod(shape) * dst.itemsize:
+        return None
+    st = start.tolist()
+    if min(st) < 0 or max(st) + s > p:
+        return None
+    rows = raw.view(dst.dtype).reshape(shape)
+    per = math.prod(dst.shape[1:-2])
+    ranges = np.empty((b * per, 2), np.int32)
+    for k, r0 in enumerate(st):
+        dst[k, ..., r0:r0 + s, :] = rows[k]
+        ranges[k * per:(k + 1) * per] = (r0, r0 + s)
+    return ranges
 
 
 def write_rows(pending: list, ranges: list[np.ndarray]) -> int:

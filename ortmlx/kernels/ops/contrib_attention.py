@@ -84,15 +84,21 @@ def _bnsh(x, n: int):
     return x.reshape(b, s, n, hidden // n).transpose(0, 2, 1, 3)
 
 
-def _present(past, new, past_len, total: int):
+def _present(past, new, past_len, total: int, in_place: bool = False):
     """KV cache after appending ``new`` (B,Nkv,S,H) at row ``past_len[b]`` of each batch row.
 
     Rows below past_len come from ``past`` (None: none), rows past_len..past_len+S-1 from
     ``new``, the rest are zero; ``total`` rows (ORT: max(total_sequence_length, past length)).
+    ``in_place`` (S == 1, a past of ``total`` rows): every other row is the past's, as ORT's
+    kernel leaves a shared buffer (rows past the new one are never read).
     """
     b, n, s, h = new.shape
     t = consts.arange(total).reshape(1, 1, total, 1)
     pl = past_len.reshape(b, 1, 1, 1)
+    if in_place:
+        if s != 1 or past is None or past.shape[2] != total:
+            raise ValueError(f"in-place present needs S == 1 and a past of {total} rows")
+        return mx.where(t == pl, new, past)
     zeros = mx.zeros((1,), new.dtype)
     if s == 1:                                 # decode: the one new row sits at past_len (no gather)
         out = mx.where(t == pl, new, zeros)
@@ -152,13 +158,15 @@ def softmax_sink(head_sink, smooth_softmax: int, num_heads: int):
 def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length: int, num_heads: int,
              kv_num_heads: int, first_prompt: bool, scale: float = 0.0, softcap: float = 0.0,
              local_window_size: int = -1, cos_cache=None, sin_cache=None, position_ids=None,
-             rotary_interleaved: bool = False, attention_bias=None, sink=None):
+             rotary_interleaved: bool = False, attention_bias=None, sink=None, in_place: bool = False):
     """GroupQueryAttention on MLX arrays, as ORT's CPU kernel computes it.
 
     q (B,S,N*H); k, v (B,S,Nkv*H); past_key/value (B,Nkv,P,H) or None; seqlens_k (B,) int32
     = total length - 1 per row. ``first_prompt`` (S == total_sequence_length): no past is
     read and query s sits at position s. Otherwise row b's past length is seqlens_k[b]+1-S.
-    ``sink``: (N,) extra softmax logit (smooth softmax: zeros). Returns (out, present_k, present_v).
+    ``sink``: (N,) extra softmax logit (smooth softmax: zeros). Returns (out, present_k, present_v);
+    ``in_place`` (decode into a shared buffer, see ``_present``) adds the new K and V rows
+    (B,Nkv,S,H): the only rows where the presents differ from the pasts.
     """
     b, s, _ = q.shape
     q, k, v = _bnsh(q, num_heads), _bnsh(k, kv_num_heads), _bnsh(v, kv_num_heads)
@@ -180,8 +188,8 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
         q = apply_rotary(q, c, sn, rd, rotary_interleaved)
         k = apply_rotary(k, c, sn, rd, rotary_interleaved)
     present_len = max(total_sequence_length, past_key.shape[2] if past_key is not None else 0)
-    pk = _present(past_key, k, past_len, present_len)
-    pv = _present(past_value, v, past_len, present_len)
+    pk = _present(past_key, k, past_len, present_len, in_place)
+    pv = _present(past_value, v, past_len, present_len, in_place)
     mask = gqa_mask(past_len, total_len, s, present_len, local_window_size)
     alpha = scale if scale != 0.0 else 1.0 / math.sqrt(h)
     group = num_heads // kv_num_heads
@@ -198,6 +206,8 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
     probs = attention_probs_softmax(scores, mask, sink)
     out = probs.reshape(b, kv_num_heads, group * s, present_len) @ pv.astype(mx.float32)
     out = out.reshape(b, num_heads, s, h).transpose(0, 2, 1, 3).reshape(b, s, num_heads * h)
+    if in_place:
+        return out.astype(q.dtype), pk, pv, k, v
     return out.astype(q.dtype), pk, pv
 
 

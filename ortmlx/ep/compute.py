@@ -170,11 +170,10 @@ class ComputeInfo:
             shape = tuple(r.shape) if inplace else host.shape
             ptr = self._output(kctx, j, shape, probe)
             if inplace:
-                i = self._aliased_input(ptr, j, shape, inputs, addrs, done)
+                addr = int(self.abi.ffi.cast("uintptr_t", ptr))
+                i = self._aliased_input(addr, j, shape, inputs, addrs, done)
                 if i is not None:
-                    src = inputs[i]
-                    dst = np.frombuffer(self.abi.ffi.buffer(ptr, src.nbytes), src.dtype).reshape(shape)
-                    addr = int(self.abi.ffi.cast("uintptr_t", ptr))
+                    dst = inputs[i]         # ORT's buffer: the input's own (writable) view of it
                     h = hinted.get(j)
                     if h is not None and h[0] == i and i in used:
                         # the runner ran on the mirror and says which rows it changed: write just those
@@ -219,9 +218,9 @@ class ComputeInfo:
         np.copyto(np.frombuffer(ffi.buffer(ptr, host.nbytes), host.dtype).reshape(host.shape), host)
         return host.nbytes
 
-    def _aliased_input(self, ptr, j: int, shape: tuple, inputs, addrs: dict, done: set) -> int | None:
-        """The input whose buffer ORT gave as output ``j``'s (same shape and type), else None."""
-        i = addrs.get(int(self.abi.ffi.cast("uintptr_t", ptr)))
+    def _aliased_input(self, addr: int, j: int, shape: tuple, inputs, addrs: dict, done: set) -> int | None:
+        """The input whose buffer (at ``addr``) ORT gave as output ``j``'s (same shape and type), else None."""
+        i = addrs.get(addr)
         if i is None or i in done:
             return None
         src, t = inputs[i], self.out_types[j]

@@ -118,13 +118,15 @@ def _rows3(a: np.ndarray) -> np.ndarray:
 class Mirror:
     """One ORT buffer's device copy and the host rows that vouch for it."""
 
-    __slots__ = ("shape", "dtype", "array", "checks", "ends")
+    __slots__ = ("shape", "dtype", "array", "row0", "checks", "ends")
 
-    def __init__(self, shape: tuple, dtype, array: mx.array, checks: list, ends: np.ndarray | None = None):
+    def __init__(self, shape: tuple, dtype, array: mx.array, checks: tuple[list, list],
+                 ends: np.ndarray | None = None):
         self.shape = shape
         self.dtype = dtype
         self.array = array
-        self.checks = checks            # [(leading index, row0, row1, bytes)]
+        # [(leading index, row0, row1, bytes)]: row 0 of every block, and the rows written last
+        self.row0, self.checks = checks
         self.ends = ends                # end of the last changed range per leading index (None: unknown)
 
     def holds(self, host: np.ndarray) -> bool:
@@ -132,14 +134,23 @@ class Mirror:
         if host.shape != self.shape or host.dtype != self.dtype:
             return False
         h3 = _rows3(host)
-        return all(h3[l, r0:r1].tobytes() == b for l, r0, r1, b in self.checks)
+        return all(h3[l, r0:r1].tobytes() == b for l, r0, r1, b in self.row0) and \
+            all(h3[l, r0:r1].tobytes() == b for l, r0, r1, b in self.checks)
 
 
-def checks_for(host: np.ndarray, ranges: np.ndarray | None) -> list:
-    """The rows to check next call: row 0 of every block and the last rows written."""
+def checks_for(host: np.ndarray, ranges: np.ndarray | None, row0: list | None = None) -> tuple[list, list]:
+    """The rows to check next call: (row 0 of every block, the last rows written).
+
+    ``row0``: the row-0 checks of the previous mirror, reused when ``ranges`` wrote no row 0
+    (they were checked at this call's copy-in and nothing wrote them since).
+    """
     h3 = _rows3(host)
     s = h3.shape[1]
-    out = [(l, 0, 1, h3[l, 0:1].tobytes()) for l in range(h3.shape[0])]
+    if row0 is not None and ranges is not None and len(row0) == h3.shape[0] and (ranges[:, 0] > 0).all():
+        first = row0
+    else:
+        first = [(l, 0, 1, h3[l, 0:1].tobytes()) for l in range(h3.shape[0])]
+    out = []
     for l in range(h3.shape[0]):
         if ranges is None:
             r0, r1 = max(0, s - CHECK_ROWS), s
@@ -149,7 +160,7 @@ def checks_for(host: np.ndarray, ranges: np.ndarray | None) -> list:
                 continue
             r0 = max(r0, r1 - CHECK_ROWS)
         out.append((l, r0, r1, h3[l, r0:r1].tobytes()))
-    return out
+    return first, out
 
 
 def predicted_rows(ends: list[np.ndarray | None], shapes: list[tuple]) -> range | None:
@@ -276,7 +287,10 @@ class MirrorSet:
         ends = None
         if ranges is not None and (ranges[:, 0] < ranges[:, 1]).all():
             ends = ranges[:, 1].copy()
-        m = Mirror(host.shape, host.dtype, array, checks_for(host, ranges), ends)
+        with self._lock:
+            old = self._by_input.get(i, {}).get(addr)
+        row0 = old.row0 if old is not None and old.shape == host.shape and old.dtype == host.dtype else None
+        m = Mirror(host.shape, host.dtype, array, checks_for(host, ranges, row0), ends)
         with self._lock:
             per = self._by_input.setdefault(i, {})
             per.pop(addr, None)

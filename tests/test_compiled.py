@@ -274,3 +274,27 @@ def test_shapes_changing_every_call_stop_tracing():
     check(s, m, [feed(n) for n in range(1, 12)])
     assert r.counters["traces"] == r.config.thrash_keys       # then new keys run eagerly, untraced
     assert r.counters["compiled_calls"] == 0 and r.counters["eager_calls"] == 11
+
+
+def test_fixed_shape_closure_of_a_shapeless_key_gives_up_when_shapes_vary():
+    """A shapeless key whose free-dim input only hoisted work reads is traced shape-keyed (MLX retraces
+    per shape, nothing baked goes stale). Here the hoisted value keeps the free dim, so its shape changes
+    every call: answers stay eager's, and after MAX_FIXED_TRACES traces the closure is given up."""
+    m = make_model([helper.make_node("ReduceSum", ["a", "ax"], ["r"], keepdims=1),     # hoisted: [1, T] int64
+                    helper.make_node("Cast", ["r"], ["f"], to=T.FLOAT),
+                    helper.make_node("ReduceSum", ["f"], ["s"], keepdims=0),
+                    helper.make_node("Add", ["s", "b"], ["y"])],
+                   [("a", T.INT64, [1, "T"]), ("b", T.FLOAT, [1])], [("y", T.FLOAT, [1])],
+                   initializers={"ax": np.array([0], np.int64)})
+    s, rs = compiled_session(m)
+    (r,) = rs
+    sl = C.CompiledSubgraph(r.program, CompiledConfig("test", SHAPELESS), free_dims=frozenset({(0, 1)}))
+    b = np.array([0.5], np.float32)
+    for t in range(2, 10):
+        a = np.arange(t, dtype=np.int64).reshape(1, t)
+        got = np.asarray(sl.run([a, b])[0])
+        assert got.tolist() == [float(np.arange(t).sum()) + 0.5], (t, got)
+    (c,) = sl.closures()
+    assert c.hoist and c.shapeless is False, (c.hoist, c.shapeless)
+    assert c.poisoned and "shapes changed between calls" in c.poisoned, c.poisoned
+    assert c.traces == C.core.MAX_FIXED_TRACES + 1, c.traces

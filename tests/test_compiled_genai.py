@@ -287,11 +287,14 @@ def test_decode_closure_sees_fixed_shapes_only():
     (c,) = att.decode.closures()
     mask = [n for n in att.decode.program.inputs if "attention_mask" in n]
     traced_inputs = {n for st in c.trace_prog.steps for n in st.inputs}
-    hoist, trusted = c.hoist, c.trusted
+    hoist, trusted, shapeless, traces = c.hoist, c.trusted, c.shapeless, c.traces
+    passed = {att.decode.program.inputs[i] for i in c.dev_idx if i < len(att.decode.program.inputs)}
     del model
     assert got == want
     assert mask and not (set(mask) & traced_inputs), sorted(traced_inputs & set(mask))
     assert len(hoist) >= 2 and trusted, hoist
+    # the mask is not even passed, so the closure is traced shape-keyed, once for all 4 prompts
+    assert not (set(mask) & passed) and shapeless is False and traces == 1, (sorted(passed), shapeless, traces)
 
 
 def test_decode_copy_out_uses_row_hints(monkeypatch):

@@ -1,0 +1,47 @@
+"""kernels/consts.py: ranges and constant casts made once, never for non-constants."""
+from __future__ import annotations
+
+import gc
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from ortmlx.kernels import consts
+
+
+def test_arange_is_cached_and_right():
+    a = consts.arange(7)
+    assert a is consts.arange(7)
+    assert np.asarray(a).tolist() == list(range(7)) and a.dtype == mx.int32
+    b = consts.arange(3, mx.int64, 5)
+    assert np.asarray(b).tolist() == [5, 6, 7] and b.dtype == mx.int64
+    with pytest.raises(ValueError, match="negative"):
+        consts.arange(-1)
+
+
+def test_cast_memoises_registered_constants_only():
+    c = mx.array(np.arange(6, dtype=np.float16))
+    mx.eval(c)
+    other = mx.array(np.arange(6, dtype=np.float16))
+    consts.register([c])
+    f1, f2 = consts.cast(c, mx.float32), consts.cast(c, mx.float32)
+    assert f1 is f2 and f1.dtype == mx.float32 and np.asarray(f1).tolist() == list(range(6))
+    assert consts.cast(other, mx.float32) is not consts.cast(other, mx.float32)     # not a constant
+    assert consts.cast(c, mx.float16) is c and consts.cast(None, mx.float32) is None
+
+
+def test_cast_entry_dies_with_its_constant():
+    c = mx.array(np.ones(4, np.float16))
+    consts.register([c])
+    key = id(c)
+    assert key in consts._CONSTS
+    del c
+    gc.collect()
+    assert key not in consts._CONSTS or consts._CONSTS[key][0]() is not None
+
+
+def test_big_constants_are_not_kept():
+    c = mx.zeros((consts.CAST_MAX_ELEMS + 1,), mx.float16)
+    consts.register([c])
+    assert consts.cast(c, mx.float32) is not consts.cast(c, mx.float32)

@@ -145,17 +145,18 @@ def checks_for(host: np.ndarray, ranges: np.ndarray | None, row0: list | None = 
     (they were checked at this call's copy-in and nothing wrote them since).
     """
     h3 = _rows3(host)
-    s = h3.shape[1]
-    if row0 is not None and ranges is not None and len(row0) == h3.shape[0] and (ranges[:, 0] > 0).all():
+    s, n = h3.shape[1], h3.shape[0]
+    rl = None if ranges is None else ranges.tolist()
+    if row0 is not None and rl is not None and len(row0) == n and min(r[0] for r in rl) > 0:
         first = row0
     else:
-        first = [(l, 0, 1, h3[l, 0:1].tobytes()) for l in range(h3.shape[0])]
+        first = [(l, 0, 1, h3[l, 0:1].tobytes()) for l in range(n)]
     out = []
-    for l in range(h3.shape[0]):
-        if ranges is None:
+    for l in range(n):
+        if rl is None:
             r0, r1 = max(0, s - CHECK_ROWS), s
         else:
-            r0, r1 = int(ranges[l, 0]), int(ranges[l, 1])
+            r0, r1 = rl[l]
             if r0 >= r1:
                 continue
             r0 = max(r0, r1 - CHECK_ROWS)
@@ -289,8 +290,14 @@ class MirrorSet:
             ends = ranges[:, 1].copy()
         with self._lock:
             old = self._by_input.get(i, {}).get(addr)
-        row0 = old.row0 if old is not None and old.shape == host.shape and old.dtype == host.dtype else None
-        m = Mirror(host.shape, host.dtype, array, checks_for(host, ranges, row0), ends)
+        same = old is not None and old.shape == host.shape and old.dtype == host.dtype
+        checks = checks_for(host, ranges, old.row0 if same else None)
+        if same:
+            with self._lock:
+                if self._by_input.get(i, {}).get(addr) is old:     # a decode step: update in place
+                    old.array, (old.row0, old.checks), old.ends = array, checks, ends
+                    return
+        m = Mirror(host.shape, host.dtype, array, checks, ends)
         with self._lock:
             per = self._by_input.setdefault(i, {})
             per.pop(addr, None)

@@ -25,6 +25,9 @@ from .verify import mismatch
 GUARD_FAILED = object()
 #: traces a shape-keyed closure of a shapeless key may make before it is given up (shapes vary)
 MAX_FIXED_TRACES = 3
+#: whether closures that must be traced shapeless (a traced input keeps a free dim, e.g. a growing
+#: KV cache) are compiled on a GPU: measured ~3x slower than eager there (MLX 0.32.4, H200), so no
+GPU_SHAPELESS = False
 
 #: MLX's trace state is process-global: one trace at a time (re-entrant for nested groups)
 TRACE_LOCK = threading.RLock()
@@ -276,6 +279,11 @@ class CompiledSubgraph:
             c.hoist = plan.hoist
             c.hoist_prog = sub_program(self.program, plan.hoist_steps, self.program.inputs, plan.hoist)
         c.shapeless = self.config.shapeless and self._traces_free_dims(c)
+        if c.shapeless and self.device == "gpu" and not GPU_SHAPELESS:
+            c.poisoned = ("a shapeless closure on a GPU runs eagerly (MLX 0.32.4's CUDA backend: ~139 ms per "
+                          "decode step vs ~40 ms eager on the H200, docs/performance.md)")
+            self._fallback(c.poisoned)
+            return c
         try:
             c.fn = self._compile(c)
         except Exception as e:  # noqa: BLE001

@@ -315,3 +315,20 @@ def test_shapeless_closures_stay_eager_on_a_gpu(monkeypatch):
         assert (c.fn is not None) == compiled and (sl.counters["compiled_calls"] > 0) == compiled, device
         if not compiled:
             assert "shapeless closure on a GPU runs eagerly" in c.poisoned
+
+
+def test_row_hints_kept_only_for_group_outputs_over_traced_inputs():
+    """A hint counts only when its present is a group output and its past a traced input (by identity);
+    a dropped hint does not disturb the ones after it, and one output is hinted once."""
+    from ortmlx.compiled.core import _hint_arrays, _hinted_outputs
+    past = mx.zeros((1, 2, 8, 4), mx.float16)
+    present, other = past + 1, past + 2
+    start, rows = mx.array([3], mx.int32), mx.ones((1, 2, 1, 4), mx.float16)
+    hints = [(other, past, start, rows),          # not a group output: dropped
+             (present, mx.zeros_like(past), start, rows),   # past not a traced input: dropped
+             (present, past, start, rows),        # kept
+             (present, past, start, rows)]        # the same output again: dropped
+    meta = _hinted_outputs(hints, [mx.zeros((1,)), present], {id(past): 5})
+    assert meta == [None, None, (1, 5, (1, 2, 1, 4), 2), None], meta
+    flat, starts = _hint_arrays(hints, meta)
+    assert flat.dtype == mx.uint8 and flat.size == 16 and starts.tolist() == [3]

@@ -51,7 +51,6 @@ def tracing() -> bool:
     return getattr(_TLS, "depth", 0) > 0
 
 
-
 class Call:
     """One call as a closure sees it: its inputs (maybe padded), the shapes that verify it
     (the real ones), and ``post`` mapping the closure's host outputs to the call's."""
@@ -489,7 +488,7 @@ def _hinted_outputs(hints: list, outs: list, inputs: dict) -> list:
     for present, past, start, rows in hints:
         j, i = out_at.get(id(present)), inputs.get(id(past))
         if j is None or i is None or rows.dtype != present.dtype or rows.ndim != present.ndim \
-                or start.size != present.shape[0] or any(m[0] == j for m in meta):
+                or start.size != present.shape[0] or any(m is not None and m[0] == j for m in meta):
             meta.append(None)
             continue
         meta.append((j, i, tuple(rows.shape), rows.dtype.size))

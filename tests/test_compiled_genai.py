@@ -289,12 +289,15 @@ def test_decode_closure_sees_fixed_shapes_only():
     traced_inputs = {n for st in c.trace_prog.steps for n in st.inputs}
     hoist, trusted, shapeless, traces = c.hoist, c.trusted, c.shapeless, c.traces
     passed = {att.decode.program.inputs[i] for i in c.dev_idx if i < len(att.decode.program.inputs)}
+    kv = dict(att.decode.stats.groups[att.name]["kv_copy_out"])       # the verbose summary's counters
     del model
     assert got == want
     assert mask and not (set(mask) & traced_inputs), sorted(traced_inputs & set(mask))
     assert len(hoist) >= 2 and trusted, hoist
     # the mask is not even passed, so the closure is traced shape-keyed, once for all 4 prompts
     assert not (set(mask) & passed) and shapeless is False and traces == 1, (sorted(passed), shapeless, traces)
+    # decode K/V rows go back from the closure's row hints, even for buffers small enough to copy whole
+    assert kv["row_hints"] > 4 * (kv["whole"] + kv["diffed"]), kv
 
 
 def test_decode_copy_out_uses_row_hints(monkeypatch):

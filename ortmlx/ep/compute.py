@@ -81,6 +81,10 @@ class ComputeInfo:
         self._aliased: set[int] = set()         # inputs an output was ever written into
         #: in-place outputs up to this size are copied out whole (no device diff)
         self._whole_bytes = WHOLE_COPY_BYTES[ep.device == "gpu"]
+        #: how in-place (mirrored) outputs were written back, per buffer write (the verbose summary shows it)
+        self.kv_copy_out = {"row_hints": 0, "diffed": 0, "whole": 0}
+        if hasattr(ep.stats, "group"):
+            ep.stats.group(plan.name)["kv_copy_out"] = self.kv_copy_out
 
     def release(self) -> None:
         if self.program is not None:
@@ -181,12 +185,14 @@ class ComputeInfo:
                         if ranges is not None:
                             moved += h[2].nbytes
                             self.mirrors.store(i, addr, dst, r, ranges)
+                            self.kv_copy_out["row_hints"] += 1
                             continue
                     if used and i in used:
                         pending.append((i, addr, r, used[i], dst))
                     else:
                         moved += _copy_whole(dst, r)
                         self.mirrors.store(i, addr, dst, r, None)
+                        self.kv_copy_out["whole"] += 1
                     continue
                 host = dt.to_numpy(r)
             moved += self._copy(ptr, host, self.out_types[j])
@@ -240,7 +246,9 @@ class ComputeInfo:
             for i, addr, r, _, dst in pending:      # small buffers: a whole copy beats a diff round trip
                 moved += _copy_whole(dst, r)
                 self.mirrors.store(i, addr, dst, r, None)
+            self.kv_copy_out["whole"] += len(pending)
             return moved
+        self.kv_copy_out["diffed"] += len(pending)
         pairs = [(r, old) for _, _, r, old, _ in pending]
         writes = [(r, dst) for _, _, r, _, dst in pending]
         # a decode step writes the row after the last one in every buffer: bring it with the diff

@@ -317,3 +317,27 @@ def test_decode_copy_out_uses_row_hints(monkeypatch):
     assert got == want
     decode_calls = len(PROMPTS) * (N - 1)
     assert len(diffs) <= 4, (len(diffs), decode_calls)
+
+
+def test_eager_attention_layers_share_rotary_rows(monkeypatch):
+    """Every GroupQueryAttention layer of an eager run reads the same rotary rows and mask: made once
+    per run (kernels/consts.memo), not once per layer; same tokens."""
+    from ortmlx.kernels.ops import contrib_attention as ca
+    path = model_dir("llama")
+    want, _ = run(path, options={"no_compile": "1", "no_kv_mirror": "1"})
+    from ortmlx.kernels.interpreter import Program
+    calls, runs = [], []
+    real, real_run = ca.rotary_tables, Program.run
+    monkeypatch.setattr(ca, "rotary_tables", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(Program, "run", lambda self, *a, **k: runs.append(self) or real_run(self, *a, **k))
+    model, _ = mg.load_model(path, "mlx", {"no_compile": "1"}, SHARE)
+    gen = og.Generator(model, mg.search_options(model, MAX_LENGTH, len(PROMPTS[1]) + 8))
+    gen.append_tokens(np.asarray(PROMPTS[1], np.int32))
+    toks = []
+    for _ in range(8):
+        gen.generate_next_token()
+        toks.append(int(gen.get_next_tokens()[0]))
+    layers = sum(st.node.op_type == "GroupQueryAttention" for st in runs[0].steps)
+    del gen, model
+    assert toks == want[1][:8]
+    assert layers >= 2 and len(runs) >= 8 and len(calls) == len(runs), (layers, len(runs), len(calls))

@@ -45,3 +45,19 @@ def test_big_constants_are_not_kept():
     c = mx.zeros((consts.CAST_MAX_ELEMS + 1,), mx.float16)
     consts.register([c])
     assert consts.cast(c, mx.float32) is not consts.cast(c, mx.float32)
+
+
+def test_memo_is_scoped_to_one_build():
+    calls = []
+
+    def make():
+        calls.append(1)
+        return len(calls)
+    assert consts.memo(("k",), make) == 1 and consts.memo(("k",), make) == 2     # no build: every time
+    with consts.build_scope():
+        assert consts.memo(("k",), make) == 3 and consts.memo(("k",), make) == 3
+        with consts.build_scope():                                             # a nested body's build
+            assert consts.memo(("k",), make) == 4
+        assert consts.memo(("k",), make) == 3
+    assert consts.memo(("k",), make) == 5
+

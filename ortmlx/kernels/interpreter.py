@@ -182,6 +182,10 @@ class Program:
 
     def build(self, inputs: list[Any], env: dict | None = None) -> dict[str, Any]:
         """Build the lazy graph: returns name -> value for every value of the group."""
+        with consts.build_scope():
+            return self._build(inputs, env)
+
+    def _build(self, inputs: list[Any], env: dict | None) -> dict[str, Any]:
         if env is None:
             env = dict(self.constants)
             env.update(self.host_constants)

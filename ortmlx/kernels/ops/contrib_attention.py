@@ -175,22 +175,27 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
     total_len = seqlens + 1
     past_len = mx.zeros((b,), mx.int32) if first_prompt else total_len - s
     if cos_cache is not None:
-        if position_ids is not None and first_prompt:      # ORT reads only the first id, then +s
-            pos = position_ids.reshape(-1)[:1].reshape(1, 1) + consts.arange(s, position_ids.dtype).reshape(1, s)
-            pos = mx.broadcast_to(pos, (b, s))
-        elif position_ids is not None:
-            pos = position_ids
-        else:
-            pos = past_len.reshape(b, 1) + consts.arange(s).reshape(1, s)
-        c, sn = rotary_tables(cos_cache, sin_cache, pos, h, rotary_interleaved)
-        c, sn = c.reshape(b, 1, s, h), sn.reshape(b, 1, s, h)
+        def tables():
+            if position_ids is not None and first_prompt:      # ORT reads only the first id, then +s
+                pos = position_ids.reshape(-1)[:1].reshape(1, 1) + consts.arange(s, position_ids.dtype).reshape(1, s)
+                pos = mx.broadcast_to(pos, (b, s))
+            elif position_ids is not None:
+                pos = position_ids
+            else:
+                pos = past_len.reshape(b, 1) + consts.arange(s).reshape(1, s)
+            c, sn = rotary_tables(cos_cache, sin_cache, pos, h, rotary_interleaved)
+            return c.reshape(b, 1, s, h), sn.reshape(b, 1, s, h)
+        # every layer reads the same rows: made once per build
+        c, sn = consts.memo(("gqa_rotary", id(cos_cache), id(sin_cache), id(seqlens_k), id(position_ids),
+                             first_prompt, b, s, h, rotary_interleaved), tables)
         rd = 2 * cos_cache.shape[-1]
         q = apply_rotary(q, c, sn, rd, rotary_interleaved)
         k = apply_rotary(k, c, sn, rd, rotary_interleaved)
     present_len = max(total_sequence_length, past_key.shape[2] if past_key is not None else 0)
     pk = _present(past_key, k, past_len, present_len, in_place)
     pv = _present(past_value, v, past_len, present_len, in_place)
-    mask = gqa_mask(past_len, total_len, s, present_len, local_window_size)
+    mask = consts.memo(("gqa_mask", id(seqlens_k), first_prompt, b, s, present_len, local_window_size),
+                       lambda: gqa_mask(past_len, total_len, s, present_len, local_window_size))
     alpha = scale if scale != 0.0 else 1.0 / math.sqrt(h)
     group = num_heads // kv_num_heads
     qf = q.astype(mx.float32).reshape(b, kv_num_heads, group * s, h)

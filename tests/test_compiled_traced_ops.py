@@ -77,3 +77,43 @@ def test_rotary_positions_as_data_replay_and_guard():
     with pytest.raises(Exception, match="rotary cache"):
         s.run(None, bad)
     assert p.counters["guard_fails"] == 1 and p.counters["poisoned_closures"] == 0, p.counters
+
+
+def gqa_decode_model(n=4, kvn=2, h=16):
+    """GroupQueryAttention with genai's dim names (the decode closure's shape) and its own present outputs."""
+    f = T.FLOAT
+    node = helper.make_node("GroupQueryAttention", ["query", "key", "value", "past_key", "past_value", "seqlens_k",
+                                                    "total_sequence_length"],
+                            ["output", "present_key", "present_value"], domain="com.microsoft",
+                            num_heads=n, kv_num_heads=kvn)
+    ins = [("query", f, ["batch_size", "sequence_length", n * h]),
+           ("key", f, ["batch_size", "sequence_length", kvn * h]),
+           ("value", f, ["batch_size", "sequence_length", kvn * h]),
+           ("past_key", f, ["batch_size", kvn, "past_sequence_length", h]),
+           ("past_value", f, ["batch_size", kvn, "past_sequence_length", h]),
+           ("seqlens_k", T.INT32, ["batch_size"]), ("total_sequence_length", T.INT32, [])]
+    outs = [("output", f, None), ("present_key", f, None), ("present_value", f, None)]
+    return make_model([node], ins, outs, extra_opsets={"com.microsoft": 1})
+
+
+def test_decode_present_in_its_own_buffer_is_ort_s():
+    """The decode closure writes the new K/V row in place (rows past it stay the past's, as in a shared
+    buffer). Given separate present buffers, ORT's kernel leaves those rows zero: Compute zeroes them,
+    so every call equals the CPU EP, also after the closure is trusted on a past whose tail was zero."""
+    n, kvn, h, P = 4, 2, 16, 12
+    m = gqa_decode_model(n, kvn, h)
+    s, rs = compiled_session(m)
+    cpu = session(m, "CPUExecutionProvider", record=False)
+    for k, seqlen in enumerate([3, 4, 5, 6, 7, 3, 9]):
+        past = RNG.standard_normal((2, 1, kvn, P, h)).astype(np.float32)
+        if k < 2:
+            past[..., seqlen:, :] = 0.0                    # the calls that verify the closure see a zero tail
+        feed = {"query": RNG.standard_normal((1, 1, n * h)).astype(np.float32),
+                "key": RNG.standard_normal((1, 1, kvn * h)).astype(np.float32),
+                "value": RNG.standard_normal((1, 1, kvn * h)).astype(np.float32),
+                "past_key": past[0], "past_value": past[1],
+                "seqlens_k": np.array([seqlen], np.int32), "total_sequence_length": np.array(seqlen + 1, np.int32)}
+        for name, g, w in zip(("output", "present_key", "present_value"), s.run(None, feed), cpu.run(None, feed)):
+            assert_close(g, w, what=f"call {k} {name}")
+    decode = [p for p in parts(rs) if p.label == "decode"]
+    assert decode and decode[0].counters["compiled_calls"] >= 4, [p.counters for p in parts(rs)]

@@ -167,7 +167,7 @@ class ComputeInfo:
         pending = []                    # (input index, address, result, old mirror, ORT's buffer)
         done: set[int] = set()
         hints = getattr(results, "row_hints", None)
-        hinted = hinted_rows(hints) if hints is not None and used else {}
+        hinted = hinted_rows(hints) if hints is not None else {}
         for j, r in enumerate(results):
             inplace = bool(addrs) and isinstance(r, mx.array) and mirrorable(r)
             host = None if inplace else dt.host(r)
@@ -196,7 +196,20 @@ class ComputeInfo:
                     continue
                 host = dt.to_numpy(r)
             moved += self._copy(ptr, host, self.out_types[j])
+            if j in hinted:
+                # a hinted present computed in place (rows after the new ones are the past's) going to its
+                # own buffer: ORT's kernel leaves those rows zero there
+                self._zero_after_rows(ptr, host, hinted[j])
         return moved + self._write_pending(pending)
+
+    def _zero_after_rows(self, ptr, host: np.ndarray, hint) -> None:
+        _, start, _, shape = hint
+        s = shape[-2]
+        if host.ndim != len(shape) or host.shape[0] != start.shape[0] or host.dtype.kind not in "fiu":
+            raise EpError(f"row hint of shape {shape} does not fit an output of shape {host.shape}", node=self.name)
+        dst = np.frombuffer(self.abi.ffi.buffer(ptr, host.nbytes), host.dtype).reshape(host.shape)
+        for k, r0 in enumerate(start.tolist()):
+            dst[k, ..., r0 + s:, :] = 0
 
     def _output(self, kctx, j: int, shape: tuple, probe):
         """ORT's buffer for output ``j``, allocated with ``shape``."""

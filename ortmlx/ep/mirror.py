@@ -75,7 +75,7 @@ def changed_rows(pairs: list[tuple[mx.array, mx.array]], compiled: bool, predict
     index (first >= end: none), from one device round trip of L x S flags per pair.
 
     With ``predict`` (rows along axis -2 valid in every pair), that round trip also brings those
-    rows of every new array: returns (ranges, host bytes of the rows, pair order) instead.
+    rows of every new array: returns (ranges, those rows' host bytes, pair after pair) instead.
     """
     flat = [a for p in pairs for a in p]
     if predict is not None:

@@ -135,15 +135,10 @@ def attention_probs_softmax(scores, mask, sink=None):
     scores = mx.where(mask, scores, neg)
     if sink is None:
         return mx.softmax(scores, axis=-1)      # one kernel; every row has a visible key
-    m = mx.max(scores, axis=-1, keepdims=True)
-    if sink is not None:
-        sk = sink.astype(mx.float32).reshape(1, -1, 1, 1)
-        m = mx.maximum(m, sk)
+    sk = sink.astype(mx.float32).reshape(1, -1, 1, 1)
+    m = mx.maximum(mx.max(scores, axis=-1, keepdims=True), sk)
     e = mx.exp(scores - m)
-    den = mx.sum(e, axis=-1, keepdims=True)
-    if sink is not None:
-        den = den + mx.exp(sk - m)
-    return e / den
+    return e / (mx.sum(e, axis=-1, keepdims=True) + mx.exp(sk - m))
 
 
 def softmax_sink(head_sink, smooth_softmax: int, num_heads: int):

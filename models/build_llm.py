@@ -36,6 +36,9 @@ SIZES: dict[str, dict] = {
     "tiny": {"llama": _TINY, "qwen2": {**_TINY, "tie_word_embeddings": True},
              # Phi3: fused qkv_proj / gate_up_proj, MHA (kv heads = heads) like Phi-3-mini
              "phi3": {**_TINY, "num_key_value_heads": 4}},
+    # tiny width at Qwen2.5-0.5B's depth (24 layers: 48 KV buffers): the EP's per-call overhead
+    # with almost no compute (scripts/decode_probe.py)
+    "deep": {a: {**_TINY, "num_hidden_layers": 24, "tie_word_embeddings": a == "qwen2"} for a in ARCHS},
     # Qwen2.5-0.5B / 1.5B shapes (random weights, benchmarks only)
     "0.5b": {a: dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                      num_key_value_heads=2, vocab_size=151936, max_position_embeddings=4096,

@@ -98,9 +98,12 @@ def split_packed_qkv(qkv, num_heads: int, kv_num_heads: int):
     return part(0, num_heads), part(num_heads, kv_num_heads), part(num_heads + kv_num_heads, kv_num_heads)
 
 
-def _gqa_args(args, attrs, refused: tuple, label: str):
+def _gqa_args(args, attrs, refused: tuple, label: str, pack: bool = False):
     """Attributes with defaults, inputs by name, and (q, k, v) with packed QKV split; raises
-    Untraceable for inputs the traced forms do not cover (quantized KV, qk norms, ``refused``)."""
+    Untraceable for inputs the traced forms do not cover (quantized KV, qk norms, ``refused``).
+
+    ``pack``: outside shapeless traces, packed QKV comes back as q (B,S,N+2Nkv,H) with k, v None
+    (``gqa_core(packed=True)``)."""
     a = {**_GQA_DEFAULTS, **attrs}
     x = dict(zip(_GQA_INPUTS, list(args) + [None] * (len(_GQA_INPUTS) - len(args))))
     for k in ("k_scale", "v_scale", "q_norm_weight", "k_norm_weight") + refused:
@@ -109,6 +112,13 @@ def _gqa_args(args, attrs, refused: tuple, label: str):
     if x["past_key"] is None or x["past_value"] is None:
         raise Untraceable(f"{label} needs past_key/past_value")
     q, k, v = x["query"], x["key"], x["value"]
+    if k is None and pack and not shapeless_trace():
+        b, s, hidden = q.shape
+        heads = a["num_heads"] + 2 * a["kv_num_heads"]
+        if hidden % heads:
+            raise ValueError(f"packed QKV hidden {hidden} not divisible into {a['num_heads']}+2*"
+                             f"{a['kv_num_heads']} heads")
+        return a, x, q.reshape(b, s, heads, hidden // heads), None, None
     if k is None:
         q, k, v = split_packed_qkv(q, a["num_heads"], a["kv_num_heads"])
     return a, x, q, k, v
@@ -133,14 +143,19 @@ def gqa_traced(decode: bool, padded: bool = False):
         return o, mx.where(keep, pk, zero), mx.where(keep, pv, zero)
 
     def _gqa(*args, **attrs):
-        a, x, q, k, v = _gqa_args(args, attrs, (), "traced GroupQueryAttention")
+        a, x, q, k, v = _gqa_args(args, attrs, (), "traced GroupQueryAttention", pack=True)
         nh, kvh = a["num_heads"], a["kv_num_heads"]
-        b, s, hidden = q.shape
-        h = hidden // nh
+        packed = k is None
+        if packed:
+            b, s, _, h = q.shape
+        else:
+            b, s, hidden = q.shape
+            h = hidden // nh
         past_k, past_v = x["past_key"], x["past_value"]
         p = past_k.shape[2]
-        if past_k.shape != (b, kvh, p, h) or past_v.shape != past_k.shape or k.shape != (b, s, kvh * h):
-            raise ValueError(f"traced GroupQueryAttention: shapes q {q.shape} k {k.shape} past {past_k.shape}")
+        if past_k.shape != (b, kvh, p, h) or past_v.shape != past_k.shape or \
+                (not packed and k.shape != (b, s, kvh * h)):
+            raise ValueError(f"traced GroupQueryAttention: shapes q {q.shape} k {None if packed else k.shape} past {past_k.shape}")
         seqlens = x["seqlens_k"].reshape(-1).astype(mx.int32)
         total = x["total_sequence_length"]
         if decode:
@@ -189,7 +204,7 @@ def gqa_traced(decode: bool, padded: bool = False):
                        cos_cache=x["cos_cache"] if a["do_rotary"] else None,
                        sin_cache=x["sin_cache"] if a["do_rotary"] else None,
                        rotary_interleaved=bool(a["rotary_interleaved"]), position_ids=None,
-                       attention_bias=x["attention_bias"], sink=sink, in_place=decode)
+                       attention_bias=x["attention_bias"], sink=sink, in_place=decode, packed=packed)
         if not decode:
             return res
         # decode writes row seqlens_k (= past length, S == 1) into the buffer and leaves the others

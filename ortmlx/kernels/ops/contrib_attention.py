@@ -153,19 +153,28 @@ def softmax_sink(head_sink, smooth_softmax: int, num_heads: int):
 def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length: int, num_heads: int,
              kv_num_heads: int, first_prompt: bool, scale: float = 0.0, softcap: float = 0.0,
              local_window_size: int = -1, cos_cache=None, sin_cache=None, position_ids=None,
-             rotary_interleaved: bool = False, attention_bias=None, sink=None, in_place: bool = False):
+             rotary_interleaved: bool = False, attention_bias=None, sink=None, in_place: bool = False,
+             packed: bool = False):
     """GroupQueryAttention on MLX arrays, as ORT's CPU kernel computes it.
 
-    q (B,S,N*H); k, v (B,S,Nkv*H); past_key/value (B,Nkv,P,H) or None; seqlens_k (B,) int32
+    q (B,S,N*H); k, v (B,S,Nkv*H); or ``packed``: q is the packed QKV (B,S,N+2*Nkv,H) and k, v are
+    None (the query and key heads are rotated together: one gather and one fused kernel, the same
+    arithmetic per element). past_key/value (B,Nkv,P,H) or None; seqlens_k (B,) int32
     = total length - 1 per row. ``first_prompt`` (S == total_sequence_length): no past is
     read and query s sits at position s. Otherwise row b's past length is seqlens_k[b]+1-S.
     ``sink``: (N,) extra softmax logit (smooth softmax: zeros). Returns (out, present_k, present_v);
     ``in_place`` (decode into a shared buffer, see ``_present``) adds the new K and V rows
     (B,Nkv,S,H): the only rows where the presents differ from the pasts.
     """
-    b, s, _ = q.shape
-    q, k, v = _bnsh(q, num_heads), _bnsh(k, kv_num_heads), _bnsh(v, kv_num_heads)
-    h = q.shape[-1]
+    nq = num_heads + kv_num_heads
+    if packed:
+        b, s, _, h = q.shape
+        x = q.transpose(0, 2, 1, 3)                     # (B, N+2Nkv, S, H): views for S == 1
+        qk, v = x[:, :nq], x[:, nq:]
+    else:
+        b, s, _ = q.shape
+        q, k, v = _bnsh(q, num_heads), _bnsh(k, kv_num_heads), _bnsh(v, kv_num_heads)
+        h = q.shape[-1]
     seqlens = seqlens_k.astype(mx.int32)
     total_len = seqlens + 1
     past_len = mx.zeros((b,), mx.int32) if first_prompt else total_len - s
@@ -184,8 +193,17 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
         c, sn = consts.memo(("gqa_rotary", id(cos_cache), id(sin_cache), id(seqlens_k), id(position_ids),
                              first_prompt, b, s, h, rotary_interleaved), tables)
         rd = 2 * cos_cache.shape[-1]
-        q = apply_rotary(q, c, sn, rd, rotary_interleaved)
-        k = apply_rotary(k, c, sn, rd, rotary_interleaved)
+        if packed:
+            qk = apply_rotary(qk, c, sn, rd, rotary_interleaved)
+        else:
+            q = apply_rotary(q, c, sn, rd, rotary_interleaved)
+            k = apply_rotary(k, c, sn, rd, rotary_interleaved)
+    if packed:
+        # the float32 copy is taken before the split, so it stays in the rotation's fused kernel
+        qf = qk.astype(mx.float32)[:, :num_heads]
+        q, k = qk[:, :num_heads], qk[:, num_heads:]
+    else:
+        qf = q.astype(mx.float32)
     present_len = max(total_sequence_length, past_key.shape[2] if past_key is not None else 0)
     pk = _present(past_key, k, past_len, present_len, in_place)
     pv = _present(past_value, v, past_len, present_len, in_place)
@@ -193,7 +211,7 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
                        lambda: gqa_mask(past_len, total_len, s, present_len, local_window_size))
     alpha = scale if scale != 0.0 else 1.0 / math.sqrt(h)
     group = num_heads // kv_num_heads
-    qf = q.astype(mx.float32).reshape(b, kv_num_heads, group * s, h)
+    qf = qf.reshape(b, kv_num_heads, group * s, h)
     scores = (qf @ pk.astype(mx.float32).swapaxes(-1, -2)).reshape(b, num_heads, s, present_len) * alpha
     if softcap > 0.0:
         scores = softcap * mx.tanh(scores / softcap)
@@ -306,10 +324,7 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
         h = hidden // (num_heads + 2 * kv_num_heads)
         if h * (num_heads + 2 * kv_num_heads) != hidden:
             raise ValueError(f"packed QKV hidden {hidden} not divisible into {num_heads}+2*{kv_num_heads} heads")
-        qkv = query.reshape(b, s, num_heads + 2 * kv_num_heads, h)
-        query = qkv[:, :, :num_heads].reshape(b, s, num_heads * h)
-        key = qkv[:, :, num_heads:num_heads + kv_num_heads].reshape(b, s, kv_num_heads * h)
-        value = qkv[:, :, num_heads + kv_num_heads:].reshape(b, s, kv_num_heads * h)
+        query = query.reshape(b, s, num_heads + 2 * kv_num_heads, h)
     else:
         h = hidden // num_heads
         if h * num_heads != hidden or key.shape != (b, s, kv_num_heads * h) or value.shape != key.shape:
@@ -349,7 +364,8 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
                     num_heads=num_heads, kv_num_heads=kv_num_heads, first_prompt=first_prompt, scale=scale,
                     softcap=softcap, local_window_size=local_window_size,
                     cos_cache=cos_cache if do_rotary else None, sin_cache=sin_cache if do_rotary else None,
-                    rotary_interleaved=bool(rotary_interleaved), position_ids=position_ids, attention_bias=attention_bias, sink=sink)
+                    rotary_interleaved=bool(rotary_interleaved), position_ids=position_ids, attention_bias=attention_bias, sink=sink,
+                    packed=key is None)
 
 
 # ---------------------------------------------------------------------------- RotaryEmbedding

@@ -297,7 +297,8 @@ def test_decode_closure_sees_fixed_shapes_only():
     # the mask is not even passed, so the closure is traced shape-keyed, once for all 4 prompts
     assert not (set(mask) & passed) and shapeless is False and traces == 1, (sorted(passed), shapeless, traces)
     # decode K/V rows go back from the closure's row hints, even for buffers small enough to copy whole
-    assert kv["row_hints"] > 4 * (kv["whole"] + kv["diffed"]), kv
+    assert kv["batched"] + kv["row_hints"] > 4 * (kv["whole"] + kv["diffed"]), kv
+    assert kv["batched"] > kv["row_hints"], kv        # steady calls write every K/V row in one batch
 
 
 def test_decode_copy_out_uses_row_hints(monkeypatch):

@@ -232,11 +232,16 @@ OrtStatus* ortmlx_gather_inputs(const OrtApi* api, const OrtKernelContext* ctx, 
                                 const void** data, int64_t* dims, size_t* ndims, int* types);
 OrtStatus* ortmlx_get_output(const OrtApi* api, OrtKernelContext* ctx, size_t index,
                              const int64_t* dims, size_t ndim, void** data);
+OrtStatus* ortmlx_get_outputs(const OrtApi* api, OrtKernelContext* ctx, size_t n,
+                              const int64_t* dims, const int64_t* ndims, uint64_t* data);
+void ortmlx_copy_blocks(size_t n, const uint64_t* dst, const uint64_t* src, const uint64_t* len);
+int64_t ortmlx_compare_blocks(size_t n, const uint64_t* a, const uint64_t* b, const uint64_t* len);
 int ortmlx_pin_self(void);
 """
 
 HELPERS_SRC = r"""
 #include <dlfcn.h>
+#include <string.h>
 #define ORTMLX_MAX_RANK 16
 /* Python objects point into this library: ORT's unregister must never unmap it. */
 int ortmlx_pin_self(void) {
@@ -272,6 +277,30 @@ OrtStatus* ortmlx_get_output(const OrtApi* api, OrtKernelContext* ctx, size_t in
     OrtStatus* st = api->KernelContext_GetOutput(ctx, index, dims, ndim, &v);
     if (st) return st;
     return api->GetTensorMutableData(v, data);
+}
+/* Outputs 0..n-1 with the given shapes (row i of dims, ndims[i] dims; ndims[i] < 0: skip it):
+   their data addresses in data[i] (0 for a skipped output). */
+OrtStatus* ortmlx_get_outputs(const OrtApi* api, OrtKernelContext* ctx, size_t n,
+                              const int64_t* dims, const int64_t* ndims, uint64_t* data) {
+    for (size_t i = 0; i < n; ++i) {
+        void* p = NULL;
+        data[i] = 0;
+        if (ndims[i] < 0) continue;
+        OrtStatus* st = ortmlx_get_output(api, ctx, i, dims + i * ORTMLX_MAX_RANK, (size_t)ndims[i], &p);
+        if (st) return st;
+        data[i] = (uint64_t)(uintptr_t)p;
+    }
+    return NULL;
+}
+/* Block copies and compares between addresses the caller checked (ORT's buffers, numpy arrays). */
+void ortmlx_copy_blocks(size_t n, const uint64_t* dst, const uint64_t* src, const uint64_t* len) {
+    for (size_t i = 0; i < n; ++i)
+        memcpy((void*)(uintptr_t)dst[i], (const void*)(uintptr_t)src[i], (size_t)len[i]);
+}
+int64_t ortmlx_compare_blocks(size_t n, const uint64_t* a, const uint64_t* b, const uint64_t* len) {
+    for (size_t i = 0; i < n; ++i)
+        if (memcmp((const void*)(uintptr_t)a[i], (const void*)(uintptr_t)b[i], (size_t)len[i])) return (int64_t)i;
+    return -1;
 }
 """
 

@@ -14,7 +14,8 @@ from ..kernels import dtypes as dt
 from ..kernels.interpreter import Program
 from ..trace import Probe
 from .errors import ORT_INVALID_ARGUMENT, EpError
-from .mirror import (MirrorSet, changed_rows, hinted_rows, mirrorable, predicted_rows, write_hinted,
+from .kvbatch import KvBatches
+from .mirror import (MirrorSet, changed_rows, hint_bytes, hinted_rows, mirrorable, predicted_rows, write_hinted,
                      write_predicted, write_rows)
 
 
@@ -46,6 +47,21 @@ class _Buffers:
         self.types = ffi.new("int[]", n)
         self.odims = ffi.new("int64_t[]", max_rank)
         self.out = ffi.new("void**")
+        #: the input addresses as a NumPy view of ``data`` (valid until the next gather on this thread)
+        self.addr = np.frombuffer(ffi.buffer(self.data), np.uint64)[:n_in]
+        self.n_out = 0                  # output buffers below, sized on first use (ComputeInfo._output_ptrs)
+        self.last_oshapes = None
+
+
+def _out_buffers(ffi, b: _Buffers, n_out: int, max_rank: int) -> None:
+    b.n_out = n_out
+    b.oall = ffi.new("int64_t[]", n_out * max_rank)
+    b.ondims = ffi.new("int64_t[]", n_out)
+    b.optrs = ffi.new("uint64_t[]", n_out)
+    b.optrs_np = np.frombuffer(ffi.buffer(b.optrs), np.uint64)
+    b.oall_np = np.frombuffer(ffi.buffer(b.oall), np.int64).reshape(n_out, max_rank)
+    b.ondims_np = np.frombuffer(ffi.buffer(b.ondims), np.int64)
+    b.last_oshapes = None
 
 
 class ComputeInfo:
@@ -78,11 +94,15 @@ class ComputeInfo:
         self._observed = ep.stats.observed
         #: device mirrors of ORT buffers an output writes in place (genai's shared KV buffer)
         self.mirrors = None if getattr(ep.options, "no_kv_mirror", False) else MirrorSet()
+        #: the steady decode state of the row-hinted KV buffers (ep/kvbatch.py); None: per-buffer path only
+        self.kv = KvBatches(abi) if self.mirrors is not None and abi.copy_blocks is not None \
+            and abi.get_outputs is not None and not getattr(ep.options, "no_kv_batch", False) else None
         self._aliased: set[int] = set()         # inputs an output was ever written into
         #: in-place outputs up to this size are copied out whole (no device diff)
         self._whole_bytes = WHOLE_COPY_BYTES[ep.device == "gpu"]
-        #: how in-place (mirrored) outputs were written back, per buffer write (the verbose summary shows it)
-        self.kv_copy_out = {"row_hints": 0, "diffed": 0, "whole": 0}
+        #: how in-place (mirrored) outputs were written back, per buffer write (the verbose summary shows it):
+        #: row hints in one batch (ep/kvbatch.py) / row hints one by one / diffed on the device / whole
+        self.kv_copy_out = {"batched": 0, "row_hints": 0, "diffed": 0, "whole": 0}
         if hasattr(ep.stats, "group"):
             ep.stats.group(plan.name)["kv_copy_out"] = self.kv_copy_out
 
@@ -94,6 +114,8 @@ class ComputeInfo:
             runner.release()
         if self.mirrors is not None:
             self.mirrors.clear()
+        if self.kv is not None:
+            self.kv.clear()
         self.program = None
 
     # ------------------------------------------------------------------ per call
@@ -145,12 +167,19 @@ class ComputeInfo:
 
     def use_mirrors(self, inputs, addrs: dict[int, int]) -> tuple[list, dict[int, mx.array]]:
         """Inputs with device mirrors substituted where ORT's buffer is one we mirror."""
+        self._tls.kv = None
         if not self._aliased or not addrs:
             return inputs, {}
         run = list(inputs)
         used = {}
+        if self.kv is not None and len(self.kv):
+            kb = self.kv.take(inputs, self._tls.b.addr)
+            if kb is not None:
+                self._tls.kv = kb
+                for i, m in zip(kb.layout.in_list, kb.arrays):
+                    run[i] = used[i] = m
         for addr, i in addrs.items():
-            if i in self._aliased:
+            if i in self._aliased and i not in used:
                 m = self.mirrors.lookup(i, addr, inputs[i])
                 if m is not None:
                     run[i] = used[i] = m
@@ -167,12 +196,32 @@ class ComputeInfo:
         pending = []                    # (input index, address, result, old mirror, ORT's buffer)
         done: set[int] = set()
         hints = getattr(results, "row_hints", None)
-        hinted = hinted_rows(hints) if hints is not None else {}
+        hinted, ptrs, hosts, batched = {}, None, {}, ()
+        prev = getattr(self._tls, "kv", None)
+        self._tls.kv = None
+        if hints is not None:
+            flat, starts = hint_bytes(hints)
+            if self.kv is not None and used:
+                ptrs, hosts = self._output_ptrs(kctx, results, probe, addrs)
+                kb = self._write_batch(hints.meta, flat, starts, ptrs, results, inputs, used, prev)
+                if kb is not None:
+                    done.update(kb.layout.in_list)
+                    batched = frozenset(kb.layout.outs.tolist())
+                    moved += kb.layout.flat_bytes
+            if not done:
+                hinted = hinted_rows(hints, flat, starts)
         for j, r in enumerate(results):
+            if j in batched:
+                continue                # written by the batch
             inplace = bool(addrs) and isinstance(r, mx.array) and mirrorable(r)
-            host = None if inplace else dt.host(r)
+            host = hosts.get(j) if ptrs is not None else None
+            if host is None and not inplace:
+                host = dt.host(r)
             shape = tuple(r.shape) if inplace else host.shape
-            ptr = self._output(kctx, j, shape, probe)
+            if ptrs is not None:
+                ptr = self.abi.ffi.cast("void*", int(ptrs[j]))
+            else:
+                ptr = self._output(kctx, j, shape, probe)
             if inplace:
                 addr = int(self.abi.ffi.cast("uintptr_t", ptr))
                 i = self._aliased_input(addr, j, shape, inputs, addrs, done)
@@ -200,7 +249,57 @@ class ComputeInfo:
                 # a hinted present computed in place (rows after the new ones are the past's) going to its
                 # own buffer: ORT's kernel leaves those rows zero there
                 self._zero_after_rows(ptr, host, hinted[j])
+        if self.kv is not None and (stored := [a for a, i in addrs.items() if i in self._aliased and i not in done]) \
+                and len(self.kv):
+            self.kv.drop(stored)        # the per-buffer path owns these buffers now
         return moved + self._write_pending(pending)
+
+    def _output_ptrs(self, kctx, results, probe, addrs) -> tuple[np.ndarray, dict]:
+        """ORT's buffers for every output in one C call: (addresses, {j: host result, or None for a
+        device result that may go back in place})."""
+        abi, b = self.abi, self._tls.b
+        n = len(results)
+        if b.n_out < n:
+            _out_buffers(abi.ffi, b, n, abi.max_rank)
+        hosts, shapes = {}, []
+        for j, r in enumerate(results):
+            if bool(addrs) and isinstance(r, mx.array) and mirrorable(r):
+                hosts[j] = None
+                shapes.append(tuple(r.shape))
+            else:
+                h = hosts[j] = dt.host(r)
+                shapes.append(h.shape)
+        if shapes != b.last_oshapes:
+            for j, shape in enumerate(shapes):
+                if len(shape) > abi.max_rank:
+                    raise EpError(f"output {j} ('{self.out_names[j]}') has rank {len(shape)} > {abi.max_rank}",
+                                  node=self.name)
+                b.oall_np[j, :len(shape)] = shape
+                b.ondims_np[j] = len(shape)
+            b.last_oshapes = shapes
+        abi.check(abi.get_outputs(abi.api, kctx, n, b.oall, b.ondims, b.optrs))
+        if probe is not None:
+            probe.fault_point("copy_out")       # testing: fail with the outputs already allocated
+        return b.optrs_np[:n].copy(), hosts
+
+    def _write_batch(self, meta, flat, starts, ptrs, results, inputs, used, prev):
+        """The batched copy-out of every hinted row (ep/kvbatch.py), or None (nothing written)."""
+        kv = self.kv
+        addr = self._tls.b.addr
+        L = kv.layout_for(meta, ptrs, inputs, addr, used, results, self.out_types,
+                          prev.layout if prev is not None else getattr(self._tls, "kv_layout", None))
+        if L is None:
+            return None
+        kb = kv.write(L, flat, starts, results, prev)
+        if kb is None:
+            return None
+        self._tls.kv_layout = L
+        if prev is None and self.mirrors is not None:
+            for i, a in zip(L.in_list, L.addrs.tolist()):
+                self.mirrors.drop(i, a)         # the batch owns these buffers' mirrors now
+        kv.put(kb)
+        self.kv_copy_out["batched"] += len(L.in_list)
+        return kb
 
     def _zero_after_rows(self, ptr, host: np.ndarray, hint) -> None:
         _, start, _, shape = hint

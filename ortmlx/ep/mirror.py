@@ -200,11 +200,15 @@ def write_predicted(pending: list, ranges: list[np.ndarray], rows: range, picked
     return moved
 
 
-def hinted_rows(hints) -> dict[int, tuple[int, np.ndarray, np.ndarray, tuple]]:
-    """A runner's row hints (``compiled.core.RowHints``) on the host: output j -> (input i, start row
+def hint_bytes(hints) -> tuple[np.ndarray, np.ndarray]:
+    """A runner's row hints (``compiled.core.RowHints``) on the host: (the rows as flat bytes, the
+    start rows), one round trip for every hinted output."""
+    return np.array(hints.rows, copy=True), np.array(hints.starts, copy=True)
+
+
+def hinted_rows(hints, flat: np.ndarray, starts: np.ndarray) -> dict[int, tuple[int, np.ndarray, np.ndarray, tuple]]:
+    """Row hints per output (``flat``/``starts`` from ``hint_bytes``): output j -> (input i, start row
     per batch row, the rows' bytes, the rows' shape (B, ..., S, H))."""
-    flat = np.array(hints.rows, copy=True)          # one round trip for every hinted output
-    starts = np.array(hints.starts, copy=True)
     out, at, sat = {}, 0, 0
     for j, i, shape, itemsize in hints.meta:
         n = math.prod(shape) * itemsize

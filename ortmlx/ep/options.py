@@ -29,6 +29,8 @@ SPEC: dict[str, tuple[tuple[str, ...], str]] = {
                                                            "2.2-2.9x eager decode on the H200, docs/performance.md)"),
     "no_kv_mirror": (("ORTMLX_NO_KV_MIRROR",), "1: no device mirror of buffers an output writes in place (genai's "
                                                "shared KV buffer): every call copies them in and out whole"),
+    "no_kv_batch": (("ORTMLX_NO_KV_BATCH",), "1: write row-hinted KV buffers back one by one (ep/mirror.py) rather "
+                                             "than in one batch of C copies per call (ep/kvbatch.py)"),
     "compile_mode": (("ORTMLX_COMPILE_MODE",), "enabled|no_fuse|no_simplify|disabled: mx.compile mode"),
     "trace": (("ORTMLX_TRACE",), "path.json: write a Chrome/Perfetto trace of the session"),
     "verbose": (("ORTMLX_VERBOSE",), "1: print a session summary at release"),
@@ -38,7 +40,7 @@ SPEC: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 _BOOLS = {"no_compile", "no_general_compile", "no_prefill_compile", "no_decode_compile", "gpu_decode_compile",
-          "no_kv_mirror", "verbose"}
+          "no_kv_mirror", "no_kv_batch", "verbose"}
 
 
 def flag(value: str | None) -> bool:
@@ -54,6 +56,7 @@ class EpOptions:
     no_decode_compile: bool = False
     gpu_decode_compile: bool = True
     no_kv_mirror: bool = False
+    no_kv_batch: bool = False
     compile_mode: str = "enabled"
     trace: str = ""
     verbose: bool = False

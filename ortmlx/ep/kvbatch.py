@@ -1,0 +1,186 @@
+"""A decode group's KV buffers in steady state: a few C calls and NumPy operations per Compute
+instead of ~10 Python operations per buffer (a 24-layer model has 48 of them).
+
+The per-buffer path (``mirror.py``) is the reference. A call whose every row-hinted output
+(``compiled.core.RowHints``: the decode attention wrote one declared row into each shared
+K/V buffer) went back into its own input's buffer, each such input having run on its mirror,
+leaves a ``KvBatch``:
+
+- the buffers (``Layout``: input and output indices, addresses, shapes, types) and their
+  device mirrors (the call's results);
+- the blocks that vouch for the mirrors, as (host address, expected bytes' address, length):
+  row 0 of every block (leading index) and the rows just written, whose expected bytes are the
+  hinted rows themselves, kept alive in the batch (``mirror.checks_for`` checks the same rows).
+
+The next call whose inputs are the same buffers compares all those blocks in one C call: equal,
+and every mirror is substituted (the call owns the batch until its copy-out leaves the next one);
+any difference, and the batch is gone: the per-buffer path uploads those buffers whole, as it
+does for a mirror that no longer holds. The rows go into ORT's buffers in one C copy.
+Contract and limits are ``mirror.py``'s (batch 1 only).
+"""
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+
+from ..kernels import dtypes as dt
+
+#: batches kept per group (two generators alternating on one model each keep theirs)
+MAX_BATCHES = 2
+
+
+def _addr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+class Layout:
+    """The hinted buffers of one closure at fixed addresses: what every steady call shares."""
+
+    def __init__(self, meta: list, addrs: list[int], shapes: list[tuple], dtypes: list):
+        self.meta = meta                                    # the closure's RowHints.meta (by identity)
+        self.ins = np.array([i for _, i, _, _ in meta], np.intp)
+        self.outs = np.array([j for j, _, _, _ in meta], np.intp)
+        self.in_list = [i for _, i, _, _ in meta]
+        self.addrs = np.array(addrs, np.uint64)
+        self.shapes, self.dtypes = shapes, dtypes          # host shapes / numpy dtypes per buffer
+        nblk = [math.prod(shape[1:-2]) for _, _, shape, _ in meta]
+        rows = [shape[-2] for _, _, shape, _ in meta]
+        rb = [shape[-1] * isz for _, _, shape, isz in meta]
+        p = [s[-2] for s in shapes]
+        self.nblk = np.array(nblk, np.intp)
+        self.max_start = np.array([pp - s for pp, s in zip(p, rows)], np.int64)
+        blk = np.concatenate([np.arange(n, dtype=np.uint64) for n in nblk])
+        self.rb = np.repeat(np.array(rb, np.uint64), nblk)                    # row bytes per block
+        self.base = np.repeat(self.addrs, nblk) + blk * np.repeat(np.array([pp * r for pp, r in zip(p, rb)],
+                                                                           np.uint64), nblk)
+        self.lens = np.repeat(np.array([s * r for s, r in zip(rows, rb)], np.uint64), nblk)
+        sizes = [math.prod(shape) * isz for _, _, shape, isz in meta]
+        self.flat_bytes = sum(sizes)
+        first = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.uint64)
+        self.rel_src = np.repeat(first, nblk) + blk * self.lens               # rows' offsets in the flat bytes
+        self.row0_at = np.concatenate([[0], np.cumsum(self.rb)[:-1]]).astype(np.uint64)
+        self.row0_bytes = int(self.rb.sum())
+
+    def same_buffers(self, inputs: list, in_addr: np.ndarray) -> bool:
+        """These inputs are the layout's buffers (addresses, shapes, types)."""
+        if not np.array_equal(in_addr[self.ins], self.addrs):
+            return False
+        for i, shape, dtype in zip(self.in_list, self.shapes, self.dtypes):
+            x = inputs[i]
+            if x is None or x.shape != shape or x.dtype != dtype:
+                return False
+        return True
+
+
+class KvBatch:
+    """One call sequence's mirrored KV buffers and the blocks that vouch for them."""
+
+    __slots__ = ("layout", "arrays", "row0", "check", "keep")
+
+    def __init__(self, layout: Layout, arrays: list, row0: tuple, check: tuple, keep: tuple):
+        self.layout = layout
+        self.arrays = arrays                # the device mirrors (MLX results), in layout order
+        self.row0 = row0                    # (block addresses, where their row-0 copy is, lengths, the copy)
+        self.check = check                  # (host, expected, lengths): uint64 arrays for one C compare
+        self.keep = keep                    # arrays the expected addresses point into
+
+
+class KvBatches:
+    """A group's batches: a call takes the one its inputs are, its copy-out leaves the next."""
+
+    def __init__(self, abi):
+        self._lock = threading.Lock()
+        self._batches: list[KvBatch] = []
+        self._ffi = abi.ffi
+        self._copy, self._compare = abi.copy_blocks, abi.compare_blocks
+
+    def _blocks(self, fn, a: np.ndarray, b: np.ndarray, n: np.ndarray):
+        f = self._ffi.from_buffer
+        return fn(len(n), f("uint64_t[]", a), f("uint64_t[]", b), f("uint64_t[]", n))
+
+    def take(self, inputs: list, in_addr: np.ndarray) -> KvBatch | None:
+        """The batch these inputs are, if ORT's buffers still hold what it wrote (the call owns it
+        now); a batch of these buffers that no longer holds is dropped."""
+        with self._lock:
+            for k, b in enumerate(self._batches):
+                if b.layout.same_buffers(inputs, in_addr):
+                    del self._batches[k]
+                    break
+            else:
+                return None
+        host, want, n = b.check
+        return b if self._blocks(self._compare, host, want, n) < 0 else None
+
+    def put(self, b: KvBatch) -> None:
+        with self._lock:
+            self._batches = [x for x in self._batches
+                             if not np.intersect1d(x.layout.addrs, b.layout.addrs, assume_unique=True).size]
+            self._batches.append(b)
+            del self._batches[:-MAX_BATCHES]
+
+    def drop(self, addrs) -> None:
+        """Forget batches holding any of these buffer addresses (the per-buffer path wrote them)."""
+        a = np.array(list(addrs), np.uint64)
+        with self._lock:
+            self._batches = [b for b in self._batches
+                             if not np.intersect1d(b.layout.addrs, a).size]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._batches = []
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._batches)
+
+    # ------------------------------------------------------------------ copy-out
+    def layout_for(self, meta: list, ptrs: np.ndarray, inputs: list, in_addr: np.ndarray, used: dict,
+                   results: list, out_types: list, prev: Layout | None) -> Layout | None:
+        """The layout of a call's hinted outputs when every one qualifies (its ORT buffer is its
+        input's, that input ran on a mirror, batch 1, shapes and types fit), else None."""
+        if prev is not None and prev.meta is meta and prev.same_buffers(inputs, in_addr) and \
+                np.array_equal(ptrs[prev.outs], prev.addrs) and all(i in used for i in prev.in_list):
+            L = prev
+        else:
+            addrs, shapes, dtypes = [], [], []
+            for j, i, shape, itemsize in meta:
+                x = inputs[i]
+                npt = dt.NUMPY.get(out_types[j])
+                if x is None or i not in used or int(ptrs[j]) != int(in_addr[i]) or int(in_addr[i]) == 0 or \
+                        npt is None or x.dtype != np.dtype(npt) or x.itemsize != itemsize or \
+                        len(shape) < 3 or shape[0] != 1 or shape[:-2] != x.shape[:-2] or shape[-1] != x.shape[-1]:
+                    return None
+                addrs.append(int(in_addr[i]))
+                shapes.append(x.shape)
+                dtypes.append(x.dtype)
+            if not meta or len(set(addrs)) != len(addrs):
+                return None
+            L = Layout(meta, addrs, shapes, dtypes)
+        for j, shape in zip(L.outs.tolist(), L.shapes):
+            if tuple(results[j].shape) != shape:
+                return None
+        return L
+
+    def write(self, L: Layout, flat: np.ndarray, starts: np.ndarray, results: list,
+              prev: KvBatch | None) -> KvBatch | None:
+        """Write the hinted rows (``flat``: their bytes in meta order; ``starts``: first row per
+        buffer) into ORT's buffers; returns the next batch, or None (nothing written) when the
+        rows do not fit."""
+        starts = starts.astype(np.int64)
+        if flat.nbytes != L.flat_bytes or starts.shape != L.max_start.shape or \
+                (starts < 0).any() or (starts > L.max_start).any():
+            return None
+        dst = L.base + np.repeat(starts.astype(np.uint64), L.nblk) * L.rb
+        src = _addr(flat) + L.rel_src
+        self._blocks(self._copy, dst, src, L.lens)
+        if prev is not None and prev.layout is L and starts.min() > 0:
+            row0 = prev.row0                # checked at this call's copy-in and not written since
+        else:
+            copy0 = np.empty(L.row0_bytes, np.uint8)
+            where0 = _addr(copy0) + L.row0_at
+            self._blocks(self._copy, where0, L.base, L.rb)
+            row0 = (L.base, where0, L.rb, copy0)
+        check = (np.concatenate([row0[0], dst]), np.concatenate([row0[1], src]), np.concatenate([row0[2], L.lens]))
+        return KvBatch(L, [results[j] for j in L.outs.tolist()], row0, check, (flat, row0[3]))

@@ -1,0 +1,145 @@
+"""The batched copy-out of row-hinted KV buffers (ep/kvbatch.py).
+
+Two GroupQueryAttention decode layers whose K/V buffers are bound as both past and present
+(ORT IOBinding, as genai's shared buffer): after the closure is trusted, each call runs on the
+batch's mirrors and writes the four new rows with one C copy. Every call is checked against the
+CPU EP running the same bindings on its own buffers, across external writes, rewinds and two
+buffer sets used in turn; the per-buffer path (``no_kv_batch=1``) gives the same bytes.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as T
+from onnx import helper
+
+import ortmlx.compiled as C
+from ortmlx.testing import assert_close, make_model, session
+
+N, KVN, H, P, LAYERS = 4, 2, 16, 12, 2
+
+
+def two_layer_model():
+    f = T.FLOAT
+    nodes, ins, outs = [], [], []
+    for li in range(LAYERS):
+        nodes.append(helper.make_node(
+            "GroupQueryAttention", [f"q{li}", f"k{li}", f"v{li}", f"past_key.{li}", f"past_value.{li}",
+                                    "seqlens_k", "total_sequence_length"],
+            [f"out{li}", f"present_key.{li}", f"present_value.{li}"], domain="com.microsoft",
+            num_heads=N, kv_num_heads=KVN))
+        ins += [(f"q{li}", f, ["batch_size", "sequence_length", N * H]),
+                (f"k{li}", f, ["batch_size", "sequence_length", KVN * H]),
+                (f"v{li}", f, ["batch_size", "sequence_length", KVN * H]),
+                (f"past_key.{li}", f, ["batch_size", KVN, "past_sequence_length", H]),
+                (f"past_value.{li}", f, ["batch_size", KVN, "past_sequence_length", H])]
+        outs += [(f"out{li}", f, None), (f"present_key.{li}", f, None), (f"present_value.{li}", f, None)]
+    ins += [("seqlens_k", T.INT32, ["batch_size"]), ("total_sequence_length", T.INT32, [])]
+    return make_model(nodes, ins, outs, extra_opsets={"com.microsoft": 1})
+
+
+class Buffers:
+    """One generator's K/V buffers, bound in place in an MLX session and (copies) in a CPU EP session."""
+
+    def __init__(self, mlx, cpu, seed: int):
+        self.rng = np.random.default_rng(seed)
+        self.sessions = (mlx, cpu)
+        init = self.rng.standard_normal((2 * LAYERS, 1, KVN, P, H)).astype(np.float32)
+        init[..., 3:, :] = 0.0                          # genai's buffers start zero past the prompt
+        self.host = [init.copy(), init.copy()]          # [mlx's, cpu's], each (2*LAYERS, 1, KVN, P, H)
+        self.vals = [[ort.OrtValue.ortvalue_from_numpy(h[k]) for k in range(2 * LAYERS)] for h in self.host]
+
+    def write(self, layer: int, kv: int, row: int, delta: float = 1.0) -> None:
+        """A host write into both copies (what a caller rewriting the buffer does)."""
+        for h in self.host:
+            h[2 * layer + kv, 0, :, row, :] += delta
+
+    def step(self, past_len: int, what: str = "") -> None:
+        feed = {}
+        for li in range(LAYERS):
+            feed[f"q{li}"] = self.rng.standard_normal((1, 1, N * H)).astype(np.float32)
+            feed[f"k{li}"] = self.rng.standard_normal((1, 1, KVN * H)).astype(np.float32)
+            feed[f"v{li}"] = self.rng.standard_normal((1, 1, KVN * H)).astype(np.float32)
+        feed["seqlens_k"] = np.array([past_len], np.int32)
+        feed["total_sequence_length"] = np.array(past_len + 1, np.int32)
+        got = []
+        for sess, vals in zip(self.sessions, self.vals):
+            b = sess.io_binding()
+            for name, x in feed.items():
+                b.bind_cpu_input(name, x)
+            for li in range(LAYERS):
+                b.bind_output(f"out{li}")
+            for li in range(LAYERS):
+                for kv, nm in enumerate(("key", "value")):
+                    b.bind_ortvalue_input(f"past_{nm}.{li}", vals[2 * li + kv])
+                    b.bind_ortvalue_output(f"present_{nm}.{li}", vals[2 * li + kv])
+            sess.run_with_iobinding(b)
+            outs = b.get_outputs()
+            got.append([outs[li].numpy() for li in range(LAYERS)])
+        for li in range(LAYERS):
+            assert_close(got[0][li], got[1][li], what=f"{what} layer {li} output")
+        # rows up to the new one are what the CPU EP holds; later rows are never read (both leave the past's)
+        np.testing.assert_array_equal(self.host[0][..., :past_len + 1, :], self.host[1][..., :past_len + 1, :],
+                                      err_msg=f"{what}: buffers differ")
+
+
+def sessions(options=None):
+    m = two_layer_model()
+    with C.capture() as rs:
+        mlx = session(m, options=options)
+    cpu = session(m, "CPUExecutionProvider", record=False)
+    (att,) = [r for r in rs if hasattr(r, "decode")]
+    return mlx, cpu, att
+
+
+def counters(att) -> dict:
+    return dict(att.decode.stats.groups[att.name]["kv_copy_out"])
+
+
+@pytest.mark.parametrize("options", [None, {"no_kv_batch": "1"}], ids=["batch", "per-buffer"])
+def test_steady_decode_is_batched_and_right(options):
+    mlx, cpu, att = sessions(options)
+    buf = Buffers(mlx, cpu, 0)
+    for pos in range(3, 10):
+        buf.step(pos, f"pos {pos}")
+    kv = counters(att)
+    if options is None:
+        assert kv["batched"] >= 4 * 2 * LAYERS and kv["row_hints"] <= 2 * LAYERS, kv
+    else:
+        assert kv["batched"] == 0 and kv["row_hints"] >= 4 * 2 * LAYERS, kv
+
+
+def test_external_writes_are_seen():
+    """A host write to a checked row (row 0 of a block, the row written last) drops the batch:
+    the buffers are uploaded again and every answer stays the CPU EP's."""
+    mlx, cpu, att = sessions()
+    buf = Buffers(mlx, cpu, 1)
+    for pos in range(3, 7):
+        buf.step(pos)
+    before = counters(att)
+    buf.write(1, 0, 0)                          # row 0 of layer 1's K buffer
+    buf.step(7, "after a row-0 write")
+    buf.step(8)
+    buf.write(0, 1, 8)                          # the row written last, layer 0's V buffer
+    buf.step(9, "after a last-row write")
+    buf.step(10)
+    after = counters(att)
+    assert after["whole"] >= before["whole"] + 2 * 2 * LAYERS, (before, after)   # two full re-uploads
+    assert after["batched"] > before["batched"], (before, after)
+
+
+def test_rewind_and_two_buffer_sets():
+    """Rows rewritten after a rewind, and two generators' buffers used in turn: each keeps its batch."""
+    mlx, cpu, att = sessions()
+    a, b = Buffers(mlx, cpu, 2), Buffers(mlx, cpu, 3)
+    for pos in (3, 4, 5, 6, 4, 5, 2, 3):
+        a.step(pos, f"a pos {pos}")
+        b.step(pos + 2, f"b pos {pos + 2}")
+    kv = counters(att)
+    assert kv["batched"] >= 8 * 2 * LAYERS, kv
+    c = Buffers(mlx, cpu, 4)                    # a third set evicts the oldest batch: still right
+    for pos in (3, 4, 5):
+        c.step(pos, "c")
+        a.step(pos + 5, "a")
+        b.step(pos + 6, "b")

@@ -330,5 +330,9 @@ def test_row_hints_kept_only_for_group_outputs_over_traced_inputs():
              (present, past, start, rows)]        # the same output again: dropped
     meta = _hinted_outputs(hints, [mx.zeros((1,)), present], {id(past): 5})
     assert meta == [None, None, (1, 5, (1, 2, 1, 4), 2), None], meta
-    flat, starts = _hint_arrays(hints, meta)
-    assert flat.dtype == mx.uint8 and flat.size == 16 and starts.tolist() == [3]
+    (data,) = _hint_arrays(hints, meta)
+    from ortmlx.compiled.core import RowHints
+    from ortmlx.ep.mirror import hint_bytes
+    flat, starts = hint_bytes(RowHints([m for m in meta if m is not None], data))
+    assert data.dtype == mx.uint8 and flat.size == 16 and starts.tolist() == [3]
+    assert flat.view(np.float16).tolist() == [1.0] * 8

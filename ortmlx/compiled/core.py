@@ -16,6 +16,7 @@ import numpy as np
 
 from ..kernels import dtypes as dt
 from ..kernels.interpreter import mx_device
+from ..kernels.ops.reduction import reduce_sum_ints_host
 from .analysis import HostPlan, hoist_free_work, host_plan, static_reason
 from .config import CompiledConfig
 from .decode_ops import Untraceable, collect_guards, set_shapeless_trace, stop_guards, take_row_hints
@@ -106,6 +107,9 @@ class CompiledSubgraph:
         self.trace_program = with_overrides(program, overrides or {})
         #: (input, axis) dims a shapeless key leaves free (None: every dim, the key is ranks only)
         self.free_dims = None if free_dims is None else frozenset(free_dims)
+        self._free_axes: dict[int, frozenset] = {}          # input -> its free axes (keys)
+        for i, ax in self.free_dims or ():
+            self._free_axes[i] = self._free_axes.get(i, frozenset()) | {ax}
         self.device = program.device
         self.static_reason = static_reason(program)
         self._in_types = [program.types.get(n) for n in program.inputs]
@@ -346,8 +350,8 @@ class CompiledSubgraph:
             outs = list(outs)           # evaluated MLX arrays: Compute copies them out (maybe only changed rows)
             hints = None
             if c.hints:
-                hints = RowHints(c.hints, outs[-2], outs[-1])
-                outs = outs[:-2]
+                hints = RowHints(c.hints, outs[-1])
+                outs = outs[:-1]
             outs = call.post(outs) if call.post is not None else outs
             if hints is not None and call.post is None:
                 outs = HintedResults(outs)
@@ -401,8 +405,9 @@ class CompiledSubgraph:
         return mx.compile(body, shapeless=shapeless)
 
     def _hoisted(self, c: _Closure, inputs: list) -> list:
-        """The hoisted (shape-derived) values of this call, as MLX arrays."""
-        env = c.hoist_prog.build(list(inputs))
+        """The hoisted (shape-derived) values of this call, as MLX arrays. Integer work on host values
+        (genai's mask length: ReduceSum, Sub, Cast) runs in NumPy: a few microseconds, no kernels."""
+        env = c.hoist_prog.build(list(inputs), host_extra=_HOIST_HOST)
         out = []
         for n in c.hoist:
             v = env[n]
@@ -456,22 +461,32 @@ class CompiledSubgraph:
             free = self.free_dims
             if free is None:
                 return tuple(None if a is None else (_dstr(a), np.ndim(a)) for a in inputs)
-            return tuple(None if a is None else (_dstr(a), tuple(
-                -1 if (i, ax) in free else d for ax, d in enumerate(np.shape(a)))) for i, a in enumerate(inputs))
+            axes = self._free_axes
+            key = []
+            for i, a in enumerate(inputs):
+                if a is None:
+                    key.append(None)
+                    continue
+                shape = np.shape(a)
+                fa = axes.get(i)
+                if fa:
+                    shape = tuple(-1 if ax in fa else d for ax, d in enumerate(shape))
+                key.append((_dstr(a), shape))
+            return tuple(key)
         return tuple(None if a is None else (_dstr(a), np.shape(a)) for a in inputs)
 
 
 class RowHints:
     """What a trace declared about its aliased outputs (``decode_ops.add_row_hint``), evaluated:
-    ``meta`` [(output j, input i, row shape, item size)], the rows as one flat byte array, and the start row
-    of each hint's batch rows (int32, concatenated)."""
+    ``meta`` [(output j, input i, row shape, item size)] and ``data``: one flat byte array of the rows, then
+    the start row of each hint's batch rows (int32 bytes, ``n_starts`` of them): one round trip."""
 
-    __slots__ = ("meta", "rows", "starts")
+    __slots__ = ("meta", "data", "n_starts")
 
-    def __init__(self, meta: list, rows: mx.array, starts: mx.array):
+    def __init__(self, meta: list, data: mx.array):
         self.meta = meta
-        self.rows = rows
-        self.starts = starts
+        self.data = data
+        self.n_starts = sum(m[2][0] for m in meta)
 
 
 class HintedResults(list):
@@ -496,18 +511,27 @@ def _hinted_outputs(hints: list, outs: list, inputs: dict) -> list:
 
 
 def _hint_arrays(hints: list, meta: list) -> list:
-    """The two extra outputs of the kept hints: their rows as flat bytes, their starts (int32)."""
+    """The extra output of the kept hints: their rows as flat bytes, then their starts (int32 bytes)."""
     kept = [h for h, m in zip(hints, meta) if m is not None]
     rows = [r.reshape(-1).view(mx.uint8) for _, _, _, r in kept]
-    starts = [s.reshape(-1).astype(mx.int32) for _, _, s, _ in kept]
-    return [mx.concatenate(rows) if len(rows) > 1 else rows[0],
-            mx.concatenate(starts) if len(starts) > 1 else starts[0]]
+    starts = [s.reshape(-1).astype(mx.int32).view(mx.uint8) for _, _, s, _ in kept]
+    return [mx.concatenate(rows + starts)]
+
+
+#: NumPy forms for hoisted integer work that has no registered host form (``Program.build(host_extra=)``)
+_HOIST_HOST = {"ReduceSum": reduce_sum_ints_host}
+_MX_DSTR: dict = {}
 
 
 def _dstr(a) -> str:
     """The element type of an input for keys (an MLX mirror keys like the host buffer it mirrors)."""
+    if isinstance(a, np.ndarray):
+        return a.dtype.str
     if isinstance(a, mx.array):
-        return np.dtype(dt.NUMPY[dt.FROM_MLX[a.dtype]]).str
+        s = _MX_DSTR.get(a.dtype)
+        if s is None:
+            s = _MX_DSTR[a.dtype] = np.dtype(dt.NUMPY[dt.FROM_MLX[a.dtype]]).str
+        return s
     return np.asarray(a).dtype.str
 
 
@@ -549,4 +573,12 @@ def sub_program(program, steps, inputs: list, outputs):
     p.steps = [st for k, st in enumerate(program.steps) if k in keep]
     p.inputs = list(inputs)
     p.outputs = list(outputs)
+    # only the constants the kept steps read (a build starts from a copy of them: the hoisted mask work
+    # of a 24-layer model would copy every weight's entry per call)
+    read = {n for st in p.steps for n in st.inputs if n} | set(p.outputs)
+    for st in p.steps:
+        for _, names in (st.bodies or {}).values():
+            read.update(names)
+    p.constants = {n: v for n, v in program.constants.items() if n in read}
+    p.host_constants = {n: v for n, v in program.host_constants.items() if n in read}
     return p

@@ -203,7 +203,9 @@ def write_predicted(pending: list, ranges: list[np.ndarray], rows: range, picked
 def hint_bytes(hints) -> tuple[np.ndarray, np.ndarray]:
     """A runner's row hints (``compiled.core.RowHints``) on the host: (the rows as flat bytes, the
     start rows), one round trip for every hinted output."""
-    return np.array(hints.rows, copy=True), np.array(hints.starts, copy=True)
+    data = np.array(hints.data, copy=True)
+    k = data.nbytes - 4 * hints.n_starts
+    return data[:k], data[k:].view(np.int32)
 
 
 def hinted_rows(hints, flat: np.ndarray, starts: np.ndarray) -> dict[int, tuple[int, np.ndarray, np.ndarray, tuple]]:

@@ -180,12 +180,15 @@ class Program:
                 mx.eval(*lazy)
         return results
 
-    def build(self, inputs: list[Any], env: dict | None = None) -> dict[str, Any]:
-        """Build the lazy graph: returns name -> value for every value of the group."""
-        with consts.build_scope():
-            return self._build(inputs, env)
+    def build(self, inputs: list[Any], env: dict | None = None, host_extra: dict | None = None) -> dict[str, Any]:
+        """Build the lazy graph: returns name -> value for every value of the group.
 
-    def _build(self, inputs: list[Any], env: dict | None) -> dict[str, Any]:
+        ``host_extra``: op type -> a NumPy form used for this build like a registered host form
+        (integer outputs, every input a host value)."""
+        with consts.build_scope():
+            return self._build(inputs, env, host_extra)
+
+    def _build(self, inputs: list[Any], env: dict | None, host_extra: dict | None = None) -> dict[str, Any]:
         if env is None:
             env = dict(self.constants)
             env.update(self.host_constants)
@@ -207,14 +210,21 @@ class Program:
                 is_host = not isinstance(v, mx.array)
                 host_flags.append(is_host)
                 args.append(v)
-            on_host = host_evaluable(od, st.out_types, host_flags) and \
+            host_fn = od.host
+            if host_fn is None and host_extra and st.node.op_type in host_extra and all(host_flags) and \
+                    st.out_types and all(t in dt.INTS for t in st.out_types):
+                host_fn = host_extra[st.node.op_type]
+                on_host = True
+            else:
+                on_host = host_evaluable(od, st.out_types, host_flags)
+            on_host = on_host and \
                 all(a is None or not isinstance(a, np.ndarray) or a.size <= HOST_MAX_ELEMS for a in args)
             attrs = st.attrs if st.bodies is None else self._bind_bodies(st, env)
             try:
                 if on_host:
                     if not od.shape_only:
                         args = [None if a is None else np.asarray(a) for a in args]
-                    out = od.host(*args, **attrs)
+                    out = host_fn(*args, **attrs)
                 else:
                     for i, a in enumerate(args):
                         if a is None or i in st.in_containers:

@@ -146,6 +146,20 @@ def _make(op: str, kind: str, types, new_since: int):
 
 
 _make("ReduceSum", "sum", REDUCE, 13)
+
+
+def reduce_sum_ints_host(data, axes=None, keepdims=1, noop_with_empty_axes=0):
+    """ReduceSum of an integer array in NumPy (either form: axes as the attribute or the input):
+    the same wrap-around sum ORT computes. Not a registered host form (that would make every plan
+    read such inputs on the host): compiled closures use it for values they compute per call
+    outside the trace (``compiled.core``'s hoisted work: genai's attention-mask length)."""
+    data = np.asarray(data)
+    if data.dtype.kind not in "iu":
+        raise ValueError(f"integer ReduceSum on the host got {data.dtype}")
+    ax = _norm_axes(None if axes is None else np.asarray(axes), data.ndim, noop_with_empty_axes)
+    if ax is None:
+        return data.copy()
+    return np.sum(data, axis=ax, keepdims=bool(keepdims), dtype=data.dtype)
 _make("ReduceMean", "mean", REDUCE, 18)
 _make("ReduceMax", "max", MAXMIN, 18)
 _make("ReduceMin", "min", MAXMIN, 18)

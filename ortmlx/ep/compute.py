@@ -25,6 +25,11 @@ from .mirror import (MirrorSet, changed_rows, hint_bytes, hinted_rows, mirrorabl
 WHOLE_COPY_BYTES = [1 << 20, 64 << 10]
 
 
+#: groups with at least this many inputs keep their input views between calls (ComputeInfo.gather)
+CACHED_VIEWS_FROM = 8
+_NONE_SAME = None
+
+
 def _copy_whole(dst: np.ndarray, r: mx.array) -> int:
     host = dt.to_numpy(r)
     np.copyto(dst, host)
@@ -133,17 +138,22 @@ class ComputeInfo:
             b = self._tls.b = _Buffers(ffi, self.n_in, abi.max_rank)
         abi.check(abi.gather_inputs(abi.api, kctx, self.n_in, b.data, b.dims, b.ndims, b.types))
         r = abi.max_rank
-        # inputs at the same address with the same rank, dims and type as last call keep their view
-        last = b.last
-        now = (b.addr.copy(), b.meta.copy(), b.nd.copy(), b.ty.copy())
-        if last is None:
-            same = np.zeros(self.n_in, bool)
+        # with many inputs (a decode step's KV buffers), inputs at the same address with the same rank,
+        # dims and type as last call keep their view (a few vector compares instead of a view each)
+        last, now = b.last, None
+        if self.n_in < CACHED_VIEWS_FROM:
+            same = _NONE_SAME
         else:
-            same = (now[0] == last[0]) & (now[2] == last[2]) & (now[3] == last[3]) & (now[1] == last[1]).all(axis=1)
+            now = (b.addr.copy(), b.meta.copy(), b.nd.copy(), b.ty.copy())
+            if last is None:
+                same = np.zeros(self.n_in, bool)
+            else:
+                same = (now[0] == last[0]) & (now[2] == last[2]) & (now[3] == last[3]) & \
+                    (now[1] == last[1]).all(axis=1)
         b.last = None                   # set again once every view below is made
         arrays: list[np.ndarray | None] = []
         views = b.views
-        for i, keep in enumerate(same.tolist()):
+        for i, keep in enumerate(same.tolist() if now is not None else [False] * self.n_in):
             if keep and views[i] is not None:
                 arrays.append(views[i])
                 continue
@@ -182,8 +192,7 @@ class ComputeInfo:
         """Buffer address -> input index, for the inputs an output may be written into."""
         if self.mirrors is None:
             return {}
-        ffi, data = self.abi.ffi, self._tls.b.data
-        return {int(ffi.cast("uintptr_t", data[i])): i for i, a in enumerate(inputs)
+        return {p: i for i, (a, p) in enumerate(zip(inputs, self._tls.b.addr.tolist()))
                 if a is not None and a.size and a.ndim >= 2 and a.shape[0] == 1}
 
     def use_mirrors(self, inputs, addrs: dict[int, int]) -> tuple[list, dict[int, mx.array]]:
@@ -308,7 +317,8 @@ class ComputeInfo:
         kv = self.kv
         addr = self._tls.b.addr
         L = kv.layout_for(meta, ptrs, inputs, addr, used, results, self.out_types,
-                          prev.layout if prev is not None else getattr(self._tls, "kv_layout", None))
+                          prev.layout if prev is not None else getattr(self._tls, "kv_layout", None),
+                          taken=prev is not None)
         if L is None:
             return None
         kb = kv.write(L, flat, starts, results, prev)

@@ -137,11 +137,14 @@ class KvBatches:
 
     # ------------------------------------------------------------------ copy-out
     def layout_for(self, meta: list, ptrs: np.ndarray, inputs: list, in_addr: np.ndarray, used: dict,
-                   results: list, out_types: list, prev: Layout | None) -> Layout | None:
+                   results: list, out_types: list, prev: Layout | None, taken: bool = False) -> Layout | None:
         """The layout of a call's hinted outputs when every one qualifies (its ORT buffer is its
-        input's, that input ran on a mirror, batch 1, shapes and types fit), else None."""
-        if prev is not None and prev.meta is meta and prev.same_buffers(inputs, in_addr) and \
-                np.array_equal(ptrs[prev.outs], prev.addrs) and all(i in used for i in prev.in_list):
+        input's, that input ran on a mirror, batch 1, shapes and types fit), else None.
+
+        ``taken``: ``prev`` is the layout of the batch this call took at copy-in (its inputs were
+        checked to be those buffers, and every one ran on its mirror)."""
+        if prev is not None and prev.meta is meta and np.array_equal(ptrs[prev.outs], prev.addrs) and \
+                (taken or (prev.same_buffers(inputs, in_addr) and all(i in used for i in prev.in_list))):
             L = prev
         else:
             addrs, shapes, dtypes = [], [], []

@@ -26,7 +26,7 @@ SPEC: dict[str, tuple[tuple[str, ...], str]] = {
     "no_decode_compile": (("ORTMLX_NO_DECODE_COMPILE", "ONNXRUNTIME_EP_MLX_NO_DECODE_COMPILE"),
                           "1: no compiled (shapeless) decode path"),
     "gpu_decode_compile": (("ORTMLX_GPU_DECODE_COMPILE",), "0: run the decode step eagerly on a GPU (compiled by default: "
-                                                           "2.2-2.9x eager decode on the H200, docs/performance.md)"),
+                                                           "2.1-2.9x eager decode on the H200, docs/performance.md)"),
     "no_kv_mirror": (("ORTMLX_NO_KV_MIRROR",), "1: no device mirror of buffers an output writes in place (genai's "
                                                "shared KV buffer): every call copies them in and out whole"),
     "no_kv_batch": (("ORTMLX_NO_KV_BATCH",), "1: write row-hinted KV buffers back one by one (ep/mirror.py) rather "

@@ -27,7 +27,6 @@ WHOLE_COPY_BYTES = [1 << 20, 64 << 10]
 
 #: groups with at least this many inputs keep their input views between calls (ComputeInfo.gather)
 CACHED_VIEWS_FROM = 8
-_NONE_SAME = None
 
 
 def _copy_whole(dst: np.ndarray, r: mx.array) -> int:
@@ -140,20 +139,16 @@ class ComputeInfo:
         r = abi.max_rank
         # with many inputs (a decode step's KV buffers), inputs at the same address with the same rank,
         # dims and type as last call keep their view (a few vector compares instead of a view each)
-        last, now = b.last, None
-        if self.n_in < CACHED_VIEWS_FROM:
-            same = _NONE_SAME
-        else:
+        last, now, same = b.last, None, [False] * self.n_in
+        if self.n_in >= CACHED_VIEWS_FROM:
             now = (b.addr.copy(), b.meta.copy(), b.nd.copy(), b.ty.copy())
-            if last is None:
-                same = np.zeros(self.n_in, bool)
-            else:
-                same = (now[0] == last[0]) & (now[2] == last[2]) & (now[3] == last[3]) & \
-                    (now[1] == last[1]).all(axis=1)
+            if last is not None:
+                same = ((now[0] == last[0]) & (now[2] == last[2]) & (now[3] == last[3]) &
+                        (now[1] == last[1]).all(axis=1)).tolist()
         b.last = None                   # set again once every view below is made
         arrays: list[np.ndarray | None] = []
         views = b.views
-        for i, keep in enumerate(same.tolist() if now is not None else [False] * self.n_in):
+        for i, keep in enumerate(same):
             if keep and views[i] is not None:
                 arrays.append(views[i])
                 continue

@@ -211,7 +211,8 @@ class Program:
                 host_flags.append(is_host)
                 args.append(v)
             host_fn = od.host
-            if host_fn is None and host_extra and st.node.op_type in host_extra and all(host_flags) and \
+            if host_fn is None and host_extra and st.node.domain in ("", "ai.onnx") and \
+                    st.node.op_type in host_extra and all(host_flags) and \
                     st.out_types and all(t in dt.INTS for t in st.out_types):
                 host_fn = host_extra[st.node.op_type]
                 on_host = True

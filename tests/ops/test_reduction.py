@@ -190,3 +190,37 @@ def test_cumprod_bf16_refused():
     """ORT's CPU EP has no bfloat16 CumProd to verify against."""
     m = node_model("CumProd", [T.BFLOAT16, T.INT64], [T.BFLOAT16], {}, 26)
     assert "bfloat16" in refusal(m, "CumProd")
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("axes,keepdims,noop", [(None, 1, 0), ([1], 1, 0), ([-1], 0, 0), ([0, 2], 0, 0),
+                                                ([], 1, 1), ([], 0, 0)])
+def test_reduce_sum_ints_host_equals_cpu_ep(dtype, axes, keepdims, noop):
+    """The NumPy integer ReduceSum the compiled paths use for hoisted work (genai's mask length) is
+    the CPU EP's ReduceSum on sums in range, and the MLX translator's (what eager runs) on any."""
+    import onnxruntime as ort
+    from onnx import helper
+    from ortmlx.kernels.ops.reduction import reduce_sum_ints_host
+    t = T.INT32 if dtype == np.int32 else T.INT64
+    x = np.random.default_rng(0).integers(-10**6, 10**6, (3, 4, 5)).astype(dtype)
+    ins = [helper.make_tensor_value_info("x", t, list(x.shape)), helper.make_tensor_value_info("a", T.INT64, None)]
+    node = helper.make_node("ReduceSum", ["x", "a"], ["y"], keepdims=keepdims, noop_with_empty_axes=noop)
+    g = helper.make_graph([node], "g", ins, [helper.make_tensor_value_info("y", t, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    a = np.array([] if axes is None else axes, np.int64)
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x, "a": a})[0]
+    got = reduce_sum_ints_host(x, None if axes is None else a, keepdims=keepdims, noop_with_empty_axes=noop)
+    assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_reduce_sum_ints_host_wraps_as_mlx(dtype):
+    """Past the type's range the host form wraps exactly as MLX's integer sum does (eager's answer;
+    ORT's CPU EP saturates there, and its int64 sums lose bits past 2**53: see the note in reduction.py)."""
+    import mlx.core as mx
+    from ortmlx.kernels.ops.reduction import reduce_sum_ints_host
+    x = np.random.default_rng(1).integers(np.iinfo(dtype).max // 4, np.iinfo(dtype).max, (3, 4, 5)).astype(dtype)
+    for axes in (None, np.array([1]), np.array([-1, 0])):
+        got = reduce_sum_ints_host(x, axes, keepdims=0)
+        want = np.array(mx.sum(mx.array(x), axis=None if axes is None else [int(a) for a in axes]))
+        assert got.dtype == want.dtype and np.array_equal(got, want)

@@ -7,6 +7,10 @@ products, the type's lowest/highest value for max/min, -inf (the type's minimum 
 integers) for the log reductions. Integer L2/LogSum/LogSumExp/Mean compute in float
 and truncate, like ORT.
 
+Integer ReduceSum is exact and wraps on overflow; ORT's CPU EP (1.31) sums integers through double
+and saturates: the two differ only on sums out of the type's range or, for int64, past 2**53
+(measured: [2**53 + 1, 2] -> 2**53 + 2 there). Not refused (a claim-time check cannot see values).
+
 NaN: ORT's float ReduceMax/ReduceMin treat NaN inconsistently (it depends on position
 and vectorisation); we propagate NaN as the ONNX reference does. ArgMax/ArgMin follow
 ORT's sequential rule: a NaN first element wins, other NaNs are skipped.
@@ -150,9 +154,11 @@ _make("ReduceSum", "sum", REDUCE, 13)
 
 def reduce_sum_ints_host(data, axes=None, keepdims=1, noop_with_empty_axes=0):
     """ReduceSum of an integer array in NumPy (either form: axes as the attribute or the input):
-    the same wrap-around sum ORT computes. Not a registered host form (that would make every plan
-    read such inputs on the host): compiled closures use it for values they compute per call
-    outside the trace (``compiled.core``'s hoisted work: genai's attention-mask length)."""
+    exact integer sums that wrap on overflow, as the MLX translator computes (ORT's CPU EP agrees
+    while sums stay in range and, for int64, below 2**53: it sums through double and saturates).
+    Not a registered host form (that would make every plan read such inputs on the host): compiled
+    closures use it for values they compute per call outside the trace (``compiled.core``'s hoisted
+    work: genai's attention-mask length)."""
     data = np.asarray(data)
     if data.dtype.kind not in "iu":
         raise ValueError(f"integer ReduceSum on the host got {data.dtype}")

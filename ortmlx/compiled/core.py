@@ -307,7 +307,9 @@ class CompiledSubgraph:
         except Exception as e:  # noqa: BLE001
             why = f"comparison failed: {type(e).__name__}: {e}"
         if why:
-            self._poison(c, f"outputs differ from eager at shapes {list(sig)}: {why}")
+            shapes = list(sig)
+            at = shapes if len(shapes) <= 8 else f"{shapes[:8]} and {len(shapes) - 8} more"
+            self._poison(c, f"outputs differ from eager: {why} (input shapes {at})")
             return
         c.verified.add(sig)
         c.trusted = not (self.config.shapeless or call.padded) or len(c.verified) >= 2

@@ -43,22 +43,22 @@ def guarded(where: str, default=None, status: bool = True):
     value (or nothing); an exception is logged to stderr and ``default`` returned.
     The first argument's ``.abi`` (or the callable ``abi_of(args)``) gives the API.
     """
+    # bound here: at interpreter exit ORT may still call back after this module's globals are cleared
+    fmt, the_sys, fail_code = format_error, sys, ORT_EP_FAIL
+
     def deco(fn):
         @functools.wraps(fn)
         def wrapper(abi, *args):
             try:
                 return fn(abi, *args)
             except BaseException as e:  # noqa: BLE001 - nothing may escape into C
-                msg = format_error(where, e)
-                if not status:
-                    try:
-                        sys.stderr.write(msg)
-                    except Exception:  # noqa: BLE001
-                        pass
-                    return default
                 try:
-                    return abi.status(getattr(e, "code", ORT_EP_FAIL), msg)
-                except BaseException:  # noqa: BLE001
+                    msg = fmt(where, e)
+                    if not status:
+                        the_sys.stderr.write(msg)
+                        return default
+                    return abi.status(getattr(e, "code", fail_code), msg)
+                except BaseException:  # noqa: BLE001 - even reporting failed (interpreter teardown)
                     return default
         return wrapper
     return deco

@@ -86,8 +86,8 @@ class _Closure:
         self.guarded = False            # the last output is a guard (set while tracing)
         self.guard_fails = 0
         self.shapeless = False          # traced with mx.compile(shapeless=True)
-        #: row hints of the trace: [(output j, input i, row shape, item size)]; their rows and starts are two
-        #: extra outputs before the guard (set while tracing)
+        #: row hints of the trace: [(output j, input i, row shape, item size)]; their rows and starts are one
+        #: extra output before the guard (set while tracing)
         self.hints: list = []
 
 

@@ -231,7 +231,7 @@ class ComputeInfo:
                 kb = self._write_batch(hints.meta, flat, starts, ptrs, results, inputs, used, prev)
                 if kb is not None:
                     done.update(kb.layout.in_list)
-                    batched = frozenset(kb.layout.outs.tolist())
+                    batched = frozenset(kb.layout.out_list)
                     moved += kb.layout.flat_bytes
             if not done:
                 hinted = hinted_rows(hints, flat, starts)
@@ -296,9 +296,7 @@ class ComputeInfo:
                 shapes.append(h.shape)
         if shapes != b.last_oshapes:
             for j, shape in enumerate(shapes):
-                if len(shape) > abi.max_rank:
-                    raise EpError(f"output {j} ('{self.out_names[j]}') has rank {len(shape)} > {abi.max_rank}",
-                                  node=self.name)
+                self._check_rank(j, shape)
                 b.oall_np[j, :len(shape)] = shape
                 b.ondims_np[j] = len(shape)
             b.last_oshapes = shapes
@@ -336,13 +334,16 @@ class ComputeInfo:
         for k, r0 in enumerate(start.tolist()):
             dst[k, ..., r0 + s:, :] = 0
 
+    def _check_rank(self, j: int, shape: tuple) -> None:
+        if len(shape) > self.abi.max_rank:
+            raise EpError(f"output {j} ('{self.out_names[j]}') has rank {len(shape)} > {self.abi.max_rank}",
+                          node=self.name)
+
     def _output(self, kctx, j: int, shape: tuple, probe):
         """ORT's buffer for output ``j``, allocated with ``shape``."""
         abi = self.abi
         b = self._tls.b
-        if len(shape) > abi.max_rank:
-            raise EpError(f"output {j} ('{self.out_names[j]}') has rank {len(shape)} > {abi.max_rank}",
-                          node=self.name)
+        self._check_rank(j, shape)
         for k, d in enumerate(shape):
             b.odims[k] = d
         abi.check(abi.get_output(abi.api, kctx, j, b.odims, len(shape), b.out))

@@ -43,6 +43,7 @@ class Layout:
         self.ins = np.array([i for _, i, _, _ in meta], np.intp)
         self.outs = np.array([j for j, _, _, _ in meta], np.intp)
         self.in_list = [i for _, i, _, _ in meta]
+        self.out_list = [j for j, _, _, _ in meta]
         self.addrs = np.array(addrs, np.uint64)
         self.shapes, self.dtypes = shapes, dtypes          # host shapes / numpy dtypes per buffer
         nblk = [math.prod(shape[1:-2]) for _, _, shape, _ in meta]
@@ -161,7 +162,7 @@ class KvBatches:
             if not meta or len(set(addrs)) != len(addrs):
                 return None
             L = Layout(meta, addrs, shapes, dtypes)
-        for j, shape in zip(L.outs.tolist(), L.shapes):
+        for j, shape in zip(L.out_list, L.shapes):
             if tuple(results[j].shape) != shape:
                 return None
         return L
@@ -186,4 +187,4 @@ class KvBatches:
             self._blocks(self._copy, where0, L.base, L.rb)
             row0 = (L.base, where0, L.rb, copy0)
         check = (np.concatenate([row0[0], dst]), np.concatenate([row0[1], src]), np.concatenate([row0[2], L.lens]))
-        return KvBatch(L, [results[j] for j in L.outs.tolist()], row0, check, (flat, row0[3]))
+        return KvBatch(L, [results[j] for j in L.out_list], row0, check, (flat, row0[3]))

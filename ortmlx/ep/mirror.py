@@ -20,6 +20,7 @@ are mirrored (beam search reorders rows of batched buffers between calls).
 """
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 
@@ -134,8 +135,7 @@ class Mirror:
         if host.shape != self.shape or host.dtype != self.dtype:
             return False
         h3 = _rows3(host)
-        return all(h3[l, r0:r1].tobytes() == b for l, r0, r1, b in self.row0) and \
-            all(h3[l, r0:r1].tobytes() == b for l, r0, r1, b in self.checks)
+        return all(h3[l, r0:r1].tobytes() == b for l, r0, r1, b in itertools.chain(self.row0, self.checks))
 
 
 def checks_for(host: np.ndarray, ranges: np.ndarray | None, row0: list | None = None) -> tuple[list, list]:

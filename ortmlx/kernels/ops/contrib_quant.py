@@ -13,6 +13,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from .. import consts
 from .. import dtypes as dt
 from ..registry import MS, register
 
@@ -168,7 +169,7 @@ def dequantize_gathered(data, scales, zero_points, flat, ga: int, cols: int, kb:
         if tuple(zero_points.shape) != tuple(data.shape[:-1]) + (zrow,):
             raise ValueError(f"zero_points shape {zero_points.shape}, expected {tuple(data.shape[:-1]) + (zrow,)}")
         z = unpack_bits(mx.take(zero_points, flat, axis=ga), bits)
-        z = mx.take(z.reshape(-1, z.shape[-1]), mx.arange(kb, dtype=mx.int32), axis=1)
+        z = mx.take(z.reshape(-1, z.shape[-1]), consts.arange(kb), axis=1)
         z = z.reshape(s.shape).astype(s.dtype)
     lead = q.shape[:-1]
     if kb * block_size != q.shape[-1]:          # the last block is short: pad it, crop after

@@ -150,6 +150,15 @@ def _make(op: str, kind: str, types, new_since: int):
 
 
 _make("ReduceSum", "sum", REDUCE, 13)
+_make("ReduceMean", "mean", REDUCE, 18)
+_make("ReduceMax", "max", MAXMIN, 18)
+_make("ReduceMin", "min", MAXMIN, 18)
+_make("ReduceProd", "prod", REDUCE, 18)
+_make("ReduceL1", "l1", REDUCE, 18)
+_make("ReduceL2", "l2", REDUCE, 18)
+_make("ReduceLogSum", "logsum", REDUCE, 18)
+_make("ReduceLogSumExp", "logsumexp", LSE - {dt.DOUBLE}, 18)   # float64 exp in MLX is float32-accurate
+_make("ReduceSumSquare", "sumsquare", REDUCE, 18)
 
 
 def reduce_sum_ints_host(data, axes=None, keepdims=1, noop_with_empty_axes=0):
@@ -166,15 +175,6 @@ def reduce_sum_ints_host(data, axes=None, keepdims=1, noop_with_empty_axes=0):
     if ax is None:
         return data.copy()
     return np.sum(data, axis=ax, keepdims=bool(keepdims), dtype=data.dtype)
-_make("ReduceMean", "mean", REDUCE, 18)
-_make("ReduceMax", "max", MAXMIN, 18)
-_make("ReduceMin", "min", MAXMIN, 18)
-_make("ReduceProd", "prod", REDUCE, 18)
-_make("ReduceL1", "l1", REDUCE, 18)
-_make("ReduceL2", "l2", REDUCE, 18)
-_make("ReduceLogSum", "logsum", REDUCE, 18)
-_make("ReduceLogSumExp", "logsumexp", LSE - {dt.DOUBLE}, 18)   # float64 exp in MLX is float32-accurate
-_make("ReduceSumSquare", "sumsquare", REDUCE, 18)
 
 
 # ---------------------------------------------------------------- ArgMax / ArgMin

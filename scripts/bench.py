@@ -135,7 +135,7 @@ def genai_gen(og, mg, model, ids, n_new, trace_bytes=False):
     return (t1 - t0) / 1e6, (len(toks) - 1) / ((t2 - t1) / 1e9), toks, per
 
 
-def bench_llm(path, device, rounds, prompt_len, n_new, engines, bytes_run, bw, extra=None):
+def bench_llm(path, device, rounds, prompt_len, n_new, engines, bytes_run, bw, extra=None, alt=None):
     import onnxruntime_genai as og
     from ortmlx import genai as mg
     name = os.path.basename(os.path.normpath(path))
@@ -145,6 +145,8 @@ def bench_llm(path, device, rounds, prompt_len, n_new, engines, bytes_run, bw, e
     if "mlx_eager" in engines:
         models["mlx_eager"] = mg.load_model(path, "mlx", {**(extra or {}), "no_compile": "1", "device": device})[0]
     models["mlx_compiled"] = mg.load_model(path, "mlx", {**(extra or {}), "device": device})[0]
+    if alt:                                     # the same compiled EP with other options, in the same rounds
+        models["mlx_compiled_alt"] = mg.load_model(path, "mlx", {**(extra or {}), **alt, "device": device})[0]
     ids = np.asarray(RNG.integers(5, 500, prompt_len), np.int32)
     first = {}
     for k, m in models.items():                 # warm-up: traces, verification, kernel JIT
@@ -161,9 +163,10 @@ def bench_llm(path, device, rounds, prompt_len, n_new, engines, bytes_run, bw, e
             res[k]["tps"].append(tps)
             toks[k] = t
             print(f"  [{name}] {k}: TTFT {ttft:.2f} ms, decode {tps:.1f} tok/s", flush=True)
-    if "mlx_eager" in toks and toks["mlx_eager"] != toks["mlx_compiled"]:
-        raise SystemExit(f"{name}: compiled tokens differ from eager: {toks['mlx_compiled'][:16]} vs "
-                         f"{toks['mlx_eager'][:16]}")
+    for k in ("mlx_eager", "mlx_compiled_alt"):
+        if k in toks and toks[k] != toks["mlx_compiled"]:
+            raise SystemExit(f"{name}: compiled tokens differ from {k}: {toks['mlx_compiled'][:16]} vs "
+                             f"{toks[k][:16]}")
     wb = weight_bytes(path)
     print(f"\n{name}: prompt {prompt_len}, {n_new} new tokens, batch 1, greedy, device {device}, "
           f"weights {wb / 1e6:.1f} MB")
@@ -171,7 +174,7 @@ def bench_llm(path, device, rounds, prompt_len, n_new, engines, bytes_run, bw, e
     for k, (ttft, tps) in med.items():
         same = "" if k not in toks or "cpu_ep" not in toks else \
             f"  tokens == CPU EP: {sum(a == b for a, b in zip(toks[k], toks['cpu_ep']))}/{len(toks[k])}"
-        print(f"  {k:<14} TTFT {ttft:9.2f} ms   decode {tps:9.1f} tok/s   (first generation TTFT "
+        print(f"  {k:<16} TTFT {ttft:9.2f} ms   decode {tps:9.1f} tok/s   (first generation TTFT "
               f"{first[k][0]:.1f} ms){same}")
     base = med["mlx_compiled"][1]
     for k in med:
@@ -298,6 +301,9 @@ def main(argv=None) -> int:
     ap.add_argument("--bw-gbs", type=float, default=None, help="memory bandwidth GB/s for the limit")
     ap.add_argument("--mlx-option", action="append", default=[], metavar="KEY=VALUE",
                     help="extra MLX EP option for the LLM sessions (repeatable)")
+    ap.add_argument("--alt-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="LLMs: also run the compiled EP with these options (repeatable), interleaved in the "
+                         "same rounds: an A/B of an option on one machine")
     args = ap.parse_args(argv)
 
     import mlx.core as mx
@@ -319,7 +325,8 @@ def main(argv=None) -> int:
     engines = {"mlx_compiled"} | (set() if args.no_cpu_ep else {"cpu_ep"}) | (set() if args.no_eager else {"mlx_eager"})
     for path in args.model:
         med, _ = bench_llm(path, device, args.rounds, args.prompt_len, args.new_tokens, engines, args.bytes_run, bw,
-                             dict(kv.split("=", 1) for kv in args.mlx_option))
+                             dict(kv.split("=", 1) for kv in args.mlx_option),
+                             dict(kv.split("=", 1) for kv in args.alt_option))
         others = {}
         if args.hf and args.torch:
             try:

@@ -21,12 +21,16 @@ def median_us(f, n: int = 200) -> float:
     return 1e6 * sorted(ts)[n // 2]
 
 
-def read_after_kernel(a: mx.array):
-    """A fresh device result each time (one kernel), evaluated, then copied to the host."""
+def read_after_kernel(a: mx.array, reader=None):
+    """A fresh device result each time (one kernel), evaluated, then copied to the host (with numpy, or
+    through an ``ortmlx.ep.devread`` reader)."""
     def f():
         b = a + 0
         mx.eval(b)
-        np.array(b, copy=True)
+        if reader is None:
+            np.array(b, copy=True)
+        else:
+            reader.read(np.asarray(b))
     return f
 
 
@@ -54,9 +58,16 @@ def main() -> None:
     print("upload 1 small array + eval: %.1f us" % median_us(up1))
     print("upload 3 small arrays + eval: %.1f us" % median_us(up3))
     print("one tiny kernel + eval: %.1f us" % median_us(kernel))
+    from ortmlx.ep import devread
+    drv = devread.reader("gpu") if mx.default_device() == mx.gpu else devread.NUMPY
     for name, a in (("24 KB", x24), ("300 KB", x300), ("324 KB", x324)):
         print(f"kernel + eval + host read {name}: %.1f us" % median_us(read_after_kernel(a)))
+        if drv.driver:
+            print(f"kernel + eval + host read {name} through the CUDA driver (ep/devread.py): %.1f us"
+                  % median_us(read_after_kernel(a, drv)))
     print("two kernels + eval + reads of 24 KB and 300 KB: %.1f us" % median_us(two_reads))
+    if not drv.driver:
+        print("no CUDA driver reader here (MLX's CPU or Metal backend): reads are numpy copies")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from ..compiled.core import compile_thread
 from ..kernels import dtypes as dt
 from ..kernels.interpreter import Program
 from ..trace import Probe
+from . import devread
 from .errors import ORT_INVALID_ARGUMENT, EpError
 from .kvbatch import KvBatches
 from .mirror import (MirrorSet, changed_rows, hint_bytes, hinted_rows, mirrorable, predicted_rows, write_hinted,
@@ -29,9 +30,9 @@ WHOLE_COPY_BYTES = [1 << 20, 64 << 10]
 CACHED_VIEWS_FROM = 8
 
 
-def _copy_whole(dst: np.ndarray, r: mx.array) -> int:
+def _copy_whole(dst: np.ndarray, r: mx.array, read: devread.Reader) -> int:
     host = dt.to_numpy(r)
-    np.copyto(dst, host)
+    read.copyto(dst, host)
     return host.nbytes
 
 
@@ -86,7 +87,7 @@ class ComputeInfo:
         self.label = f"{plan.name} ({len(labels)} node{'s' if len(labels) != 1 else ''}: " \
                      f"{', '.join(labels[:6])}{', ...' if len(labels) > 6 else ''})"
         self.plan = plan
-        self.program = Program(plan, ep.device)
+        self.program = Program(plan, ep.device, device_constants=getattr(ep.options, "device_constants", True))
         self.runner = make_runner(self.program, ep.options, ep.stats)
         self.in_names = list(plan.inputs)
         self.in_types = [plan.value(n).dtype for n in plan.inputs]
@@ -110,6 +111,8 @@ class ComputeInfo:
         self._aliased: set[int] = set()         # inputs an output was ever written into
         #: in-place outputs up to this size are copied out whole (no device diff)
         self._whole_bytes = WHOLE_COPY_BYTES[ep.device == "gpu"]
+        #: how results are read to the host (ep/devread.py: the CUDA driver's copy on MLX's CUDA backend)
+        self.read = devread.reader(ep.device, getattr(ep.options, "driver_read", True))
         #: how in-place (mirrored) outputs were written back, per buffer write (the verbose summary shows it):
         #: row hints in one batch (ep/kvbatch.py) / row hints one by one / diffed on the device / whole
         self.kv_copy_out = {"batched": 0, "row_hints": 0, "diffed": 0, "whole": 0}
@@ -225,7 +228,7 @@ class ComputeInfo:
         prev = getattr(self._tls, "kv", None)
         self._tls.kv = None
         if hints is not None:
-            flat, starts = hint_bytes(hints)
+            flat, starts = hint_bytes(hints, self.read)
             if self.kv is not None and used:
                 ptrs, hosts = self._output_ptrs(kctx, results, probe, addrs)
                 kb = self._write_batch(hints.meta, flat, starts, ptrs, results, inputs, used, prev)
@@ -264,7 +267,7 @@ class ComputeInfo:
                     if used and i in used:
                         pending.append((i, addr, r, used[i], dst))
                     else:
-                        moved += _copy_whole(dst, r)
+                        moved += _copy_whole(dst, r, self.read)
                         self.mirrors.store(i, addr, dst, r, None)
                         self.kv_copy_out["whole"] += 1
                     continue
@@ -360,7 +363,7 @@ class ComputeInfo:
             packed = dt.pack_carrier(host, t)
             np.copyto(np.frombuffer(ffi.buffer(ptr, packed.nbytes), np.uint8), packed)
             return packed.nbytes
-        np.copyto(np.frombuffer(ffi.buffer(ptr, host.nbytes), host.dtype).reshape(host.shape), host)
+        self.read.copy_to_address(ptr, host, ffi)
         return host.nbytes
 
     def _aliased_input(self, addr: int, j: int, shape: tuple, inputs, addrs: dict, done: set) -> int | None:
@@ -383,7 +386,7 @@ class ComputeInfo:
         if sum(d.nbytes for *_, d in pending) <= self._whole_bytes:
             moved = 0
             for i, addr, r, _, dst in pending:      # small buffers: a whole copy beats a diff round trip
-                moved += _copy_whole(dst, r)
+                moved += _copy_whole(dst, r, self.read)
                 self.mirrors.store(i, addr, dst, r, None)
             self.kv_copy_out["whole"] += len(pending)
             return moved
@@ -394,12 +397,12 @@ class ComputeInfo:
         rows = predicted_rows([self.mirrors.ends(i, addr) for i, addr, *_ in pending], [d.shape for *_, d in pending])
         moved = None
         if rows is not None:
-            ranges, picked = changed_rows(pairs, compiled=compile_thread(), predict=rows)
+            ranges, picked = changed_rows(pairs, compiled=compile_thread(), predict=rows, read=self.read)
             moved = write_predicted(writes, ranges, rows, picked)
         else:
-            ranges = changed_rows(pairs, compiled=compile_thread())
+            ranges = changed_rows(pairs, compiled=compile_thread(), read=self.read)
         if moved is None:
-            moved = write_rows(writes, ranges)
+            moved = write_rows(writes, ranges, self.read)
         for (i, addr, r, _, dst), rng in zip(pending, ranges):
             self.mirrors.store(i, addr, dst, r, rng)
         return moved

@@ -27,6 +27,8 @@ import threading
 import mlx.core as mx
 import numpy as np
 
+from .devread import NUMPY, Reader
+
 
 #: most mirrored buffers kept per group input (each holds one device copy of the buffer)
 MAX_PER_INPUT = 2
@@ -71,7 +73,8 @@ def _changed_and_rows_body(rows, *pairs):
 _changed_and_rows_compiled = mx.compile(_changed_and_rows_body)
 
 
-def changed_rows(pairs: list[tuple[mx.array, mx.array]], compiled: bool, predict: range | None = None):
+def changed_rows(pairs: list[tuple[mx.array, mx.array]], compiled: bool, predict: range | None = None,
+                 read: Reader = NUMPY):
     """For each (new, old) pair an int32 [L, 2] array of changed row ranges [first, end) per leading
     index (first >= end: none), from one device round trip of L x S flags per pair.
 
@@ -84,9 +87,9 @@ def changed_rows(pairs: list[tuple[mx.array, mx.array]], compiled: bool, predict
         rows = mx.array(np.arange(predict.start, predict.stop, dtype=np.int32))
         f, picked = fn(rows, *flat)
         mx.eval(f, picked)
-        return _ranges(pairs, np.array(f, copy=True)), np.array(picked, copy=True)
+        return _ranges(pairs, read.read(np.asarray(f))), read.read(np.asarray(picked))
     fn = _changed_compiled if compiled else _changed_body
-    return _ranges(pairs, np.array(fn(*flat), copy=True))
+    return _ranges(pairs, read.read(np.asarray(fn(*flat))))
 
 
 def _ranges(pairs, flags: np.ndarray) -> list[np.ndarray]:
@@ -200,10 +203,10 @@ def write_predicted(pending: list, ranges: list[np.ndarray], rows: range, picked
     return moved
 
 
-def hint_bytes(hints) -> tuple[np.ndarray, np.ndarray]:
+def hint_bytes(hints, read: Reader = NUMPY) -> tuple[np.ndarray, np.ndarray]:
     """A runner's row hints (``compiled.core.RowHints``) on the host: (the rows as flat bytes, the
     start rows), one round trip for every hinted output."""
-    data = np.array(hints.data, copy=True)
+    data = read.read(np.asarray(hints.data))
     k = data.nbytes - 4 * hints.n_starts
     return data[:k], data[k:].view(np.int32)
 
@@ -240,7 +243,7 @@ def write_hinted(dst: np.ndarray, start: np.ndarray, raw: np.ndarray, shape: tup
     return ranges
 
 
-def write_rows(pending: list, ranges: list[np.ndarray]) -> int:
+def write_rows(pending: list, ranges: list[np.ndarray], read: Reader = NUMPY) -> int:
     """Copy the changed row ranges of each (result, ORT buffer) into the buffer; returns bytes.
 
     The rows are gathered on the device into one small array first, so only they cross to
@@ -257,7 +260,7 @@ def write_rows(pending: list, ranges: list[np.ndarray]) -> int:
     if not pieces:
         return 0
     flat = mx.concatenate(pieces) if len(pieces) > 1 else pieces[0]
-    host = np.asarray(flat)
+    host = read.read(np.asarray(flat))
     at = 0
     for dst, l, r0, r1 in where:
         d = _rows3(dst)[l, r0:r1]

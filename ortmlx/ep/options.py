@@ -31,6 +31,11 @@ SPEC: dict[str, tuple[tuple[str, ...], str]] = {
                                                "shared KV buffer): every call copies them in and out whole"),
     "no_kv_batch": (("ORTMLX_NO_KV_BATCH",), "1: write row-hinted KV buffers back one by one (ep/mirror.py) rather "
                                              "than in one batch of C copies per call (ep/kvbatch.py)"),
+    "driver_read": (("ORTMLX_DRIVER_READ",), "0: read results to the host with numpy rather than the CUDA driver's copy "
+                                             "on MLX's CUDA backend (ep/devread.py)"),
+    "device_constants": (("ORTMLX_DEVICE_CONSTANTS",), "0: keep constants (weights) where mx.array puts them (on MLX's "
+                                                       "CUDA backend: managed memory) rather than copying them into "
+                                                       "device memory once"),
     "compile_mode": (("ORTMLX_COMPILE_MODE",), "enabled|no_fuse|no_simplify|disabled: mx.compile mode"),
     "trace": (("ORTMLX_TRACE",), "path.json: write a Chrome/Perfetto trace of the session"),
     "verbose": (("ORTMLX_VERBOSE",), "1: print a session summary at release"),
@@ -40,7 +45,7 @@ SPEC: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 _BOOLS = {"no_compile", "no_general_compile", "no_prefill_compile", "no_decode_compile", "gpu_decode_compile",
-          "no_kv_mirror", "no_kv_batch", "verbose"}
+          "no_kv_mirror", "no_kv_batch", "driver_read", "device_constants", "verbose"}
 
 
 def flag(value: str | None) -> bool:
@@ -57,6 +62,8 @@ class EpOptions:
     gpu_decode_compile: bool = True
     no_kv_mirror: bool = False
     no_kv_batch: bool = False
+    driver_read: bool = True
+    device_constants: bool = True
     compile_mode: str = "enabled"
     trace: str = ""
     verbose: bool = False

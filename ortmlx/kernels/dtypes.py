@@ -122,6 +122,31 @@ def to_mx(a: np.ndarray, t: int) -> mx.array:
     return mx.array(a, dtype=MLX[t])
 
 
+#: constants at least this large get a device-memory copy on a CUDA GPU (``device_copies``)
+DEVICE_COPY_BYTES = 1 << 16
+
+_UINTS = {1: mx.uint8, 2: mx.uint16, 4: mx.uint32, 8: mx.uint64}
+
+
+def device_copies(arrays: dict) -> dict:
+    """Bit-exact copies, made by a kernel, of the large evaluated arrays in ``arrays`` (name -> mx.array).
+
+    On MLX's CUDA backend ``mx.array(numpy)`` allocates managed (unified) memory, while a kernel's
+    output lives in device memory: weights uploaded once are moved there. The caller drops the
+    originals and clears MLX's cache (so their managed buffers are not reused for results).
+    """
+    out, moved = dict(arrays), []
+    for k, a in arrays.items():
+        if a.nbytes >= DEVICE_COPY_BYTES and a.dtype.size in _UINTS:
+            u = a.view(_UINTS[a.dtype.size]) if a.dtype != _UINTS[a.dtype.size] else a
+            c = mx.bitwise_or(u, mx.array(0, u.dtype))
+            out[k] = c.view(a.dtype) if c.dtype != a.dtype else c
+            moved.append(out[k])
+    if moved:
+        mx.eval(*moved)
+    return out
+
+
 def to_numpy(a: mx.array) -> np.ndarray:
     """Zero-copy host view of an evaluated MLX array (bf16 as uint16 bits). Never write into it."""
     if a.dtype == mx.bfloat16:

@@ -129,7 +129,8 @@ class Body:
 class Program:
     """A fused group resolved once: translators per node and constants loaded into MLX."""
 
-    def __init__(self, graph, device: str = "cpu", constants_mx: dict[str, mx.array] | None = None):
+    def __init__(self, graph, device: str = "cpu", constants_mx: dict[str, mx.array] | None = None,
+                 device_constants: bool = False):
         self.graph = graph
         self.device = device
         self.inputs = list(graph.inputs)
@@ -154,6 +155,9 @@ class Program:
                 constants_mx = {k: dt.to_mx(v, self.types.get(k) or dt.FROM_NUMPY[v.dtype])
                                 for k, v in graph.constants.items() if k not in set(self.inputs)}
                 mx.eval(*constants_mx.values())
+                if device_constants and device == "gpu":
+                    constants_mx = dt.device_copies(constants_mx)
+                    mx.clear_cache()            # the managed originals: freed, not kept for reuse
         self.constants = constants_mx
         consts.register(constants_mx.values())     # their casts are made once (consts.cast)
         #: small integer/bool constants also live on the host, so shape math on them stays there

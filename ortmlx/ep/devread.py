@@ -1,0 +1,150 @@
+"""Host reads of evaluated MLX results: through the CUDA driver's copy on MLX's CUDA backend.
+
+MLX's CUDA memory is managed (unified) memory: ``np.asarray`` of a result is a zero-copy view,
+but reading that view from the CPU migrates its pages to the host, and the next kernel that
+reuses the buffer faults them back to the GPU. ``cuMemcpy`` copies the bytes where they lie and
+migrates nothing (H200, a fresh 300 KB result: 435 -> 94 us per read including the next kernel;
+24 KB: 227 -> 48 us; ``scripts/gpu_io_probe.py``). Elsewhere (MLX's CPU or Metal backends, no
+CUDA driver, ``driver_read=0``) a read is a plain numpy copy.
+
+Every read goes through ``Reader.copyto`` / ``Reader.read``; a source is the host view of an
+evaluated MLX array (``dtypes.to_numpy``), which MLX returns only once the array is computed.
+"""
+from __future__ import annotations
+
+import threading
+
+import mlx.core as mx
+import numpy as np
+
+_CDEF = """
+int cuInit(unsigned int flags);
+int cuCtxGetCurrent(void** pctx);
+int cuCtxSetCurrent(void* ctx);
+int cuDeviceGet(int* device, int ordinal);
+int cuDevicePrimaryCtxRetain(void** pctx, int dev);
+int cuMemcpy(unsigned long long dst, unsigned long long src, size_t n);
+"""
+
+
+class Reader:
+    """Plain numpy reads (MLX's CPU or Metal backends, or the driver path turned off)."""
+
+    driver = False
+
+    def copyto(self, dst: np.ndarray, src: np.ndarray) -> None:
+        """Copy ``src`` (a host view of an MLX result) into ``dst`` (same shape and type)."""
+        np.copyto(dst, src)
+
+    def copy_to_address(self, ptr, src: np.ndarray, ffi) -> None:
+        """Copy ``src`` into ``src.nbytes`` bytes of host memory at ``ptr`` (a cffi pointer: ORT's output buffer)."""
+        np.copyto(np.frombuffer(ffi.buffer(ptr, src.nbytes), src.dtype).reshape(src.shape), src)
+
+    def read(self, src: np.ndarray) -> np.ndarray:
+        """A private host copy of ``src``."""
+        return np.array(src, copy=True)
+
+
+class DriverReader(Reader):
+    """Reads through ``cuMemcpy`` (contiguous sources; anything else falls back to numpy)."""
+
+    driver = True
+
+    def __init__(self, lib, ffi):
+        self._lib, self._ffi = lib, ffi
+        self._tls = threading.local()
+        self._ctx = None
+        self.copies = 0
+        self.failed = 0         # driver errors seen: after 3, every read is numpy's
+
+    def _current(self) -> None:
+        """Make a CUDA context current on this thread (MLX's threads have the primary one already)."""
+        p = getattr(self._tls, "p", None)
+        if p is None:
+            p = self._tls.p = self._ffi.new("void**")
+        if self._lib.cuCtxGetCurrent(p) == 0 and p[0] != self._ffi.NULL:
+            return
+        if self._ctx is None:
+            dev, ctx = self._ffi.new("int*"), self._ffi.new("void**")
+            _check(self._lib.cuDeviceGet(dev, 0), "cuDeviceGet")
+            _check(self._lib.cuDevicePrimaryCtxRetain(ctx, dev[0]), "cuDevicePrimaryCtxRetain")
+            self._ctx = ctx[0]
+        _check(self._lib.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
+
+    def _copy(self, dst_addr: int, src: np.ndarray) -> bool:
+        """cuMemcpy; False (nothing to rely on: the caller copies with numpy) if the driver refused."""
+        try:
+            self._current()
+            _check(self._lib.cuMemcpy(dst_addr, src.ctypes.data, src.nbytes), "cuMemcpy")
+        except DriverError:
+            self.failed += 1
+            return False
+        self.copies += 1
+        return True
+
+    def _plain(self, src: np.ndarray) -> bool:
+        return src.nbytes > 0 and src.flags.c_contiguous and self.failed < 3
+
+    def copyto(self, dst: np.ndarray, src: np.ndarray) -> None:
+        if not (self._plain(src) and dst.flags.c_contiguous and dst.dtype == src.dtype and dst.shape == src.shape
+                and self._copy(dst.ctypes.data, src)):
+            np.copyto(dst, src)
+
+    def copy_to_address(self, ptr, src: np.ndarray, ffi) -> None:
+        if not (self._plain(src) and self._copy(int(ffi.cast("uintptr_t", ptr)), src)):
+            super().copy_to_address(ptr, src, ffi)
+
+    def read(self, src: np.ndarray) -> np.ndarray:
+        if not self._plain(src):
+            return np.array(src, copy=True)
+        out = np.empty(src.shape, src.dtype)
+        return out if self._copy(out.ctypes.data, src) else np.array(src, copy=True)
+
+
+class DriverError(RuntimeError):
+    pass
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        raise DriverError(f"{what} failed with CUresult {rc}")
+
+
+NUMPY = Reader()
+_lock = threading.Lock()
+_driver: list = []          # [DriverReader or None] once probed
+
+
+def _probe_driver():
+    """A checked DriverReader, or None (no CUDA backend, no driver, or a self-test that failed)."""
+    if not (hasattr(mx, "cuda") and mx.cuda.is_available()):
+        return None
+    try:
+        import cffi
+        ffi = cffi.FFI()
+        ffi.cdef(_CDEF)
+        lib = ffi.dlopen("libcuda.so.1")
+        _check(lib.cuInit(0), "cuInit")
+        r = DriverReader(lib, ffi)
+        a = mx.arange(4099, dtype=mx.int32, stream=mx.gpu) * 3 + 1
+        mx.eval(a)
+        src = np.asarray(a)
+        got = r.read(src)
+        dst = np.zeros_like(got)
+        r.copyto(dst, src)
+        want = np.arange(4099, dtype=np.int32) * 3 + 1
+        if not (np.array_equal(got, want) and np.array_equal(dst, want)):
+            return None
+        return r
+    except Exception:
+        return None
+
+
+def reader(device: str, enabled: bool = True) -> Reader:
+    """The reader for a session whose MLX device is ``device``: the driver's on a CUDA GPU, else numpy."""
+    if not enabled or device != "gpu":
+        return NUMPY
+    with _lock:
+        if not _driver:
+            _driver.append(_probe_driver())
+        return _driver[0] or NUMPY

@@ -1,0 +1,165 @@
+"""Host reads through the CUDA driver's copy (ep/devread.py).
+
+This machine has no CUDA driver, so the driver reader runs here over a stand-in driver whose
+``cuMemcpy`` is a plain memmove: the tests check what the EP hands it (addresses, sizes, which
+reads fall back to numpy, error fallback, the thread's context) and that every answer of a
+session reading through it stays the CPU EP's. The real driver is exercised on the GPU host by
+the reader's own self-test (``devread._probe_driver``) and ``scripts/gpu_io_probe.py``.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import cffi
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from ortmlx.ep import devread
+
+ffi = cffi.FFI()
+
+
+class FakeDriver:
+    """cuCtxGetCurrent / cuCtxSetCurrent / cuDeviceGet / cuDevicePrimaryCtxRetain / cuMemcpy over memmove."""
+
+    def __init__(self, fail: bool = False, ctx: bool = True):
+        self.fail, self.ctx = fail, ctx
+        self.copies, self.sets, self.retains = [], 0, 0
+
+    def cuCtxGetCurrent(self, p):
+        p[0] = ffi.cast("void*", 0x1234) if self.ctx else ffi.NULL
+        return 0
+
+    def cuCtxSetCurrent(self, c):
+        self.sets += 1
+        self.ctx = True
+        return 0
+
+    def cuDeviceGet(self, dev, ordinal):
+        dev[0] = ordinal
+        return 0
+
+    def cuDevicePrimaryCtxRetain(self, p, dev):
+        self.retains += 1
+        p[0] = ffi.cast("void*", 0x5678)
+        return 0
+
+    def cuMemcpy(self, dst, src, n):
+        self.copies.append(n)
+        if self.fail:
+            return 700                  # CUDA_ERROR_ILLEGAL_ADDRESS
+        ctypes.memmove(dst, src, n)
+        return 0
+
+
+def reader(**kw):
+    d = FakeDriver(**kw)
+    return devread.DriverReader(d, ffi), d
+
+
+def test_numpy_reader_off_the_gpu():
+    assert devread.reader("cpu") is devread.NUMPY
+    assert devread.reader("gpu", enabled=False) is devread.NUMPY
+    if not (hasattr(mx, "cuda") and mx.cuda.is_available()):
+        assert devread.reader("gpu") is devread.NUMPY       # no CUDA backend here: nothing to probe
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.int64, mx.uint8, mx.bool_])
+def test_reads_are_exact(dtype):
+    r, d = reader()
+    a = (mx.arange(3 * 5 * 7) % 11).reshape(3, 5, 7).astype(dtype)
+    mx.eval(a)
+    src = np.asarray(a)
+    want = np.array(src, copy=True)
+    got = r.read(src)
+    assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
+    dst = np.zeros_like(want)
+    r.copyto(dst, src)
+    assert np.array_equal(dst, want)
+    out = np.zeros_like(want)
+    r.copy_to_address(ffi.cast("void*", out.ctypes.data), src, ffi)
+    assert np.array_equal(out, want)
+    assert d.copies == [want.nbytes] * 3
+
+
+def test_strided_and_empty_sources_use_numpy():
+    r, d = reader()
+    a = mx.arange(24, dtype=mx.float32).reshape(4, 6).T          # a transposed view: not C-contiguous
+    mx.eval(a)
+    src = np.asarray(a)
+    assert not src.flags.c_contiguous
+    assert np.array_equal(r.read(src), np.arange(24, dtype=np.float32).reshape(4, 6).T)
+    dst = np.zeros((6, 4), np.float32)
+    r.copyto(dst, src)
+    assert np.array_equal(dst, src)
+    e = np.asarray(mx.zeros((0, 3)))
+    assert r.read(e).shape == (0, 3)
+    assert d.copies == []
+
+
+def test_mismatched_destination_uses_numpy():
+    r, d = reader()
+    src = np.asarray(mx.arange(8, dtype=mx.int32))
+    dst = np.zeros(8, np.int64)                                   # numpy converts; the driver would not
+    r.copyto(dst, src)
+    assert dst.tolist() == list(range(8)) and d.copies == []
+
+
+def test_driver_errors_fall_back_and_then_stop_trying():
+    r, d = reader(fail=True)
+    src = np.asarray(mx.arange(100, dtype=mx.float32) * 2)
+    for _ in range(5):
+        assert np.array_equal(r.read(src), np.arange(100, dtype=np.float32) * 2)
+    assert len(d.copies) == 3 and r.failed == 3                   # three refusals, then numpy only
+
+
+def test_thread_without_context_gets_the_primary_one():
+    r, d = reader(ctx=False)
+    src = np.asarray(mx.arange(10, dtype=mx.int32))
+    r.read(src)
+    r.read(src)
+    assert (d.retains, d.sets) == (1, 1)
+
+
+@pytest.fixture
+def fake_driver(monkeypatch):
+    """Sessions created under this fixture read every result through a stand-in driver."""
+    made = []
+
+    def fake(device, enabled=True):
+        r, d = reader()
+        made.append(r)
+        return r
+    monkeypatch.setattr(devread, "reader", fake)
+    return made
+
+
+@pytest.mark.parametrize("options", [None, {"no_kv_batch": "1"}, {"no_compile": "1"}],
+                         ids=["batch", "per-buffer", "eager"])
+def test_kv_decode_through_the_driver_reader(fake_driver, options):
+    """The KV decode of test_kv_batch (every call checked against the CPU EP, rewinds, two buffer sets)
+    with results read through the driver reader: row hints, logits-like outputs and whole copies."""
+    from test_kv_batch import Buffers, two_layer_model
+
+    from ortmlx.testing import session
+    m = two_layer_model()
+    mlx, cpu = session(m, options=options), session(m, "CPUExecutionProvider", record=False)
+    a, b = Buffers(mlx, cpu, 4), Buffers(mlx, cpu, 5)
+    for pos in (3, 4, 5, 6, 4, 5, 2, 3):
+        a.step(pos, f"a pos {pos}")
+        b.step(pos + 2, f"b pos {pos + 2}")
+    assert sum(r.copies for r in fake_driver) > 0
+
+
+def test_device_diff_through_the_driver_reader(fake_driver, monkeypatch):
+    """The device diff path (changed rows found on the device, written row by row) reading through it."""
+    from ortmlx.ep import compute
+    from test_kv_mirror import Buffer, scatter_model
+
+    from ortmlx.testing import session
+    monkeypatch.setattr(compute, "WHOLE_COPY_BYTES", [0, 0])
+    buf = Buffer(session(scatter_model()), seed=3)
+    for pos in (0, 1, 2, 1, 5, 5, 15):
+        buf.step(pos)
+    assert sum(r.copies for r in fake_driver) > 0

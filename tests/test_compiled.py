@@ -317,6 +317,22 @@ def test_shapeless_closures_stay_eager_on_a_gpu(monkeypatch):
             assert "shapeless closure on a GPU runs eagerly" in c.poisoned
 
 
+def test_row_hints_share_start_bytes():
+    """Hints with the same start array carry its bytes once; each hint still reads its own starts."""
+    from ortmlx.compiled.core import RowHints, _hint_arrays
+    from ortmlx.ep.mirror import hint_bytes
+    pasts = [mx.zeros((2, 2, 8, 4), mx.float16) for _ in range(3)]
+    s1, s2 = mx.array([3, 5], mx.int64), mx.array([1, 2], mx.int32)
+    rows = [mx.full((2, 2, 1, 4), k, mx.float16) for k in range(3)]
+    hints = [(p + 1, p, s, r) for p, s, r in zip(pasts, (s1, s2, s1), rows)]
+    meta = [(k, k, (2, 2, 1, 4), 2) for k in range(3)]
+    data, idx = _hint_arrays(hints, meta)
+    assert data.size == 3 * 16 * 2 + 4 * 4                 # rows, then two distinct start arrays
+    flat, starts = hint_bytes(RowHints(meta, data, idx))
+    assert starts.tolist() == [3, 5, 1, 2, 3, 5]
+    assert flat.view(np.float16).tolist() == [0.0] * 16 + [1.0] * 16 + [2.0] * 16
+
+
 def test_row_hints_kept_only_for_group_outputs_over_traced_inputs():
     """A hint counts only when its present is a group output and its past a traced input (by identity);
     a dropped hint does not disturb the ones after it, and one output is hinted once."""
@@ -330,9 +346,9 @@ def test_row_hints_kept_only_for_group_outputs_over_traced_inputs():
              (present, past, start, rows)]        # the same output again: dropped
     meta = _hinted_outputs(hints, [mx.zeros((1,)), present], {id(past): 5})
     assert meta == [None, None, (1, 5, (1, 2, 1, 4), 2), None], meta
-    (data,) = _hint_arrays(hints, meta)
+    data, idx = _hint_arrays(hints, meta)
     from ortmlx.compiled.core import RowHints
     from ortmlx.ep.mirror import hint_bytes
-    flat, starts = hint_bytes(RowHints([m for m in meta if m is not None], data))
+    flat, starts = hint_bytes(RowHints([m for m in meta if m is not None], data, idx))
     assert data.dtype == mx.uint8 and flat.size == 16 and starts.tolist() == [3]
     assert flat.view(np.float16).tolist() == [1.0] * 8

@@ -69,7 +69,7 @@ class _Closure:
     """One compiled closure for one key: its inputs split, its counters and state."""
 
     __slots__ = ("fn", "dev_idx", "host_vals", "traces", "calls", "verified", "trusted", "poisoned", "guarded",
-                 "guard_fails", "hoist", "hoist_prog", "trace_prog", "shapeless", "hints")
+                 "guard_fails", "hoist", "hoist_prog", "trace_prog", "shapeless", "hints", "hint_starts")
 
     def __init__(self, dev_idx: tuple[int, ...], host_vals: dict[int, np.ndarray | None]):
         self.fn = None
@@ -89,6 +89,7 @@ class _Closure:
         #: row hints of the trace: [(output j, input i, row shape, item size)]; their rows and starts are one
         #: extra output before the guard (set while tracing)
         self.hints: list = []
+        self.hint_starts = np.zeros(0, np.intp)     # per hint batch row: its start among the distinct ones
 
 
 class CompiledSubgraph:
@@ -352,7 +353,7 @@ class CompiledSubgraph:
             outs = list(outs)           # evaluated MLX arrays: Compute copies them out (maybe only changed rows)
             hints = None
             if c.hints:
-                hints = RowHints(c.hints, outs[-1])
+                hints = RowHints(c.hints, outs[-1], c.hint_starts)
                 outs = outs[:-1]
             outs = call.post(outs) if call.post is not None else outs
             if hints is not None and call.post is None:
@@ -394,7 +395,8 @@ class CompiledSubgraph:
                 meta = _hinted_outputs(hints, outs, {id(inputs[i]): i for i in dev_idx})
                 c.hints = [m for m in meta if m is not None]
                 if c.hints:
-                    outs.extend(_hint_arrays(hints, meta))
+                    data, c.hint_starts = _hint_arrays(hints, meta)
+                    outs.append(data)
                 c.guarded = bool(guards)
                 if guards:
                     outs.append(mx.all(mx.stack([mx.all(g) for g in guards])))
@@ -481,14 +483,16 @@ class CompiledSubgraph:
 class RowHints:
     """What a trace declared about its aliased outputs (``decode_ops.add_row_hint``), evaluated:
     ``meta`` [(output j, input i, row shape, item size)] and ``data``: one flat byte array of the rows, then
-    the start row of each hint's batch rows (int32 bytes, ``n_starts`` of them): one round trip."""
+    the distinct start arrays (int32 bytes, ``n_starts`` values); ``starts`` indexes those values for each
+    hint's batch rows in turn (hints sharing one start array share its bytes): one round trip."""
 
-    __slots__ = ("meta", "data", "n_starts")
+    __slots__ = ("meta", "data", "n_starts", "starts")
 
-    def __init__(self, meta: list, data: mx.array):
+    def __init__(self, meta: list, data: mx.array, starts: np.ndarray):
         self.meta = meta
         self.data = data
-        self.n_starts = sum(m[2][0] for m in meta)
+        self.starts = starts
+        self.n_starts = int(starts.max()) + 1 if starts.size else 0
 
 
 class HintedResults(list):
@@ -512,12 +516,19 @@ def _hinted_outputs(hints: list, outs: list, inputs: dict) -> list:
     return meta
 
 
-def _hint_arrays(hints: list, meta: list) -> list:
-    """The extra output of the kept hints: their rows as flat bytes, then their starts (int32 bytes)."""
+def _hint_arrays(hints: list, meta: list) -> tuple[mx.array, np.ndarray]:
+    """The extra output of the kept hints (their rows as flat bytes, then each distinct start array as
+    int32 bytes: one copy kernel per piece), and per hint batch row the index of its start value."""
     kept = [h for h, m in zip(hints, meta) if m is not None]
     rows = [r.reshape(-1).view(mx.uint8) for _, _, _, r in kept]
-    starts = [s.reshape(-1).astype(mx.int32).view(mx.uint8) for _, _, s, _ in kept]
-    return [mx.concatenate(rows + starts)]
+    pieces, at, index = [], {}, []
+    for _, _, s, _ in kept:
+        if id(s) not in at:
+            at[id(s)] = (sum(p.size for p in pieces) // 4, s)
+            pieces.append(s.reshape(-1).astype(mx.int32).view(mx.uint8))
+        first, _ = at[id(s)]
+        index.extend(range(first, first + s.size))
+    return mx.concatenate(rows + pieces), np.asarray(index, np.intp)
 
 
 #: NumPy forms for hoisted integer work that has no registered host form (``Program.build(host_extra=)``)

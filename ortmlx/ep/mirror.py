@@ -208,7 +208,7 @@ def hint_bytes(hints, read: Reader = NUMPY) -> tuple[np.ndarray, np.ndarray]:
     start rows), one round trip for every hinted output."""
     data = read.read(np.asarray(hints.data))
     k = data.nbytes - 4 * hints.n_starts
-    return data[:k], data[k:].view(np.int32)
+    return data[:k], data[k:].view(np.int32)[hints.starts]
 
 
 def hinted_rows(hints, flat: np.ndarray, starts: np.ndarray) -> dict[int, tuple[int, np.ndarray, np.ndarray, tuple]]:

@@ -128,20 +128,28 @@ DEVICE_COPY_BYTES = 1 << 16
 _UINTS = {1: mx.uint8, 2: mx.uint16, 4: mx.uint32, 8: mx.uint64}
 
 
-def device_copies(arrays: dict) -> dict:
-    """Bit-exact copies, made by a kernel, of the large evaluated arrays in ``arrays`` (name -> mx.array).
+def device_copies(arrays: dict, col_major: frozenset = frozenset()) -> dict:
+    """Copies, made by a kernel, of the large evaluated arrays in ``arrays`` (name -> mx.array): the
+    same values bit for bit; 2-D arrays named in ``col_major`` in column-major layout (a transposed
+    view of a row-major copy).
 
     On MLX's CUDA backend ``mx.array(numpy)`` allocates managed (unified) memory, while a kernel's
-    output lives in device memory: weights uploaded once are moved there. The caller drops the
-    originals and clears MLX's cache (so their managed buffers are not reused for results).
+    output lives in device memory: weights uploaded once are moved there. A MatMul whose [K, N]
+    weight is column-major is a transposed-B product, which MLX runs with its own gemv kernel for a
+    single row (decode) instead of a captured cuBLASLt call. The caller drops the originals and
+    clears MLX's cache (so their managed buffers are not reused for results).
     """
     out, moved = dict(arrays), []
     for k, a in arrays.items():
-        if a.nbytes >= DEVICE_COPY_BYTES and a.dtype.size in _UINTS:
+        if a.nbytes < DEVICE_COPY_BYTES or a.dtype.size not in _UINTS:
+            continue
+        if k in col_major and a.ndim == 2:
+            out[k] = mx.contiguous(a.T).T
+        else:
             u = a.view(_UINTS[a.dtype.size]) if a.dtype != _UINTS[a.dtype.size] else a
             c = mx.bitwise_or(u, mx.array(0, u.dtype))
             out[k] = c.view(a.dtype) if c.dtype != a.dtype else c
-            moved.append(out[k])
+        moved.append(out[k])
     if moved:
         mx.eval(*moved)
     return out

@@ -156,7 +156,7 @@ class Program:
                                 for k, v in graph.constants.items() if k not in set(self.inputs)}
                 mx.eval(*constants_mx.values())
                 if device_constants and device == "gpu":
-                    constants_mx = dt.device_copies(constants_mx)
+                    constants_mx = dt.device_copies(constants_mx, self._matmul_weights(graph))
                     mx.clear_cache()            # the managed originals: freed, not kept for reuse
         self.constants = constants_mx
         consts.register(constants_mx.values())     # their casts are made once (consts.cast)
@@ -165,6 +165,13 @@ class Program:
                                if k in constants_mx and v.size <= HOST_MAX_ELEMS
                                and dt.FROM_NUMPY.get(np.asarray(v).dtype) in dt.INTS | {dt.BOOL}
                                and self.types.get(k) != dt.BFLOAT16 and self.types.get(k) not in dt.CARRIERS}
+
+    @staticmethod
+    def _matmul_weights(graph) -> frozenset:
+        """Constants that are the 2-D B of an ai.onnx MatMul (kept column-major on a GPU: ``dtypes.device_copies``)."""
+        return frozenset(n.inputs[1] for n in graph.nodes
+                         if n.op_type == "MatMul" and n.domain in ("", "ai.onnx") and len(n.inputs) > 1
+                         and n.inputs[1] in graph.constants and np.ndim(graph.constants[n.inputs[1]]) == 2)
 
     # ------------------------------------------------------------------ per call
     #: ``run`` accepts ``probe`` (``ortmlx.trace.Probe``): it marks the build and eval stages

@@ -1,0 +1,39 @@
+"""MatMul with a constant weight on the GPU (kept column-major in device memory: MLX's gemv for one
+row) against ORT's CPU EP. Runs where MLX has a CUDA GPU (the benchmark host); skipped elsewhere."""
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from onnx import TensorProto as T
+from onnx import helper
+
+from ortmlx.testing import assert_close, make_model, session
+
+pytestmark = pytest.mark.skipif(not (hasattr(mx, "cuda") and mx.cuda.is_available()),
+                                reason="needs MLX's CUDA backend (device constants are GPU-only)")
+
+RNG = np.random.default_rng(0)
+NP = {T.FLOAT16: np.float16, T.FLOAT: np.float32}
+# (A shape, K, N, type, rtol, atol): one decode row, a prefill block, K not a multiple of 32, batched A
+CASES = {
+    "fp16 decode row": ((1, 896), 896, 1152, T.FLOAT16, 2e-2, 5e-2),
+    "fp16 prefill rows": ((5, 896), 896, 1152, T.FLOAT16, 2e-2, 5e-2),
+    "fp16 wide output": ((1, 1536), 1536, 8960, T.FLOAT16, 2e-2, 8e-2),
+    "fp32 K=100": ((1, 100), 100, 640, T.FLOAT, 1e-4, 1e-4),
+    "fp32 batched A": ((2, 3, 256), 256, 512, T.FLOAT, 1e-4, 1e-4),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_constant_weight_matmul_matches_cpu(case):
+    a_shape, k, n, t, rtol, atol = CASES[case]
+    w = RNG.standard_normal((k, n)).astype(NP[t])
+    # the weight also feeds an elementwise op: its column-major layout must not show anywhere
+    nodes = [helper.make_node("MatMul", ["a", "w"], ["y"]), helper.make_node("Add", ["w", "w"], ["w2"])]
+    m = make_model(nodes, [("a", t, list(a_shape))], [("y", t, None), ("w2", t, None)], initializers={"w": w})
+    feeds = {"a": RNG.standard_normal(a_shape).astype(NP[t])}
+    got = session(m, options={"device": "gpu"}).run(None, feeds)
+    want = session(m, "CPUExecutionProvider", record=False).run(None, feeds)
+    assert_close(got[0], want[0], rtol=rtol, atol=atol, what=f"{case}: MatMul")
+    np.testing.assert_array_equal(got[1], want[1], err_msg=f"{case}: w + w")

@@ -1,0 +1,89 @@
+"""CUDA-level profile of genai decode tokens on the MLX EP (and optionally of mlx-lm's model stepped
+the same way), through PyTorch's profiler (CUPTI sees MLX's CUDA work in the same process): per token,
+the CUDA API calls the host makes (CUDA graph building and launching dominate) and the GPU kernels.
+
+    python scripts/gpu_profile.py MODEL_DIR [--hf HF_DIR] [--tokens 8] [--option key=value ...]
+
+Needs torch with CUDA next to MLX's CUDA backend (the benchmark host has both).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def summarize(prof, label: str, n: int) -> None:
+    rows = [(e.key, e.count, e.self_cpu_time_total, getattr(e, "self_device_time_total", 0))
+            for e in prof.key_averages()]
+    api = sorted((r for r in rows if r[0].startswith("cu") and r[2] > 0), key=lambda r: -r[2])
+    print(f"\n== {label}, per token ({n} tokens)\nCUDA API calls: count, host us")
+    for k, c, cpu, _ in api[:14]:
+        print(f"  {k:<40} {c / n:8.1f} {cpu / n:10.1f}")
+    ker = sorted((r for r in rows if r[3] > 0), key=lambda r: -r[3])
+    print(f"GPU activities: {sum(r[1] for r in ker) / n:.0f}, {sum(r[3] for r in ker) / n:.0f} us of GPU time; top:")
+    for k, c, _, g in ker[:18]:
+        print(f"  {k[:72]:<72} {c / n:7.1f} {g / n:9.1f}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model_dir")
+    ap.add_argument("--hf", help="also profile mlx-lm on this checkpoint (float16), stepped one token at a time")
+    ap.add_argument("--tokens", type=int, default=8)
+    ap.add_argument("--option", action="append", default=[], help="MLX EP option key=value")
+    args = ap.parse_args(argv)
+    import mlx.core as mx
+    import onnxruntime_genai as og
+    from torch.profiler import ProfilerActivity, profile
+
+    from ortmlx import genai as mg
+    acts = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    n = args.tokens
+    model, _ = mg.load_model(args.model_dir, "mlx", {"device": "gpu", **dict(o.split("=", 1) for o in args.option)})
+    ids = np.arange(100, 132, dtype=np.int32)
+    g = og.Generator(model, mg.search_options(model, 32 + n + 16, 32 + n + 16))
+    g.append_tokens(ids)
+    for _ in range(12):                         # warm-up: traces, verification, kernel JIT
+        g.generate_next_token()
+    with profile(activities=acts) as prof:
+        t = time.perf_counter()
+        for _ in range(n):
+            g.generate_next_token()
+        dt = (time.perf_counter() - t) / n
+    print(f"MLX EP: {dt * 1e3:.2f} ms per genai token under the profiler")
+    summarize(prof, "MLX EP (genai)", n)
+    del g, model
+    if args.hf:
+        from pathlib import Path
+
+        from mlx_lm.models.cache import make_prompt_cache
+        from mlx_lm.utils import load_model
+        lm, _ = load_model(Path(args.hf))
+        lm.set_dtype(mx.float16)
+        cache = make_prompt_cache(lm)
+        tok = int(np.array(lm(mx.array(ids)[None], cache=cache)[0, -1]).argmax())
+
+        def step(tok):
+            last = lm(mx.array([[tok]], mx.int32), cache=cache)[0, -1]
+            mx.eval(last)
+            return int(np.array(last, copy=True).argmax())
+        for _ in range(10):
+            tok = step(tok)
+        with profile(activities=acts) as prof:
+            t = time.perf_counter()
+            for _ in range(n):
+                tok = step(tok)
+            dt = (time.perf_counter() - t) / n
+        print(f"\nmlx-lm: {dt * 1e3:.2f} ms per token (one step at a time, logits read on the host)")
+        summarize(prof, "mlx-lm", n)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

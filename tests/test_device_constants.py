@@ -32,12 +32,35 @@ def test_copies_are_bit_exact(case):
     a = CASES[case]()
     mx.eval(a)
     want = _bits(a)
-    got = dt.device_copies({"x": a})["x"]
+    d = {"x": a}
+    dt.device_copies(d)
+    got = d["x"]
     assert got is not a                       # large: copied
     assert got.dtype == a.dtype and got.shape == a.shape and _bits(got) == want
 
 
 def test_small_arrays_are_left_alone():
     small = {"s": mx.array(np.float32(-0.0)), "v": mx.arange(10)}
-    out = dt.device_copies(small)
-    assert all(out[k] is small[k] for k in small)
+    before = dict(small)
+    dt.device_copies(small)
+    assert all(small[k] is before[k] for k in small)
+
+
+def test_column_major_weights_and_chunks(monkeypatch):
+    """Weights named column-major keep their values (a transposed view of a row-major copy); copies
+    made a chunk at a time give the same arrays."""
+    monkeypatch.setattr(dt, "DEVICE_COPY_CHUNK", 150_000)      # a chunk every two arrays (82 KB each)
+    ws = {f"w{i}": RNG.standard_normal((256 + i, 160)).astype(np.float16) for i in range(5)}
+    d = {k: mx.array(v) for k, v in ws.items()}
+    mx.eval(*d.values())
+    ids = {k: id(a) for k, a in d.items()}
+    dt.device_copies(d, frozenset({"w1", "w3"}))
+    assert all(id(d[k]) != ids[k] for k in d)                  # every one copied
+    for k, v in ws.items():
+        h = np.asarray(d[k])
+        assert np.array_equal(h, v) and h.shape == v.shape, k
+        col = h.strides == (h.itemsize, h.itemsize * v.shape[0])
+        assert col == (k in ("w1", "w3")), (k, h.strides)
+    x = mx.array(RNG.standard_normal((1, 257)).astype(np.float16))
+    np.testing.assert_allclose(np.array(x @ d["w1"], np.float32), np.array(x @ mx.array(ws["w1"]), np.float32),
+                               rtol=1e-2, atol=1e-2)

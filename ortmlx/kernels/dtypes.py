@@ -124,35 +124,51 @@ def to_mx(a: np.ndarray, t: int) -> mx.array:
 
 #: constants at least this large get a device-memory copy on a CUDA GPU (``device_copies``)
 DEVICE_COPY_BYTES = 1 << 16
+#: ``device_copies`` evaluates its copies this many bytes at a time
+DEVICE_COPY_CHUNK = 256 << 20
 
 _UINTS = {1: mx.uint8, 2: mx.uint16, 4: mx.uint32, 8: mx.uint64}
 
 
-def device_copies(arrays: dict, col_major: frozenset = frozenset()) -> dict:
-    """Copies, made by a kernel, of the large evaluated arrays in ``arrays`` (name -> mx.array): the
-    same values bit for bit; 2-D arrays named in ``col_major`` in column-major layout (a transposed
+def device_copies(arrays: dict, col_major: frozenset = frozenset()) -> None:
+    """Replace, in ``arrays`` (name -> evaluated mx.array), each large array by a copy made by a kernel:
+    the same values bit for bit; 2-D arrays named in ``col_major`` in column-major layout (a transposed
     view of a row-major copy).
 
     On MLX's CUDA backend ``mx.array(numpy)`` allocates managed (unified) memory, while a kernel's
     output lives in device memory: weights uploaded once are moved there. A MatMul whose [K, N]
     weight is column-major is a transposed-B product, which MLX runs with its own gemv kernel for a
-    single row (decode) instead of a captured cuBLASLt call. The caller drops the originals and
-    clears MLX's cache (so their managed buffers are not reused for results).
+    single row (decode) instead of a captured cuBLASLt call. Copies are made ``DEVICE_COPY_CHUNK``
+    bytes at a time; each chunk's originals are dropped (when ``arrays`` held the only reference) and
+    MLX's cache cleared before the next, so memory peaks one chunk above the arrays and a freed
+    managed buffer is never reused for a copy.
     """
-    out, moved = dict(arrays), []
-    for k, a in arrays.items():
+    pending, size = [], 0
+
+    def flush():
+        mx.eval(*(c for _, c in pending))
+        for k, c in pending:
+            arrays[k] = c
+        pending.clear()
+        mx.clear_cache()
+
+    for k, a in list(arrays.items()):
         if a.nbytes < DEVICE_COPY_BYTES or a.dtype.size not in _UINTS:
             continue
         if k in col_major and a.ndim == 2:
-            out[k] = mx.contiguous(a.T).T
+            c = mx.contiguous(a.T).T
         else:
             u = a.view(_UINTS[a.dtype.size]) if a.dtype != _UINTS[a.dtype.size] else a
             c = mx.bitwise_or(u, mx.array(0, u.dtype))
-            out[k] = c.view(a.dtype) if c.dtype != a.dtype else c
-        moved.append(out[k])
-    if moved:
-        mx.eval(*moved)
-    return out
+            c = c.view(a.dtype) if c.dtype != a.dtype else c
+        pending.append((k, c))
+        size += a.nbytes
+        del a, c
+        if size >= DEVICE_COPY_CHUNK:
+            flush()
+            size = 0
+    if pending:
+        flush()
 
 
 def to_numpy(a: mx.array) -> np.ndarray:

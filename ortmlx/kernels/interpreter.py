@@ -156,8 +156,7 @@ class Program:
                                 for k, v in graph.constants.items() if k not in set(self.inputs)}
                 mx.eval(*constants_mx.values())
                 if device_constants and device == "gpu":
-                    constants_mx = dt.device_copies(constants_mx, self._matmul_weights(graph))
-                    mx.clear_cache()            # the managed originals: freed, not kept for reuse
+                    dt.device_copies(constants_mx, self._matmul_weights(graph))
         self.constants = constants_mx
         consts.register(constants_mx.values())     # their casts are made once (consts.cast)
         #: small integer/bool constants also live on the host, so shape math on them stays there

@@ -64,7 +64,7 @@ class DriverReader(Reader):
             p = self._tls.p = self._ffi.new("void**")
         if self._lib.cuCtxGetCurrent(p) == 0 and p[0] != self._ffi.NULL:
             return
-        if self._ctx is None:
+        if self._ctx is None:                   # retained for the life of the process (as MLX keeps it)
             dev, ctx = self._ffi.new("int*"), self._ffi.new("void**")
             _check(self._lib.cuDeviceGet(dev, 0), "cuDeviceGet")
             _check(self._lib.cuDevicePrimaryCtxRetain(ctx, dev[0]), "cuDevicePrimaryCtxRetain")

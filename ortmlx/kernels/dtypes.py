@@ -152,7 +152,8 @@ def device_copies(arrays: dict, col_major: frozenset = frozenset()) -> None:
         pending.clear()
         mx.clear_cache()
 
-    for k, a in list(arrays.items()):
+    for k in list(arrays):                      # keys only: a list of the arrays would keep every original alive
+        a = arrays[k]
         if a.nbytes < DEVICE_COPY_BYTES or a.dtype.size not in _UINTS:
             continue
         if k in col_major and a.ndim == 2:

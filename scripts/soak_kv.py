@@ -2,8 +2,9 @@
 
 Random prompts, two generators stepped in turn, random ``rewind_to`` and re-appends; every token
 stream is replayed on the CPU EP with the same schedule and must be identical. Also checks that
-RSS and MLX active memory stay flat after warm-up (mirrors are dropped with their session's
-buffers). Prints one JSON line; exit status 1 on any difference or growth.
+RSS and MLX active memory stay flat after warm-up, the first third of the generations (mirrors are
+dropped with their session's buffers; RSS grows while new prompt shapes are traced and compiled, then
+stays: seed 5 on tiny fp16 GQA 108 -> 118 MB by generation 100, 118 MB to generation 500). Prints one JSON line; exit status 1 on any difference or growth.
 
     python scripts/soak_kv.py [--model models/out/qwen2-tiny-fp32] [--generations 200] [--seed 0]
 """
@@ -94,7 +95,7 @@ def main(argv=None) -> int:
         if got != want:
             wrong += 1
             print(f"generation {i}: MLX {got} != {args.reference} {want}", file=sys.stderr)
-        if i == min(10, len(sched) - 1):
+        if i == min(max(10, len(sched) // 3), len(sched) - 1):     # after warm-up: new prompt shapes trace
             warm_rss, warm_mem = rss(), mx.get_active_memory()
     end_rss, end_mem = rss(), mx.get_active_memory()
     growth = (end_rss - warm_rss) / warm_rss if warm_rss else 0.0

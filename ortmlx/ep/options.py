@@ -34,8 +34,9 @@ SPEC: dict[str, tuple[tuple[str, ...], str]] = {
     "driver_read": (("ORTMLX_DRIVER_READ",), "0: read results to the host with numpy rather than the CUDA driver's copy "
                                              "on MLX's CUDA backend (ep/devread.py)"),
     "device_constants": (("ORTMLX_DEVICE_CONSTANTS",), "0: keep constants (weights) where mx.array puts them (on MLX's "
-                                                       "CUDA backend: managed memory) rather than copying them into "
-                                                       "device memory once"),
+                                                       "CUDA backend: managed memory) and MatMul weights row-major, "
+                                                       "rather than copied into device memory once, MatMul weights "
+                                                       "column-major (MLX's gemv for a decode row; GPU only)"),
     "compile_mode": (("ORTMLX_COMPILE_MODE",), "enabled|no_fuse|no_simplify|disabled: mx.compile mode"),
     "trace": (("ORTMLX_TRACE",), "path.json: write a Chrome/Perfetto trace of the session"),
     "verbose": (("ORTMLX_VERBOSE",), "1: print a session summary at release"),

@@ -39,26 +39,12 @@ def collect_guards() -> list:
     """Start collecting guards (and row hints) on this thread (inside a traced body); returns the guards."""
     _GUARDS.items = []
     _GUARDS.hints = []
-    _GUARDS.shared = {}
     return _GUARDS.items
 
 
 def stop_guards() -> None:
     _GUARDS.items = None
     _GUARDS.hints = None
-    _GUARDS.shared = None
-
-
-def shared_in_trace(key: str, src: mx.array, make):
-    """``make(src)``, made once per trace for the same ``src`` array (every layer's GroupQueryAttention
-    reads the same seqlens_k: one int32 form means one start array for all their row hints)."""
-    memo = getattr(_GUARDS, "shared", None)
-    if memo is None:
-        return make(src)
-    hit = memo.get((key, id(src)))
-    if hit is None or hit[0] is not src:
-        hit = memo[(key, id(src))] = (src, make(src))
-    return hit[1]
 
 
 def add_row_hint(present: mx.array, past: mx.array, start: mx.array, rows: mx.array) -> None:
@@ -170,7 +156,10 @@ def gqa_traced(decode: bool, padded: bool = False):
         if past_k.shape != (b, kvh, p, h) or past_v.shape != past_k.shape or \
                 (not packed and k.shape != (b, s, kvh * h)):
             raise ValueError(f"traced GroupQueryAttention: shapes q {q.shape} k {None if packed else k.shape} past {past_k.shape}")
-        seqlens = shared_in_trace("seqlens", x["seqlens_k"], lambda a: a.reshape(-1).astype(mx.int32))
+        # one int32 form per build for every layer (a group input: alive to the build's end): one start
+        # array for all their row hints
+        sk = x["seqlens_k"]
+        seqlens = consts.memo(("gqa_seqlens", id(sk)), lambda: sk.reshape(-1).astype(mx.int32))
         total = x["total_sequence_length"]
         if decode:
             if s != 1 or x["position_ids"] is not None or x["attention_bias"] is not None:

@@ -253,16 +253,18 @@ def bench_mlx_lm(hf_dir, prompt_len, n_new, rounds, fp16):
         t2 = time.perf_counter()
         return (t1 - t0) * 1e3, (n - 1) / (t2 - t1)
 
+    def host_token(ids, cache):
+        """One forward, its last logits read on the host, the greedy token chosen there."""
+        last = model(ids, cache=cache)[:, -1, :]
+        mx.eval(last)
+        return int(np.array(last.astype(mx.float32) if last.dtype == mx.bfloat16 else last, copy=True).argmax())
+
     def run_host_logits():
         cache = make_prompt_cache(model)
-        last = model(prompt[None], cache=cache)[:, -1, :]
-        mx.eval(last)
-        tok = int(np.array(last.astype(mx.float32) if last.dtype == mx.bfloat16 else last, copy=True).argmax())
+        tok = host_token(prompt[None], cache)
         t1 = time.perf_counter()
         for _ in range(n_new - 1):
-            last = model(mx.array([[tok]], mx.int32), cache=cache)[:, -1, :]
-            mx.eval(last)
-            tok = int(np.array(last.astype(mx.float32) if last.dtype == mx.bfloat16 else last, copy=True).argmax())
+            tok = host_token(mx.array([[tok]], mx.int32), cache)
         return (n_new - 1) / (time.perf_counter() - t1)
     run()
     run_host_logits()

@@ -521,13 +521,13 @@ def _hint_arrays(hints: list, meta: list) -> tuple[mx.array, np.ndarray]:
     int32 bytes: one copy kernel per piece), and per hint batch row the index of its start value."""
     kept = [h for h, m in zip(hints, meta) if m is not None]
     rows = [r.reshape(-1).view(mx.uint8) for _, _, _, r in kept]
-    pieces, at, index = [], {}, []
+    pieces, at, index, n = [], {}, [], 0     # ``kept`` holds every start: ids stay unique here
     for _, _, s, _ in kept:
         if id(s) not in at:
-            at[id(s)] = (sum(p.size for p in pieces) // 4, s)
+            at[id(s)] = n
+            n += s.size
             pieces.append(s.reshape(-1).astype(mx.int32).view(mx.uint8))
-        first, _ = at[id(s)]
-        index.extend(range(first, first + s.size))
+        index.extend(range(at[id(s)], at[id(s)] + s.size))
     return mx.concatenate(rows + pieces), np.asarray(index, np.intp)
 
 

@@ -360,8 +360,8 @@ class ComputeInfo:
             return 0
         ffi = self.abi.ffi
         if t in dt.CARRIERS:
-            packed = dt.pack_carrier(host, t)
-            np.copyto(np.frombuffer(ffi.buffer(ptr, packed.nbytes), np.uint8), packed)
+            packed = dt.pack_carrier(host, t)           # a NumPy array, not a device result
+            devread.NUMPY.copy_to_address(ptr, packed, ffi)
             return packed.nbytes
         self.read.copy_to_address(ptr, host, ffi)
         return host.nbytes

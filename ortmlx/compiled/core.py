@@ -14,6 +14,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
+from ..kernels import cuda_kernels
 from ..kernels import dtypes as dt
 from ..kernels.interpreter import mx_device
 from ..kernels.ops.reduction import reduce_sum_ints_host
@@ -372,6 +373,8 @@ class CompiledSubgraph:
         out_types, contiguous = self._out_types, self.config.contiguous_outputs
 
         shapeless = c.shapeless
+        #: the row hints' bytes gathered by one custom kernel (not one copy kernel per piece)
+        one_kernel = getattr(program, "cuda_kernels", False) and cuda_kernels.cuda_backend()
 
         def body(*dev):
             c.traces += 1                       # a Python side effect: runs only while tracing
@@ -395,7 +398,7 @@ class CompiledSubgraph:
                 meta = _hinted_outputs(hints, outs, {id(inputs[i]): i for i in dev_idx})
                 c.hints = [m for m in meta if m is not None]
                 if c.hints:
-                    data, c.hint_starts = _hint_arrays(hints, meta)
+                    data, c.hint_starts = _hint_arrays(hints, meta, one_kernel)
                     outs.append(data)
                 c.guarded = bool(guards)
                 if guards:
@@ -516,9 +519,10 @@ def _hinted_outputs(hints: list, outs: list, inputs: dict) -> list:
     return meta
 
 
-def _hint_arrays(hints: list, meta: list) -> tuple[mx.array, np.ndarray]:
+def _hint_arrays(hints: list, meta: list, one_kernel: bool = False) -> tuple[mx.array, np.ndarray]:
     """The extra output of the kept hints (their rows as flat bytes, then each distinct start array as
-    int32 bytes: one copy kernel per piece), and per hint batch row the index of its start value."""
+    int32 bytes: one copy kernel per piece, or ``one_kernel``: ``cuda_kernels.gather_bytes``), and per
+    hint batch row the index of its start value."""
     kept = [h for h, m in zip(hints, meta) if m is not None]
     rows = [r.reshape(-1).view(mx.uint8) for _, _, _, r in kept]
     pieces, at, index, n = [], {}, [], 0     # ``kept`` holds every start: ids stay unique here
@@ -528,7 +532,10 @@ def _hint_arrays(hints: list, meta: list) -> tuple[mx.array, np.ndarray]:
             n += s.size
             pieces.append(s.reshape(-1).astype(mx.int32).view(mx.uint8))
         index.extend(range(at[id(s)], at[id(s)] + s.size))
-    return mx.concatenate(rows + pieces), np.asarray(index, np.intp)
+    parts = rows + pieces
+    if one_kernel and len(parts) <= cuda_kernels.GATHER_MAX and all(p.size for p in parts):
+        return cuda_kernels.gather_bytes(parts), np.asarray(index, np.intp)
+    return mx.concatenate(parts), np.asarray(index, np.intp)
 
 
 #: NumPy forms for hoisted integer work that has no registered host form (``Program.build(host_extra=)``)

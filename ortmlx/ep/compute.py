@@ -87,7 +87,9 @@ class ComputeInfo:
         self.label = f"{plan.name} ({len(labels)} node{'s' if len(labels) != 1 else ''}: " \
                      f"{', '.join(labels[:6])}{', ...' if len(labels) > 6 else ''})"
         self.plan = plan
-        self.program = Program(plan, ep.device, device_constants=getattr(ep.options, "device_constants", True))
+        opts = ep.options
+        self.program = Program(plan, ep.device, device_constants=getattr(opts, "device_constants", True),
+                               cuda_kernels=getattr(opts, "cuda_kernels", True))
         self.runner = make_runner(self.program, ep.options, ep.stats)
         self.in_names = list(plan.inputs)
         self.in_types = [plan.value(n).dtype for n in plan.inputs]

@@ -37,6 +37,8 @@ SPEC: dict[str, tuple[tuple[str, ...], str]] = {
                                                        "CUDA backend: managed memory) and MatMul weights row-major, "
                                                        "rather than copied into device memory once, MatMul weights "
                                                        "column-major (MLX's gemv for a decode row; GPU only)"),
+    "cuda_kernels": (("ORTMLX_CUDA_KERNELS",), "0: no custom CUDA kernels (kernels/cuda_kernels.py: one-kernel decode "
+                                               "attention, one-kernel row-hint gather) on MLX's CUDA backend"),
     "compile_mode": (("ORTMLX_COMPILE_MODE",), "enabled|no_fuse|no_simplify|disabled: mx.compile mode"),
     "trace": (("ORTMLX_TRACE",), "path.json: write a Chrome/Perfetto trace of the session"),
     "verbose": (("ORTMLX_VERBOSE",), "1: print a session summary at release"),
@@ -46,7 +48,8 @@ SPEC: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 _BOOLS = {"no_compile", "no_general_compile", "no_prefill_compile", "no_decode_compile", "gpu_decode_compile",
-          "no_kv_mirror", "no_kv_batch", "driver_read", "device_constants", "verbose"}
+          "no_kv_mirror", "no_kv_batch", "driver_read", "device_constants", "cuda_kernels",
+          "verbose"}
 
 
 def flag(value: str | None) -> bool:
@@ -65,6 +68,7 @@ class EpOptions:
     no_kv_batch: bool = False
     driver_read: bool = True
     device_constants: bool = True
+    cuda_kernels: bool = True
     compile_mode: str = "enabled"
     trace: str = ""
     verbose: bool = False

@@ -70,14 +70,20 @@ _SCOPE = threading.local()
 
 
 @contextlib.contextmanager
-def build_scope():
-    """One graph build (an eager run or a trace): ``memo`` keeps its values until the build ends."""
-    outer = getattr(_SCOPE, "memo", None)
-    _SCOPE.memo = {}
+def build_scope(**flags):
+    """One graph build (an eager run or a trace): ``memo`` keeps its values until the build ends;
+    ``flags`` (``build_flag``) say how the build's translators may compute (e.g. ``cuda_kernels``)."""
+    outer, outer_flags = getattr(_SCOPE, "memo", None), getattr(_SCOPE, "flags", None)
+    _SCOPE.memo, _SCOPE.flags = {}, flags
     try:
         yield
     finally:
-        _SCOPE.memo = outer
+        _SCOPE.memo, _SCOPE.flags = outer, outer_flags
+
+
+def build_flag(name: str) -> bool:
+    """A flag of the build in progress on this thread (False outside a build)."""
+    return bool((getattr(_SCOPE, "flags", None) or {}).get(name, False))
 
 
 def memo(key: tuple, make):

@@ -130,9 +130,11 @@ class Program:
     """A fused group resolved once: translators per node and constants loaded into MLX."""
 
     def __init__(self, graph, device: str = "cpu", constants_mx: dict[str, mx.array] | None = None,
-                 device_constants: bool = False):
+                 device_constants: bool = False, cuda_kernels: bool = False):
         self.graph = graph
         self.device = device
+        #: builds may use ``kernels/cuda_kernels.py`` (on a GPU of MLX's CUDA backend)
+        self.cuda_kernels = bool(cuda_kernels) and device == "gpu"
         self.inputs = list(graph.inputs)
         self.outputs = list(graph.outputs)
         self.types = {n: v.dtype for n, v in graph.values.items()}
@@ -195,7 +197,7 @@ class Program:
 
         ``host_extra``: op type -> a NumPy form used for this build like a registered host form
         (integer outputs, every input a host value)."""
-        with consts.build_scope():
+        with consts.build_scope(cuda_kernels=self.cuda_kernels):
             return self._build(inputs, env, host_extra)
 
     def _build(self, inputs: list[Any], env: dict | None, host_extra: dict | None = None) -> dict[str, Any]:

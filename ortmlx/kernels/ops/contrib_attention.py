@@ -12,7 +12,7 @@ import math
 import mlx.core as mx
 import numpy as np
 
-from .. import consts
+from .. import consts, cuda_kernels
 from .. import dtypes as dt
 from ..registry import MS, register
 
@@ -207,9 +207,17 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
     present_len = max(total_sequence_length, past_key.shape[2] if past_key is not None else 0)
     pk = _present(past_key, k, past_len, present_len, in_place)
     pv = _present(past_value, v, past_len, present_len, in_place)
+    alpha = scale if scale != 0.0 else 1.0 / math.sqrt(h)
+    if s == 1 and cuda_kernels.enabled():
+        qsrc = qk if packed else q
+        if cuda_kernels.decode_attention_reason(qsrc, pk, pv, num_heads, kv_num_heads, attention_bias) is None:
+            out = cuda_kernels.decode_attention(qsrc, pk, pv, past_len, total_len, num_heads=num_heads,
+                                                kv_num_heads=kv_num_heads, alpha=alpha, softcap=softcap,
+                                                local_window_size=local_window_size, sink=sink)
+            out = out.reshape(b, 1, num_heads * h)
+            return (out, pk, pv, k, v) if in_place else (out, pk, pv)
     mask = consts.memo(("gqa_mask", id(seqlens_k), first_prompt, b, s, present_len, local_window_size),
                        lambda: gqa_mask(past_len, total_len, s, present_len, local_window_size))
-    alpha = scale if scale != 0.0 else 1.0 / math.sqrt(h)
     group = num_heads // kv_num_heads
     qf = qf.reshape(b, kv_num_heads, group * s, h)
     scores = (qf @ pk.astype(mx.float32).swapaxes(-1, -2)).reshape(b, num_heads, s, present_len) * alpha

@@ -51,6 +51,40 @@ def reference_decode_attention(q, k, v, past_len, total_len, *, num_heads, kv_nu
     return mx.array(out.astype(np.float32)).astype(q.dtype)
 
 
+def _rope_rows(x, c, s, rot_dim: int, interleaved: bool):
+    """x (B, heads, H) rotated as ``apply_rotary``: float32 products and sum, one rounding to x's type."""
+    if rot_dim == 0:
+        return x
+    xf = np.array(x.astype(mx.float32))
+    i = np.arange(xf.shape[-1])
+    half = rot_dim // 2
+    perm = np.where(i < rot_dim, (i ^ 1) if interleaved else np.where(i < half, i + half, i - half), i)
+    cf, sf = (np.array(a, np.float32)[:, None, :] for a in (c, s))
+    rot = mx.array(xf * cf + xf[..., perm] * sf).astype(x.dtype)           # float32 numpy: no FMA
+    return mx.where(mx.array(i < rot_dim), rot, x)
+
+
+def reference_decode_rope_attention(q, k, v, cos, sin, past_k, past_v, past_len, total_len, *, num_heads,
+                                    kv_num_heads, rot_dim, interleaved, alpha, softcap=0.0, local_window_size=-1,
+                                    sink=None):
+    """``cuda_kernels.decode_rope_attention``'s contract: rotation, presents, then ``decode_attention``'s."""
+    b, kvn, t, h = past_k.shape
+    if k is None:
+        heads = q.reshape(b, num_heads + 2 * kvn, h)
+        qh, kh, vh = heads[:, :num_heads], heads[:, num_heads:num_heads + kvn], heads[:, num_heads + kvn:]
+    else:
+        qh, kh, vh = q.reshape(b, num_heads, h), k.reshape(b, kvn, h), v.reshape(b, kvn, h)
+    qh = _rope_rows(qh, cos, sin, rot_dim, interleaved)
+    k_new = _rope_rows(kh, cos, sin, rot_dim, interleaved).reshape(b, kvn, 1, h)
+    v_new = vh.reshape(b, kvn, 1, h)
+    at = mx.arange(t).reshape(1, 1, t, 1) == past_len.reshape(b, 1, 1, 1)
+    pk, pv = mx.where(at, k_new, past_k), mx.where(at, v_new, past_v)
+    out = reference_decode_attention(qh.reshape(b, num_heads, 1, h), pk, pv, past_len, total_len,
+                                     num_heads=num_heads, kv_num_heads=kv_num_heads, alpha=alpha, softcap=softcap,
+                                     local_window_size=local_window_size, sink=sink)
+    return out, pk, pv, k_new, v_new
+
+
 # name: (B, N, Nkv, H, P, seqlens, dtype, extra gqa_core keywords)
 CASES = {
     "fp16 qwen 0.5b shape": (1, 14, 2, 64, 160, [37], mx.float16, {}),
@@ -121,10 +155,13 @@ def test_gqa_core_wiring_with_the_contract(case, packed, rotary, first, monkeypa
     monkeypatch.setattr(cuda_kernels, "cuda_backend", lambda: True)
     monkeypatch.setattr(mx, "default_device", lambda: mx.gpu)
     monkeypatch.setattr(cuda_kernels, "decode_attention",
-                        lambda *a, **k: calls.append(1) or reference_decode_attention(*a, **k))
+                        lambda *a, **k: calls.append("attention") or reference_decode_attention(*a, **k))
+    monkeypatch.setattr(cuda_kernels, "decode_rope_attention",
+                        lambda *a, **k: calls.append("rope") or reference_decode_rope_attention(*a, **k))
     with mx.stream(mx.cpu):
         got = _gqa(case, packed, rotary, first, fused=True)
-    assert calls == [1], "the decode row did not go to the kernel"
+    # a shared buffer (in place) takes the whole row in one kernel; the first prompt the attention kernel
+    assert calls == ["attention" if first else "rope"], calls
     monkeypatch.undo()
     want = _gqa(case, packed, rotary, first, fused=False)
     for j, (g, w) in enumerate(zip(got, want)):
@@ -138,7 +175,7 @@ def test_gqa_core_wiring_with_the_contract(case, packed, rotary, first, monkeypa
 @VARIANTS
 def test_decode_attention_matches_mlx_ops(case, packed, rotary, first, monkeypatch):
     calls = []
-    real = cuda_kernels.decode_attention
+    real, real_rope = cuda_kernels.decode_attention, cuda_kernels.decode_rope_attention
 
     def spy(*a, **k):
         calls.append(1)
@@ -146,9 +183,22 @@ def test_decode_attention_matches_mlx_ops(case, packed, rotary, first, monkeypat
         _check_output(case, np.array(got.astype(mx.float32)), np.array(reference_decode_attention(*a, **k)
                                                                        .astype(mx.float32)))
         return got
+
+    def spy_rope(*a, **k):
+        calls.append(1)
+        got = real_rope(*a, **k)
+        want = reference_decode_rope_attention(*a, **k)
+        mx.eval(*got, *want)
+        _check_output(case, np.array(got[0].astype(mx.float32)), np.array(want[0].astype(mx.float32)))
+        for j in range(1, 5):               # presents and new rows: exact (the rotation is IEEE float32 in both)
+            assert got[j].shape == want[j].shape and got[j].dtype == want[j].dtype, (j, got[j].shape)
+            np.testing.assert_array_equal(np.array(got[j].astype(mx.float32)), np.array(want[j].astype(mx.float32)),
+                                          err_msg=f"{case}: fused output {j}")
+        return got
     monkeypatch.setattr(cuda_kernels, "decode_attention", spy)
+    monkeypatch.setattr(cuda_kernels, "decode_rope_attention", spy_rope)
     got = _gqa(case, packed, rotary, first, fused=True)
-    assert calls, "the fused kernel was not used"
+    assert calls == [1], calls
     want = _gqa(case, packed, rotary, first, fused=False)
     for j, (g, w) in enumerate(zip(got, want)):
         assert g.shape == w.shape, (j, g.shape, w.shape)
@@ -194,8 +244,9 @@ def test_ep_decode_matches_cpu_ep(t, monkeypatch):
     """Decode steps (S == 1 into a fixed-length buffer, as genai's shared buffer) through the EP on the
     GPU, compiled and eager, against the CPU EP: the fused kernel runs and the answers agree."""
     calls = []
-    real = cuda_kernels.decode_attention
-    monkeypatch.setattr(cuda_kernels, "decode_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for fn in ("decode_attention", "decode_rope_attention"):
+        real = getattr(cuda_kernels, fn)
+        monkeypatch.setattr(cuda_kernels, fn, lambda *a, _real=real, _fn=fn, **k: calls.append(_fn) or _real(*a, **k))
     m, npt, n, kvn, h, p = _decode_model(t)
     rng = np.random.default_rng(7)
     mlx = session(m, options={"device": "gpu"})
@@ -215,4 +266,120 @@ def test_ep_decode_matches_cpu_ep(t, monkeypatch):
             for j in (1, 2):        # the new key row is rotated: GPU and CPU round it apart by an ulp at most
                 assert_close(got[j][:, :, :pos + 1], want[j][:, :, :pos + 1], what=f"{name} pos {pos} present {j}",
                              **(dict(rtol=1e-3, atol=0) if t == T.FLOAT16 else dict(rtol=3e-7, atol=1e-7)))
-    assert len(calls) >= 9, f"fused kernel used {len(calls)} times"
+    assert len(calls) >= 9 and "decode_rope_attention" in calls, f"fused kernels used: {calls}"
+
+
+# ---------------------------------------------------------------------------- rms_norm
+def reference_rms_norm(x, gamma, epsilon, skip=None, bias=None):
+    """``cuda_kernels.rms_norm``'s contract in float64 NumPy: (y, sum) in x's type."""
+    f = [None if a is None else np.array(a.astype(mx.float32), np.float64) for a in (x, skip, bias, gamma)]
+    s = f[0] + (0 if skip is None else f[1]) + (0 if bias is None else f[2])
+    y = f[3] * (s / np.sqrt(np.mean(s * s, axis=-1, keepdims=True) + epsilon))
+    back = [mx.array(a.astype(np.float32)).astype(x.dtype) for a in (y, s)]
+    return back[0], (back[1] if skip is not None else None)
+
+
+# name: (input shape, dtype, skip, bias, epsilon)
+NORM_CASES = {
+    "fp16 decode row, skip": ((1, 1, 896), mx.float16, True, False, 1e-6),
+    "fp16 prefill rows, skip+bias": ((2, 5, 1536), mx.float16, True, True, 1e-6),
+    "bf16 plain": ((3, 1000), mx.bfloat16, False, False, 1e-5),
+    "fp32 plain, small": ((1, 1, 40), mx.float32, False, False, 1e-5),
+    "fp32 skip, wide": ((1, 1, 8192), mx.float32, True, False, 1e-6),
+}
+
+
+def _norm_inputs(case: str):
+    shape, dtype, has_skip, has_bias, eps = NORM_CASES[case]
+    rng = np.random.default_rng(len(case))
+
+    def arr(*sh):
+        return mx.array(rng.standard_normal(sh).astype(np.float32)).astype(dtype)
+    h = shape[-1]
+    return arr(*shape), arr(h), eps, (arr(*shape) if has_skip else None), (arr(h) if has_bias else None)
+
+
+def _norm_translators(case: str, fused: bool):
+    """The ONNX translators (SkipSimplifiedLayerNormalization with a skip, else SimplifiedLayerNormalization)."""
+    from types import SimpleNamespace
+
+    from ortmlx.kernels.ops.contrib_norm import simplified_layer_norm, skip_simplified_layer_norm
+    x, gamma, eps, skip, bias = _norm_inputs(case)
+    dev = mx.gpu if fused and CUDA else mx.cpu
+    with mx.stream(dev), consts.build_scope(cuda_kernels=fused):
+        if skip is not None:
+            ctx = SimpleNamespace(n_outputs=4, node=SimpleNamespace(outputs=["y", "", "", "sum"]))
+            out = skip_simplified_layer_norm(x, skip, gamma, bias, epsilon=eps, ctx=ctx)
+            out = [out[0], out[3]]
+        else:
+            out = [simplified_layer_norm(x, gamma, epsilon=eps, ctx=SimpleNamespace(n_outputs=1))]
+        mx.eval(*out)
+    return [np.array(o.astype(mx.float32)) for o in out]
+
+
+def _check_norm(case: str, got, want) -> None:
+    tol = {mx.float32: 3e-6, mx.float16: 2 ** -10, mx.bfloat16: 2 ** -7}[NORM_CASES[case][1]]
+    for j, (g, w) in enumerate(zip(got, want)):
+        assert g.shape == w.shape, (case, j, g.shape, w.shape)
+        err = np.abs(g.astype(np.float64) - w) / (np.abs(w) + 0.05)
+        assert err.max() <= 1.01 * tol, f"{case}: output {j} off by {err.max():.3g} (relative)"
+
+
+@pytest.mark.parametrize("case", sorted(NORM_CASES))
+def test_norm_wiring_with_the_contract(case, monkeypatch):
+    """Everywhere: the translators handing their rows to the kernel's contract (NumPy) give their own answer."""
+    calls = []
+    monkeypatch.setattr(cuda_kernels, "cuda_backend", lambda: True)
+    monkeypatch.setattr(mx, "default_device", lambda: mx.gpu)
+    monkeypatch.setattr(cuda_kernels, "rms_norm", lambda *a, **k: calls.append(1) or reference_rms_norm(*a, **k))
+    with mx.stream(mx.cpu):
+        got = _norm_translators(case, fused=True)
+    assert calls == [1], "the rows did not go to the kernel"
+    monkeypatch.undo()
+    _check_norm(case, got, _norm_translators(case, fused=False))
+
+
+@gpu_only
+@pytest.mark.parametrize("case", sorted(NORM_CASES))
+def test_rms_norm_kernel(case, monkeypatch):
+    x, gamma, eps, skip, bias = _norm_inputs(case)
+    with mx.stream(mx.gpu):
+        got = [a for a in cuda_kernels.rms_norm(x, gamma, eps, skip=skip, bias=bias) if a is not None]
+        mx.eval(*got)
+    want = [a for a in reference_rms_norm(x, gamma, eps, skip=skip, bias=bias) if a is not None]
+    _check_norm(case, [np.array(a.astype(mx.float32)) for a in got], [np.array(a.astype(mx.float32)) for a in want])
+    calls = []
+    real = cuda_kernels.rms_norm
+    monkeypatch.setattr(cuda_kernels, "rms_norm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    fused = _norm_translators(case, fused=True)
+    assert calls == [1], "the translator did not use the kernel"
+    _check_norm(case, fused, _norm_translators(case, fused=False))
+
+
+@gpu_only
+@pytest.mark.parametrize("t", [T.FLOAT16, T.FLOAT], ids=["fp16", "fp32"])
+def test_ep_norms_match_cpu_ep(t, monkeypatch):
+    """SimplifiedLayerNormalization then SkipSimplifiedLayerNormalization (sum output used), as the genai
+    builder chains them, through the EP on the GPU against the CPU EP, with the kernel in use."""
+    calls = []
+    real = cuda_kernels.rms_norm
+    monkeypatch.setattr(cuda_kernels, "rms_norm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    h = 896
+    npt = {T.FLOAT16: np.float16, T.FLOAT: np.float32}[t]
+    rng = np.random.default_rng(3)
+    nodes = [helper.make_node("SimplifiedLayerNormalization", ["x", "g1"], ["n1"], epsilon=1e-6),
+             helper.make_node("SkipSimplifiedLayerNormalization", ["n1", "r", "g2"], ["y", "", "", "s"],
+                              domain="com.microsoft", epsilon=1e-6)]
+    m = make_model(nodes, [("x", t, ["b", "s", h]), ("r", t, ["b", "s", h])], [("y", t, None), ("s", t, None)],
+                   initializers={"g1": rng.standard_normal(h).astype(npt), "g2": rng.standard_normal(h).astype(npt)},
+                   extra_opsets={"com.microsoft": 1})
+    cpu = session(m, "CPUExecutionProvider", record=False)
+    for name, opts in (("compiled", {"device": "gpu"}), ("eager", {"device": "gpu", "no_compile": "1"})):
+        sess = session(m, options=opts)
+        for shape in ((1, 1, h), (1, 1, h), (2, 7, h)):
+            feeds = {"x": rng.standard_normal(shape).astype(npt), "r": rng.standard_normal(shape).astype(npt)}
+            got, want = sess.run(None, feeds), cpu.run(None, feeds)
+            tol = dict(rtol=2e-2, atol=2e-2) if t == T.FLOAT16 else dict(rtol=1e-4, atol=1e-4)
+            assert_close(got[0], want[0], what=f"{name} {shape} y", **tol)
+            assert_close(got[1], want[1], what=f"{name} {shape} sum", **tol)
+    assert len(calls) >= 6, f"kernel used {len(calls)} times"

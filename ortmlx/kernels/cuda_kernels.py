@@ -7,6 +7,9 @@ kernels replace chains of MLX ops with one launch each, computing the same value
 - ``decode_attention``: one query row (S == 1) of GroupQueryAttention over a KV buffer: scores,
   mask, softmax and the weighted sum of values in float32, as ``gqa_core`` does with seven MLX
   kernels (casts of K and V, two float32 matmuls, scale and mask, softmax, the final cast).
+- ``rms_norm``: (Skip)SimplifiedLayerNormalization of rows: the float32 sum of input, skip and
+  bias, its mean square, the scaled result and both roundings to the output type in one kernel, where
+  MLX takes three (the sum and its casts, ``mx.fast.rms_norm`` on float32, the final cast).
 - ``gather_bytes``: many small arrays' bytes into one uint8 array (a ``concatenate`` of N arrays
   is N copy kernels).
 
@@ -52,42 +55,34 @@ def _f32_literal(x: float) -> str:
     return v.hex() + "f"
 
 
-_ATTN_SOURCE = r"""
-    // block: one (batch row b, query head n); warp w takes keys lo+w, lo+w+WARPS, ...; lane l the
-    // features l, l+32, ... of a row. Scores and the softmax are float32; online softmax per warp,
-    // merged across warps at the end.
+#: the attention of one (batch row b, query head n) block: warp w takes keys lo+w, lo+w+WARPS, ...; lane l
+#: the features l, l+32, ... of a row. Scores and the softmax are float32; online softmax per warp, merged
+#: across warps at the end. Reads QVAL(d), KEY_AT(t, d), VAL_AT(t, d) (macros of the kernel using it);
+#: b, n, kvh, ql (query position), tl (total length) and base (offset of the (b, kvh) KV rows) are set.
+_ATTEND = r"""
     constexpr int PER = (HEAD + 31) / 32;
-    const int blk = blockIdx.x;
-    const int b = blk / NH;
-    const int n = blk - b * NH;
-    const int kvh = n / (NH / NKV);
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
-    const int ql = past_len[b];
-    const int tl = total_len[b];
     int hi = ql < tl - 1 ? ql : tl - 1;
     if (hi > KV - 1) hi = KV - 1;
     int lo = 0;
     if (WINDOW > 0 && ql - WINDOW + 1 > lo) lo = ql - WINDOW + 1;
-    const T* qrow = q + ((size_t)b * QH + n) * HEAD;
     float qv[PER];
     float acc[PER];
     #pragma unroll
     for (int i = 0; i < PER; ++i) {
         const int d = lane + 32 * i;
-        qv[i] = d < HEAD ? static_cast<float>(qrow[d]) : 0.0f;
+        qv[i] = d < HEAD ? QVAL(d) : 0.0f;
         acc[i] = 0.0f;
     }
-    const size_t base = ((size_t)b * NKV + kvh) * (size_t)KV * HEAD;
     float m = NEG_INF;
     float l = 0.0f;
     for (int t = lo + warp; t <= hi; t += WARPS) {
-        const T* kr = k + base + (size_t)t * HEAD;
         float part = 0.0f;
         #pragma unroll
         for (int i = 0; i < PER; ++i) {
             const int d = lane + 32 * i;
-            if (d < HEAD) part += qv[i] * static_cast<float>(kr[d]);
+            if (d < HEAD) part += qv[i] * KEY_AT(t, d);
         }
         #pragma unroll
         for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
@@ -97,11 +92,10 @@ _ATTN_SOURCE = r"""
         const float corr = expf(m - mn);
         const float p = expf(sc - mn);
         l = l * corr + p;
-        const T* vr = v + base + (size_t)t * HEAD;
         #pragma unroll
         for (int i = 0; i < PER; ++i) {
             const int d = lane + 32 * i;
-            if (d < HEAD) acc[i] = acc[i] * corr + p * static_cast<float>(vr[d]);
+            if (d < HEAD) acc[i] = acc[i] * corr + p * VAL_AT(t, d);
         }
         m = mn;
     }
@@ -138,6 +132,101 @@ _ATTN_SOURCE = r"""
         for (int w = 0; w < WARPS; ++w) num += sm_acc[w][d] * scale_w[w];
         orow[d] = static_cast<T>(num / den);
     }
+"""
+
+_ATTN_SOURCE = r"""
+    const int b = blockIdx.x / NH;
+    const int n = blockIdx.x - b * NH;
+    const int kvh = n / (NH / NKV);
+    const int ql = past_len[b];
+    const int tl = total_len[b];
+    const T* qrow = q + ((size_t)b * QH + n) * HEAD;
+    const size_t base = ((size_t)b * NKV + kvh) * (size_t)KV * HEAD;
+#define QVAL(d) static_cast<float>(qrow[d])
+#define KEY_AT(t, d) static_cast<float>(k[base + (size_t)(t) * HEAD + (d)])
+#define VAL_AT(t, d) static_cast<float>(v[base + (size_t)(t) * HEAD + (d)])
+""" + _ATTEND
+
+#: one kernel for a decode row written into a shared KV buffer: blocks [0, NB*NH) rotate their query
+#: head and the new key row (in shared memory) and attend, reading row ql of K/V from the new rows;
+#: the other blocks write the presents (the past with row past_len[b] replaced) in chunks of CROWS
+#: rows, and chunk 0 the new rows themselves (k_new, v_new).
+_FUSED_SOURCE = r"""
+    if (blockIdx.x < NB * NH) {
+        const int b = blockIdx.x / NH;
+        const int n = blockIdx.x - b * NH;
+        const int kvh = n / (NH / NKV);
+        const int ql = past_len[b];
+        const int tl = total_len[b];
+        const size_t base = ((size_t)b * NKV + kvh) * (size_t)KV * HEAD;
+        __shared__ float qsh[HEAD];
+        __shared__ float knew[HEAD];
+        __shared__ float vnew[HEAD];
+        const float* cb = cosv + (size_t)b * HEAD;
+        const float* sb = sinv + (size_t)b * HEAD;
+        const T* qh = qsrc + (size_t)b * Q_ROW + Q_OFF + (size_t)n * HEAD;
+        const T* kh = ksrc + (size_t)b * K_ROW + K_OFF + (size_t)kvh * HEAD;
+        const T* vh = vsrc + (size_t)b * V_ROW + V_OFF + (size_t)kvh * HEAD;
+        for (int d = threadIdx.x; d < HEAD; d += blockDim.x) {
+            qsh[d] = static_cast<float>(ortmlx_rope<T, ROT_DIM, INTERLEAVED>(qh, cb, sb, d));
+            knew[d] = static_cast<float>(ortmlx_rope<T, ROT_DIM, INTERLEAVED>(kh, cb, sb, d));
+            vnew[d] = static_cast<float>(vh[d]);
+        }
+        __syncthreads();
+#define QVAL(d) qsh[d]
+#define KEY_AT(t, d) ((t) == ql ? knew[d] : static_cast<float>(past_k[base + (size_t)(t) * HEAD + (d)]))
+#define VAL_AT(t, d) ((t) == ql ? vnew[d] : static_cast<float>(past_v[base + (size_t)(t) * HEAD + (d)]))
+""" + _ATTEND + r"""
+    } else {
+        constexpr int NCHUNK = (KV + CROWS - 1) / CROWS;
+        const int idx = blockIdx.x - NB * NH;
+        const int chunk = idx % NCHUNK;
+        const int bh = idx / NCHUNK;
+        const int b = bh / NKV;
+        const int kvh = bh - b * NKV;
+        const int pl = past_len[b];
+        const float* cb = cosv + (size_t)b * HEAD;
+        const float* sb = sinv + (size_t)b * HEAD;
+        const T* kh = ksrc + (size_t)b * K_ROW + K_OFF + (size_t)kvh * HEAD;
+        const T* vh = vsrc + (size_t)b * V_ROW + V_OFF + (size_t)kvh * HEAD;
+        const size_t base = (size_t)bh * KV * HEAD;
+        const int r0 = chunk * CROWS;
+        const int rows = (KV - r0) < CROWS ? (KV - r0) : CROWS;
+        for (int e = threadIdx.x; e < rows * HEAD; e += blockDim.x) {
+            const int t = r0 + e / HEAD;
+            const int d = e - (e / HEAD) * HEAD;
+            const size_t at = base + (size_t)t * HEAD + d;
+            if (t == pl) {
+                present_k[at] = ortmlx_rope<T, ROT_DIM, INTERLEAVED>(kh, cb, sb, d);
+                present_v[at] = vh[d];
+            } else {
+                present_k[at] = past_k[at];
+                present_v[at] = past_v[at];
+            }
+        }
+        if (chunk == 0) {
+            for (int d = threadIdx.x; d < HEAD; d += blockDim.x) {
+                k_new[(size_t)bh * HEAD + d] = ortmlx_rope<T, ROT_DIM, INTERLEAVED>(kh, cb, sb, d);
+                v_new[(size_t)bh * HEAD + d] = vh[d];
+            }
+        }
+    }
+"""
+
+#: rows of the presents one copy block of the fused kernel writes
+FUSED_CROWS = 32
+
+_ROPE_HEADER = r"""
+// x rotated at feature d as ``apply_rotary`` does: float32 products and sum (never contracted into an
+// FMA), rounded once to T; features at or past ROT_DIM (all of them when ROT_DIM == 0) as they are.
+template <typename T, int ROT_DIM, bool INTERLEAVED>
+__device__ __forceinline__ T ortmlx_rope(const T* x, const float* c, const float* s, int d) {
+    if (d >= ROT_DIM) return x[d];
+    const int half = ROT_DIM / 2;
+    const int p = INTERLEAVED ? (d ^ 1) : (d < half ? d + half : d - half);
+    return static_cast<T>(__fadd_rn(__fmul_rn(static_cast<float>(x[d]), c[d]),
+                                    __fmul_rn(static_cast<float>(x[p]), s[d])));
+}
 """
 
 
@@ -200,6 +289,153 @@ def decode_attention(q, k, v, past_len, total_len, *, num_heads: int, kv_num_hea
         grid=(b * num_heads * threads, 1, 1), threadgroup=(threads, 1, 1),
         output_shapes=[(b, num_heads, h)], output_dtypes=[q.dtype])
     return out
+
+
+_NORM_SOURCE = r"""
+    // block: one row; threads stride over its features. x = input (+ skip) (+ bias) in float32;
+    // the sum (rounded to T) is an output; y = gamma * (x * rsqrt(mean(x^2) + eps)), rounded to T.
+    const size_t row = blockIdx.x;
+    const T* xr = x + row * HIDDEN;
+    const T* sr = skip + row * HIDDEN;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < HIDDEN; j += blockDim.x) {
+        float t = static_cast<float>(xr[j]);
+        if (HAS_SKIP) t = t + static_cast<float>(sr[j]);
+        if (HAS_BIAS) t = t + static_cast<float>(bias[j]);
+        if (HAS_SKIP) sum[row * HIDDEN + j] = static_cast<T>(t);
+        ss += t * t;
+    }
+    #pragma unroll
+    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    __shared__ float part[32];
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (lane == 0) part[warp] = ss;
+    __syncthreads();
+    float tot = 0.0f;
+    const int nw = (blockDim.x + 31) / 32;
+    for (int w = 0; w < nw; ++w) tot += part[w];
+    const float normalizer = rsqrtf(tot / HIDDEN + EPS);
+    for (int j = threadIdx.x; j < HIDDEN; j += blockDim.x) {
+        float t = static_cast<float>(xr[j]);
+        if (HAS_SKIP) t = t + static_cast<float>(sr[j]);
+        if (HAS_BIAS) t = t + static_cast<float>(bias[j]);
+        const float g = static_cast<float>(gamma[j]);
+        out[row * HIDDEN + j] = static_cast<T>(g * (t * normalizer));
+    }
+"""
+#: threads per row of ``rms_norm``
+NORM_THREADS = 256
+
+
+@functools.lru_cache(maxsize=64)
+def _norm_kernel(eps: float):
+    head = f"constexpr float EPS = {_f32_literal(eps)};\n"
+    tag = hashlib.sha1((head + _NORM_SOURCE).encode()).hexdigest()[:12]
+    return mx.fast.cuda_kernel(name=f"ortmlx_rms_norm_{tag}", input_names=["x", "skip", "bias", "gamma"],
+                               output_names=["out", "sum"], source=_NORM_SOURCE, header=head)
+
+
+def rms_norm_reason(x, skip, gamma, bias) -> str | None:
+    """Why ``rms_norm`` does not cover this case (None: it does)."""
+    if x.dtype not in _ATTN_DTYPES or x.ndim not in (2, 3) or x.size == 0:
+        return f"input {x.dtype} {x.shape}"
+    h = x.shape[-1]
+    if skip is not None and (skip.shape != x.shape or skip.dtype != x.dtype):
+        return f"skip {skip.dtype} {skip.shape}"
+    for what, p in (("gamma", gamma), ("bias", bias)):
+        if p is not None and (p.shape != (h,) or p.dtype != x.dtype):
+            return f"{what} {p.dtype} {p.shape}"
+    if x.size // h >= 2**31:
+        return "too many rows"
+    return None
+
+
+def rms_norm(x, gamma, epsilon: float, skip=None, bias=None):
+    """(y, sum): y = gamma * (s * rsqrt(mean(s^2, last axis) + eps)) with s = x (+ skip) (+ bias), all in
+    float32 (what ``mx.fast.rms_norm`` computes on the float32 sum), rounded once to x's type; ``sum`` is
+    s rounded to x's type (None without ``skip``)."""
+    h = x.shape[-1]
+    rows = x.size // h
+    dummy = mx.zeros((1,), x.dtype)
+    out, total = _norm_kernel(float(epsilon))(
+        inputs=[x, dummy if skip is None else skip, dummy if bias is None else bias, gamma],
+        template=[("T", x.dtype), ("HIDDEN", h), ("HAS_SKIP", skip is not None), ("HAS_BIAS", bias is not None)],
+        grid=(rows * NORM_THREADS, 1, 1), threadgroup=(NORM_THREADS, 1, 1),
+        output_shapes=[x.shape, x.shape if skip is not None else (1,)], output_dtypes=[x.dtype, x.dtype])
+    return out, (total if skip is not None else None)
+
+
+@functools.lru_cache(maxsize=64)
+def _fused_kernel(alpha: float, softcap: float):
+    head = _attn_header(alpha, softcap) + _ROPE_HEADER
+    tag = hashlib.sha1((head + _FUSED_SOURCE).encode()).hexdigest()[:12]
+    return mx.fast.cuda_kernel(name=f"ortmlx_decode_rope_attention_{tag}",
+                               input_names=["qsrc", "ksrc", "vsrc", "cosv", "sinv", "past_k", "past_v", "past_len",
+                                            "total_len", "sink"],
+                               output_names=["out", "present_k", "present_v", "k_new", "v_new"],
+                               source=_FUSED_SOURCE, header=head)
+
+
+def decode_rope_attention_reason(q, k, v, past_k, past_v, num_heads: int, kv_num_heads: int, rot_dim: int,
+                                 attention_bias=None) -> str | None:
+    """Why ``decode_rope_attention`` does not cover this case (None: it does)."""
+    if attention_bias is not None:
+        return "attention_bias"
+    if past_k is None or past_v is None or past_k.ndim != 4 or past_v.shape != past_k.shape:
+        return "past buffers"
+    b, kvn, kv, h = past_k.shape
+    srcs = (q,) if k is None else (q, k, v)
+    if any(a.dtype != past_k.dtype for a in srcs + (past_v,)) or past_k.dtype not in _ATTN_DTYPES:
+        return "dtypes"
+    if k is None:
+        if q.shape != (b, 1, num_heads + 2 * kvn, h):
+            return f"packed QKV {q.shape}"
+    elif q.shape != (b, 1, num_heads * h) or k.shape != (b, 1, kvn * h) or v.shape != k.shape:
+        return f"q {q.shape} k {k.shape}"
+    if kvn != kv_num_heads or h > ATTN_MAX_HEAD or num_heads % kvn or rot_dim % 2 or rot_dim > h:
+        return f"heads {num_heads}:{kv_num_heads}, head size {h}, rotary dim {rot_dim}"
+    if b * kvn * kv * h >= 2**31:
+        return "too large"
+    return None
+
+
+def decode_rope_attention(q, k, v, cos, sin, past_k, past_v, past_len, total_len, *, num_heads: int,
+                          kv_num_heads: int, rot_dim: int, interleaved: bool, alpha: float, softcap: float = 0.0,
+                          local_window_size: int = -1, sink=None):
+    """A decode row of GroupQueryAttention into a shared KV buffer, in one kernel.
+
+    q (B, 1, N+2Nkv, H) packed QKV with k, v None, or q (B, 1, N*H), k, v (B, 1, Nkv*H); cos, sin (B, H)
+    float32 rotary tables of the row (the sin carrying the rotation's sign, ``rotary_tables``; unused when
+    ``rot_dim`` is 0); past_k, past_v (B, Nkv, T, H). The query and key heads are rotated as
+    ``apply_rotary`` rotates them; the presents are the pasts with row past_len[b] replaced by the new
+    (rotated) key and value rows; the attention is ``decode_attention``'s over the presents. Returns
+    (out (B, N, H), present_k, present_v, k_new, v_new (B, Nkv, 1, H)).
+    """
+    b, kvn, kv, h = past_k.shape
+    hq = num_heads * h
+    if k is None:
+        row = (num_heads + 2 * kvn) * h
+        srcs, layout = (q, q, q), (row, 0, row, hq, row, hq + kvn * h)
+    else:
+        srcs, layout = (q, k, v), (hq, 0, kvn * h, 0, kvn * h, 0)
+    if rot_dim == 0:
+        cos = sin = mx.zeros((1,), mx.float32)
+    sink_arr = mx.zeros((1,), mx.float32) if sink is None else sink.astype(mx.float32)
+    threads = 32 * ATTN_WARPS
+    blocks = b * num_heads + b * kvn * (-(-kv // FUSED_CROWS))
+    names = ("Q_ROW", "Q_OFF", "K_ROW", "K_OFF", "V_ROW", "V_OFF")
+    outs = _fused_kernel(float(alpha), float(softcap))(
+        inputs=[*srcs, cos.astype(mx.float32), sin.astype(mx.float32), past_k, past_v, past_len.astype(mx.int32),
+                total_len.astype(mx.int32), sink_arr],
+        template=[("T", past_k.dtype), ("NB", b), ("NH", num_heads), ("NKV", kvn), ("HEAD", h), ("KV", kv),
+                  ("WARPS", ATTN_WARPS), ("WINDOW", max(int(local_window_size), 0)), ("HAS_SINK", sink is not None),
+                  ("ROT_DIM", int(rot_dim)), ("INTERLEAVED", bool(interleaved)), ("CROWS", FUSED_CROWS),
+                  *zip(names, layout)],
+        grid=(blocks * threads, 1, 1), threadgroup=(threads, 1, 1),
+        output_shapes=[(b, num_heads, h), past_k.shape, past_k.shape, (b, kvn, 1, h), (b, kvn, 1, h)],
+        output_dtypes=[past_k.dtype] * 5)
+    return tuple(outs)
 
 
 def _gather_source(sizes: list[int], offsets: list[int]) -> str:

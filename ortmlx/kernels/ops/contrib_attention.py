@@ -167,32 +167,48 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
     (B,Nkv,S,H): the only rows where the presents differ from the pasts.
     """
     nq = num_heads + kv_num_heads
-    if packed:
-        b, s, _, h = q.shape
-        x = q.transpose(0, 2, 1, 3)                     # (B, N+2Nkv, S, H): views for S == 1
-        qk, v = x[:, :nq], x[:, nq:]
-    else:
-        b, s, _ = q.shape
-        q, k, v = _bnsh(q, num_heads), _bnsh(k, kv_num_heads), _bnsh(v, kv_num_heads)
-        h = q.shape[-1]
+    b, s = q.shape[:2]
+    h = q.shape[3] if packed else q.shape[2] // num_heads
     seqlens = seqlens_k.astype(mx.int32)
     total_len = seqlens + 1
     past_len = mx.zeros((b,), mx.int32) if first_prompt else total_len - s
+    alpha = scale if scale != 0.0 else 1.0 / math.sqrt(h)
+
+    def tables():
+        if position_ids is not None and first_prompt:      # ORT reads only the first id, then +s
+            pos = position_ids.reshape(-1)[:1].reshape(1, 1) + consts.arange(s, position_ids.dtype).reshape(1, s)
+            pos = mx.broadcast_to(pos, (b, s))
+        elif position_ids is not None:
+            pos = position_ids
+        else:
+            pos = past_len.reshape(b, 1) + consts.arange(s).reshape(1, s)
+        c, sn = rotary_tables(cos_cache, sin_cache, pos, h, rotary_interleaved)
+        return c.reshape(b, 1, s, h), sn.reshape(b, 1, s, h)
+    # every layer reads the same rows: made once per build
+    table_key = ("gqa_rotary", id(cos_cache), id(sin_cache), id(seqlens_k), id(position_ids), first_prompt, b, s, h,
+                 rotary_interleaved)
+    rd = 2 * cos_cache.shape[-1] if cos_cache is not None else 0
+    if s == 1 and in_place and cuda_kernels.enabled() and past_key is not None and \
+            past_key.shape[2] == max(total_sequence_length, past_key.shape[2]) and \
+            cuda_kernels.decode_rope_attention_reason(q, k, v, past_key, past_value, num_heads, kv_num_heads, rd,
+                                                      attention_bias) is None:
+        # rotation, the presents and the attention of the decode row in one kernel
+        c = sn = None
+        if cos_cache is not None:
+            c, sn = consts.memo(table_key, tables)
+            c, sn = c.reshape(b, h), sn.reshape(b, h)
+        out, pk, pv, k_new, v_new = cuda_kernels.decode_rope_attention(
+            q, k, v, c, sn, past_key, past_value, past_len, total_len, num_heads=num_heads,
+            kv_num_heads=kv_num_heads, rot_dim=rd, interleaved=rotary_interleaved, alpha=alpha, softcap=softcap,
+            local_window_size=local_window_size, sink=sink)
+        return out.reshape(b, 1, num_heads * h), pk, pv, k_new, v_new
+    if packed:
+        x = q.transpose(0, 2, 1, 3)                     # (B, N+2Nkv, S, H): views for S == 1
+        qk, v = x[:, :nq], x[:, nq:]
+    else:
+        q, k, v = _bnsh(q, num_heads), _bnsh(k, kv_num_heads), _bnsh(v, kv_num_heads)
     if cos_cache is not None:
-        def tables():
-            if position_ids is not None and first_prompt:      # ORT reads only the first id, then +s
-                pos = position_ids.reshape(-1)[:1].reshape(1, 1) + consts.arange(s, position_ids.dtype).reshape(1, s)
-                pos = mx.broadcast_to(pos, (b, s))
-            elif position_ids is not None:
-                pos = position_ids
-            else:
-                pos = past_len.reshape(b, 1) + consts.arange(s).reshape(1, s)
-            c, sn = rotary_tables(cos_cache, sin_cache, pos, h, rotary_interleaved)
-            return c.reshape(b, 1, s, h), sn.reshape(b, 1, s, h)
-        # every layer reads the same rows: made once per build
-        c, sn = consts.memo(("gqa_rotary", id(cos_cache), id(sin_cache), id(seqlens_k), id(position_ids),
-                             first_prompt, b, s, h, rotary_interleaved), tables)
-        rd = 2 * cos_cache.shape[-1]
+        c, sn = consts.memo(table_key, tables)
         if packed:
             qk = apply_rotary(qk, c, sn, rd, rotary_interleaved)
         else:
@@ -207,7 +223,6 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
     present_len = max(total_sequence_length, past_key.shape[2] if past_key is not None else 0)
     pk = _present(past_key, k, past_len, present_len, in_place)
     pv = _present(past_value, v, past_len, present_len, in_place)
-    alpha = scale if scale != 0.0 else 1.0 / math.sqrt(h)
     if s == 1 and cuda_kernels.enabled():
         qsrc = qk if packed else q
         if cuda_kernels.decode_attention_reason(qsrc, pk, pv, num_heads, kv_num_heads, attention_bias) is None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from .. import consts
+from .. import consts, cuda_kernels
 from .. import dtypes as dt
 from ..registry import MS, register
 from .normalization import _ln_check, layer_norm
@@ -91,6 +91,10 @@ def skip_simplified_layer_norm(input, skip, gamma, bias=None, *, epsilon=1e-12, 
     """RMSNorm(input + skip + bias) * gamma; optional mean, inv_std_var, sum outputs."""
     h = input.shape[-1]
     _check_param(gamma, h, "gamma")
+    if not _wants_stats(ctx) and cuda_kernels.enabled() and \
+            cuda_kernels.rms_norm_reason(input, skip, gamma, bias) is None:
+        y, total = cuda_kernels.rms_norm(input, gamma, epsilon, skip=skip, bias=bias)
+        return (y, None, None, total)[:ctx.n_outputs]
     x = _skip_sum(input, skip, bias)
     y = _rms_norm(x, gamma, epsilon)
     inv_std = None
@@ -121,6 +125,9 @@ def simplified_layer_norm(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1, ctx)
     if tuple(scale.shape) != tuple(X.shape[a:]) and scale.size != 1:
         if tuple(scale.shape) != tuple(X.shape[X.ndim - scale.ndim:]):
             raise ValueError(f"scale shape {scale.shape} does not fit X shape {X.shape} at axis {axis}")
+    if ctx.n_outputs == 1 and a == X.ndim - 1 and scale.shape == (X.shape[-1],) and cuda_kernels.enabled() and \
+            cuda_kernels.rms_norm_reason(X, None, scale, None) is None:
+        return cuda_kernels.rms_norm(X, scale, epsilon)[0]
     x = X.astype(mx.float32)
     if ctx.n_outputs == 1 and a == X.ndim - 1 and scale.shape == (X.shape[-1],):
         return _rms_norm(x, scale, epsilon).astype(X.dtype)

@@ -37,3 +37,25 @@ def test_constant_weight_matmul_matches_cpu(case):
     want = session(m, "CPUExecutionProvider", record=False).run(None, feeds)
     assert_close(got[0], want[0], rtol=rtol, atol=atol, what=f"{case}: MatMul")
     np.testing.assert_array_equal(got[1], want[1], err_msg=f"{case}: w + w")
+
+
+def test_sibling_matmuls_merged_match_cpu():
+    """An MLP's gate and up projections (one A, two constant weights) run as one product on the GPU."""
+    import ortmlx.compiled as C
+    k, n = 896, 4864
+    w = {"wg": RNG.standard_normal((k, n)).astype(np.float16), "wu": RNG.standard_normal((k, n)).astype(np.float16)}
+    nodes = [helper.make_node("MatMul", ["a", "wg"], ["g"]), helper.make_node("MatMul", ["a", "wu"], ["u"]),
+             helper.make_node("Sigmoid", ["g"], ["s"]), helper.make_node("Mul", ["g", "s"], ["gs"]),
+             helper.make_node("Mul", ["gs", "u"], ["y"])]
+    m = make_model(nodes, [("a", T.FLOAT16, ["b", "s", k])], [("y", T.FLOAT16, None), ("u", T.FLOAT16, None)],
+                   initializers=w)
+    with C.capture() as rs:
+        mlx = session(m, options={"device": "gpu"})
+    cpu = session(m, "CPUExecutionProvider", record=False)
+    for shape in ((1, 1, k), (1, 1, k), (2, 3, k)):
+        feeds = {"a": (RNG.standard_normal(shape) * 0.05).astype(np.float16)}
+        got, want = mlx.run(None, feeds), cpu.run(None, feeds)
+        assert_close(got[0], want[0], rtol=2e-2, atol=5e-2, what=f"{shape}: y")
+        assert_close(got[1], want[1], rtol=2e-2, atol=5e-2, what=f"{shape}: u")
+    steps = [st for r in rs for st in r.program.steps]
+    assert [st.outputs for st in steps if st.node.op_type == "MatMul"] == [["g", "u"]], "not merged"

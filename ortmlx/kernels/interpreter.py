@@ -7,6 +7,7 @@ A host value is copied into MLX the first time a device op needs it.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +17,7 @@ import numpy as np
 
 from ..subgraph import ir
 from ..subgraph.ir import outer_refs
-from . import consts
+from . import consts, merge
 from . import dtypes as dt
 from .registry import REGISTRY, Ctx, OpDef
 
@@ -130,7 +131,7 @@ class Program:
     """A fused group resolved once: translators per node and constants loaded into MLX."""
 
     def __init__(self, graph, device: str = "cpu", constants_mx: dict[str, mx.array] | None = None,
-                 device_constants: bool = False, cuda_kernels: bool = False):
+                 device_constants: bool = False, cuda_kernels: bool = False, merge_matmuls: bool | None = None):
         self.graph = graph
         self.device = device
         #: builds may use ``kernels/cuda_kernels.py`` (on a GPU of MLX's CUDA backend)
@@ -139,7 +140,28 @@ class Program:
         self.outputs = list(graph.outputs)
         self.types = {n: v.dtype for n, v in graph.values.items()}
         self.steps: list[Step] = []
+        #: sibling MatMuls as one product (``merge.py``): by default with the GPU's device constants
+        if merge_matmuls is None:
+            merge_matmuls = device_constants and device == "gpu"
+        groups = merge.sibling_groups(graph) if merge_matmuls and constants_mx is None else []
+        first = {id(g[0]): g for g in groups}
+        later = {id(n) for g in groups for n in g[1:]}
+        merged_np = {merge.merged_name(g): merge.merged_weight(graph, g) for g in groups}
+        for g in groups:
+            self.types[merge.merged_name(g)] = self.types.get(g[0].inputs[1])
         for node in graph.nodes:
+            if id(node) in later:
+                continue
+            g = first.get(id(node))
+            if g is not None:
+                opdef = REGISTRY.resolve(node.domain, node.op_type, node.since_version)
+                opdef = dataclasses.replace(opdef, fn=merge.merged_fn(graph, g), wants_ctx=False)
+                outs = [n.outputs[0] for n in g]
+                name = merge.merged_name(g)
+                self.steps.append(Step(node, opdef, [node.inputs[0], name], outs, {},
+                                       [self.types.get(o) for o in outs],
+                                       [self.types.get(node.inputs[0]), self.types.get(name)], None))
+                continue
             opdef = REGISTRY.resolve(node.domain, node.op_type, node.since_version)
             if opdef is None:
                 raise KernelError(f"{node.label}: no translator (since_version {node.since_version})")
@@ -153,12 +175,16 @@ class Program:
             self.steps.append(Step(node, opdef, list(node.inputs), list(node.outputs), dict(node.attrs),
                                    out_types, in_types, ctx, conts, infos, bodies))
         if constants_mx is None:
+            gone = {n.inputs[1] for g in groups for n in g}
             with mx.stream(mx_device(device)):
                 constants_mx = {k: dt.to_mx(v, self.types.get(k) or dt.FROM_NUMPY[v.dtype])
-                                for k, v in graph.constants.items() if k not in set(self.inputs)}
+                                for k, v in list(graph.constants.items()) + list(merged_np.items())
+                                if k not in set(self.inputs) and k not in gone}
+                del merged_np
                 mx.eval(*constants_mx.values())
                 if device_constants and device == "gpu":
-                    dt.device_copies(constants_mx, self._matmul_weights(graph))
+                    dt.device_copies(constants_mx, self._matmul_weights(graph) |
+                                     {merge.merged_name(g) for g in groups})
         self.constants = constants_mx
         consts.register(constants_mx.values())     # their casts are made once (consts.cast)
         #: small integer/bool constants also live on the host, so shape math on them stays there

@@ -1,0 +1,58 @@
+"""Sibling MatMuls merged into one product (``ortmlx/kernels/merge.py``): which nodes join, and that the
+merged program answers what the unmerged one does (on the CPU here; ``test_gpu_matmul.py`` checks the
+GPU, where it is the default, against ORT's CPU EP)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto as T
+
+from ortmlx.kernels import dtypes as dt
+from ortmlx.kernels.interpreter import Program
+from ortmlx.subgraph.ir import Graph, Node, ValueInfo
+
+K = 48
+
+
+def _graph(t):
+    rng = np.random.default_rng(0)
+    npt = {T.FLOAT16: np.float16, T.FLOAT: np.float32}[t]
+    w = {f"w{i}": rng.standard_normal((K, n)).astype(npt) for i, n in enumerate((64, 64, 24, 16, 8))}
+    w["w5"] = rng.standard_normal((K + 2, 8)).astype(npt)        # another K: its own product
+    nodes = [Node("gate", "MatMul", "", 13, ["x", "w0"], ["g"]), Node("up", "MatMul", "", 13, ["x", "w1"], ["u"]),
+             Node("sig", "Sigmoid", "", 13, ["g"], ["s"]), Node("mul", "Mul", "", 14, ["s", "u"], ["m"]),
+             Node("third", "MatMul", "", 13, ["x", "w2"], ["c"]),
+             Node("shared", "MatMul", "", 13, ["x", "w3"], ["d"]),        # w3 is also read by an Add
+             Node("addw", "Add", "", 14, ["w3", "w3"], ["ww"]),
+             Node("other_a", "MatMul", "", 13, ["y", "w4"], ["e"]),        # another A
+             Node("other_k", "MatMul", "", 13, ["z", "w5"], ["f"])]
+    outs = ["m", "c", "d", "ww", "e", "f"]
+    values = {n: ValueInfo(n, t) for n in ["x", "y", "z", "g", "u", "s", *outs, *w]}
+    return Graph(nodes, ["x", "y", "z"], outs, values, w, "g"), npt
+
+
+@pytest.mark.parametrize("t", [T.FLOAT16, T.FLOAT], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("shape", [(1, 1), (2, 5), ()], ids=["decode-row", "rows", "vector"])
+def test_merged_siblings_answer_the_same(t, shape):
+    g, npt = _graph(t)
+    merged, plain = Program(g, merge_matmuls=True), Program(g, merge_matmuls=False)
+    ops = [st.node.name for st in merged.steps]
+    assert ops == ["gate", "sig", "mul", "shared", "addw", "other_a", "other_k"], ops
+    assert [st.outputs for st in merged.steps if st.node.name == "gate"] == [["g", "u", "c"]]
+    assert not {"w0", "w1", "w2"} & set(merged.constants) and {"w3", "w4", "w5"} <= set(merged.constants)
+    assert len(plain.steps) == len(g.nodes)
+    rng = np.random.default_rng(1)
+    feeds = [rng.standard_normal(shape + (K,)).astype(npt), rng.standard_normal(shape + (K,)).astype(npt),
+             rng.standard_normal(shape + (K + 2,)).astype(npt)]
+    got, want = merged.run(feeds), plain.run(feeds)
+    for name, a, b in zip(g.outputs, got, want):
+        a, b = dt.host(a), dt.host(b)
+        assert a.shape == b.shape and a.dtype == b.dtype, name
+        np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=2e-3 if t == T.FLOAT16 else 1e-5,
+                                   atol=1e-3 if t == T.FLOAT16 else 1e-5, err_msg=name)
+
+
+def test_not_merged_by_default_on_the_cpu():
+    g, _ = _graph(T.FLOAT)
+    assert len(Program(g).steps) == len(g.nodes)
+    assert len(Program(g, device_constants=True).steps) == len(g.nodes)

@@ -66,9 +66,12 @@ def _rope_rows(x, c, s, rot_dim: int, interleaved: bool):
 
 def reference_decode_rope_attention(q, k, v, cos, sin, past_k, past_v, past_len, total_len, *, num_heads,
                                     kv_num_heads, rot_dim, interleaved, alpha, softcap=0.0, local_window_size=-1,
-                                    sink=None):
-    """``cuda_kernels.decode_rope_attention``'s contract: rotation, presents, then ``decode_attention``'s."""
+                                    sink=None, qkv_bias=None):
+    """``cuda_kernels.decode_rope_attention``'s contract: bias, rotation, presents, then ``decode_attention``'s."""
     b, kvn, t, h = past_k.shape
+    if qkv_bias is not None:
+        assert k is None, "qkv_bias with split q/k/v"
+        q = q + qkv_bias.reshape(q.shape[2:])
     if k is None:
         heads = q.reshape(b, num_heads + 2 * kvn, h)
         qh, kh, vh = heads[:, :num_heads], heads[:, num_heads:num_heads + kvn], heads[:, num_heads + kvn:]
@@ -101,7 +104,7 @@ CASES = {
 }
 
 
-def _gqa(case: str, packed: bool, rotary: bool, first: bool, fused: bool):
+def _gqa(case: str, packed: bool, rotary: bool, first: bool, fused: bool, bias: bool = False):
     b, n, kvn, h, p, seqlens, dtype, extra = CASES[case]
     rng = np.random.default_rng(len(case))
     extra = dict(extra)
@@ -122,6 +125,8 @@ def _gqa(case: str, packed: bool, rotary: bool, first: bool, fused: bool):
         ang = np.outer(np.arange(max(p, 2)), 1.0 / 10000 ** (np.arange(half) / half))
         kw.update(cos_cache=mx.array(np.cos(ang).astype(np.float32)).astype(dtype),
                   sin_cache=mx.array(np.sin(ang).astype(np.float32)).astype(dtype))
+    if bias:
+        kw["qkv_bias"] = arr((n + 2 * kvn) * h)
     if packed:
         args = (qkv, None, None)
     else:
@@ -134,9 +139,11 @@ def _gqa(case: str, packed: bool, rotary: bool, first: bool, fused: bool):
     return [np.array(o.astype(mx.float32)) if o.dtype == mx.bfloat16 else np.array(o) for o in out]
 
 
-VARIANTS = pytest.mark.parametrize("packed,rotary,first", [(True, True, False), (False, False, False),
-                                                            (True, False, True)],
-                                   ids=["packed-rotary", "split", "first-prompt"])
+VARIANTS = pytest.mark.parametrize("packed,rotary,first,bias", [(True, True, False, False), (False, False, False, False),
+                                                                 (True, False, True, False), (True, True, False, True),
+                                                                 (True, False, True, True)],
+                                   ids=["packed-rotary", "split", "first-prompt", "packed-rotary-bias",
+                                        "first-prompt-bias"])
 
 
 def _check_output(case: str, got, want) -> None:
@@ -149,7 +156,7 @@ def _check_output(case: str, got, want) -> None:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 @VARIANTS
-def test_gqa_core_wiring_with_the_contract(case, packed, rotary, first, monkeypatch):
+def test_gqa_core_wiring_with_the_contract(case, packed, rotary, first, bias, monkeypatch):
     """Everywhere: ``gqa_core`` handing its decode row to the kernel's contract (NumPy) gives its own answer."""
     calls = []
     monkeypatch.setattr(cuda_kernels, "cuda_backend", lambda: True)
@@ -159,11 +166,11 @@ def test_gqa_core_wiring_with_the_contract(case, packed, rotary, first, monkeypa
     monkeypatch.setattr(cuda_kernels, "decode_rope_attention",
                         lambda *a, **k: calls.append("rope") or reference_decode_rope_attention(*a, **k))
     with mx.stream(mx.cpu):
-        got = _gqa(case, packed, rotary, first, fused=True)
+        got = _gqa(case, packed, rotary, first, fused=True, bias=bias)
     # a shared buffer (in place) takes the whole row in one kernel; the first prompt the attention kernel
     assert calls == ["attention" if first else "rope"], calls
     monkeypatch.undo()
-    want = _gqa(case, packed, rotary, first, fused=False)
+    want = _gqa(case, packed, rotary, first, fused=False, bias=bias)
     for j, (g, w) in enumerate(zip(got, want)):
         if j > 0:
             np.testing.assert_array_equal(g, w, err_msg=f"{case}: output {j}")
@@ -173,7 +180,7 @@ def test_gqa_core_wiring_with_the_contract(case, packed, rotary, first, monkeypa
 @gpu_only
 @pytest.mark.parametrize("case", sorted(CASES))
 @VARIANTS
-def test_decode_attention_matches_mlx_ops(case, packed, rotary, first, monkeypatch):
+def test_decode_attention_matches_mlx_ops(case, packed, rotary, first, bias, monkeypatch):
     calls = []
     real, real_rope = cuda_kernels.decode_attention, cuda_kernels.decode_rope_attention
 
@@ -197,9 +204,9 @@ def test_decode_attention_matches_mlx_ops(case, packed, rotary, first, monkeypat
         return got
     monkeypatch.setattr(cuda_kernels, "decode_attention", spy)
     monkeypatch.setattr(cuda_kernels, "decode_rope_attention", spy_rope)
-    got = _gqa(case, packed, rotary, first, fused=True)
+    got = _gqa(case, packed, rotary, first, fused=True, bias=bias)
     assert calls == [1], calls
-    want = _gqa(case, packed, rotary, first, fused=False)
+    want = _gqa(case, packed, rotary, first, fused=False, bias=bias)
     for j, (g, w) in enumerate(zip(got, want)):
         assert g.shape == w.shape, (j, g.shape, w.shape)
         if j > 0:                       # presents and new rows: the same ops on both devices
@@ -222,14 +229,17 @@ def test_gather_bytes_equals_concatenate(sizes):
     assert np.array(got).tobytes() == np.array(want).tobytes()
 
 
-def _decode_model(t, n=8, kvn=2, h=64, p=24):
-    nodes = [helper.make_node("GroupQueryAttention", ["qkv", "", "", "past_key", "past_value", "seqlens_k",
-                                                      "total_sequence_length", "cos", "sin"],
+def _decode_model(t, n=8, kvn=2, h=64, p=24, bias=False):
+    nodes = [helper.make_node("GroupQueryAttention", ["qkvb" if bias else "qkv", "", "", "past_key", "past_value",
+                                                      "seqlens_k", "total_sequence_length", "cos", "sin"],
                               ["out", "present_key", "present_value"], domain="com.microsoft",
                               num_heads=n, kv_num_heads=kvn, do_rotary=1)]
     ang = np.outer(np.arange(p), 1.0 / 10000 ** (np.arange(h // 2) / (h // 2)))
     npt = {T.FLOAT16: np.float16, T.FLOAT: np.float32}[t]
     inits = {"cos": np.cos(ang).astype(npt), "sin": np.sin(ang).astype(npt)}
+    if bias:                        # genai's builder: the QKV projection's bias Add right before the attention
+        nodes.insert(0, helper.make_node("Add", ["qkv", "b"], ["qkvb"]))
+        inits["b"] = np.random.default_rng(5).standard_normal((n + 2 * kvn) * h).astype(npt)
     ins = [("qkv", t, ["batch_size", "sequence_length", (n + 2 * kvn) * h]),
            ("past_key", t, ["batch_size", kvn, "past_sequence_length", h]),
            ("past_value", t, ["batch_size", kvn, "past_sequence_length", h]),
@@ -240,16 +250,21 @@ def _decode_model(t, n=8, kvn=2, h=64, p=24):
 
 @gpu_only
 @pytest.mark.parametrize("t", [T.FLOAT16, T.FLOAT], ids=["fp16", "fp32"])
-def test_ep_decode_matches_cpu_ep(t, monkeypatch):
+@pytest.mark.parametrize("bias", [False, True], ids=["", "bias-add"])
+def test_ep_decode_matches_cpu_ep(t, bias, monkeypatch):
     """Decode steps (S == 1 into a fixed-length buffer, as genai's shared buffer) through the EP on the
     GPU, compiled and eager, against the CPU EP: the fused kernel runs and the answers agree."""
     calls = []
     for fn in ("decode_attention", "decode_rope_attention"):
         real = getattr(cuda_kernels, fn)
         monkeypatch.setattr(cuda_kernels, fn, lambda *a, _real=real, _fn=fn, **k: calls.append(_fn) or _real(*a, **k))
-    m, npt, n, kvn, h, p = _decode_model(t)
+    m, npt, n, kvn, h, p = _decode_model(t, bias=bias)
     rng = np.random.default_rng(7)
-    mlx = session(m, options={"device": "gpu"})
+    import ortmlx.compiled as C
+    with C.capture() as rs:
+        mlx = session(m, options={"device": "gpu"})
+    gqa = [st for r in rs for st in r.program.steps if st.node.op_type == "GroupQueryAttention"]
+    assert len(gqa) == 1 and (len(gqa[0].inputs) == 17) == bias, "the bias Add was not folded" if bias else gqa
     eager = session(m, options={"device": "gpu", "no_compile": "1"})
     cpu = session(m, "CPUExecutionProvider", record=False)
     for pos in range(3, 12):

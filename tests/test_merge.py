@@ -56,3 +56,48 @@ def test_not_merged_by_default_on_the_cpu():
     g, _ = _graph(T.FLOAT)
     assert len(Program(g).steps) == len(g.nodes)
     assert len(Program(g, device_constants=True).steps) == len(g.nodes)
+
+
+def _attention_graph(extra_output: bool):
+    """MatMul -> Add(bias) -> packed GroupQueryAttention (rotary), as genai's builder writes a layer."""
+    n, kvn, h, p, k = 4, 2, 16, 12, 32
+    rng = np.random.default_rng(2)
+    half = h // 2
+    ang = np.outer(np.arange(p), 1.0 / 10000 ** (np.arange(half) / half))
+    consts_ = {"w": rng.standard_normal((k, (n + 2 * kvn) * h)).astype(np.float16),
+               "b": rng.standard_normal((n + 2 * kvn) * h).astype(np.float16),
+               "cos": np.cos(ang).astype(np.float16), "sin": np.sin(ang).astype(np.float16)}
+    nodes = [Node("proj", "MatMul", "", 13, ["x", "w"], ["xw"]), Node("bias", "Add", "", 14, ["xw", "b"], ["qkv"]),
+             Node("attn", "GroupQueryAttention", "com.microsoft", 1,
+                  ["qkv", "", "", "pk", "pv", "seqlens_k", "total_sequence_length", "cos", "sin"], ["o", "ok", "ov"],
+                  {"num_heads": n, "kv_num_heads": kvn, "do_rotary": 1})]
+    outs = ["o", "ok", "ov"] + (["qkv"] if extra_output else [])
+    values = {nm: ValueInfo(nm, T.FLOAT16) for nm in ["x", "xw", "qkv", "pk", "pv", "o", "ok", "ov", *consts_]}
+    values.update({"seqlens_k": ValueInfo("seqlens_k", T.INT32), "total_sequence_length": ValueInfo("t", T.INT32)})
+    g = Graph(nodes, ["x", "pk", "pv", "seqlens_k", "total_sequence_length"], outs, values, consts_, "g")
+    feeds = [rng.standard_normal((1, 1, k)).astype(np.float16),
+             rng.standard_normal((1, kvn, p, h)).astype(np.float16), rng.standard_normal((1, kvn, p, h)).astype(np.float16),
+             np.array([5], np.int32), np.array(6, np.int32)]
+    return g, feeds
+
+
+@pytest.mark.parametrize("extra_output", [False, True], ids=["folded", "add-output-kept"])
+def test_qkv_bias_folded_into_attention(extra_output):
+    g, feeds = _attention_graph(extra_output)
+    folded, plain = Program(g, fold_qkv_bias=True), Program(g, fold_qkv_bias=False)
+    names = [st.node.name for st in folded.steps]
+    if extra_output:                                   # the Add's output is needed: nothing folds
+        assert names == ["proj", "bias", "attn"], names
+    else:
+        assert names == ["proj", "attn"], names
+        assert folded.steps[1].inputs[0] == "xw" and folded.steps[1].inputs[16] == "b"
+    for name, a, b in zip(g.outputs, folded.run(feeds), plain.run(feeds)):
+        np.testing.assert_array_equal(dt.host(a), dt.host(b), err_msg=name)       # the same operations
+
+
+def test_qkv_bias_fold_needs_a_private_constant():
+    g, _ = _attention_graph(False)
+    g.nodes.append(Node("reuse", "Neg", "", 13, ["b"], ["nb"]))     # the bias is read elsewhere too
+    g.outputs.append("nb")
+    g.values["nb"] = ValueInfo("nb", T.FLOAT16)
+    assert [st.node.name for st in Program(g, fold_qkv_bias=True).steps] == ["proj", "bias", "attn", "reuse"]

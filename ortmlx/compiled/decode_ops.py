@@ -29,7 +29,7 @@ class Untraceable(RuntimeError):
 
 _GQA_INPUTS = ("query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length",
                "cos_cache", "sin_cache", "position_ids", "attention_bias", "head_sink", "k_scale", "v_scale",
-               "q_norm_weight", "k_norm_weight")
+               "q_norm_weight", "k_norm_weight", "qkv_bias")
 _GQA_DEFAULTS = dict(scale=0.0, softcap=0.0, do_rotary=0, rotary_interleaved=0, local_window_size=-1,
                      smooth_softmax=-1, causal=1, qk_output=0, kv_cache_bit_width=0, k_quant_type="NONE",
                      v_quant_type="NONE", sliding_window_cache=0, qk_norm_epsilon=1e-6)
@@ -120,6 +120,9 @@ def _gqa_args(args, attrs, refused: tuple, label: str, pack: bool = False):
                              f"{a['kv_num_heads']} heads")
         return a, x, q.reshape(b, s, heads, hidden // heads), None, None
     if k is None:
+        if x["qkv_bias"] is not None:
+            q = q + x["qkv_bias"]
+            x["qkv_bias"] = None
         q, k, v = split_packed_qkv(q, a["num_heads"], a["kv_num_heads"])
     return a, x, q, k, v
 
@@ -207,7 +210,8 @@ def gqa_traced(decode: bool, padded: bool = False):
                        cos_cache=x["cos_cache"] if a["do_rotary"] else None,
                        sin_cache=x["sin_cache"] if a["do_rotary"] else None,
                        rotary_interleaved=bool(a["rotary_interleaved"]), position_ids=None,
-                       attention_bias=x["attention_bias"], sink=sink, in_place=decode, packed=packed)
+                       attention_bias=x["attention_bias"], sink=sink, in_place=decode, packed=packed,
+                       qkv_bias=x["qkv_bias"])
         if not decode:
             return res
         # decode writes row seqlens_k (= past length, S == 1) into the buffer and leaves the others

@@ -167,10 +167,13 @@ _FUSED_SOURCE = r"""
         const T* qh = qsrc + (size_t)b * Q_ROW + Q_OFF + (size_t)n * HEAD;
         const T* kh = ksrc + (size_t)b * K_ROW + K_OFF + (size_t)kvh * HEAD;
         const T* vh = vsrc + (size_t)b * V_ROW + V_OFF + (size_t)kvh * HEAD;
+        const T* qb = bias + Q_OFF + (size_t)n * HEAD;
+        const T* kb = bias + K_OFF + (size_t)kvh * HEAD;
+        const T* vb = bias + V_OFF + (size_t)kvh * HEAD;
         for (int d = threadIdx.x; d < HEAD; d += blockDim.x) {
-            qsh[d] = static_cast<float>(ortmlx_rope<T, ROT_DIM, INTERLEAVED>(qh, cb, sb, d));
-            knew[d] = static_cast<float>(ortmlx_rope<T, ROT_DIM, INTERLEAVED>(kh, cb, sb, d));
-            vnew[d] = static_cast<float>(vh[d]);
+            qsh[d] = static_cast<float>(ortmlx_rope<T, ROT_DIM, INTERLEAVED, HAS_QKV_BIAS>(qh, qb, cb, sb, d));
+            knew[d] = static_cast<float>(ortmlx_rope<T, ROT_DIM, INTERLEAVED, HAS_QKV_BIAS>(kh, kb, cb, sb, d));
+            vnew[d] = static_cast<float>(ortmlx_ld<T, HAS_QKV_BIAS>(vh, vb, d));
         }
         __syncthreads();
 #define QVAL(d) qsh[d]
@@ -189,6 +192,8 @@ _FUSED_SOURCE = r"""
         const float* sb = sinv + (size_t)b * HEAD;
         const T* kh = ksrc + (size_t)b * K_ROW + K_OFF + (size_t)kvh * HEAD;
         const T* vh = vsrc + (size_t)b * V_ROW + V_OFF + (size_t)kvh * HEAD;
+        const T* kb = bias + K_OFF + (size_t)kvh * HEAD;
+        const T* vb = bias + V_OFF + (size_t)kvh * HEAD;
         const size_t base = (size_t)bh * KV * HEAD;
         const int r0 = chunk * CROWS;
         const int rows = (KV - r0) < CROWS ? (KV - r0) : CROWS;
@@ -197,8 +202,8 @@ _FUSED_SOURCE = r"""
             const int d = e - (e / HEAD) * HEAD;
             const size_t at = base + (size_t)t * HEAD + d;
             if (t == pl) {
-                present_k[at] = ortmlx_rope<T, ROT_DIM, INTERLEAVED>(kh, cb, sb, d);
-                present_v[at] = vh[d];
+                present_k[at] = ortmlx_rope<T, ROT_DIM, INTERLEAVED, HAS_QKV_BIAS>(kh, kb, cb, sb, d);
+                present_v[at] = ortmlx_ld<T, HAS_QKV_BIAS>(vh, vb, d);
             } else {
                 present_k[at] = past_k[at];
                 present_v[at] = past_v[at];
@@ -206,8 +211,8 @@ _FUSED_SOURCE = r"""
         }
         if (chunk == 0) {
             for (int d = threadIdx.x; d < HEAD; d += blockDim.x) {
-                k_new[(size_t)bh * HEAD + d] = ortmlx_rope<T, ROT_DIM, INTERLEAVED>(kh, cb, sb, d);
-                v_new[(size_t)bh * HEAD + d] = vh[d];
+                k_new[(size_t)bh * HEAD + d] = ortmlx_rope<T, ROT_DIM, INTERLEAVED, HAS_QKV_BIAS>(kh, kb, cb, sb, d);
+                v_new[(size_t)bh * HEAD + d] = ortmlx_ld<T, HAS_QKV_BIAS>(vh, vb, d);
             }
         }
     }
@@ -217,15 +222,23 @@ _FUSED_SOURCE = r"""
 FUSED_CROWS = 32
 
 _ROPE_HEADER = r"""
+// feature d of a packed-QKV row, plus its bias when the Add that fed it was folded in (T's own addition,
+// as MLX's Add computes it)
+template <typename T, bool HB>
+__device__ __forceinline__ T ortmlx_ld(const T* x, const T* bias, int d) {
+    if (HB) return static_cast<T>(x[d] + bias[d]);
+    return x[d];
+}
+
 // x rotated at feature d as ``apply_rotary`` does: float32 products and sum (never contracted into an
 // FMA), rounded once to T; features at or past ROT_DIM (all of them when ROT_DIM == 0) as they are.
-template <typename T, int ROT_DIM, bool INTERLEAVED>
-__device__ __forceinline__ T ortmlx_rope(const T* x, const float* c, const float* s, int d) {
-    if (d >= ROT_DIM) return x[d];
+template <typename T, int ROT_DIM, bool INTERLEAVED, bool HB>
+__device__ __forceinline__ T ortmlx_rope(const T* x, const T* bias, const float* c, const float* s, int d) {
+    if (d >= ROT_DIM) return ortmlx_ld<T, HB>(x, bias, d);
     const int half = ROT_DIM / 2;
     const int p = INTERLEAVED ? (d ^ 1) : (d < half ? d + half : d - half);
-    return static_cast<T>(__fadd_rn(__fmul_rn(static_cast<float>(x[d]), c[d]),
-                                    __fmul_rn(static_cast<float>(x[p]), s[d])));
+    return static_cast<T>(__fadd_rn(__fmul_rn(static_cast<float>(ortmlx_ld<T, HB>(x, bias, d)), c[d]),
+                                    __fmul_rn(static_cast<float>(ortmlx_ld<T, HB>(x, bias, p)), s[d])));
 }
 """
 
@@ -372,7 +385,7 @@ def _fused_kernel(alpha: float, softcap: float):
     tag = hashlib.sha1((head + _FUSED_SOURCE).encode()).hexdigest()[:12]
     return mx.fast.cuda_kernel(name=f"ortmlx_decode_rope_attention_{tag}",
                                input_names=["qsrc", "ksrc", "vsrc", "cosv", "sinv", "past_k", "past_v", "past_len",
-                                            "total_len", "sink"],
+                                            "total_len", "sink", "bias"],
                                output_names=["out", "present_k", "present_v", "k_new", "v_new"],
                                source=_FUSED_SOURCE, header=head)
 
@@ -402,13 +415,14 @@ def decode_rope_attention_reason(q, k, v, past_k, past_v, num_heads: int, kv_num
 
 def decode_rope_attention(q, k, v, cos, sin, past_k, past_v, past_len, total_len, *, num_heads: int,
                           kv_num_heads: int, rot_dim: int, interleaved: bool, alpha: float, softcap: float = 0.0,
-                          local_window_size: int = -1, sink=None):
+                          local_window_size: int = -1, sink=None, qkv_bias=None):
     """A decode row of GroupQueryAttention into a shared KV buffer, in one kernel.
 
     q (B, 1, N+2Nkv, H) packed QKV with k, v None, or q (B, 1, N*H), k, v (B, 1, Nkv*H); cos, sin (B, H)
     float32 rotary tables of the row (the sin carrying the rotation's sign, ``rotary_tables``; unused when
     ``rot_dim`` is 0); past_k, past_v (B, Nkv, T, H). The query and key heads are rotated as
-    ``apply_rotary`` rotates them; the presents are the pasts with row past_len[b] replaced by the new
+    ``apply_rotary`` rotates them (after adding ``qkv_bias`` ((N+2Nkv)*H,), packed QKV only, in the
+    input's type: the Add folded into the node); the presents are the pasts with row past_len[b] replaced by the new
     (rotated) key and value rows; the attention is ``decode_attention``'s over the presents. Returns
     (out (B, N, H), present_k, present_v, k_new, v_new (B, Nkv, 1, H)).
     """
@@ -422,15 +436,19 @@ def decode_rope_attention(q, k, v, cos, sin, past_k, past_v, past_len, total_len
     if rot_dim == 0:
         cos = sin = mx.zeros((1,), mx.float32)
     sink_arr = mx.zeros((1,), mx.float32) if sink is None else sink.astype(mx.float32)
+    if qkv_bias is not None and (k is not None or qkv_bias.shape != (layout[0],) or qkv_bias.dtype != past_k.dtype):
+        raise ValueError(f"qkv_bias {qkv_bias.shape} {qkv_bias.dtype} needs a packed QKV row of {layout[0]}")
+    bias = mx.zeros((1,), past_k.dtype) if qkv_bias is None else qkv_bias
     threads = 32 * ATTN_WARPS
     blocks = b * num_heads + b * kvn * (-(-kv // FUSED_CROWS))
     names = ("Q_ROW", "Q_OFF", "K_ROW", "K_OFF", "V_ROW", "V_OFF")
     outs = _fused_kernel(float(alpha), float(softcap))(
         inputs=[*srcs, cos.astype(mx.float32), sin.astype(mx.float32), past_k, past_v, past_len.astype(mx.int32),
-                total_len.astype(mx.int32), sink_arr],
+                total_len.astype(mx.int32), sink_arr, bias],
         template=[("T", past_k.dtype), ("NB", b), ("NH", num_heads), ("NKV", kvn), ("HEAD", h), ("KV", kv),
                   ("WARPS", ATTN_WARPS), ("WINDOW", max(int(local_window_size), 0)), ("HAS_SINK", sink is not None),
                   ("ROT_DIM", int(rot_dim)), ("INTERLEAVED", bool(interleaved)), ("CROWS", FUSED_CROWS),
+                  ("HAS_QKV_BIAS", qkv_bias is not None),
                   *zip(names, layout)],
         grid=(blocks * threads, 1, 1), threadgroup=(threads, 1, 1),
         output_shapes=[(b, num_heads, h), past_k.shape, past_k.shape, (b, kvn, 1, h), (b, kvn, 1, h)],

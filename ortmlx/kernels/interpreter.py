@@ -131,7 +131,8 @@ class Program:
     """A fused group resolved once: translators per node and constants loaded into MLX."""
 
     def __init__(self, graph, device: str = "cpu", constants_mx: dict[str, mx.array] | None = None,
-                 device_constants: bool = False, cuda_kernels: bool = False, merge_matmuls: bool | None = None):
+                 device_constants: bool = False, cuda_kernels: bool = False, merge_matmuls: bool | None = None,
+                 fold_qkv_bias: bool | None = None):
         self.graph = graph
         self.device = device
         #: builds may use ``kernels/cuda_kernels.py`` (on a GPU of MLX's CUDA backend)
@@ -149,8 +150,14 @@ class Program:
         merged_np = {merge.merged_name(g): merge.merged_weight(graph, g) for g in groups}
         for g in groups:
             self.types[merge.merged_name(g)] = self.types.get(g[0].inputs[1])
+        #: a packed QKV's bias Add folded into its GroupQueryAttention (``merge.qkv_bias_folds``): by default
+        #: with the custom kernels, whose one-kernel decode row adds it
+        if fold_qkv_bias is None:
+            fold_qkv_bias = self.cuda_kernels
+        folds = merge.qkv_bias_folds(graph) if fold_qkv_bias else {}
+        folded_adds = {id(add) for add, _, _ in folds.values()}
         for node in graph.nodes:
-            if id(node) in later:
+            if id(node) in later or id(node) in folded_adds:
                 continue
             g = first.get(id(node))
             if g is not None:
@@ -165,14 +172,18 @@ class Program:
             opdef = REGISTRY.resolve(node.domain, node.op_type, node.since_version)
             if opdef is None:
                 raise KernelError(f"{node.label}: no translator (since_version {node.since_version})")
+            ins = list(node.inputs)
+            if id(node) in folds:
+                _, x, bias = folds[id(node)]
+                ins = [x] + ins[1:] + [""] * (merge.QKV_BIAS_INPUT - len(ins)) + [bias]
             out_types = [self.types.get(o) if o else None for o in node.outputs]
-            in_types = [self.types.get(i) if i else None for i in node.inputs]
+            in_types = [self.types.get(i) if i else None for i in ins]
             opdef = opdef.for_types(in_types)
             ctx = Ctx(node, out_types, in_types, device, len(node.outputs)) if opdef.wants_ctx else None
             bodies = _nested(node, opdef, device)
-            conts = frozenset(k for k, i in enumerate(node.inputs) if i and not graph.value(i).is_tensor)
+            conts = frozenset(k for k, i in enumerate(ins) if i and not graph.value(i).is_tensor)
             infos = tuple(graph.value(o) if o else None for o in node.outputs) if opdef.containers else ()
-            self.steps.append(Step(node, opdef, list(node.inputs), list(node.outputs), dict(node.attrs),
+            self.steps.append(Step(node, opdef, ins, list(node.outputs), dict(node.attrs),
                                    out_types, in_types, ctx, conts, infos, bodies))
         if constants_mx is None:
             gone = {n.inputs[1] for g in groups for n in g}

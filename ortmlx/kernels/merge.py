@@ -56,3 +56,33 @@ def merged_matmul(A, W, *, widths: tuple[int, ...]):
 
 def merged_fn(graph, group):
     return functools.partial(merged_matmul, widths=tuple(int(graph.constants[n.inputs[1]].shape[1]) for n in group))
+
+
+#: the GroupQueryAttention input a folded bias travels in (after the 16 of the spec)
+QKV_BIAS_INPUT = 16
+
+
+def qkv_bias_folds(graph) -> dict[int, tuple]:
+    """id(GroupQueryAttention node) -> (its Add node, the Add's data input, the bias constant) for every
+    packed-QKV GroupQueryAttention whose query is ``Add(X, bias)`` with a 1-D constant bias (size > 1)
+    read by nothing else, the Add's output read only by that node and not a graph output. The Add can then
+    be folded into the attention (``GroupQueryAttention``'s ``qkv_bias``), which adds it itself."""
+    producers = graph.producers()
+    consumers = graph.consumers(implicit=True)
+    outputs = set(graph.outputs)
+    folds = {}
+    for n in graph.nodes:
+        if n.op_type != "GroupQueryAttention" or n.domain != "com.microsoft" or not n.inputs or \
+                any(i for i in n.inputs[1:3]) or len(n.inputs) > QKV_BIAS_INPUT:
+            continue
+        add = producers.get(n.inputs[0])
+        if add is None or add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.inputs) != 2 \
+                or n.inputs[0] in outputs or len(consumers.get(n.inputs[0], ())) != 1:
+            continue
+        for x, bias in (add.inputs, add.inputs[::-1]):
+            c = graph.constants.get(bias)
+            if c is not None and x not in graph.constants and np.ndim(c) == 1 and np.size(c) > 1 \
+                    and len(consumers.get(bias, ())) == 1 and bias not in outputs:
+                folds[id(n)] = (add, x, bias)
+                break
+    return folds

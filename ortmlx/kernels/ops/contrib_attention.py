@@ -154,7 +154,7 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
              kv_num_heads: int, first_prompt: bool, scale: float = 0.0, softcap: float = 0.0,
              local_window_size: int = -1, cos_cache=None, sin_cache=None, position_ids=None,
              rotary_interleaved: bool = False, attention_bias=None, sink=None, in_place: bool = False,
-             packed: bool = False):
+             packed: bool = False, qkv_bias=None):
     """GroupQueryAttention on MLX arrays, as ORT's CPU kernel computes it.
 
     q (B,S,N*H); k, v (B,S,Nkv*H); or ``packed``: q is the packed QKV (B,S,N+2*Nkv,H) and k, v are
@@ -164,9 +164,13 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
     read and query s sits at position s. Otherwise row b's past length is seqlens_k[b]+1-S.
     ``sink``: (N,) extra softmax logit (smooth softmax: zeros). Returns (out, present_k, present_v);
     ``in_place`` (decode into a shared buffer, see ``_present``) adds the new K and V rows
-    (B,Nkv,S,H): the only rows where the presents differ from the pasts.
+    (B,Nkv,S,H): the only rows where the presents differ from the pasts. ``qkv_bias`` ((N+2*Nkv)*H,),
+    packed only: added to the packed QKV first (in its type, as the Add node it replaces).
     """
     nq = num_heads + kv_num_heads
+    if qkv_bias is not None:
+        if not packed or qkv_bias.shape != (q.shape[2] * q.shape[3],):
+            raise ValueError(f"qkv_bias {qkv_bias.shape} needs a packed QKV of {q.shape[2:]} heads x size")
     b, s = q.shape[:2]
     h = q.shape[3] if packed else q.shape[2] // num_heads
     seqlens = seqlens_k.astype(mx.int32)
@@ -200,8 +204,10 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
         out, pk, pv, k_new, v_new = cuda_kernels.decode_rope_attention(
             q, k, v, c, sn, past_key, past_value, past_len, total_len, num_heads=num_heads,
             kv_num_heads=kv_num_heads, rot_dim=rd, interleaved=rotary_interleaved, alpha=alpha, softcap=softcap,
-            local_window_size=local_window_size, sink=sink)
+            local_window_size=local_window_size, sink=sink, qkv_bias=qkv_bias)
         return out.reshape(b, 1, num_heads * h), pk, pv, k_new, v_new
+    if qkv_bias is not None:
+        q = q + qkv_bias.reshape(q.shape[2:])
     if packed:
         x = q.transpose(0, 2, 1, 3)                     # (B, N+2Nkv, S, H): views for S == 1
         qk, v = x[:, :nq], x[:, nq:]
@@ -334,12 +340,15 @@ def _validate_gqa(seqlens: np.ndarray, b: int, s: int, total: int, past_len_cap:
 def group_query_attention(query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None,
                           total_sequence_length=None, cos_cache=None, sin_cache=None, position_ids=None,
                           attention_bias=None, head_sink=None, k_scale=None, v_scale=None,
-                          q_norm_weight=None, k_norm_weight=None, *, num_heads, kv_num_heads, scale=0.0,
+                          q_norm_weight=None, k_norm_weight=None, qkv_bias=None, *, num_heads, kv_num_heads, scale=0.0,
                           softcap=0.0, do_rotary=0, rotary_interleaved=0, local_window_size=-1,
                           smooth_softmax=-1, causal=1, qk_output=0, kv_cache_bit_width=0,
                           k_quant_type="NONE", v_quant_type="NONE", sliding_window_cache=0,
                           qk_norm_epsilon=1e-6):
-    """GroupQueryAttention (com.microsoft, ORT CPU semantics); outputs (output, present_key, present_value)."""
+    """GroupQueryAttention (com.microsoft, ORT CPU semantics); outputs (output, present_key, present_value).
+
+    ``qkv_bias`` (not an ONNX input): the bias of an Add that fed a packed ``query`` and was folded into
+    this node (``merge.fold_qkv_bias``); it is added here, in query's type, as that Add did."""
     if query.ndim != 3:
         raise ValueError(f"query must be 3D (B,S,hidden), got shape {query.shape}")
     b, s, hidden = query.shape
@@ -388,7 +397,7 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
                     softcap=softcap, local_window_size=local_window_size,
                     cos_cache=cos_cache if do_rotary else None, sin_cache=sin_cache if do_rotary else None,
                     rotary_interleaved=bool(rotary_interleaved), position_ids=position_ids, attention_bias=attention_bias, sink=sink,
-                    packed=key is None)
+                    packed=key is None, qkv_bias=qkv_bias)
 
 
 # ---------------------------------------------------------------------------- RotaryEmbedding

@@ -85,7 +85,7 @@ def reference_decode_rope_attention(q, k, v, cos, sin, past_k, past_v, past_len,
     out = reference_decode_attention(qh.reshape(b, num_heads, 1, h), pk, pv, past_len, total_len,
                                      num_heads=num_heads, kv_num_heads=kv_num_heads, alpha=alpha, softcap=softcap,
                                      local_window_size=local_window_size, sink=sink)
-    return out, pk, pv, k_new, v_new
+    return out.reshape(b, 1, num_heads * h), pk, pv, k_new, v_new
 
 
 # name: (B, N, Nkv, H, P, seqlens, dtype, extra gqa_core keywords)
@@ -398,3 +398,21 @@ def test_ep_norms_match_cpu_ep(t, monkeypatch):
             assert_close(got[0], want[0], what=f"{name} {shape} y", **tol)
             assert_close(got[1], want[1], what=f"{name} {shape} sum", **tol)
     assert len(calls) >= 6, f"kernel used {len(calls)} times"
+
+
+def test_hint_arrays_one_kernel_wiring(monkeypatch):
+    """Everywhere: the row hints handed to ``gather_bytes`` as they are (no reshapes or views) give the bytes
+    the per-piece concatenate gives (the kernel's contract: each array's row-major bytes in turn)."""
+    from ortmlx.compiled import core
+    monkeypatch.setattr(cuda_kernels, "gather_bytes",
+                        lambda arrays: mx.concatenate([a.reshape(-1).view(mx.uint8) for a in arrays]))
+    rng = np.random.default_rng(4)
+    starts = [mx.array([3, 5], mx.int32), mx.array([7, 1], mx.int64)]
+    hints = []
+    for i in range(5):
+        rows = mx.array(rng.standard_normal((2, 2, 1, 8)).astype(np.float32)).astype(mx.float16)
+        hints.append((None, None, starts[i % 2], rows))
+    meta = [(i, i, (2, 2, 1, 8), 2) if i != 2 else None for i in range(5)]     # hint 2 not kept
+    got, gi = core._hint_arrays(hints, meta, one_kernel=True)
+    want, wi = core._hint_arrays(hints, meta, one_kernel=False)
+    assert np.array(got).tobytes() == np.array(want).tobytes() and list(gi) == list(wi)

@@ -528,18 +528,24 @@ def _hint_arrays(hints: list, meta: list, one_kernel: bool = False) -> tuple[mx.
     int32 bytes: one copy kernel per piece, or ``one_kernel``: ``cuda_kernels.gather_bytes``), and per
     hint batch row the index of its start value."""
     kept = [h for h, m in zip(hints, meta) if m is not None]
-    rows = [r.reshape(-1).view(mx.uint8) for _, _, _, r in kept]
+    if one_kernel and len(kept) + len({id(s) for _, _, s, _ in kept}) <= cuda_kernels.GATHER_MAX \
+            and all(r.size for _, _, _, r in kept):
+        # the kernel copies each array's bytes as they are: no reshape or uint8 view (two primitives each)
+        rows = [r for _, _, _, r in kept]
+    else:
+        one_kernel = False
+        rows = [r.reshape(-1).view(mx.uint8) for _, _, _, r in kept]
     pieces, at, index, n = [], {}, [], 0     # ``kept`` holds every start: ids stay unique here
     for _, _, s, _ in kept:
         if id(s) not in at:
             at[id(s)] = n
             n += s.size
-            pieces.append(s.reshape(-1).astype(mx.int32).view(mx.uint8))
+            s32 = s.astype(mx.int32)
+            pieces.append(s32 if one_kernel else s32.reshape(-1).view(mx.uint8))
         index.extend(range(at[id(s)], at[id(s)] + s.size))
-    parts = rows + pieces
-    if one_kernel and len(parts) <= cuda_kernels.GATHER_MAX and all(p.size for p in parts):
-        return cuda_kernels.gather_bytes(parts), np.asarray(index, np.intp)
-    return mx.concatenate(parts), np.asarray(index, np.intp)
+    if one_kernel:
+        return cuda_kernels.gather_bytes(rows + pieces), np.asarray(index, np.intp)
+    return mx.concatenate(rows + pieces), np.asarray(index, np.intp)
 
 
 #: NumPy forms for hoisted integer work that has no registered host form (``Program.build(host_extra=)``)

@@ -424,7 +424,7 @@ def decode_rope_attention(q, k, v, cos, sin, past_k, past_v, past_len, total_len
     ``apply_rotary`` rotates them (after adding ``qkv_bias`` ((N+2Nkv)*H,), packed QKV only, in the
     input's type: the Add folded into the node); the presents are the pasts with row past_len[b] replaced by the new
     (rotated) key and value rows; the attention is ``decode_attention``'s over the presents. Returns
-    (out (B, N, H), present_k, present_v, k_new, v_new (B, Nkv, 1, H)).
+    (out (B, 1, N*H): GroupQueryAttention's output layout, present_k, present_v, k_new, v_new (B, Nkv, 1, H)).
     """
     b, kvn, kv, h = past_k.shape
     hq = num_heads * h
@@ -451,7 +451,7 @@ def decode_rope_attention(q, k, v, cos, sin, past_k, past_v, past_len, total_len
                   ("HAS_QKV_BIAS", qkv_bias is not None),
                   *zip(names, layout)],
         grid=(blocks * threads, 1, 1), threadgroup=(threads, 1, 1),
-        output_shapes=[(b, num_heads, h), past_k.shape, past_k.shape, (b, kvn, 1, h), (b, kvn, 1, h)],
+        output_shapes=[(b, 1, num_heads * h), past_k.shape, past_k.shape, (b, kvn, 1, h), (b, kvn, 1, h)],
         output_dtypes=[past_k.dtype] * 5)
     return tuple(outs)
 

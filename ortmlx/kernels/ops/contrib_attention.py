@@ -205,7 +205,7 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
             q, k, v, c, sn, past_key, past_value, past_len, total_len, num_heads=num_heads,
             kv_num_heads=kv_num_heads, rot_dim=rd, interleaved=rotary_interleaved, alpha=alpha, softcap=softcap,
             local_window_size=local_window_size, sink=sink, qkv_bias=qkv_bias)
-        return out.reshape(b, 1, num_heads * h), pk, pv, k_new, v_new
+        return out, pk, pv, k_new, v_new
     if qkv_bias is not None:
         q = q + qkv_bias.reshape(q.shape[2:])
     if packed:

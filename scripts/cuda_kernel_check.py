@@ -1,0 +1,72 @@
+"""Compile-check the custom CUDA kernels (``ortmlx/kernels/cuda_kernels.py``) without a GPU.
+
+    python scripts/cuda_kernel_check.py --checker DIR
+
+``DIR`` holds ``nvrtc_check.py``: a module with ``check_kernel(name, input_names, input_dtypes,
+output_names, output_dtypes, source, header=, template=) -> (ok, log)`` that assembles the source the
+way MLX's ``cuda_kernel`` does and compiles it with NVRTC as MLX's JIT does (MLX's device headers,
+``--device-as-default-execution-space``, ``sm_90a``). One was built for this project from PyPI's
+``nvidia-cuda-nvrtc`` / ``nvidia-cuda-runtime`` 13 wheels, MLX's device headers at the installed version
+and CCCL 3.1.3's libcudacxx (``docs/developing.md``). Every kernel is compiled for float16, bfloat16 and
+float32 with representative template values; any error or warning fails (exit 1). A compile check is not
+a test: the kernels' behaviour is tested on a GPU (``tests/test_cuda_kernels.py``).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def cases():
+    from ortmlx.kernels import cuda_kernels as ck
+    attn_in = ["q", "k", "v", "past_len", "total_len", "sink"]
+    fused_in = ["qsrc", "ksrc", "vsrc", "cosv", "sinv", "past_k", "past_v", "past_len", "total_len", "sink", "bias"]
+    for t in ("float16", "bfloat16", "float32"):
+        for sink, win, head, cap in ((False, 0, 64, 0.0), (True, 16, 80, 5.0), (False, 0, 256, 0.0)):
+            yield (f"decode_attention {t} head {head} sink {sink} window {win}", "ortmlx_decode_attention_x", attn_in,
+                   [t, t, t, "int32", "int32", "float32"], ["out"], [t], ck._ATTN_SOURCE, ck._attn_header(0.125, cap),
+                   [("T", t), ("NH", 14), ("NKV", 2), ("HEAD", head), ("QH", 18), ("KV", 160),
+                    ("WARPS", ck.ATTN_WARPS), ("WINDOW", win), ("HAS_SINK", sink)])
+        for rot, inter, bias in ((64, False, True), (32, True, False), (0, False, False)):
+            yield (f"decode_rope_attention {t} rotary {rot} interleaved {inter} bias {bias}",
+                   "ortmlx_decode_rope_attention_x", fused_in,
+                   [t, t, t, "float32", "float32", t, t, "int32", "int32", "float32", t],
+                   ["out", "present_k", "present_v", "k_new", "v_new"], [t] * 5, ck._FUSED_SOURCE,
+                   ck._attn_header(0.125, 0.0) + ck._ROPE_HEADER,
+                   [("T", t), ("NB", 1), ("NH", 14), ("NKV", 2), ("HEAD", 64), ("KV", 160), ("WARPS", ck.ATTN_WARPS),
+                    ("WINDOW", 0), ("HAS_SINK", bias), ("ROT_DIM", rot), ("INTERLEAVED", inter),
+                    ("CROWS", ck.FUSED_CROWS), ("HAS_QKV_BIAS", bias), ("Q_ROW", 1152), ("Q_OFF", 0),
+                    ("K_ROW", 1152), ("K_OFF", 896), ("V_ROW", 1152), ("V_OFF", 1024)])
+        for skip, bias in ((True, False), (True, True), (False, False)):
+            yield (f"rms_norm {t} skip {skip} bias {bias}", "ortmlx_rms_norm_x", ["x", "skip", "bias", "gamma"],
+                   [t] * 4, ["out", "sum"], [t, t], ck._NORM_SOURCE, f"constexpr float EPS = {ck._f32_literal(1e-6)};\n",
+                   [("T", t), ("HIDDEN", 896), ("HAS_SKIP", skip), ("HAS_BIAS", bias)])
+    sizes = (128,) * 48 + (4,)
+    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+    yield ("gather_bytes 49 arrays", "ortmlx_gather_bytes_x", [f"in{i}" for i in range(len(sizes))],
+           ["float16"] * 48 + ["int32"], ["out"], ["uint8"], ck._gather_source(list(sizes), offsets), "", [])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checker", required=True, help="directory holding nvrtc_check.py")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, args.checker)
+    import nvrtc_check
+    bad = 0
+    for label, name, ins, in_t, outs, out_t, src, head, tmpl in cases():
+        ok, log = nvrtc_check.check_kernel(name, ins, in_t, outs, out_t, src, header=head, template=tmpl)
+        noise = [ln for ln in log.splitlines() if "warning" in ln or "error" in ln]
+        bad += (not ok) or bool(noise)
+        print(f"{'ok ' if ok and not noise else 'BAD'} {label}")
+        for ln in noise[:6]:
+            print(f"    {ln}")
+    print(f"{bad} kernel(s) with errors or warnings")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -42,7 +42,8 @@ def cases():
                     ("K_ROW", 1152), ("K_OFF", 896), ("V_ROW", 1152), ("V_OFF", 1024)])
         for skip, bias in ((True, False), (True, True), (False, False)):
             yield (f"rms_norm {t} skip {skip} bias {bias}", "ortmlx_rms_norm_x", ["x", "skip", "bias", "gamma"],
-                   [t] * 4, ["out", "sum"], [t, t], ck._NORM_SOURCE, f"constexpr float EPS = {ck._f32_literal(1e-6)};\n",
+                   [t] * 4, ["out", "sum"], [t, t], ck._NORM_SOURCE,
+                   f"constexpr float EPS = {ck._f32_literal(1e-6)};\n",
                    [("T", t), ("HIDDEN", 896), ("HAS_SKIP", skip), ("HAS_BIAS", bias)])
     sizes = (128,) * 48 + (4,)
     offsets = [sum(sizes[:i]) for i in range(len(sizes))]

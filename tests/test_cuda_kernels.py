@@ -139,11 +139,11 @@ def _gqa(case: str, packed: bool, rotary: bool, first: bool, fused: bool, bias: 
     return [np.array(o.astype(mx.float32)) if o.dtype == mx.bfloat16 else np.array(o) for o in out]
 
 
-VARIANTS = pytest.mark.parametrize("packed,rotary,first,bias", [(True, True, False, False), (False, False, False, False),
-                                                                 (True, False, True, False), (True, True, False, True),
-                                                                 (True, False, True, True)],
-                                   ids=["packed-rotary", "split", "first-prompt", "packed-rotary-bias",
-                                        "first-prompt-bias"])
+VARIANTS = pytest.mark.parametrize(
+    "packed,rotary,first,bias",
+    [(True, True, False, False), (False, False, False, False), (True, False, True, False), (True, True, False, True),
+     (True, False, True, True)],
+    ids=["packed-rotary", "split", "first-prompt", "packed-rotary-bias", "first-prompt-bias"])
 
 
 def _check_output(case: str, got, want) -> None:

@@ -76,7 +76,8 @@ def _attention_graph(extra_output: bool):
     values.update({"seqlens_k": ValueInfo("seqlens_k", T.INT32), "total_sequence_length": ValueInfo("t", T.INT32)})
     g = Graph(nodes, ["x", "pk", "pv", "seqlens_k", "total_sequence_length"], outs, values, consts_, "g")
     feeds = [rng.standard_normal((1, 1, k)).astype(np.float16),
-             rng.standard_normal((1, kvn, p, h)).astype(np.float16), rng.standard_normal((1, kvn, p, h)).astype(np.float16),
+             rng.standard_normal((1, kvn, p, h)).astype(np.float16),
+             rng.standard_normal((1, kvn, p, h)).astype(np.float16),
              np.array([5], np.int32), np.array(6, np.int32)]
     return g, feeds
 

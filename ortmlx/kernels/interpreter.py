@@ -162,6 +162,8 @@ class Program:
             g = first.get(id(node))
             if g is not None:
                 opdef = REGISTRY.resolve(node.domain, node.op_type, node.since_version)
+                if opdef is None:
+                    raise KernelError(f"{node.label}: no translator (since_version {node.since_version})")
                 opdef = dataclasses.replace(opdef, fn=merge.merged_fn(graph, g), wants_ctx=False)
                 outs = [n.outputs[0] for n in g]
                 name = merge.merged_name(g)

@@ -348,7 +348,7 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
     """GroupQueryAttention (com.microsoft, ORT CPU semantics); outputs (output, present_key, present_value).
 
     ``qkv_bias`` (not an ONNX input): the bias of an Add that fed a packed ``query`` and was folded into
-    this node (``merge.fold_qkv_bias``); it is added here, in query's type, as that Add did."""
+    this node (``merge.qkv_bias_folds``); it is added here, in query's type, as that Add did."""
     if query.ndim != 3:
         raise ValueError(f"query must be 3D (B,S,hidden), got shape {query.shape}")
     b, s, hidden = query.shape

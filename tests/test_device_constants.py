@@ -66,6 +66,16 @@ def test_column_major_weights_and_chunks(monkeypatch):
                                rtol=1e-2, atol=1e-2)
 
 
+def test_lifted_weight_column_major():
+    """A weight stored [1, K, N] (``merge.lifted_weights``) named column-major: its last two axes are."""
+    w = RNG.standard_normal((1, 257, 300)).astype(np.float16)
+    d = {"w": mx.array(w)}
+    dt.device_copies(d, frozenset({"w"}))
+    h = np.asarray(d["w"])
+    assert np.array_equal(h, w) and h.shape == w.shape
+    assert h.strides[1:] == (h.itemsize, h.itemsize * 257), h.strides
+
+
 def test_memory_peaks_one_chunk_above_the_weights(monkeypatch):
     """Originals are released chunk by chunk: 16 x 4 MB copied 8 MB at a time never holds 2x."""
     monkeypatch.setattr(dt, "DEVICE_COPY_CHUNK", 8 << 20)

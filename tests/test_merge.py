@@ -102,3 +102,25 @@ def test_qkv_bias_fold_needs_a_private_constant():
     g.outputs.append("nb")
     g.values["nb"] = ValueInfo("nb", T.FLOAT16)
     assert [st.node.name for st in Program(g, fold_qkv_bias=True).steps] == ["proj", "bias", "attn", "reuse"]
+
+
+def test_lifted_weights_answer_the_same():
+    """Weights of products with a declared 3-D A are stored [1, K, N] (one MLX node per product): the same
+    bits; a 2-D A, a shared weight and a merged group (lifted too) are handled."""
+    g, npt = _graph(T.FLOAT16)
+    for n in ("x", "z"):
+        g.values[n] = ValueInfo(n, T.FLOAT16, ("b", "s", K if n == "x" else K + 2))
+    g.values["y"] = ValueInfo("y", T.FLOAT16, ("s", K))                  # 2-D: w4 stays 2-D
+    rng = np.random.default_rng(3)
+    feeds = [rng.standard_normal((1, 2, K)).astype(npt), rng.standard_normal((2, K)).astype(npt),
+             rng.standard_normal((1, 2, K + 2)).astype(npt)]
+    for merge_matmuls in (False, True):
+        lifted = Program(g, merge_matmuls=merge_matmuls, lift_weights=True)
+        plain = Program(g, merge_matmuls=merge_matmuls, lift_weights=False)
+        shapes = {k: tuple(v.shape) for k, v in lifted.constants.items()}
+        assert shapes["w5"] == (1, K + 2, 8) and shapes["w4"] == (K, 8) and shapes["w3"] == (K, 16), shapes
+        merged = [k for k in shapes if "::merged" in k]
+        assert (merged and shapes[merged[0]] == (1, K, 64 + 64 + 24)) if merge_matmuls else \
+            shapes["w0"] == (1, K, 64), shapes
+        for name, a, b in zip(g.outputs, lifted.run(feeds), plain.run(feeds)):
+            np.testing.assert_array_equal(dt.host(a), dt.host(b), err_msg=f"{name} (merged: {merge_matmuls})")

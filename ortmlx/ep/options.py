@@ -37,6 +37,10 @@ SPEC: dict[str, tuple[tuple[str, ...], str]] = {
                                                        "CUDA backend: managed memory) and MatMul weights row-major, "
                                                        "rather than copied into device memory once, MatMul weights "
                                                        "column-major (MLX's gemv for a decode row; GPU only)"),
+    "lift_weights": (("ORTMLX_LIFT_WEIGHTS",), "1|0: store constant MatMul weights of 3-D products [1, K, N] (one MLX "
+                                               "node per product; 2-D, MLX flattens A and unflattens the product: two "
+                                               "more per product and call) (kernels/merge.py); default: on with MLX's "
+                                               "CPU backend, off on a GPU (not yet measured there)"),
     "cuda_kernels": (("ORTMLX_CUDA_KERNELS",), "0: no custom CUDA kernels (kernels/cuda_kernels.py: one-kernel decode "
                                                "attention, one-kernel row-hint gather) on MLX's CUDA backend"),
     "compile_mode": (("ORTMLX_COMPILE_MODE",), "enabled|no_fuse|no_simplify|disabled: mx.compile mode"),
@@ -49,7 +53,7 @@ SPEC: dict[str, tuple[tuple[str, ...], str]] = {
 
 _BOOLS = {"no_compile", "no_general_compile", "no_prefill_compile", "no_decode_compile", "gpu_decode_compile",
           "no_kv_mirror", "no_kv_batch", "driver_read", "device_constants", "cuda_kernels",
-          "verbose"}
+          "lift_weights", "verbose"}
 
 
 def flag(value: str | None) -> bool:
@@ -69,6 +73,7 @@ class EpOptions:
     driver_read: bool = True
     device_constants: bool = True
     cuda_kernels: bool = True
+    lift_weights: bool | None = None          # None: by device (Program)
     compile_mode: str = "enabled"
     trace: str = ""
     verbose: bool = False

@@ -132,8 +132,8 @@ _UINTS = {1: mx.uint8, 2: mx.uint16, 4: mx.uint32, 8: mx.uint64}
 
 def device_copies(arrays: dict, col_major: frozenset = frozenset()) -> None:
     """Replace, in ``arrays`` (name -> evaluated mx.array), each large array by a copy made by a kernel:
-    the same values bit for bit; 2-D arrays named in ``col_major`` in column-major layout (a transposed
-    view of a row-major copy).
+    the same values bit for bit; 2-D arrays named in ``col_major`` (and [1, K, N] ones: their last two axes) in column-major
+    layout (a transposed view of a row-major copy).
 
     On MLX's CUDA backend ``mx.array(numpy)`` allocates managed (unified) memory, while a kernel's
     output lives in device memory: weights uploaded once are moved there. A MatMul whose [K, N]
@@ -158,6 +158,8 @@ def device_copies(arrays: dict, col_major: frozenset = frozenset()) -> None:
             continue
         if k in col_major and a.ndim == 2:
             c = mx.contiguous(a.T).T
+        elif k in col_major and a.ndim == 3 and a.shape[0] == 1:       # a weight stored [1, K, N]
+            c = mx.contiguous(a.transpose(0, 2, 1)).transpose(0, 2, 1)
         else:
             u = a.view(_UINTS[a.dtype.size]) if a.dtype != _UINTS[a.dtype.size] else a
             c = mx.bitwise_or(u, mx.array(0, u.dtype))

@@ -46,7 +46,7 @@ def merged_weight(graph, group) -> np.ndarray:
 
 def merged_matmul(A, W, *, widths: tuple[int, ...]):
     """``A @ W`` sliced back into the siblings' outputs (views of one product)."""
-    y = mx.matmul(A, W)
+    y = matmul_lifted(A, W)
     outs, at = [], 0
     for w in widths:
         outs.append(y[..., at:at + w])
@@ -86,3 +86,35 @@ def qkv_bias_folds(graph) -> dict[int, tuple]:
                 folds[id(n)] = (add, x, bias)
                 break
     return folds
+
+
+def lifted_weights(graph, steps, shapes: dict) -> set[str]:
+    """Constant 2-D MatMul weights (``shapes``: name -> shape of every constant, merged ones included) whose
+    only reader is one ai.onnx MatMul step with a 3-D A (its declared rank): stored [1, K, N], the product
+    is one MLX node (MLX flattens a 3-D A against a 2-D B and unflattens the result: two more nodes to
+    build and evaluate per product, per call)."""
+    uses: dict[str, int] = {}
+    for st in steps:
+        for i in st.inputs:
+            if i:
+                uses[i] = uses.get(i, 0) + 1
+    for n in graph.nodes:
+        for i in getattr(n, "implicit_inputs", ()):
+            uses[i] = uses.get(i, 0) + 1
+    outputs = set(graph.outputs)
+    out = set()
+    for st in steps:
+        if st.node.op_type != "MatMul" or st.node.domain not in ("", "ai.onnx") or len(st.inputs) != 2:
+            continue
+        a, w = st.inputs
+        if a and len(shapes.get(w, ())) == 2 and uses.get(w) == 1 and w not in outputs \
+                and graph.value(a).rank == 3:
+            out.add(w)
+    return out
+
+
+def matmul_lifted(A, B):
+    """``A @ B`` for a weight stored [1, K, N] (``lifted_weights``): a 3-D A multiplies it as it is."""
+    if B.ndim == 3 and A.ndim != 3:
+        B = B.reshape(B.shape[1:])
+    return mx.matmul(A, B)

@@ -17,6 +17,7 @@ from onnx import TensorProto as T
 from onnx import helper
 
 from ortmlx.kernels import consts, cuda_kernels
+from ortmlx.kernels import dtypes as dt
 from ortmlx.kernels.ops.contrib_attention import gqa_core, softmax_sink
 from ortmlx.testing import assert_close, make_model, session
 
@@ -416,3 +417,37 @@ def test_hint_arrays_one_kernel_wiring(monkeypatch):
     got, gi = core._hint_arrays(hints, meta, one_kernel=True)
     want, wi = core._hint_arrays(hints, meta, one_kernel=False)
     assert np.array(got).tobytes() == np.array(want).tobytes() and list(gi) == list(wi)
+
+
+def _merge_attention_graph():
+    from tests.test_merge import _attention_graph
+    return _attention_graph(False)
+
+
+def test_failing_kernel_turns_the_kernels_off(monkeypatch):
+    """Everywhere: a run whose kernel fails is run again without the kernels and answers as they would not
+    have been there; the kernels are then off for the process (a RuntimeWarning says why). A failure that
+    happens without them too is raised, and leaves them on."""
+    from ortmlx.kernels.interpreter import KernelError, Program
+    g, feeds = _merge_attention_graph()
+    want = [dt.host(v) for v in Program(g, fold_qkv_bias=True).run(feeds)]
+    monkeypatch.setattr(cuda_kernels, "_DISABLED", [])
+    monkeypatch.setattr(cuda_kernels, "cuda_backend", lambda: True)
+    monkeypatch.setattr(mx, "default_device", lambda: mx.gpu)
+
+    def boom(*a, **k):
+        raise RuntimeError("Failed to compile kernel: boom")
+    monkeypatch.setattr(cuda_kernels, "decode_rope_attention", boom)
+    monkeypatch.setattr(cuda_kernels, "decode_attention", boom)
+    prog = Program(g, fold_qkv_bias=True)
+    prog.cuda_kernels = True                       # as on a GPU
+    bad = list(feeds)
+    bad[3] = np.array([99], np.int32)              # seqlens beyond the buffer: an input error, with or without
+    with pytest.raises(KernelError, match="seqlens"):
+        prog.run(bad)
+    assert cuda_kernels.usable(), "an input error turned the kernels off"
+    with pytest.warns(RuntimeWarning, match="boom"):
+        got = [dt.host(v) for v in prog.run(feeds)]
+    assert "boom" in (cuda_kernels.disabled_reason() or "") and not cuda_kernels.usable()
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)

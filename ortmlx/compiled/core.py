@@ -374,7 +374,7 @@ class CompiledSubgraph:
 
         shapeless = c.shapeless
         #: the row hints' bytes gathered by one custom kernel (not one copy kernel per piece)
-        one_kernel = getattr(program, "cuda_kernels", False) and cuda_kernels.cuda_backend()
+        one_kernel = getattr(program, "cuda_kernels", False) and cuda_kernels.usable()
 
         def body(*dev):
             c.traces += 1                       # a Python side effect: runs only while tracing

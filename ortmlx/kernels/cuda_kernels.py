@@ -42,9 +42,32 @@ def cuda_backend() -> bool:
         return False
 
 
+#: why the kernels were turned off for this process (empty: they are not): a run that failed with them
+#: and succeeded without them (``interpreter.Program.run``)
+_DISABLED: list[str] = []
+
+
+def usable() -> bool:
+    """Whether MLX runs CUDA here and the kernels have not been turned off."""
+    return cuda_backend() and not _DISABLED
+
+
+def disable(reason: str) -> None:
+    """Turn the kernels off for this process (once; a RuntimeWarning says why)."""
+    if not _DISABLED:
+        _DISABLED.append(reason)
+        import warnings
+        warnings.warn(f"ortmlx: custom CUDA kernels turned off for this process: {reason}", RuntimeWarning,
+                      stacklevel=2)
+
+
+def disabled_reason() -> str | None:
+    return _DISABLED[0] if _DISABLED else None
+
+
 def enabled() -> bool:
-    """Whether the build in progress may use these kernels (asked for, and on a CUDA GPU)."""
-    return consts.build_flag("cuda_kernels") and cuda_backend() and mx.default_device() == mx.gpu
+    """Whether the build in progress may use these kernels (asked for, usable, and on the GPU)."""
+    return consts.build_flag("cuda_kernels") and usable() and mx.default_device() == mx.gpu
 
 
 def _f32_literal(x: float) -> str:

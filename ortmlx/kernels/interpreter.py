@@ -18,6 +18,7 @@ import numpy as np
 from ..subgraph import ir
 from ..subgraph.ir import outer_refs
 from . import consts, merge
+from . import cuda_kernels as ck
 from . import dtypes as dt
 from .registry import REGISTRY, Ctx, OpDef
 
@@ -229,11 +230,28 @@ class Program:
     supports_probe = True
 
     def run(self, inputs: list[np.ndarray | None], probe=None) -> list[Any]:
-        """Evaluate the group on host inputs; returns evaluated mx arrays or numpy arrays."""
+        """Evaluate the group on host inputs; returns evaluated mx arrays or numpy arrays.
+
+        A run that fails with the custom CUDA kernels is run again without them; when that succeeds the
+        kernels are turned off for the process (``cuda_kernels.disable``), else the first error is raised."""
+        kernels = self.cuda_kernels and ck.usable()
+        try:
+            return self._run(inputs, probe, kernels)
+        except Exception as e:
+            if not kernels:
+                raise
+            try:
+                out = self._run(inputs, None, False)
+            except Exception:
+                raise e from None
+            ck.disable(f"{type(e).__name__}: {e}")
+            return out
+
+    def _run(self, inputs: list, probe, kernels: bool) -> list[Any]:
         with mx.stream(mx_device(self.device)):
             if probe is not None:
                 probe.mark("build")
-            env = self.build(inputs)
+            env = self.build(inputs, kernels=kernels)
             results = [env[o] for o in self.outputs]
             lazy = [r for r in results if isinstance(r, mx.array)]
             if probe is not None:
@@ -242,12 +260,16 @@ class Program:
                 mx.eval(*lazy)
         return results
 
-    def build(self, inputs: list[Any], env: dict | None = None, host_extra: dict | None = None) -> dict[str, Any]:
+    def build(self, inputs: list[Any], env: dict | None = None, host_extra: dict | None = None,
+              kernels: bool | None = None) -> dict[str, Any]:
         """Build the lazy graph: returns name -> value for every value of the group.
 
         ``host_extra``: op type -> a NumPy form used for this build like a registered host form
-        (integer outputs, every input a host value)."""
-        with consts.build_scope(cuda_kernels=self.cuda_kernels):
+        (integer outputs, every input a host value). ``kernels``: whether the custom CUDA kernels may be
+        used (default: when the program asked for them and they are usable)."""
+        if kernels is None:
+            kernels = self.cuda_kernels and ck.usable()
+        with consts.build_scope(cuda_kernels=kernels):
             return self._build(inputs, env, host_extra)
 
     def _build(self, inputs: list[Any], env: dict | None, host_extra: dict | None = None) -> dict[str, Any]:

@@ -124,3 +124,14 @@ def test_lifted_weights_answer_the_same():
             shapes["w0"] == (1, K, 64), shapes
         for name, a, b in zip(g.outputs, lifted.run(feeds), plain.run(feeds)):
             np.testing.assert_array_equal(dt.host(a), dt.host(b), err_msg=f"{name} (merged: {merge_matmuls})")
+
+
+def test_qkv_bias_not_folded_for_split_qkv():
+    """Only a packed QKV's bias folds: with separate key/value inputs the Add stays a node."""
+    g, _ = _attention_graph(False)
+    attn = g.nodes[2]
+    attn.inputs[1:3] = ["k", "v"]
+    for n in ("k", "v"):
+        g.inputs.append(n)
+        g.values[n] = ValueInfo(n, T.FLOAT16)
+    assert [st.node.name for st in Program(g, fold_qkv_bias=True).steps] == ["proj", "bias", "attn"]

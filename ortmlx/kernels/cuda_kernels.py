@@ -4,8 +4,12 @@ A decode token of an LLM is a few hundred small kernels; on MLX's CUDA backend t
 encoding and launching each one (a CUDA graph node, ~5-18 us) outweighs its arithmetic. These
 kernels replace chains of MLX ops with one launch each, computing the same values:
 
-- ``decode_attention``: one query row (S == 1) of GroupQueryAttention over a KV buffer: scores,
-  mask, softmax and the weighted sum of values in float32, as ``gqa_core`` does with seven MLX
+- ``decode_rope_attention``: one query row (S == 1) of GroupQueryAttention written into a shared KV
+  buffer: the packed QKV's bias (when its Add was folded in), the query and key rotation, both
+  presents with the new row, the new rows themselves (row hints), and the attention: twelve MLX
+  kernels in ``gqa_core`` (partner gather, rotation, two present updates, then the attention's seven).
+- ``decode_attention``: the attention alone for other decode rows (first prompt, separate buffers):
+  scores, mask, softmax and the weighted sum of values in float32, as ``gqa_core`` does with seven MLX
   kernels (casts of K and V, two float32 matmuls, scale and mask, softmax, the final cast).
 - ``rms_norm``: (Skip)SimplifiedLayerNormalization of rows: the float32 sum of input, skip and
   bias, its mean square, the scaled result and both roundings to the output type in one kernel, where
@@ -313,9 +317,9 @@ def decode_attention(q, k, v, past_len, total_len, *, num_heads: int, kv_num_hea
     q's type. Returns (B, num_heads, H).
     """
     b, qh, _, h = q.shape
-    # template ints must be >= 0: MLX puts them into the kernel's name (no window: 0)
     sink_arr = mx.zeros((1,), mx.float32) if sink is None else sink.astype(mx.float32)
     kernel = _attn_kernel(float(alpha), float(softcap))
+    # template ints must be >= 0: MLX writes them into the kernel's name (no window: 0)
     threads = 32 * ATTN_WARPS
     (out,) = kernel(
         inputs=[q, k, v, past_len.astype(mx.int32), total_len.astype(mx.int32), sink_arr],

@@ -135,3 +135,33 @@ def test_qkv_bias_not_folded_for_split_qkv():
         g.inputs.append(n)
         g.values[n] = ValueInfo(n, T.FLOAT16)
     assert [st.node.name for st in Program(g, fold_qkv_bias=True).steps] == ["proj", "bias", "attn"]
+
+
+@pytest.mark.parametrize("t", [T.FLOAT16, T.BFLOAT16], ids=["fp16", "bf16"])
+def test_widened_half_weights(t):
+    """Half-precision MatMul weights kept in float32 (the CPU's default): the product is the float32 product
+    of the widened operands, rounded once (close to MLX's own half matmul, which accumulates in float32
+    too); a weight another op reads stays as it is."""
+    import mlx.core as mx
+    g, _ = _graph(T.FLOAT16)
+    if t == T.BFLOAT16:                           # bf16 constants travel as uint16 bits
+        for k in list(g.constants):
+            g.constants[k] = mx.array(g.constants[k].astype(np.float32)).astype(mx.bfloat16)
+            g.constants[k] = np.array(g.constants[k].view(mx.uint16))
+        g.values = {n: ValueInfo(n, T.BFLOAT16, v.shape) for n, v in g.values.items()}
+    wide = Program(g, widen_weights=True, lift_weights=False)
+    half = Program(g, widen_weights=False, lift_weights=False)
+    kinds = {k: v.dtype for k, v in wide.constants.items()}
+    assert all(kinds[w] == mx.float32 for w in ("w0", "w1", "w2", "w4", "w5")), kinds
+    assert kinds["w3"] != mx.float32, kinds                       # read by the Add too
+    rng = np.random.default_rng(5)
+
+    def feed(*shape):
+        x = mx.array(rng.standard_normal(shape).astype(np.float32))
+        return np.array(x.astype(mx.float16)) if t == T.FLOAT16 else np.array(x.astype(mx.bfloat16).view(mx.uint16))
+    feeds = [feed(2, K), feed(3, K), feed(1, 2, K + 2)]
+    tol = 2 ** -9 if t == T.FLOAT16 else 2 ** -6
+    for name, a, b in zip(g.outputs, wide.run(feeds), half.run(feeds)):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        a32, b32 = np.array(a.astype(mx.float32)), np.array(b.astype(mx.float32))
+        assert np.all(np.abs(a32 - b32) <= tol * np.abs(b32) + 1e-2), name

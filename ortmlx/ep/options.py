@@ -41,6 +41,10 @@ SPEC: dict[str, tuple[tuple[str, ...], str]] = {
                                                "node per product; 2-D, MLX flattens A and unflattens the product: two "
                                                "more per product and call) (kernels/merge.py); default: on with MLX's "
                                                "CPU backend, off on a GPU (not yet measured there)"),
+    "widen_weights": (("ORTMLX_WIDEN_WEIGHTS",), "1|0: keep float16/bfloat16 MatMul weights in float32 (widened once at "
+                                                 "load, twice the memory) so products run in the BLAS's sgemm and are "
+                                                 "rounded once; default: on with MLX's CPU backend (its half matmul is "
+                                                 "not BLAS-backed), off on a GPU (kernels/merge.py)"),
     "cuda_kernels": (("ORTMLX_CUDA_KERNELS",), "0: no custom CUDA kernels (kernels/cuda_kernels.py: one-kernel decode "
                                                "attention, one-kernel row-hint gather) on MLX's CUDA backend"),
     "compile_mode": (("ORTMLX_COMPILE_MODE",), "enabled|no_fuse|no_simplify|disabled: mx.compile mode"),
@@ -53,7 +57,7 @@ SPEC: dict[str, tuple[tuple[str, ...], str]] = {
 
 _BOOLS = {"no_compile", "no_general_compile", "no_prefill_compile", "no_decode_compile", "gpu_decode_compile",
           "no_kv_mirror", "no_kv_batch", "driver_read", "device_constants", "cuda_kernels",
-          "lift_weights", "verbose"}
+          "lift_weights", "widen_weights", "verbose"}
 
 
 def flag(value: str | None) -> bool:
@@ -74,6 +78,7 @@ class EpOptions:
     device_constants: bool = True
     cuda_kernels: bool = True
     lift_weights: bool | None = None          # None: by device (Program)
+    widen_weights: bool | None = None         # None: by device (Program)
     compile_mode: str = "enabled"
     trace: str = ""
     verbose: bool = False

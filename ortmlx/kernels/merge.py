@@ -114,7 +114,34 @@ def lifted_weights(graph, steps, shapes: dict) -> set[str]:
 
 
 def matmul_lifted(A, B):
-    """``A @ B`` for a weight stored [1, K, N] (``lifted_weights``): a 3-D A multiplies it as it is."""
+    """``A @ B`` for a weight stored [1, K, N] (``lifted_weights``: a 3-D A multiplies it as it is) and/or
+    widened to float32 (``widened_weights``: a half A is widened too, the product rounded once back)."""
     if B.ndim == 3 and A.ndim != 3:
         B = B.reshape(B.shape[1:])
-    return mx.matmul(A, B)
+    if A.dtype == B.dtype:
+        return mx.matmul(A, B)
+    return mx.matmul(A.astype(B.dtype), B).astype(A.dtype)
+
+
+HALVES = ("float16", "bfloat16")
+
+
+def widened_weights(graph, steps, types: dict, dtype_name) -> set[str]:
+    """Constant half-precision (float16/bfloat16) 2-D MatMul weights whose only readers are ai.onnx MatMul
+    steps: on MLX's CPU backend they are kept in float32 (an exact widening) so products run in the BLAS's
+    sgemm (MLX's own half-precision CPU matmul is not BLAS-backed). ``dtype_name``: ONNX type -> name."""
+    readers: dict[str, list] = {}
+    for st in steps:
+        for i in st.inputs:
+            if i:
+                readers.setdefault(i, []).append(st)
+    implicit = {i for n in graph.nodes for i in getattr(n, "implicit_inputs", ())}
+    out = set()
+    for name, sts in readers.items():
+        if name not in graph.constants or name in implicit or name in graph.outputs \
+                or dtype_name(types.get(name)) not in HALVES or np.ndim(graph.constants[name]) != 2:
+            continue
+        if all(st.node.op_type == "MatMul" and st.node.domain in ("", "ai.onnx") and len(st.inputs) == 2
+               and st.inputs[1] == name and st.inputs[0] != name for st in sts):
+            out.add(name)
+    return out

@@ -165,3 +165,16 @@ def test_widened_half_weights(t):
         assert a.dtype == b.dtype and a.shape == b.shape, name
         a32, b32 = np.array(a.astype(mx.float32)), np.array(b.astype(mx.float32))
         assert np.all(np.abs(a32 - b32) <= tol * np.abs(b32) + 1e-2), name
+
+
+def test_widening_skipped_when_memory_is_short(monkeypatch):
+    """Half weights stay half when their float32 copies would take more than a quarter of MLX's memory."""
+    import mlx.core as mx
+
+    from ortmlx.kernels import interpreter
+    g, _ = _graph(T.FLOAT16)
+    monkeypatch.setattr(interpreter, "MAX_VALUE_BYTES", 4 * 2 * sum(np.asarray(g.constants[k]).nbytes
+                                                                    for k in ("w0", "w1", "w2", "w4", "w5")) - 4)
+    assert all(v.dtype != mx.float32 for v in Program(g, widen_weights=True).constants.values())
+    monkeypatch.setattr(interpreter, "MAX_VALUE_BYTES", 1 << 40)
+    assert Program(g, widen_weights=True).constants["w0"].dtype == mx.float32

@@ -202,6 +202,9 @@ class Program:
             if widen_weights is None:
                 widen_weights = device == "cpu"
             widened = merge.widened_weights(graph, self.steps, self.types, dt.name) if widen_weights else set()
+            # the float32 copies take twice the half weights' bytes: not when that would crowd the memory MLX may use
+            if sum(2 * np.asarray(graph.constants[k]).nbytes for k in widened) > MAX_VALUE_BYTES // 4:
+                widened = set()
             for i, st in enumerate(self.steps):
                 if len(st.inputs) == 2 and (st.inputs[1] in lifted or st.inputs[1] in widened) \
                         and st.node.op_type == "MatMul" and len(st.outputs) == 1:

@@ -14,9 +14,9 @@ from ortmlx.testing import assert_close, make_model, session
 RNG = np.random.default_rng(7)
 
 
-def compiled_session(model):
+def compiled_session(model, options=None):
     with C.capture() as rs:
-        s = session(model)
+        s = session(model, options=options)
     return s, list(rs)
 
 
@@ -36,13 +36,17 @@ def mnb_model(K=64, N=32, bs=32, bits=4):
                       {"B": B, "scales": scales, "zp": zp}, opset=17, extra_opsets={"com.microsoft": 1})
 
 
-def test_matmul_nbits_prepacked_replays_and_matches_cpu():
+@pytest.mark.parametrize("dense,fn", [("0", "matmul_nbits_packed"), ("1", "matmul_dense_nbits")],
+                         ids=["prepacked", "dense-float32"])
+def test_matmul_nbits_prepacked_replays_and_matches_cpu(dense, fn):
+    """The quantized form prepacked for mx.quantized_matmul (GPUs), or the weight dequantized to float32 at
+    load (the CPU's default, ``dense_nbits``): traced once, replayed, the CPU EP's answers."""
     m = mnb_model()
-    s, rs = compiled_session(m)
+    s, rs = compiled_session(m, {"dense_nbits": dense})
     cpu = session(m, "CPUExecutionProvider", record=False)
     (r,) = rs
     step = next(st for st in r.trace_program.steps if st.node.op_type == "MatMulNBits")
-    assert step.opdef.fn.__name__ == "matmul_nbits_packed"
+    assert step.opdef.fn.__name__ == fn
     for _ in range(3):
         f = {"a": RNG.standard_normal((5, 64)).astype(np.float32)}
         assert_close(s.run(None, f)[0], cpu.run(None, f)[0], what="mlx vs cpu")

@@ -352,7 +352,7 @@ def prepack_nbits(program, st):
     B = consts.get(names[1])
     scales = consts.get(names[2])
     zp = consts.get(names[3]) if names[3] else None
-    if B is None or scales is None or (names[3] and zp is None):
+    if B is None or scales is None or (names[3] and zp is None) or B.dtype != mx.uint8:
         return None
     kb = K // bs
     if B.size != N * kb * bs * bits // 8 or scales.size != N * kb:

@@ -45,6 +45,10 @@ SPEC: dict[str, tuple[tuple[str, ...], str]] = {
                                                  "load, twice the memory) so products run in the BLAS's sgemm and are "
                                                  "rounded once; default: on with MLX's CPU backend (its half matmul is "
                                                  "not BLAS-backed), off on a GPU (kernels/merge.py)"),
+    "dense_nbits": (("ORTMLX_DENSE_NBITS",), "1|0: dequantize constant MatMulNBits weights to float32 once at load "
+                                             "(8x an int4 weight's memory; skipped when over a quarter of the memory "
+                                             "MLX may use) so products run in the BLAS's sgemm; default: on with "
+                                             "MLX's CPU backend (its quantized matmul is a plain loop), off on a GPU"),
     "cuda_kernels": (("ORTMLX_CUDA_KERNELS",), "0: no custom CUDA kernels (kernels/cuda_kernels.py: one-kernel decode "
                                                "attention, one-kernel row-hint gather) on MLX's CUDA backend"),
     "compile_mode": (("ORTMLX_COMPILE_MODE",), "enabled|no_fuse|no_simplify|disabled: mx.compile mode"),
@@ -57,7 +61,7 @@ SPEC: dict[str, tuple[tuple[str, ...], str]] = {
 
 _BOOLS = {"no_compile", "no_general_compile", "no_prefill_compile", "no_decode_compile", "gpu_decode_compile",
           "no_kv_mirror", "no_kv_batch", "driver_read", "device_constants", "cuda_kernels",
-          "lift_weights", "widen_weights", "verbose"}
+          "lift_weights", "widen_weights", "dense_nbits", "verbose"}
 
 
 def flag(value: str | None) -> bool:
@@ -79,6 +83,7 @@ class EpOptions:
     cuda_kernels: bool = True
     lift_weights: bool | None = None          # None: by device (Program)
     widen_weights: bool | None = None         # None: by device (Program)
+    dense_nbits: bool | None = None           # None: by device (Program)
     compile_mode: str = "enabled"
     trace: str = ""
     verbose: bool = False

@@ -134,7 +134,7 @@ class Program:
     def __init__(self, graph, device: str = "cpu", constants_mx: dict[str, mx.array] | None = None,
                  device_constants: bool = False, cuda_kernels: bool = False, merge_matmuls: bool | None = None,
                  fold_qkv_bias: bool | None = None, lift_weights: bool | None = None,
-                 widen_weights: bool | None = None):
+                 widen_weights: bool | None = None, dense_nbits: bool | None = None):
         self.graph = graph
         self.device = device
         #: builds may use ``kernels/cuda_kernels.py`` (on a GPU of MLX's CUDA backend)
@@ -205,6 +205,25 @@ class Program:
             # the float32 copies take twice the half weights' bytes: not when that would crowd the memory MLX may use
             if sum(2 * np.asarray(graph.constants[k]).nbytes for k in widened) > MAX_VALUE_BYTES // 4:
                 widened = set()
+            #: MatMulNBits weights dequantized to float32 once (``merge.dense_nbits``): by default on the CPU
+            #: backend, whose quantized matmul is a plain loop; not when they would crowd MLX's memory
+            if dense_nbits is None:
+                dense_nbits = device == "cpu"
+            dense = merge.dense_nbits(graph, self.steps) if dense_nbits else {}
+            if sum(4 * a["N"] * a["K"] for _, a, _ in dense.values()) > MAX_VALUE_BYTES // 4:
+                dense = {}
+            dense_mx = {}
+            for k, (packed, a, private) in dense.items():
+                st = self.steps[k]
+                names = list(st.inputs) + [""] * (6 - len(st.inputs))
+                name = f"{packed}::dense"
+                with mx.stream(mx_device(device)):
+                    dense_mx[name] = merge.nbits_weight(graph, names, a)
+                gone |= private
+                self.types[name] = dt.FLOAT
+                self.steps[k] = dataclasses.replace(
+                    st, inputs=[names[0], name, "", "", "", names[5]], in_types=[st.in_types[0], dt.FLOAT],
+                    opdef=dataclasses.replace(st.opdef, fn=merge.matmul_dense_nbits, wants_ctx=False))
             for i, st in enumerate(self.steps):
                 if len(st.inputs) == 2 and (st.inputs[1] in lifted or st.inputs[1] in widened) \
                         and st.node.op_type == "MatMul" and len(st.outputs) == 1:
@@ -218,6 +237,7 @@ class Program:
                 for k in widened:
                     if k in constants_mx:
                         constants_mx[k] = constants_mx[k].astype(mx.float32)
+                constants_mx.update(dense_mx)
                 mx.eval(*constants_mx.values())
                 if device_constants and device == "gpu":
                     dt.device_copies(constants_mx, self._matmul_weights(graph) |

@@ -145,3 +145,61 @@ def widened_weights(graph, steps, types: dict, dtype_name) -> set[str]:
                and st.inputs[1] == name and st.inputs[0] != name for st in sts):
             out.add(name)
     return out
+
+
+def dense_nbits(graph, steps) -> dict[int, tuple[str, dict, set]]:
+    """Step index -> (packed weight name, attributes, the constants only it reads) for every com.microsoft
+    MatMulNBits whose packed weight, scales and zero points are constants (no g_idx, not prepacked): on
+    MLX's CPU backend their float32 weight is made once at load (``nbits_weight``) and the product runs in
+    the BLAS's sgemm (MLX's quantized CPU matmul is a plain loop). Constants others read too (a tied
+    embedding's GatherBlockQuantized) stay."""
+    readers: dict[str, int] = {}
+    for st in steps:
+        for i in st.inputs:
+            if i:
+                readers[i] = readers.get(i, 0) + 1
+    for n in graph.nodes:
+        for i in getattr(n, "implicit_inputs", ()):
+            readers[i] = readers.get(i, 0) + 2
+    out = {}
+    for k, st in enumerate(steps):
+        if st.node.op_type != "MatMulNBits" or st.node.domain != "com.microsoft":
+            continue
+        names = list(st.inputs) + [""] * (6 - len(st.inputs))
+        a = {**{n: v for n, v in st.opdef.attrs.items() if n in ("bits", "accuracy_level", "weight_prepacked")},
+             **st.attrs}
+        if names[4] or a.get("weight_prepacked", 0) or any(a.get(x) is None for x in ("K", "N", "block_size")):
+            continue
+        consts_ = [names[1], names[2]] + ([names[3]] if names[3] else [])
+        if all(c in graph.constants for c in consts_) and np.asarray(graph.constants[names[1]]).dtype == np.uint8:
+            out[k] = (names[1], a, {c for c in consts_ if readers.get(c) == 1 and c not in graph.outputs})
+    return out
+
+
+def nbits_weight(graph, names: list[str], attrs: dict):
+    """The (N, K) float32 weight a MatMulNBits dequantizes (its translator's arithmetic), evaluated."""
+    from .ops.contrib_quant import dequantize_blocks
+    B = mx.array(np.asarray(graph.constants[names[1]]))
+    s = mx.array(np.asarray(graph.constants[names[2]]))
+    if s.dtype == mx.uint16:
+        s = s.view(mx.bfloat16)                  # bf16 constants travel as bits
+    z = mx.array(np.asarray(graph.constants[names[3]])) if len(names) > 3 and names[3] else None
+    w = dequantize_blocks(B.reshape(attrs["N"], -1, attrs["block_size"] * attrs.get("bits", 4) // 8), s, z,
+                          K=attrs["K"], N=attrs["N"], bits=attrs.get("bits", 4), block_size=attrs["block_size"],
+                          dtype=mx.float32)
+    w = mx.contiguous(w)
+    mx.eval(w)
+    return w
+
+
+def matmul_dense_nbits(A, W, scales=None, zero_points=None, g_idx=None, bias=None, *, K, N, block_size, bits=4,
+                       accuracy_level=0, weight_prepacked=0):
+    """MatMulNBits over its float32 (N, K) weight made at load: A @ W^T (+ bias) in float32, one rounding."""
+    if A.shape[-1] != K:
+        raise ValueError(f"A's last dim {A.shape[-1]} != K={K}")
+    if bias is not None and bias.shape != (N,):
+        raise ValueError(f"bias shape {bias.shape}, expected ({N},)")
+    y = A.astype(mx.float32) @ W.T
+    if bias is not None:
+        y = y + bias.astype(mx.float32)
+    return y.astype(A.dtype)

@@ -178,3 +178,18 @@ def test_widening_skipped_when_memory_is_short(monkeypatch):
     assert all(v.dtype != mx.float32 for v in Program(g, widen_weights=True).constants.values())
     monkeypatch.setattr(interpreter, "MAX_VALUE_BYTES", 1 << 40)
     assert Program(g, widen_weights=True).constants["w0"].dtype == mx.float32
+
+
+def test_weights_a_body_reads_stay():
+    """A weight a control-flow node's body reads (an implicit input) is neither merged, lifted nor widened."""
+    from ortmlx.kernels import merge
+    g, _ = _graph(T.FLOAT16)
+    g.values["x"] = ValueInfo("x", T.FLOAT16, ("b", "s", K))
+    steps = Program(g, merge_matmuls=False).steps
+    found = (merge.lifted_weights(g, steps, {k: np.shape(v) for k, v in g.constants.items()}),
+             merge.widened_weights(g, steps, Program(g).types, dt.name), len(merge.sibling_groups(g)[0]))
+    assert "w0" in found[0] and "w0" in found[1] and found[2] == 3, found
+    g.nodes.append(Node("branch", "If", "", 16, ["cond"], ["o"], implicit_inputs=["w0"]))
+    assert "w0" not in merge.lifted_weights(g, steps, {k: np.shape(v) for k, v in g.constants.items()})
+    assert "w0" not in merge.widened_weights(g, steps, Program(g, merge_matmuls=False).types, dt.name)
+    assert [n.name for n in merge.sibling_groups(g)[0]] == ["up", "third"]

@@ -17,18 +17,14 @@ import numpy as np
 def sibling_groups(graph) -> list[list]:
     """Groups (2+, in graph order) of MatMul nodes with the same A and a [K, N_i] constant weight each of
     one dtype and K; a weight read by anything else (or twice, or a graph output) keeps its node out."""
-    uses: dict[str, int] = {}
-    for n in graph.nodes:
-        for i in list(n.inputs) + list(getattr(n, "implicit_inputs", ())):
-            if i:
-                uses[i] = uses.get(i, 0) + 1
+    readers = graph.consumers(implicit=True)
     outputs = set(graph.outputs)
     by_key: dict[tuple, list] = {}
     for n in graph.nodes:
         if n.op_type != "MatMul" or n.domain not in ("", "ai.onnx") or len(n.inputs) != 2 or not n.inputs[0]:
             continue
         w = graph.constants.get(n.inputs[1])
-        if w is None or np.ndim(w) != 2 or uses.get(n.inputs[1]) != 1 or n.inputs[1] in outputs \
+        if w is None or np.ndim(w) != 2 or len(readers.get(n.inputs[1], ())) != 1 or n.inputs[1] in outputs \
                 or n.inputs[1] in graph.inputs or not n.outputs or not n.outputs[0]:
             continue
         by_key.setdefault((n.inputs[0], w.shape[0], np.asarray(w).dtype.str), []).append(n)
@@ -88,26 +84,34 @@ def qkv_bias_folds(graph) -> dict[int, tuple]:
     return folds
 
 
+def step_readers(graph, steps) -> dict[str, list]:
+    """Value -> what reads it once the program's steps are made (merged and folded steps read other values
+    than the graph's nodes): the steps by their inputs, and control-flow nodes by the outer values their
+    bodies read (``Graph.consumers`` for the steps)."""
+    out: dict[str, list] = {}
+    for st in steps:
+        for i in st.inputs:
+            if i:
+                out.setdefault(i, []).append(st)
+    for n in graph.nodes:
+        for i in n.implicit_inputs:
+            out.setdefault(i, []).append(n)
+    return out
+
+
 def lifted_weights(graph, steps, shapes: dict) -> set[str]:
     """Constant 2-D MatMul weights (``shapes``: name -> shape of every constant, merged ones included) whose
     only reader is one ai.onnx MatMul step with a 3-D A (its declared rank): stored [1, K, N], the product
     is one MLX node (MLX flattens a 3-D A against a 2-D B and unflattens the result: two more nodes to
     build and evaluate per product, per call)."""
-    uses: dict[str, int] = {}
-    for st in steps:
-        for i in st.inputs:
-            if i:
-                uses[i] = uses.get(i, 0) + 1
-    for n in graph.nodes:
-        for i in getattr(n, "implicit_inputs", ()):
-            uses[i] = uses.get(i, 0) + 1
+    readers = step_readers(graph, steps)
     outputs = set(graph.outputs)
     out = set()
     for st in steps:
         if st.node.op_type != "MatMul" or st.node.domain not in ("", "ai.onnx") or len(st.inputs) != 2:
             continue
         a, w = st.inputs
-        if a and len(shapes.get(w, ())) == 2 and uses.get(w) == 1 and w not in outputs \
+        if a and len(shapes.get(w, ())) == 2 and len(readers.get(w, ())) == 1 and w not in outputs \
                 and graph.value(a).rank == 3:
             out.add(w)
     return out
@@ -130,19 +134,14 @@ def widened_weights(graph, steps, types: dict, dtype_name) -> set[str]:
     """Constant half-precision (float16/bfloat16) 2-D MatMul weights whose only readers are ai.onnx MatMul
     steps: on MLX's CPU backend they are kept in float32 (an exact widening) so products run in the BLAS's
     sgemm (MLX's own half-precision CPU matmul is not BLAS-backed). ``dtype_name``: ONNX type -> name."""
-    readers: dict[str, list] = {}
-    for st in steps:
-        for i in st.inputs:
-            if i:
-                readers.setdefault(i, []).append(st)
-    implicit = {i for n in graph.nodes for i in getattr(n, "implicit_inputs", ())}
     out = set()
-    for name, sts in readers.items():
-        if name not in graph.constants or name in implicit or name in graph.outputs \
+    for name, sts in step_readers(graph, steps).items():
+        if name not in graph.constants or name in graph.outputs \
                 or dtype_name(types.get(name)) not in HALVES or np.ndim(graph.constants[name]) != 2:
             continue
-        if all(st.node.op_type == "MatMul" and st.node.domain in ("", "ai.onnx") and len(st.inputs) == 2
-               and st.inputs[1] == name and st.inputs[0] != name for st in sts):
+        # a control-flow node reading it from a body (``step_readers``: the node itself) is no MatMul
+        if all(getattr(st, "node", st).op_type == "MatMul" and st.node.domain in ("", "ai.onnx")
+               and len(st.inputs) == 2 and st.inputs[1] == name and st.inputs[0] != name for st in sts):
             out.add(name)
     return out
 
@@ -153,14 +152,7 @@ def dense_nbits(graph, steps) -> dict[int, tuple[str, dict, set]]:
     MLX's CPU backend their float32 weight is made once at load (``nbits_weight``) and the product runs in
     the BLAS's sgemm (MLX's quantized CPU matmul is a plain loop). Constants others read too (a tied
     embedding's GatherBlockQuantized) stay."""
-    readers: dict[str, int] = {}
-    for st in steps:
-        for i in st.inputs:
-            if i:
-                readers[i] = readers.get(i, 0) + 1
-    for n in graph.nodes:
-        for i in getattr(n, "implicit_inputs", ()):
-            readers[i] = readers.get(i, 0) + 2
+    readers = step_readers(graph, steps)
     out = {}
     for k, st in enumerate(steps):
         if st.node.op_type != "MatMulNBits" or st.node.domain != "com.microsoft":
@@ -172,7 +164,7 @@ def dense_nbits(graph, steps) -> dict[int, tuple[str, dict, set]]:
             continue
         consts_ = [names[1], names[2]] + ([names[3]] if names[3] else [])
         if all(c in graph.constants for c in consts_) and np.asarray(graph.constants[names[1]]).dtype == np.uint8:
-            out[k] = (names[1], a, {c for c in consts_ if readers.get(c) == 1 and c not in graph.outputs})
+            out[k] = (names[1], a, {c for c in consts_ if len(readers.get(c, ())) == 1 and c not in graph.outputs})
     return out
 
 

@@ -74,6 +74,13 @@ def enabled() -> bool:
     return consts.build_flag("cuda_kernels") and usable() and mx.default_device() == mx.gpu
 
 
+def _kernel(prefix: str, input_names: list, output_names: list, source: str, header: str = ""):
+    """``mx.fast.cuda_kernel`` named ``prefix`` + a hash of its text (MLX keys compiled kernels by name)."""
+    tag = hashlib.sha1((header + source).encode()).hexdigest()[:12]
+    return mx.fast.cuda_kernel(name=f"{prefix}_{tag}", input_names=input_names, output_names=output_names,
+                               source=source, header=header)
+
+
 def _f32_literal(x: float) -> str:
     """A CUDA float literal of exactly ``float32(x)`` (hexadecimal: no decimal rounding)."""
     v = float(np.float32(x))
@@ -281,10 +288,8 @@ def _attn_header(alpha: float, softcap: float) -> str:
 @functools.lru_cache(maxsize=64)
 def _attn_kernel(alpha: float, softcap: float):
     head = _attn_header(alpha, softcap)
-    tag = hashlib.sha1((head + _ATTN_SOURCE).encode()).hexdigest()[:12]
-    return mx.fast.cuda_kernel(name=f"ortmlx_decode_attention_{tag}",
-                               input_names=["q", "k", "v", "past_len", "total_len", "sink"],
-                               output_names=["out"], source=_ATTN_SOURCE, header=head)
+    return _kernel("ortmlx_decode_attention", ["q", "k", "v", "past_len", "total_len", "sink"], ["out"], _ATTN_SOURCE,
+                   head)
 
 
 def decode_attention_reason(q, k, v, num_heads: int, kv_num_heads: int, attention_bias=None) -> str | None:
@@ -371,9 +376,7 @@ NORM_THREADS = 256
 @functools.lru_cache(maxsize=64)
 def _norm_kernel(eps: float):
     head = f"constexpr float EPS = {_f32_literal(eps)};\n"
-    tag = hashlib.sha1((head + _NORM_SOURCE).encode()).hexdigest()[:12]
-    return mx.fast.cuda_kernel(name=f"ortmlx_rms_norm_{tag}", input_names=["x", "skip", "bias", "gamma"],
-                               output_names=["out", "sum"], source=_NORM_SOURCE, header=head)
+    return _kernel("ortmlx_rms_norm", ["x", "skip", "bias", "gamma"], ["out", "sum"], _NORM_SOURCE, head)
 
 
 def rms_norm_reason(x, skip, gamma, bias) -> str | None:
@@ -409,12 +412,10 @@ def rms_norm(x, gamma, epsilon: float, skip=None, bias=None):
 @functools.lru_cache(maxsize=64)
 def _fused_kernel(alpha: float, softcap: float):
     head = _attn_header(alpha, softcap) + _ROPE_HEADER
-    tag = hashlib.sha1((head + _FUSED_SOURCE).encode()).hexdigest()[:12]
-    return mx.fast.cuda_kernel(name=f"ortmlx_decode_rope_attention_{tag}",
-                               input_names=["qsrc", "ksrc", "vsrc", "cosv", "sinv", "past_k", "past_v", "past_len",
-                                            "total_len", "sink", "bias"],
-                               output_names=["out", "present_k", "present_v", "k_new", "v_new"],
-                               source=_FUSED_SOURCE, header=head)
+    return _kernel("ortmlx_decode_rope_attention",
+                   ["qsrc", "ksrc", "vsrc", "cosv", "sinv", "past_k", "past_v", "past_len", "total_len", "sink",
+                    "bias"],
+                   ["out", "present_k", "present_v", "k_new", "v_new"], _FUSED_SOURCE, head)
 
 
 def decode_rope_attention_reason(q, k, v, past_k, past_v, num_heads: int, kv_num_heads: int, rot_dim: int,
@@ -495,9 +496,7 @@ def _gather_source(sizes: list[int], offsets: list[int]) -> str:
 def _gather_kernel(sizes: tuple[int, ...]):
     offsets = list(np.cumsum((0,) + sizes[:-1]).tolist())
     src = _gather_source(list(sizes), offsets)
-    tag = hashlib.sha1(src.encode()).hexdigest()[:12]
-    return mx.fast.cuda_kernel(name=f"ortmlx_gather_bytes_{tag}", input_names=[f"in{i}" for i in range(len(sizes))],
-                               output_names=["out"], source=src)
+    return _kernel("ortmlx_gather_bytes", [f"in{i}" for i in range(len(sizes))], ["out"], src)
 
 
 #: most arrays one ``gather_bytes`` kernel takes (a kernel's parameters are limited to 32 KB)

@@ -156,10 +156,8 @@ def device_copies(arrays: dict, col_major: frozenset = frozenset()) -> None:
         a = arrays[k]
         if a.nbytes < DEVICE_COPY_BYTES or a.dtype.size not in _UINTS:
             continue
-        if k in col_major and a.ndim == 2:
-            c = mx.contiguous(a.T).T
-        elif k in col_major and a.ndim == 3 and a.shape[0] == 1:       # a weight stored [1, K, N]
-            c = mx.contiguous(a.transpose(0, 2, 1)).transpose(0, 2, 1)
+        if k in col_major and (a.ndim == 2 or (a.ndim == 3 and a.shape[0] == 1)):   # [K, N] or [1, K, N]
+            c = mx.contiguous(a.swapaxes(-1, -2)).swapaxes(-1, -2)
         else:
             u = a.view(_UINTS[a.dtype.size]) if a.dtype != _UINTS[a.dtype.size] else a
             c = mx.bitwise_or(u, mx.array(0, u.dtype))

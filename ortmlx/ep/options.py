@@ -39,8 +39,8 @@ SPEC: dict[str, tuple[tuple[str, ...], str]] = {
                                                        "column-major (MLX's gemv for a decode row; GPU only)"),
     "lift_weights": (("ORTMLX_LIFT_WEIGHTS",), "1|0: store constant MatMul weights of 3-D products [1, K, N] (one MLX "
                                                "node per product; 2-D, MLX flattens A and unflattens the product: two "
-                                               "more per product and call) (kernels/merge.py); default: on with MLX's "
-                                               "CPU backend, off on a GPU (not yet measured there)"),
+                                               "more per product and call) (kernels/merge.py); default: on (CPU "
+                                               "backend 1.06-1.17x, H200 1.10x decode, tokens identical)"),
     "widen_weights": (("ORTMLX_WIDEN_WEIGHTS",), "1|0: keep float16/bfloat16 MatMul weights in float32 (widened once at "
                                                  "load, twice the memory) so products run in the BLAS's sgemm and are "
                                                  "rounded once; default: on with MLX's CPU backend (its half matmul is "
@@ -81,7 +81,7 @@ class EpOptions:
     driver_read: bool = True
     device_constants: bool = True
     cuda_kernels: bool = True
-    lift_weights: bool | None = None          # None: by device (Program)
+    lift_weights: bool | None = None          # None: the Program's default (on)
     widen_weights: bool | None = None         # None: by device (Program)
     dense_nbits: bool | None = None           # None: by device (Program)
     compile_mode: str = "enabled"

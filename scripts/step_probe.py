@@ -1,0 +1,133 @@
+"""Where a steady genai decode token goes, stage by stage, without a profiler's overhead.
+
+    python scripts/step_probe.py MODEL_DIR [--tokens 96] [--option key=value ...] [--env K=V ...]
+
+Wraps the EP's per-call stages with ``perf_counter`` timers (a few hundred ns each) and runs a
+greedy genai generation on the MLX EP: per decode token (median of the second half), the time in
+each stage, the MLX closure's call (graph replay) and eval, and what is left of the token outside
+Compute (genai's own step and ORT's plumbing). ``--env`` sets variables before MLX loads
+(``MLX_MAX_OPS_PER_BUFFER=50``); each ``--env`` set runs in its own process, in turn.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, HERE)
+
+#: (module, class, method, stage name): the per-call stages of Compute, outermost first
+STAGES = [
+    ("ortmlx.ep.compute", "ComputeInfo", "compute", "compute"),
+    ("ortmlx.ep.compute", "ComputeInfo", "gather", "copy_in.gather"),
+    ("ortmlx.ep.compute", "ComputeInfo", "use_mirrors", "copy_in.mirrors"),
+    ("ortmlx.ep.compute", "ComputeInfo", "write_outputs", "copy_out"),
+    ("ortmlx.ep.compute", "ComputeInfo", "_output_ptrs", "copy_out.output_ptrs"),
+    ("ortmlx.ep.compute", "ComputeInfo", "_write_batch", "copy_out.kv_batch"),
+    ("ortmlx.ep.compute", "ComputeInfo", "_copy", "copy_out.host_outputs"),
+    ("ortmlx.ep.mirror", None, "hint_bytes", "copy_out.hint_read"),
+    ("ortmlx.compiled.core", "CompiledSubgraph", "run", "run"),
+    ("ortmlx.compiled.core", "CompiledSubgraph", "_key1", "run.key"),
+    ("ortmlx.compiled.core", "CompiledSubgraph", "_apply", "run.apply"),
+    ("ortmlx.compiled.core", "CompiledSubgraph", "_hoisted", "run.apply.hoisted"),
+]
+
+
+def child(model_dir: str, opts: dict, tokens: int) -> dict:
+    import importlib
+
+    import numpy as np
+    import onnxruntime_genai as og
+
+    from ortmlx import genai as mg
+
+    acc: dict = collections.defaultdict(float)
+
+    def timed(fn, name):
+        @functools.wraps(fn)
+        def w(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                acc[name] += time.perf_counter() - t
+        return w
+
+    for mod, cls, meth, name in STAGES:
+        m = importlib.import_module(mod)
+        owner = getattr(m, cls) if cls else m
+        setattr(owner, meth, timed(getattr(owner, meth), name))
+        if cls is None:                 # module functions are imported by name elsewhere
+            for other in ("ortmlx.ep.compute",):
+                om = importlib.import_module(other)
+                if getattr(om, meth, None) is not None:
+                    setattr(om, meth, getattr(owner, meth))
+    # the closure call itself: wrap each closure's fn when it is made
+    from ortmlx.compiled import core
+    make = core.CompiledSubgraph._compile
+
+    def compile_timed(self, c):
+        if not getattr(self._eval, "_timed", False):        # an instance attribute (mx.eval)
+            self._eval = timed(self._eval, "run.apply.eval")
+            self._eval._timed = True
+        return timed(make(self, c), "run.apply.closure_call")
+    core.CompiledSubgraph._compile = compile_timed
+
+    model, _ = mg.load_model(model_dir, "mlx", opts)
+    ids = np.arange(100, 107, dtype=np.int32)
+    rows = []
+    for rnd in range(2):
+        g = og.Generator(model, mg.search_options(model, len(ids) + tokens, len(ids) + tokens))
+        g.append_tokens(ids)
+        while not g.is_done():
+            acc.clear()
+            t = time.perf_counter()
+            g.generate_next_token()
+            tok = time.perf_counter() - t
+            if rnd == 1:
+                rows.append(dict(acc, token=tok))
+    rows = rows[len(rows) // 2:]
+    med = {k: 1e3 * statistics.median(r.get(k, 0.0) for r in rows) for k in rows[0]}
+    med["outside_compute"] = 1e3 * statistics.median(r["token"] - r.get("compute", 0.0) for r in rows)
+    return {"tokens": len(rows), "ms": med}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model_dir")
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--option", action="append", default=[], help="MLX EP option key=value")
+    ap.add_argument("--env", action="append", default=[], help="comma list of K=V environment settings (a run each)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    opts = dict(o.split("=", 1) for o in args.option)
+    if args.child is not None:
+        print(json.dumps(child(args.model_dir, opts, args.tokens)))
+        return 0
+    for spec in args.env or [""]:
+        env = dict(os.environ)
+        env.update(kv.split("=", 1) for kv in spec.split(",") if kv)
+        r = subprocess.run([sys.executable, __file__, args.model_dir, "--tokens", str(args.tokens), "--child", "1"]
+                           + [f"--option={o}" for o in args.option], capture_output=True, text=True, env=env)
+        if r.returncode != 0:
+            print(f"[{spec or 'default'}] failed rc={r.returncode}: {r.stderr[-1500:]}")
+            continue
+        res = json.loads(r.stdout.strip().splitlines()[-1])
+        ms = res["ms"]
+        print(f"[{spec or 'default'}] {os.path.basename(args.model_dir.rstrip('/'))}, options {opts}, "
+              f"median of {res['tokens']} steady tokens, ms:")
+        for k in ["token", "outside_compute"] + [s[3] for s in STAGES] + ["run.apply.closure_call", "run.apply.eval"]:
+            if k in ms:
+                print(f"  {k:<28} {ms[k]:8.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

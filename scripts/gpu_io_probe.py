@@ -34,6 +34,51 @@ def read_after_kernel(a: mx.array, reader=None):
     return f
 
 
+def staged(drv, arrays) -> None:
+    """A fresh result's read split in its steps (medians of 200, us): kernel + eval, ``np.asarray`` (MLX
+    moves a device-memory buffer to managed memory here), and ``cuMemcpy`` into pageable memory vs into
+    page-locked memory (``cuMemAllocHost``) followed by a host copy to the pageable destination."""
+    import ctypes
+    ffi, lib = drv._ffi, drv._lib
+    ffi.cdef("int cuMemAllocHost_v2(void** pp, size_t n); int cuMemFreeHost(void* p);", override=True)
+    pp = ffi.new("void**")
+    drv._current()
+    if lib.cuMemAllocHost_v2(pp, 1 << 20) != 0:
+        print("cuMemAllocHost failed: no page-locked staging measured")
+        return
+    pinned = int(ffi.cast("uintptr_t", pp[0]))
+    for name, a in arrays:
+        dst = np.empty(a.nbytes, np.uint8)
+        ts = {k: [] for k in ("kernel+eval", "asarray", "pageable cuMemcpy", "pinned cuMemcpy", "pinned->pageable")}
+        for i in range(201):
+            t0 = time.perf_counter()
+            b = a + 0
+            mx.eval(b)
+            t1 = time.perf_counter()
+            src = np.asarray(b)
+            t2 = time.perf_counter()
+            if i % 2:                   # which copy reads the fresh buffer first alternates
+                lib.cuMemcpy(dst.ctypes.data, src.ctypes.data, src.nbytes)
+                t3 = time.perf_counter()
+                lib.cuMemcpy(pinned, src.ctypes.data, src.nbytes)
+                t4 = time.perf_counter()
+                page, pin = t3 - t2, t4 - t3
+            else:
+                lib.cuMemcpy(pinned, src.ctypes.data, src.nbytes)
+                t3 = time.perf_counter()
+                lib.cuMemcpy(dst.ctypes.data, src.ctypes.data, src.nbytes)
+                t4 = time.perf_counter()
+                pin, page = t3 - t2, t4 - t3
+            ctypes.memmove(dst.ctypes.data, pinned, src.nbytes)
+            t5 = time.perf_counter()
+            if i:
+                for k, v in zip(ts, (t1 - t0, t2 - t1, page, pin, t5 - t4)):
+                    ts[k].append(v)
+        print(f"read of {name} in steps: " + ", ".join(f"{k} {1e6 * sorted(v)[len(v) // 2]:.1f}" for k, v in ts.items())
+              + " us")
+    lib.cuMemFreeHost(pp[0])
+
+
 def main() -> None:
     small = np.array([[5]], np.int32)
     x24, x300, x324 = (mx.zeros((k * 1024,), mx.uint8) + 1 for k in (24, 300, 324))
@@ -66,6 +111,8 @@ def main() -> None:
             print(f"kernel + eval + host read {name} through the CUDA driver (ep/devread.py): %.1f us"
                   % median_us(read_after_kernel(a, drv)))
     print("two kernels + eval + reads of 24 KB and 300 KB: %.1f us" % median_us(two_reads))
+    if drv.driver:
+        staged(drv, (("24 KB", x24), ("300 KB", x300)))
     if not drv.driver:
         print("no CUDA driver reader here (MLX's CPU or Metal backend): reads are numpy copies")
 

@@ -228,6 +228,11 @@ def test_gather_bytes_equals_concatenate(sizes):
         mx.eval(got, want)
     assert got.dtype == mx.uint8 and got.shape == want.shape
     assert np.array(got).tobytes() == np.array(want).tobytes()
+    with mx.stream(mx.gpu):             # a larger size: the bytes after the arrays' are the kernel's to leave
+        padded = cuda_kernels.gather_bytes(parts, size=want.size + 70000)
+        mx.eval(padded)
+    assert padded.shape == (want.size + 70000,)
+    assert np.array(padded)[:want.size].tobytes() == np.array(want).tobytes()
 
 
 def _decode_model(t, n=8, kvn=2, h=64, p=24, bias=False):
@@ -405,8 +410,13 @@ def test_hint_arrays_one_kernel_wiring(monkeypatch):
     """Everywhere: the row hints handed to ``gather_bytes`` as they are (no reshapes or views) give the bytes
     the per-piece concatenate gives (the kernel's contract: each array's row-major bytes in turn)."""
     from ortmlx.compiled import core
-    monkeypatch.setattr(cuda_kernels, "gather_bytes",
-                        lambda arrays: mx.concatenate([a.reshape(-1).view(mx.uint8) for a in arrays]))
+    sizes = []
+
+    def fake(arrays, size=None):        # the contract, padded with 0xEE bytes nobody may read
+        flat = mx.concatenate([a.reshape(-1).view(mx.uint8) for a in arrays])
+        sizes.append(size)
+        return mx.concatenate([flat, mx.full((size - flat.size,), 0xEE, mx.uint8)]) if size else flat
+    monkeypatch.setattr(cuda_kernels, "gather_bytes", fake)
     rng = np.random.default_rng(4)
     starts = [mx.array([3, 5], mx.int32), mx.array([7, 1], mx.int64)]
     hints = []
@@ -416,7 +426,13 @@ def test_hint_arrays_one_kernel_wiring(monkeypatch):
     meta = [(i, i, (2, 2, 1, 8), 2) if i != 2 else None for i in range(5)]     # hint 2 not kept
     got, gi = core._hint_arrays(hints, meta, one_kernel=True)
     want, wi = core._hint_arrays(hints, meta, one_kernel=False)
-    assert np.array(got).tobytes() == np.array(want).tobytes() and list(gi) == list(wi)
+    # the kernel's buffer is padded to a size of its own (core.HINT_ROOM); the used bytes are the same
+    assert sizes == [core._hint_room(want.size)] and got.size == sizes[0] > want.size + core.HINT_ROOM - (1 << 14)
+    assert np.array(got)[:want.size].tobytes() == np.array(want).tobytes() and list(gi) == list(wi)
+    from ortmlx.ep.mirror import hint_bytes
+    kept = [m for m in meta if m is not None]
+    for (flat, st), (wflat, wst) in [(hint_bytes(core.RowHints(kept, got, gi)), hint_bytes(core.RowHints(kept, want, wi)))]:
+        assert flat.tobytes() == wflat.tobytes() and st.tolist() == wst.tolist() == [3, 5, 7, 1, 7, 1, 3, 5]
 
 
 def _merge_attention_graph():

@@ -503,13 +503,15 @@ def _gather_kernel(sizes: tuple[int, ...]):
 GATHER_MAX = 512
 
 
-def gather_bytes(arrays: list) -> mx.array:
-    """The bytes of ``arrays`` (row-major, one after another) as one uint8 array: one kernel."""
+def gather_bytes(arrays: list, size: int | None = None) -> mx.array:
+    """The bytes of ``arrays`` (row-major, one after another) as one uint8 array: one kernel. With
+    ``size`` larger than their sum the array has ``size`` bytes and those after the sum are not written."""
     if not arrays or len(arrays) > GATHER_MAX:
         raise ValueError(f"gather_bytes takes 1..{GATHER_MAX} arrays, got {len(arrays)}")
     sizes = tuple(int(a.nbytes) for a in arrays)
     if min(sizes) == 0:
         raise ValueError("gather_bytes: an empty array")
+    n = sum(sizes) if size is None else max(int(size), sum(sizes))
     (out,) = _gather_kernel(sizes)(inputs=list(arrays), grid=(len(arrays) * 128, 1, 1), threadgroup=(128, 1, 1),
-                                   output_shapes=[(sum(sizes),)], output_dtypes=[mx.uint8])
+                                   output_shapes=[(n,)], output_dtypes=[mx.uint8])
     return out

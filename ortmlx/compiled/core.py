@@ -496,13 +496,22 @@ class RowHints:
 
     __slots__ = ("meta", "data", "n_starts", "starts", "nbytes")
 
+    #: (id(meta), id(starts)) -> (n_starts, nbytes) of the last hints built (a closure's meta and starts
+    #: stay the same objects from its trace on: worked out once, not per call)
+    _sizes: tuple = (None, None, 0, 0)
+
     def __init__(self, meta: list, data: mx.array, starts: np.ndarray):
         self.meta = meta
         self.data = data
         self.starts = starts
+        last = RowHints._sizes
+        if last[0] is meta and last[1] is starts:
+            self.n_starts, self.nbytes = last[2], last[3]
+            return
         self.n_starts = int(starts.max()) + 1 if starts.size else 0
         #: the bytes of ``data`` that hold rows and starts (``data`` may be longer: ``HINT_ROOM``)
         self.nbytes = sum(math.prod(m[2]) * m[3] for m in meta) + 4 * self.n_starts
+        RowHints._sizes = (meta, starts, self.n_starts, self.nbytes)
 
 
 class HintedResults(list):

@@ -52,6 +52,35 @@ def test_merged_siblings_answer_the_same(t, shape):
                                    atol=1e-3 if t == T.FLOAT16 else 1e-5, err_msg=name)
 
 
+@pytest.mark.parametrize("lead", [(1, 1), (1,), (3, 1), (1, 2)], ids=["decode-row", "2-D row", "batch-3 row", "rows"])
+def test_merged_outputs_of_one_row_have_their_width_as_row_stride(lead):
+    """Siblings of one width over a single row come back as row slices of a [.., G, N] view: the same values
+    as last-axis slices, and a row stride of N (not G * N) for them and for an elementwise result of them,
+    which MLX's matmul then takes without a copy (read here through NumPy's zero-copy view's strides)."""
+    import mlx.core as mx
+
+    from ortmlx.kernels import merge
+    rng = np.random.default_rng(2)
+    A = mx.array(rng.standard_normal(lead + (K,)).astype(np.float16))
+    W = mx.array(rng.standard_normal((K, 3 * 40)).astype(np.float16))
+    got = merge.merged_matmul(A, W, widths=(40, 40, 40))
+    y = A @ W
+    want = [y[..., k * 40:(k + 1) * 40] for k in range(3)]
+    f = mx.compile(lambda g, u: (g * mx.sigmoid(g)) * u)
+    act = f(got[0], got[1])
+    mx.eval(act, *got, *want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and np.array_equal(np.asarray(g), np.asarray(w))
+    one_row = lead[-1] == 1
+    assert np.asarray(got[0]).strides[-2] == (40 if one_row else 120) * 2, np.asarray(got[0]).strides
+    # several rows: the slices are not contiguous, so MLX gives the elementwise result fresh strides anyway
+    assert np.asarray(act).strides[-2] == 40 * 2, (lead, np.asarray(act).strides)
+    # widths that differ keep the last-axis slices
+    mixed = merge.merged_matmul(A, W, widths=(40, 56, 24))
+    assert [m.shape[-1] for m in mixed] == [40, 56, 24]
+    assert np.array_equal(np.asarray(mixed[1]), np.asarray(y[..., 40:96]))
+
+
 def test_not_merged_by_default_on_the_cpu():
     g, _ = _graph(T.FLOAT)
     assert len(Program(g).steps) == len(g.nodes)

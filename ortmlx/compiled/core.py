@@ -154,7 +154,7 @@ class CompiledSubgraph:
                 call = self._prepare(inputs)
                 if call is None:
                     return self._eager(inputs, probe)
-                k1 = self._key1(call.inputs)
+                k1 = self._key1(call.inputs, None if call.padded else call.sig)
             except Exception as e:  # noqa: BLE001 - an input we cannot key runs eagerly
                 self._fallback(f"cannot key inputs: {type(e).__name__}: {e}")
                 return self._eager(inputs, probe)
@@ -466,26 +466,28 @@ class CompiledSubgraph:
         if self.stats is not None and hasattr(self.stats, "fallback"):
             self.stats.fallback(self.name, why[:500])
 
-    def _key1(self, inputs: list) -> tuple:
+    def _key1(self, inputs: list, shapes: tuple | None = None) -> tuple:
+        """The shape key of ``inputs`` (``shapes``: theirs, when the caller has them already)."""
         if len(inputs) != len(self._in_types):
             raise ValueError(f"expected {len(self._in_types)} inputs, got {len(inputs)}")
+        if shapes is None:
+            shapes = _shapes(inputs)
         if self.config.shapeless:
             free = self.free_dims
             if free is None:
-                return tuple(None if a is None else (_dstr(a), np.ndim(a)) for a in inputs)
+                return tuple(None if a is None else (_dstr(a), len(sh)) for a, sh in zip(inputs, shapes))
             axes = self._free_axes
             key = []
-            for i, a in enumerate(inputs):
+            for i, (a, shape) in enumerate(zip(inputs, shapes)):
                 if a is None:
                     key.append(None)
                     continue
-                shape = np.shape(a)
                 fa = axes.get(i)
                 if fa:
                     shape = tuple(-1 if ax in fa else d for ax, d in enumerate(shape))
                 key.append((_dstr(a), shape))
             return tuple(key)
-        return tuple(None if a is None else (_dstr(a), np.shape(a)) for a in inputs)
+        return tuple(None if a is None else (_dstr(a), sh) for a, sh in zip(inputs, shapes))
 
 
 class RowHints:
@@ -579,23 +581,33 @@ def _hint_room(used: int) -> int:
 
 #: NumPy forms for hoisted integer work that has no registered host form (``Program.build(host_extra=)``)
 _HOIST_HOST = {"ReduceSum": reduce_sum_ints_host}
-_MX_DSTR: dict = {}
+#: element type (NumPy dtype or MLX Dtype) -> its key string (``_dstr``)
+_DSTR: dict = {}
 
 
 def _dstr(a) -> str:
     """The element type of an input for keys (an MLX mirror keys like the host buffer it mirrors)."""
-    if isinstance(a, np.ndarray):
-        return a.dtype.str
-    if isinstance(a, mx.array):
-        s = _MX_DSTR.get(a.dtype)
-        if s is None:
-            s = _MX_DSTR[a.dtype] = np.dtype(dt.NUMPY[dt.FROM_MLX[a.dtype]]).str
+    d = getattr(a, "dtype", None)
+    s = _DSTR.get(d)
+    if s is not None:
         return s
-    return np.asarray(a).dtype.str
+    if isinstance(a, np.ndarray):
+        s = a.dtype.str
+    elif isinstance(a, mx.array):
+        s = np.dtype(dt.NUMPY[dt.FROM_MLX[a.dtype]]).str
+    else:
+        return np.asarray(a).dtype.str
+    _DSTR[d] = s
+    return s
 
 
 def _shapes(inputs: list) -> tuple:
-    return tuple(None if a is None else np.shape(a) for a in inputs)
+    """Each input's shape as a tuple (None for an omitted one)."""
+    return tuple(None if a is None else a.shape if type(a) in _SHAPED else np.shape(a) for a in inputs)
+
+
+#: types whose ``.shape`` is already a tuple of ints (``np.shape`` of anything else)
+_SHAPED = frozenset({np.ndarray, mx.array})
 
 
 def _host_bytes(plan: HostPlan, inputs: list) -> tuple:

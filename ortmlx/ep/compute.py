@@ -246,10 +246,12 @@ class ComputeInfo:
         for j, r in enumerate(results):
             if j in batched:
                 continue                # written by the batch
-            inplace = bool(addrs) and isinstance(r, mx.array) and mirrorable(r)
-            host = hosts.get(j) if ptrs is not None else None
-            if host is None and not inplace:
-                host = dt.host(r)
+            if ptrs is not None:        # _output_ptrs left None exactly for the results that may go back in place
+                host = hosts[j]
+                inplace = host is None
+            else:
+                inplace = bool(addrs) and isinstance(r, mx.array) and mirrorable(r)
+                host = None if inplace else dt.host(r)
             shape = tuple(r.shape) if inplace else host.shape
             if ptrs is not None:
                 ptr = self.abi.ffi.cast("void*", int(ptrs[j]))

@@ -41,8 +41,17 @@ def merged_weight(graph, group) -> np.ndarray:
 
 
 def merged_matmul(A, W, *, widths: tuple[int, ...]):
-    """``A @ W`` sliced back into the siblings' outputs (views of one product)."""
+    """``A @ W`` sliced back into the siblings' outputs (views of one product).
+
+    A product of one row with siblings of one width (an MLP's gate and up) is viewed as one row per
+    sibling ([..., G, N], sliced along that axis): each output's row stride is then its width. A
+    last-axis slice keeps the merged row's stride (G * N), and so does an elementwise result of it
+    (MLX gives a contiguous-enough output its input's strides), which MLX's matmul copies before it
+    multiplies (a decode row's down projection: one copy kernel per layer on the GPU)."""
     y = matmul_lifted(A, W)
+    if y.ndim >= 2 and y.shape[-2] == 1 and len(set(widths)) == 1 and len(widths) > 1:
+        rows = y.reshape(tuple(y.shape[:-2]) + (len(widths), widths[0]))
+        return tuple(rows[..., k:k + 1, :] for k in range(len(widths)))
     outs, at = [], 0
     for w in widths:
         outs.append(y[..., at:at + w])

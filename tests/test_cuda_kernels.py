@@ -467,3 +467,81 @@ def test_failing_kernel_turns_the_kernels_off(monkeypatch):
     assert "boom" in (cuda_kernels.disabled_reason() or "") and not cuda_kernels.usable()
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a, b)
+
+
+# ---------------------------------------------------------------------------------------------- gemv
+def _gemv_contract(A, B):
+    """``cuda_kernels.gemv``'s contract: the float32 product of one row, rounded once to A's type."""
+    return mx.matmul(A.astype(mx.float32), B.astype(mx.float32)).astype(A.dtype)
+
+
+def _gemv_weight(k, n, dtype, layout, rng):
+    w = mx.array(rng.standard_normal((k, n)).astype(np.float32)).astype(dtype)
+    if layout == "col-major":                         # what dtypes.device_copies makes of a MatMul weight
+        w = mx.contiguous(w.swapaxes(-1, -2)).swapaxes(-1, -2)
+    elif layout == "col-major [1,K,N]":               # ... and of a lifted one
+        w = mx.contiguous(w.reshape(1, k, n).swapaxes(-1, -2)).swapaxes(-1, -2)
+    cuda_kernels.register_col_major([w])
+    return w                                          # "row-major": the kernel's element path
+
+
+GEMV_CASES = [(896, 1152, "col-major"), (4864, 896, "col-major [1,K,N]"), (1536, 256, "col-major"),
+              (100, 24, "col-major"), (36, 40, "col-major"), (200, 64, "row-major"), (896, 9728, "col-major [1,K,N]")]
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16, mx.float32], ids=["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize("k,n,layout", GEMV_CASES, ids=[f"{k}x{n} {lay}" for k, n, lay in GEMV_CASES])
+def test_gemv_matches_its_contract(k, n, layout, dtype):
+    """One row against any weight layout (the 16-byte path, K not a multiple of 8, row-major: element
+    loads), A as a plain row, a 2-D row, and a row slice with another row stride (a merged product's)."""
+    rng = np.random.default_rng(k + n)
+    with mx.stream(mx.gpu):
+        w = _gemv_weight(k, n, dtype, layout, rng)
+        rows = mx.array(rng.standard_normal((1, 2, k)).astype(np.float32)).astype(dtype)
+        for a in (rows[:, :1, :] + 0, rows[0, :1] + 0, rows[:, 1:2, :]):
+            got, want = cuda_kernels.gemv(a, w), _gemv_contract(a, w)
+            mx.eval(got, want)
+            assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, want.shape)
+            # float32 sums in another order, then one rounding: within an ulp of the output type
+            tol = {mx.float16: 2e-3, mx.bfloat16: 1.6e-2, mx.float32: 1e-5}[dtype]
+            g, wnt = np.array(got.astype(mx.float32)), np.array(want.astype(mx.float32))
+            np.testing.assert_allclose(g, wnt, rtol=tol, atol=tol * math.sqrt(k), err_msg=f"{a.shape}")
+
+
+def test_gemv_wiring(monkeypatch):
+    """Everywhere: a single row against a registered column-major weight goes to ``gemv`` (its contract
+    standing in) from MatMul, a lifted product and a merged one; other rows, unregistered weights, other
+    types and builds without ``cuda_gemv`` keep MLX's matmul. (That a GPU Program registers the weights its
+    device copies made column-major is seen on the GPU: ``test_gpu_matmul.py`` counts the kernel's calls.)"""
+    from ortmlx.kernels import merge
+    from ortmlx.kernels.ops import linalg
+    calls = []
+    monkeypatch.setattr(cuda_kernels, "_COL_MAJOR", set())
+    monkeypatch.setattr(cuda_kernels, "gemv", lambda A, B: calls.append((A.shape, B.shape)) or _gemv_contract(A, B))
+    monkeypatch.setattr(cuda_kernels, "enabled", lambda: True)
+    rng = np.random.default_rng(5)
+    w = mx.array(rng.standard_normal((64, 48)).astype(np.float16))
+    w3 = w.reshape(1, 64, 48)
+    other = mx.array(rng.standard_normal((64, 48)).astype(np.float16))
+    cuda_kernels.register_col_major([w, w3])
+    row, rows = (mx.array(rng.standard_normal(s).astype(np.float16)) for s in ((1, 1, 64), (1, 3, 64)))
+    with consts.build_scope(cuda_kernels=True, cuda_gemv=True):
+        for f, a, b, used in ((linalg.matmul, row, w, True), (linalg.matmul, row[0], w, True),
+                              (merge.matmul_lifted, row, w3, True), (linalg.matmul, rows, w, False),
+                              (linalg.matmul, row, other, False), (linalg.matmul, row.astype(mx.float32), w, False)):
+            calls.clear()
+            got = f(a, b)
+            assert bool(calls) == used, (f.__name__, a.shape, a.dtype, used)
+            want = mx.matmul(a.astype(mx.float32), (b.reshape(64, 48) if b.ndim == 3 and a.ndim != 3 else b)
+                             .astype(mx.float32))
+            np.testing.assert_allclose(np.array(got.astype(mx.float32)), np.array(want), rtol=2e-3, atol=2e-2)
+        calls.clear()
+        wm = mx.array(rng.standard_normal((1, 64, 96)).astype(np.float16))
+        cuda_kernels.register_col_major([wm])
+        g, u = merge.merged_matmul(row, wm, widths=(48, 48))
+        assert calls == [((1, 1, 64), (1, 64, 96))] and g.shape == u.shape == (1, 1, 48)
+    with consts.build_scope(cuda_kernels=True, cuda_gemv=False):
+        calls.clear()
+        linalg.matmul(row, w)
+        assert not calls

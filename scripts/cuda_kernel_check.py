@@ -45,11 +45,6 @@ def cases():
                    [t] * 4, ["out", "sum"], [t, t], ck._NORM_SOURCE,
                    f"constexpr float EPS = {ck._f32_literal(1e-6)};\n",
                    [("T", t), ("HIDDEN", 896), ("HAS_SKIP", skip), ("HAS_BIAS", bias)])
-        for k, n, wnd, xnd in ((896, 1152, 2, 3), (4864, 896, 3, 3), (100, 24, 2, 2)):
-            tpr = ck.gemv_threads_per_row(k, 4 if t == "float32" else 8)
-            yield (f"gemv {t} K {k} N {n} TPR {tpr}", "ortmlx_gemv_x", ["x", "w"], [t, t], ["out"], [t],
-                   ck._GEMV_SOURCE, f"constexpr int GEMV_THREADS = {ck.GEMV_THREADS};\n",
-                   [("T", t), ("K", k), ("N", n), ("TPR", tpr), ("WND", wnd), ("XND", xnd)])
     sizes = (128,) * 48 + (4,)
     offsets = [sum(sizes[:i]) for i in range(len(sizes))]
     yield ("gather_bytes 49 arrays", "ortmlx_gather_bytes_x", [f"in{i}" for i in range(len(sizes))],

@@ -51,9 +51,6 @@ SPEC: dict[str, tuple[tuple[str, ...], str]] = {
                                              "MLX's CPU backend (its quantized matmul is a plain loop), off on a GPU"),
     "cuda_kernels": (("ORTMLX_CUDA_KERNELS",), "0: no custom CUDA kernels (kernels/cuda_kernels.py: one-kernel decode "
                                                "attention, one-kernel row-hint gather) on MLX's CUDA backend"),
-    "cuda_gemv": (("ORTMLX_CUDA_GEMV",), "1|0: a decode row against a column-major MatMul weight takes the custom "
-                                         "kernels' gemv (K split over up to a block of threads, float32 sums) "
-                                         "instead of MLX's (with cuda_kernels only)"),
     "compile_mode": (("ORTMLX_COMPILE_MODE",), "enabled|no_fuse|no_simplify|disabled: mx.compile mode"),
     "trace": (("ORTMLX_TRACE",), "path.json: write a Chrome/Perfetto trace of the session"),
     "verbose": (("ORTMLX_VERBOSE",), "1: print a session summary at release"),
@@ -63,7 +60,7 @@ SPEC: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 _BOOLS = {"no_compile", "no_general_compile", "no_prefill_compile", "no_decode_compile", "gpu_decode_compile",
-          "no_kv_mirror", "no_kv_batch", "driver_read", "device_constants", "cuda_kernels", "cuda_gemv",
+          "no_kv_mirror", "no_kv_batch", "driver_read", "device_constants", "cuda_kernels",
           "lift_weights", "widen_weights", "dense_nbits", "verbose"}
 
 
@@ -84,7 +81,6 @@ class EpOptions:
     driver_read: bool = True
     device_constants: bool = True
     cuda_kernels: bool = True
-    cuda_gemv: bool = False
     lift_weights: bool | None = None          # None: the Program's default (on)
     widen_weights: bool | None = None         # None: by device (Program)
     dense_nbits: bool | None = None           # None: by device (Program)

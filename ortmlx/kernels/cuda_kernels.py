@@ -74,13 +74,11 @@ def enabled() -> bool:
     return consts.build_flag("cuda_kernels") and usable() and mx.default_device() == mx.gpu
 
 
-def _kernel(prefix: str, input_names: list, output_names: list, source: str, header: str = "",
-            ensure_row_contiguous: bool = True):
-    """``mx.fast.cuda_kernel`` named ``prefix`` + a hash of its text (MLX keys compiled kernels by name);
-    ``ensure_row_contiguous=False``: inputs are passed as they lie (the source reads their strides)."""
+def _kernel(prefix: str, input_names: list, output_names: list, source: str, header: str = ""):
+    """``mx.fast.cuda_kernel`` named ``prefix`` + a hash of its text (MLX keys compiled kernels by name)."""
     tag = hashlib.sha1((header + source).encode()).hexdigest()[:12]
     return mx.fast.cuda_kernel(name=f"{prefix}_{tag}", input_names=input_names, output_names=output_names,
-                               source=source, header=header, ensure_row_contiguous=ensure_row_contiguous)
+                               source=source, header=header)
 
 
 def _f32_literal(x: float) -> str:
@@ -499,112 +497,6 @@ def _gather_kernel(sizes: tuple[int, ...]):
     offsets = list(np.cumsum((0,) + sizes[:-1]).tolist())
     src = _gather_source(list(sizes), offsets)
     return _kernel("ortmlx_gather_bytes", [f"in{i}" for i in range(len(sizes))], ["out"], src)
-
-
-_GEMV_SOURCE = r"""
-    // out[n] = sum_k x[k] * w[k, n] for one row x, in float32, rounded once to T. TPR threads per output
-    // split K (each with several loads in flight), then reduce: a warp by shuffles, warps by shared memory.
-    // Fast path: w's k stride 1 (a column-major [K, N] weight: each output's K weights contiguous), x's too,
-    // 16-byte aligned: 16-byte loads. Any other layout (read from the strides): element loads, same sums.
-    constexpr int VEC = 16 / sizeof(T);
-    const int64_t sk = w_strides[WND - 2];
-    const int64_t sn = w_strides[WND - 1];
-    const int64_t xk = x_strides[XND - 1];
-    const int tid = threadIdx.x;
-    const int part = tid % TPR;
-    const int64_t n = (int64_t)blockIdx.x * (blockDim.x / TPR) + tid / TPR;
-    float acc = 0.0f;
-    if (n < N) {
-        const T* wn = w + n * sn;
-        const bool vec = sk == 1 && xk == 1 && (K % VEC) == 0 &&
-            ((reinterpret_cast<uintptr_t>(wn) | reinterpret_cast<uintptr_t>(x)) % 16) == 0;
-        if (vec) {
-            const uint4* wv = reinterpret_cast<const uint4*>(wn);
-            const uint4* xv = reinterpret_cast<const uint4*>(x);
-            #pragma unroll 4
-            for (int c = part; c < K / VEC; c += TPR) {
-                const uint4 a = wv[c];
-                const uint4 b = xv[c];
-                const T* at = reinterpret_cast<const T*>(&a);
-                const T* bt = reinterpret_cast<const T*>(&b);
-                #pragma unroll
-                for (int j = 0; j < VEC; ++j) acc += static_cast<float>(at[j]) * static_cast<float>(bt[j]);
-            }
-        } else {
-            for (int k = part; k < K; k += TPR) acc += static_cast<float>(wn[k * sk]) * static_cast<float>(x[k * xk]);
-        }
-    }
-    #pragma unroll
-    for (int off = (TPR < 32 ? TPR : 32) / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    if (TPR > 32) {
-        __shared__ float partial[GEMV_THREADS / 32];
-        if (tid % 32 == 0) partial[tid / 32] = acc;
-        __syncthreads();
-        if (part == 0) {
-            float t = 0.0f;
-            for (int j = 0; j < TPR / 32; ++j) t += partial[tid / 32 + j];
-            acc = t;
-        }
-    }
-    if (n < N && part == 0) out[n] = static_cast<T>(acc);
-"""
-#: threads per block of ``gemv`` (a power of two, at least 32)
-GEMV_THREADS = 256
-
-#: ids of MatMul weights ``dtypes.device_copies`` made column-major (``register_col_major``): products with them
-#: take ``gemv``; any other weight keeps MLX's matmul (the kernel reads any layout right, but slowly)
-_COL_MAJOR: set[int] = set()
-
-
-def register_col_major(arrays) -> None:
-    """Weights stored column-major (``dtypes.device_copies``) that ``gemv`` may multiply."""
-    _COL_MAJOR.update(id(a) for a in arrays)
-
-
-def gemv_enabled() -> bool:
-    """Whether the build in progress may use ``gemv`` (the kernels, and ``cuda_gemv`` asked for)."""
-    return consts.build_flag("cuda_gemv") and enabled()
-
-
-def gemv_reason(A, B) -> str | None:
-    """Why ``gemv`` does not cover ``A @ B`` (None: it does): one row of A (every leading dim 1) against a
-    registered column-major [K, N] or [1, K, N] weight of A's float type."""
-    if id(B) not in _COL_MAJOR:
-        return "not a column-major weight"
-    if A.dtype != B.dtype or A.dtype not in _ATTN_DTYPES or A.ndim < 2 or B.ndim not in (2, 3):
-        return f"A {A.dtype} {A.shape}, B {B.dtype} {B.shape}"
-    if B.ndim == 3 and B.shape[0] != 1 or any(d != 1 for d in A.shape[:-1]) or A.shape[-1] != B.shape[-2]:
-        return f"A {A.shape}, B {B.shape}"
-    if B.size >= 2**31 or B.size == 0:
-        return "size"
-    return None
-
-
-@functools.lru_cache(maxsize=1)
-def _gemv_kernel():
-    return _kernel("ortmlx_gemv", ["x", "w"], ["out"], _GEMV_SOURCE, f"constexpr int GEMV_THREADS = {GEMV_THREADS};\n",
-                   ensure_row_contiguous=False)
-
-
-def gemv_threads_per_row(k: int, vec: int) -> int:
-    """Threads splitting one output's K: from a warp up to a block, about four 16-byte loads each."""
-    tpr, chunks = 32, -(-k // vec)
-    while tpr < GEMV_THREADS and chunks > 4 * tpr:
-        tpr *= 2
-    return tpr
-
-
-def gemv(A, B):
-    """``A @ B`` for one row of A (``gemv_reason`` is None): float32 sums rounded once to A's type."""
-    k, n = B.shape[-2], B.shape[-1]
-    shape = tuple(np.broadcast_shapes(tuple(A.shape[:-2]), tuple(B.shape[:-2]))) + (1, n)
-    tpr = gemv_threads_per_row(k, 16 // A.dtype.size)
-    rows = GEMV_THREADS // tpr
-    (out,) = _gemv_kernel()(
-        inputs=[A, B], template=[("T", A.dtype), ("K", k), ("N", n), ("TPR", tpr), ("WND", B.ndim), ("XND", A.ndim)],
-        grid=(-(-n // rows) * GEMV_THREADS, 1, 1), threadgroup=(GEMV_THREADS, 1, 1),
-        output_shapes=[shape], output_dtypes=[A.dtype])
-    return out
 
 
 #: most arrays one ``gather_bytes`` kernel takes (a kernel's parameters are limited to 32 KB)

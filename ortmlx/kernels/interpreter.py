@@ -134,13 +134,11 @@ class Program:
     def __init__(self, graph, device: str = "cpu", constants_mx: dict[str, mx.array] | None = None,
                  device_constants: bool = False, cuda_kernels: bool = False, merge_matmuls: bool | None = None,
                  fold_qkv_bias: bool | None = None, lift_weights: bool | None = None,
-                 widen_weights: bool | None = None, dense_nbits: bool | None = None, cuda_gemv: bool = False):
+                 widen_weights: bool | None = None, dense_nbits: bool | None = None):
         self.graph = graph
         self.device = device
         #: builds may use ``kernels/cuda_kernels.py`` (on a GPU of MLX's CUDA backend)
         self.cuda_kernels = bool(cuda_kernels) and device == "gpu"
-        #: decode rows against column-major weights take the kernels' ``gemv`` (with the kernels only)
-        self.cuda_gemv = bool(cuda_gemv) and self.cuda_kernels
         self.inputs = list(graph.inputs)
         self.outputs = list(graph.outputs)
         self.types = {n: v.dtype for n, v in graph.values.items()}
@@ -242,9 +240,8 @@ class Program:
                 constants_mx.update(dense_mx)
                 mx.eval(*constants_mx.values())
                 if device_constants and device == "gpu":
-                    made = dt.device_copies(constants_mx, self._matmul_weights(graph) |
-                                            {merge.merged_name(g) for g in groups})
-                    ck.register_col_major(constants_mx[k] for k in made)
+                    dt.device_copies(constants_mx, self._matmul_weights(graph) |
+                                     {merge.merged_name(g) for g in groups})
         self.constants = constants_mx
         consts.register(constants_mx.values())     # their casts are made once (consts.cast)
         #: small integer/bool constants also live on the host, so shape math on them stays there
@@ -304,7 +301,7 @@ class Program:
         used (default: when the program asked for them and they are usable)."""
         if kernels is None:
             kernels = self.cuda_kernels and ck.usable()
-        with consts.build_scope(cuda_kernels=kernels, cuda_gemv=kernels and self.cuda_gemv):
+        with consts.build_scope(cuda_kernels=kernels):
             return self._build(inputs, env, host_extra)
 
     def _build(self, inputs: list[Any], env: dict | None, host_extra: dict | None = None) -> dict[str, Any]:

@@ -13,8 +13,6 @@ import functools
 import mlx.core as mx
 import numpy as np
 
-from . import cuda_kernels
-
 
 def sibling_groups(graph) -> list[list]:
     """Groups (2+, in graph order) of MatMul nodes with the same A and a [K, N_i] constant weight each of
@@ -131,8 +129,6 @@ def lifted_weights(graph, steps, shapes: dict) -> set[str]:
 def matmul_lifted(A, B):
     """``A @ B`` for a weight stored [1, K, N] (``lifted_weights``: a 3-D A multiplies it as it is) and/or
     widened to float32 (``widened_weights``: a half A is widened too, the product rounded once back)."""
-    if A.dtype == B.dtype and cuda_kernels.gemv_enabled() and cuda_kernels.gemv_reason(A, B) is None:
-        return cuda_kernels.gemv(A, B)          # a decode row against a column-major weight (GPU)
     if B.ndim == 3 and A.ndim != 3:
         B = B.reshape(B.shape[1:])
     if A.dtype == B.dtype:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from .. import cuda_kernels as ck
 from .. import dtypes as dt
 from ..registry import register
 
@@ -21,8 +20,6 @@ def _float_inputs(view, idx=(0, 1)):
 @register("MatMul", 1, dtypes=FLOATS, check=_float_inputs)
 def matmul(A, B):
     """numpy.matmul semantics, including 1-D operands."""
-    if ck.gemv_enabled() and ck.gemv_reason(A, B) is None:     # a decode row against a column-major weight
-        return ck.gemv(A, B)
     return mx.matmul(A, B)
 
 

@@ -498,8 +498,8 @@ class RowHints:
 
     __slots__ = ("meta", "data", "n_starts", "starts", "nbytes")
 
-    #: (id(meta), id(starts)) -> (n_starts, nbytes) of the last hints built (a closure's meta and starts
-    #: stay the same objects from its trace on: worked out once, not per call)
+    #: (meta, starts, n_starts, nbytes) of the last hints built, matched by identity: a closure's meta and
+    #: starts stay the same objects from its trace on, so the counts are worked out once, not per call
     _sizes: tuple = (None, None, 0, 0)
 
     def __init__(self, meta: list, data: mx.array, starts: np.ndarray):

@@ -40,7 +40,7 @@ SPEC: dict[str, tuple[tuple[str, ...], str]] = {
     "lift_weights": (("ORTMLX_LIFT_WEIGHTS",), "1|0: store constant MatMul weights of 3-D products [1, K, N] (one MLX "
                                                "node per product; 2-D, MLX flattens A and unflattens the product: two "
                                                "more per product and call) (kernels/merge.py); default: on (CPU "
-                                               "backend 1.06-1.17x, H200 1.10x decode, tokens identical)"),
+                                               "backend 1.06-1.17x decode, H200 1.00-1.10x; tokens identical)"),
     "widen_weights": (("ORTMLX_WIDEN_WEIGHTS",), "1|0: keep float16/bfloat16 MatMul weights in float32 (widened once at "
                                                  "load, twice the memory) so products run in the BLAS's sgemm and are "
                                                  "rounded once; default: on with MLX's CPU backend (its half matmul is "

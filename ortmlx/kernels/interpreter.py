@@ -193,7 +193,7 @@ class Program:
             gone = {n.inputs[1] for g in groups for n in g}
             shapes = {k: np.shape(v) for k, v in list(graph.constants.items()) + list(merged_np.items())}
             #: weights of 3-D products stored [1, K, N] (``merge.lifted_weights``): on by default (1.06-1.17x
-            #: decode on the tiny LLMs on the CPU backend, 1.10x on the H200's 0.5B: 515 -> 321 graph nodes a token)
+            #: decode on the tiny LLMs on the CPU backend, 1.00-1.10x on the H200: 515 -> 321 graph nodes a 0.5B token)
             if lift_weights is None:
                 lift_weights = True
             lifted = merge.lifted_weights(graph, self.steps, shapes) if lift_weights else set()

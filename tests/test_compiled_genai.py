@@ -342,3 +342,23 @@ def test_eager_attention_layers_share_rotary_rows(monkeypatch):
     del gen, model
     assert toks == want[1][:8]
     assert layers >= 2 and len(runs) >= 8 and len(calls) == len(runs), (layers, len(runs), len(calls))
+
+
+def test_step_probe_script_quick():
+    """scripts/step_probe.py still wraps every stage it names (a renamed method fails it) and its stages nest:
+    each stage is inside its parent in every token, so its median is at most the parent's (structure only: no
+    timing threshold)."""
+    path = model_dir("qwen2")
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "step_probe.py"), path, "--tokens", "12"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "failed" not in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
+    ms = {}
+    for line in res.stdout.splitlines()[1:]:
+        name, value = line.split()
+        ms[name] = float(value)
+    for stage in ("token", "compute", "copy_in.gather", "copy_out", "run.key", "run.apply", "run.apply.closure_call",
+                  "run.apply.eval"):
+        assert stage in ms, (stage, res.stdout)
+    for child, parent in (("run.apply.eval", "run.apply"), ("run.apply.closure_call", "run.apply"),
+                          ("run.apply", "run"), ("run", "compute"), ("copy_out", "compute"), ("compute", "token")):
+        assert 0 <= ms[child] <= ms[parent], (child, parent, ms)

@@ -161,11 +161,11 @@ class Program:
         for node in graph.nodes:
             if id(node) in later or id(node) in folded_adds:
                 continue
+            opdef = REGISTRY.resolve(node.domain, node.op_type, node.since_version)
+            if opdef is None:
+                raise KernelError(f"{node.label}: no translator (since_version {node.since_version})")
             g = first.get(id(node))
             if g is not None:
-                opdef = REGISTRY.resolve(node.domain, node.op_type, node.since_version)
-                if opdef is None:
-                    raise KernelError(f"{node.label}: no translator (since_version {node.since_version})")
                 opdef = dataclasses.replace(opdef, fn=merge.merged_fn(graph, g), wants_ctx=False)
                 outs = [n.outputs[0] for n in g]
                 name = merge.merged_name(g)
@@ -173,9 +173,6 @@ class Program:
                                        [self.types.get(o) for o in outs],
                                        [self.types.get(node.inputs[0]), self.types.get(name)], None))
                 continue
-            opdef = REGISTRY.resolve(node.domain, node.op_type, node.since_version)
-            if opdef is None:
-                raise KernelError(f"{node.label}: no translator (since_version {node.since_version})")
             ins = list(node.inputs)
             if id(node) in folds:
                 _, x, bias = folds[id(node)]

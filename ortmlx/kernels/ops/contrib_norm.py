@@ -125,12 +125,11 @@ def simplified_layer_norm(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1, ctx)
     if tuple(scale.shape) != tuple(X.shape[a:]) and scale.size != 1:
         if tuple(scale.shape) != tuple(X.shape[X.ndim - scale.ndim:]):
             raise ValueError(f"scale shape {scale.shape} does not fit X shape {X.shape} at axis {axis}")
-    if ctx.n_outputs == 1 and a == X.ndim - 1 and scale.shape == (X.shape[-1],) and cuda_kernels.enabled() and \
-            cuda_kernels.rms_norm_reason(X, None, scale, None) is None:
-        return cuda_kernels.rms_norm(X, scale, epsilon)[0]
+    if ctx.n_outputs == 1 and a == X.ndim - 1 and scale.shape == (X.shape[-1],):      # the last axis, one output
+        if cuda_kernels.enabled() and cuda_kernels.rms_norm_reason(X, None, scale, None) is None:
+            return cuda_kernels.rms_norm(X, scale, epsilon)[0]
+        return _rms_norm(X.astype(mx.float32), scale, epsilon).astype(X.dtype)
     x = X.astype(mx.float32)
-    if ctx.n_outputs == 1 and a == X.ndim - 1 and scale.shape == (X.shape[-1],):
-        return _rms_norm(x, scale, epsilon).astype(X.dtype)
     inv_std = 1.0 / mx.sqrt(mx.mean(x * x, axis=axes, keepdims=True) + epsilon)
     y = (x * inv_std * _f32(scale)).astype(X.dtype)
     return (y, inv_std) if ctx.n_outputs > 1 else y

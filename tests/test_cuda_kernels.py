@@ -436,6 +436,76 @@ def test_hint_arrays_one_kernel_wiring(monkeypatch):
     assert flat.tobytes() == wflat.tobytes() and st.tolist() == wst.tolist() == [3, 5, 7, 1, 7, 1, 3, 5]
 
 
+def test_hint_arrays_to_host_wiring(monkeypatch):
+    """Everywhere: with a sink the gather gets the sink's address array and its one-byte output is the
+    hints' output; a sink that declines (no driver) leaves the padded device buffer."""
+    from ortmlx.compiled import core
+    seen = []
+
+    def fake(arrays, size=None, to_host=None):
+        seen.append((len(arrays), size, to_host))
+        return mx.zeros((1,), mx.uint8) if to_host is not None else mx.zeros((size,), mx.uint8)
+    monkeypatch.setattr(cuda_kernels, "gather_bytes", fake)
+    rows = [mx.zeros((1, 2, 1, 8), mx.float16) for _ in range(3)]
+    hints = [(None, None, mx.array([4], mx.int32), r) for r in rows]
+    meta = [(i, i, (1, 2, 1, 8), 2) for i in range(3)]
+    used = 3 * 32 + 3 * 4
+    asked, address = [], mx.array([0xABC000], mx.uint64)
+    out, _ = core._hint_arrays(hints, meta, one_kernel=True, sink=lambda n: asked.append(n) or address)
+    assert asked == [used] and out.shape == (1,) and seen[-1] == (6, None, address)
+    out, _ = core._hint_arrays(hints, meta, one_kernel=True, sink=lambda n: None)
+    assert out.shape == (core._hint_room(used),) and seen[-1] == (6, core._hint_room(used), None)
+
+
+def test_hint_sink_made_once_and_never_outgrown(monkeypatch):
+    """Everywhere: a closure's host buffer is made at its first trace (page-rounded), kept by later ones,
+    and a trace needing more than it holds is refused; no driver: no buffer."""
+    from ortmlx.compiled import core
+    from ortmlx.compiled.decode_ops import Untraceable
+    from ortmlx.kernels import cuda_driver
+    made = []
+
+    class Buf:
+        def __init__(self, drv, n):
+            made.append(n)
+            self.nbytes, self.device_address = n, 0x7F0000001000
+    monkeypatch.setattr(cuda_driver, "HostBuffer", Buf)
+    monkeypatch.setattr(cuda_driver, "driver", lambda: None)
+    c = core._Closure((), {})
+    assert core._hint_sink(c, 100) is None and c.sink is None
+    monkeypatch.setattr(cuda_driver, "driver", lambda: object())
+    a = core._hint_sink(c, 5000)
+    assert made == [8192] and a.dtype == mx.uint64 and a.tolist() == [0x7F0000001000]
+    assert core._hint_sink(c, 8192).tolist() == [0x7F0000001000] and made == [8192]
+    with pytest.raises(Untraceable, match="outgrew"):
+        core._hint_sink(c, 8193)
+
+
+@gpu_only
+@pytest.mark.parametrize("sizes", [[48], [2, 4, 6, 1], [128] * 48 + [4]])
+def test_gather_bytes_to_host_memory(sizes):
+    """On the GPU: the gather writes the arrays' bytes into page-locked host memory, readable after the
+    eval of its one-byte output, and nothing past them."""
+    from ortmlx.kernels import cuda_driver
+    rng = np.random.default_rng(len(sizes) + 10)
+    parts = [mx.array(rng.standard_normal(n).astype(np.float32)).astype((mx.float16, mx.int32, mx.float32)[i % 3])
+             for i, n in enumerate(sizes)]
+    hb = cuda_driver.HostBuffer(cuda_driver.driver(), 1 << 16)
+    hb.array[:] = 0xEE
+    with mx.stream(mx.gpu):
+        want = mx.concatenate([p.reshape(-1).view(mx.uint8) for p in parts])
+        for _ in range(3):              # again and again: the same buffer rewritten
+            parts = [p + 1 if p.dtype != mx.int32 else p * 3 for p in parts]
+            want = mx.concatenate([p.reshape(-1).view(mx.uint8) for p in parts])
+            done = cuda_kernels.gather_bytes(parts, to_host=mx.array([hb.device_address], mx.uint64))
+            mx.eval(done, want)
+            assert done.shape == (1,) and done.dtype == mx.uint8
+            assert hb.array[:want.size].tobytes() == np.array(want).tobytes()
+            assert (hb.array[want.size:] == 0xEE).all()
+    with pytest.raises(ValueError, match="one uint64 address"):
+        cuda_kernels.gather_bytes(parts, to_host=mx.array([1, 2], mx.uint64))
+
+
 def _merge_attention_graph():
     from tests.test_merge import _attention_graph
     return _attention_graph(False)

@@ -23,9 +23,10 @@ ffi = cffi.FFI()
 class FakeDriver:
     """cuCtxGetCurrent / cuCtxSetCurrent / cuDeviceGet / cuDevicePrimaryCtxRetain / cuMemcpy over memmove."""
 
-    def __init__(self, fail: bool = False, ctx: bool = True):
-        self.fail, self.ctx = fail, ctx
+    def __init__(self, fail: bool = False, ctx: bool = True, map_fail: bool = False):
+        self.fail, self.ctx, self.map_fail = fail, ctx, map_fail
         self.copies, self.sets, self.retains = [], 0, 0
+        self.alive, self.freed = {}, []
 
     def cuCtxGetCurrent(self, p):
         p[0] = ffi.cast("void*", 0x1234) if self.ctx else ffi.NULL
@@ -50,6 +51,27 @@ class FakeDriver:
         if self.fail:
             return 700                  # CUDA_ERROR_ILLEGAL_ADDRESS
         ctypes.memmove(dst, src, n)
+        return 0
+
+
+    # page-locked host memory (cuda_driver.HostBuffer): a ctypes buffer; the "device" address is the host's
+    def cuMemHostAlloc(self, p, n, flags):
+        if self.fail:
+            return 2                    # CUDA_ERROR_OUT_OF_MEMORY
+        buf = ctypes.create_string_buffer(n)
+        self.alive[ctypes.addressof(buf)] = (buf, flags)
+        p[0] = ffi.cast("void*", ctypes.addressof(buf))
+        return 0
+
+    def cuMemHostGetDevicePointer_v2(self, d, p, flags):
+        if self.map_fail:
+            return 201                  # CUDA_ERROR_INVALID_CONTEXT
+        d[0] = int(ffi.cast("uintptr_t", p))
+        return 0
+
+    def cuMemFreeHost(self, p):
+        self.freed.append(int(ffi.cast("uintptr_t", p)))
+        del self.alive[self.freed[-1]]
         return 0
 
 
@@ -163,3 +185,41 @@ def test_device_diff_through_the_driver_reader(fake_driver, monkeypatch):
     for pos in (0, 1, 2, 1, 5, 5, 15):
         buf.step(pos)
     assert sum(r.copies for r in fake_driver) > 0
+
+
+def test_host_buffer_is_mapped_page_locked_memory_freed_with_it():
+    import gc
+
+    from ortmlx.kernels import cuda_driver
+    d = FakeDriver(ctx=False)
+    drv = cuda_driver.Driver(d, ffi)
+    hb = cuda_driver.HostBuffer(drv, 5000)
+    (addr,) = d.alive
+    assert d.alive[addr][1] == cuda_driver.MEMHOSTALLOC_PORTABLE | cuda_driver.MEMHOSTALLOC_DEVICEMAP
+    assert hb.device_address == hb.host_address == addr and hb.nbytes == 5000
+    assert hb.array.dtype == np.uint8 and hb.array.shape == (5000,) and hb.array.ctypes.data == addr
+    hb.array[:4] = [1, 2, 3, 4]                  # the host view is the memory itself
+    assert ctypes.string_at(addr, 4) == bytes([1, 2, 3, 4])
+    assert (d.retains, d.sets) == (1, 1)         # a context made current for the allocation
+    del hb
+    gc.collect()
+    assert d.freed == [addr] and not d.alive
+    with pytest.raises(ValueError, match="positive size"):
+        cuda_driver.HostBuffer(drv, 0)
+
+
+def test_host_buffer_errors_free_what_was_taken():
+    from ortmlx.kernels import cuda_driver
+    d = FakeDriver(fail=True)
+    with pytest.raises(cuda_driver.DriverError, match="cuMemHostAlloc failed with CUresult 2"):
+        cuda_driver.HostBuffer(cuda_driver.Driver(d, ffi), 64)
+    d = FakeDriver(map_fail=True)
+    with pytest.raises(cuda_driver.DriverError, match="cuMemHostGetDevicePointer failed with CUresult 201"):
+        cuda_driver.HostBuffer(cuda_driver.Driver(d, ffi), 64)
+    assert len(d.freed) == 1 and not d.alive
+
+
+def test_no_driver_without_the_cuda_backend():
+    from ortmlx.kernels import cuda_driver
+    if not (hasattr(mx, "cuda") and mx.cuda.is_available()):
+        assert cuda_driver.driver() is None

@@ -8,6 +8,7 @@ buffer sets used in turn; the per-buffer path (``no_kv_batch=1``) gives the same
 """
 from __future__ import annotations
 
+import mlx.core as mx
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -18,6 +19,7 @@ import ortmlx.compiled as C
 from ortmlx.testing import assert_close, make_model, session
 
 N, KVN, H, P, LAYERS = 4, 2, 16, 12, 2
+CUDA = hasattr(mx, "cuda") and mx.cuda.is_available()
 
 
 def two_layer_model():
@@ -97,14 +99,18 @@ def counters(att) -> dict:
     return dict(att.decode.stats.groups[att.name]["kv_copy_out"])
 
 
-@pytest.mark.parametrize("options", [None, {"no_kv_batch": "1"}], ids=["batch", "per-buffer"])
+@pytest.mark.parametrize("options", [None, {"no_kv_batch": "1"}, {"pinned_hints": "0"}],
+                         ids=["batch", "per-buffer", "hints-on-device"])
 def test_steady_decode_is_batched_and_right(options):
     mlx, cpu, att = sessions(options)
     buf = Buffers(mlx, cpu, 0)
     for pos in range(3, 10):
         buf.step(pos, f"pos {pos}")
     kv = counters(att)
-    if options is None:
+    # on MLX's CUDA backend the hints' kernel writes page-locked host memory unless asked not to
+    pinned = [c.sink is not None for c in att.decode.closures()]
+    assert any(pinned) == (CUDA and (options or {}).get("pinned_hints") != "0"), pinned
+    if options is None or "pinned_hints" in options:
         assert kv["batched"] >= 4 * 2 * LAYERS and kv["row_hints"] <= 2 * LAYERS, kv
     else:
         assert kv["batched"] == 0 and kv["row_hints"] >= 4 * 2 * LAYERS, kv
@@ -143,3 +149,22 @@ def test_rewind_and_two_buffer_sets():
         c.step(pos, "c")
         a.step(pos + 5, "a")
         b.step(pos + 6, "b")
+
+
+def test_wrong_row_hints_poison_the_closure(monkeypatch):
+    """Compute writes back only the hinted rows, so a verified call checks them against its presents:
+    hints whose first byte is off poison the closure, and every answer (buffers included) stays right."""
+    from ortmlx.compiled import core
+    real = core._hint_arrays
+
+    def off_by_one(*a, **k):
+        data, index = real(*a, **k)
+        return mx.concatenate([data[:1] + 1, data[1:]]), index
+    monkeypatch.setattr(core, "_hint_arrays", off_by_one)
+    mlx, cpu, att = sessions()
+    buf = Buffers(mlx, cpu, 5)
+    for pos in range(3, 8):
+        buf.step(pos, f"pos {pos}")
+    why = att.decode.counters["poisoned"]
+    assert "row hints of output" in why, why
+    assert att.decode.counters["compiled_calls"] == 0, att.decode.counters

@@ -15,7 +15,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from ..kernels import cuda_kernels
+from ..kernels import cuda_driver, cuda_kernels
 from ..kernels import dtypes as dt
 from ..kernels.interpreter import mx_device
 from ..kernels.ops.reduction import reduce_sum_ints_host
@@ -71,7 +71,7 @@ class _Closure:
     """One compiled closure for one key: its inputs split, its counters and state."""
 
     __slots__ = ("fn", "dev_idx", "host_vals", "traces", "calls", "verified", "trusted", "poisoned", "guarded",
-                 "guard_fails", "hoist", "hoist_prog", "trace_prog", "shapeless", "hints", "hint_starts")
+                 "guard_fails", "hoist", "hoist_prog", "trace_prog", "shapeless", "hints", "hint_starts", "sink")
 
     def __init__(self, dev_idx: tuple[int, ...], host_vals: dict[int, np.ndarray | None]):
         self.fn = None
@@ -92,6 +92,8 @@ class _Closure:
         #: extra output before the guard (set while tracing)
         self.hints: list = []
         self.hint_starts = np.zeros(0, np.intp)     # per hint batch row: its start among the distinct ones
+        #: page-locked host memory the hints' kernel writes (``pinned_hints``; made at the first trace)
+        self.sink: cuda_driver.HostBuffer | None = None
 
 
 class CompiledSubgraph:
@@ -307,6 +309,9 @@ class CompiledSubgraph:
         try:
             want = [dt.host(r) for r in ref]
             why = mismatch([dt.host(g) for g in got], want, self._bf16)
+            hints = getattr(got, "row_hints", None)
+            if not why and hints is not None:
+                why = _hint_mismatch(hints, got)
         except Exception as e:  # noqa: BLE001
             why = f"comparison failed: {type(e).__name__}: {e}"
         if why:
@@ -356,6 +361,10 @@ class CompiledSubgraph:
             hints = None
             if c.hints:
                 hints = RowHints(c.hints, outs[-1], c.hint_starts)
+                if c.sink is not None and outs[-1].size == 1:
+                    # the kernel wrote the bytes to host memory; the next call of this closure (on this,
+                    # the main thread: ``compile_thread``) rewrites it, so the call keeps a copy
+                    hints.data = c.sink.array[:hints.nbytes].copy()
                 outs = outs[:-1]
             outs = call.post(outs) if call.post is not None else outs
             if hints is not None and call.post is None:
@@ -376,6 +385,8 @@ class CompiledSubgraph:
         shapeless = c.shapeless
         #: the row hints' bytes gathered by one custom kernel (not one copy kernel per piece)
         one_kernel = getattr(program, "cuda_kernels", False) and cuda_kernels.usable()
+        #: ... straight into page-locked host memory (read after the eval: no device buffer, no copy call)
+        to_host = one_kernel and getattr(program, "pinned_hints", False)
 
         def body(*dev):
             c.traces += 1                       # a Python side effect: runs only while tracing
@@ -399,7 +410,8 @@ class CompiledSubgraph:
                 meta = _hinted_outputs(hints, outs, {id(inputs[i]): i for i in dev_idx})
                 c.hints = [m for m in meta if m is not None]
                 if c.hints:
-                    data, c.hint_starts = _hint_arrays(hints, meta, one_kernel)
+                    data, c.hint_starts = _hint_arrays(hints, meta, one_kernel,
+                                                       (lambda used: _hint_sink(c, used)) if to_host else None)
                     outs.append(data)
                 c.guarded = bool(guards)
                 if guards:
@@ -494,7 +506,8 @@ class RowHints:
     """What a trace declared about its aliased outputs (``decode_ops.add_row_hint``), evaluated:
     ``meta`` [(output j, input i, row shape, item size)] and ``data``: one flat byte array of the rows, then
     the distinct start arrays (int32 bytes, ``n_starts`` values); ``starts`` indexes those values for each
-    hint's batch rows in turn (hints sharing one start array share its bytes): one round trip."""
+    hint's batch rows in turn (hints sharing one start array share its bytes): one round trip. ``data`` is
+    an MLX array, or (written to host memory by the kernel) a NumPy array of the call's own."""
 
     __slots__ = ("meta", "data", "n_starts", "starts", "nbytes")
 
@@ -537,10 +550,12 @@ def _hinted_outputs(hints: list, outs: list, inputs: dict) -> list:
     return meta
 
 
-def _hint_arrays(hints: list, meta: list, one_kernel: bool = False) -> tuple[mx.array, np.ndarray]:
+def _hint_arrays(hints: list, meta: list, one_kernel: bool = False, sink=None) -> tuple[mx.array, np.ndarray]:
     """The extra output of the kept hints (their rows as flat bytes, then each distinct start array as
     int32 bytes: one copy kernel per piece, or ``one_kernel``: ``cuda_kernels.gather_bytes``), and per
-    hint batch row the index of its start value."""
+    hint batch row the index of its start value. ``sink`` (with ``one_kernel``): called with the bytes
+    used, the address array of host memory the kernel writes them to instead (then the output is one
+    byte), or None."""
     kept = [h for h, m in zip(hints, meta) if m is not None]
     if one_kernel and len(kept) + len({id(s) for _, _, s, _ in kept}) <= cuda_kernels.GATHER_MAX \
             and all(r.size for _, _, _, r in kept):
@@ -559,8 +574,28 @@ def _hint_arrays(hints: list, meta: list, one_kernel: bool = False) -> tuple[mx.
         index.extend(range(at[id(s)], at[id(s)] + s.size))
     if one_kernel:
         used = sum(int(a.nbytes) for a in rows + pieces)
+        address = sink(used) if sink is not None else None
+        if address is not None:
+            return cuda_kernels.gather_bytes(rows + pieces, to_host=address), np.asarray(index, np.intp)
         return cuda_kernels.gather_bytes(rows + pieces, size=_hint_room(used)), np.asarray(index, np.intp)
     return mx.concatenate(rows + pieces), np.asarray(index, np.intp)
+
+
+def _hint_sink(c: _Closure, used: int) -> mx.array | None:
+    """The address (a uint64 array the trace keeps) of the closure's page-locked host buffer for ``used``
+    bytes of row hints, made at its first trace; None without the CUDA driver. A later trace of the
+    closure needing more than the buffer holds is refused (an older trace writes the same buffer)."""
+    if c.sink is None:
+        drv = cuda_driver.driver()
+        if drv is None:
+            return None
+        try:
+            c.sink = cuda_driver.HostBuffer(drv, -(-used // 4096) * 4096)
+        except cuda_driver.DriverError:
+            return None
+    if used > c.sink.nbytes:
+        raise Untraceable(f"row hints of {used} bytes outgrew their host buffer ({c.sink.nbytes} bytes)")
+    return mx.array([c.sink.device_address], dtype=mx.uint64)
 
 
 #: Extra bytes of the row hints' device buffer on MLX's CUDA backend. Reading a result on the host
@@ -572,6 +607,27 @@ def _hint_arrays(hints: list, meta: list, one_kernel: bool = False) -> tuple[mx.
 #: multiple plus this, the buffer has a size of its own, and the managed buffer of one token comes back
 #: the next. The pad is never written nor read.
 HINT_ROOM = 149 << 14
+
+
+def _hint_mismatch(hints: RowHints, outs: list) -> str | None:
+    """Why the row hints of a call are not the rows its presents hold at their starts (None: they are):
+    Compute writes only these rows back to genai's buffer, so a verified call checks them too."""
+    data = hints.data if isinstance(hints.data, np.ndarray) else np.array(hints.data)
+    data = data[:hints.nbytes]
+    k = data.nbytes - 4 * hints.n_starts
+    starts = data[k:].view(np.int32)[hints.starts]
+    at = sat = 0
+    for j, _, shape, itemsize in hints.meta:
+        n = math.prod(shape) * itemsize
+        present = dt.host(outs[j])
+        rows = data[at:at + n].view(present.dtype).reshape(shape)
+        for b in range(shape[0]):
+            s0, s = int(starts[sat + b]), shape[-2]
+            if not np.array_equal(present[b, ..., s0:s0 + s, :].view(np.uint8), rows[b].view(np.uint8)):
+                return f"row hints of output {j} differ from its rows {s0}..{s0 + s - 1} (batch row {b})"
+        at += n
+        sat += shape[0]
+    return None
 
 
 def _hint_room(used: int) -> int:

@@ -92,7 +92,8 @@ class ComputeInfo:
                                cuda_kernels=getattr(opts, "cuda_kernels", True),
                                lift_weights=getattr(opts, "lift_weights", None),
                                widen_weights=getattr(opts, "widen_weights", None),
-                               dense_nbits=getattr(opts, "dense_nbits", None))
+                               dense_nbits=getattr(opts, "dense_nbits", None),
+                               pinned_hints=getattr(opts, "pinned_hints", True))
         self.runner = make_runner(self.program, ep.options, ep.stats)
         self.in_names = list(plan.inputs)
         self.in_types = [plan.value(n).dtype for n in plan.inputs]

@@ -17,14 +17,8 @@ import threading
 import mlx.core as mx
 import numpy as np
 
-_CDEF = """
-int cuInit(unsigned int flags);
-int cuCtxGetCurrent(void** pctx);
-int cuCtxSetCurrent(void* ctx);
-int cuDeviceGet(int* device, int ordinal);
-int cuDevicePrimaryCtxRetain(void** pctx, int dev);
-int cuMemcpy(unsigned long long dst, unsigned long long src, size_t n);
-"""
+from ..kernels.cuda_driver import Driver, DriverError
+from ..kernels.cuda_driver import driver as _open_driver
 
 
 class Reader:
@@ -51,31 +45,14 @@ class DriverReader(Reader):
     driver = True
 
     def __init__(self, lib, ffi):
-        self._lib, self._ffi = lib, ffi
-        self._tls = threading.local()
-        self._ctx = None
+        self._drv = Driver(lib, ffi)
         self.copies = 0
         self.failed = 0         # driver errors seen: after 3, every read is numpy's
-
-    def _current(self) -> None:
-        """Make a CUDA context current on this thread (MLX's threads have the primary one already)."""
-        p = getattr(self._tls, "p", None)
-        if p is None:
-            p = self._tls.p = self._ffi.new("void**")
-        if self._lib.cuCtxGetCurrent(p) == 0 and p[0] != self._ffi.NULL:
-            return
-        if self._ctx is None:                   # retained for the life of the process (as MLX keeps it)
-            dev, ctx = self._ffi.new("int*"), self._ffi.new("void**")
-            _check(self._lib.cuDeviceGet(dev, 0), "cuDeviceGet")
-            _check(self._lib.cuDevicePrimaryCtxRetain(ctx, dev[0]), "cuDevicePrimaryCtxRetain")
-            self._ctx = ctx[0]
-        _check(self._lib.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
 
     def _copy(self, dst_addr: int, src: np.ndarray) -> bool:
         """cuMemcpy; False (nothing to rely on: the caller copies with numpy) if the driver refused."""
         try:
-            self._current()
-            _check(self._lib.cuMemcpy(dst_addr, src.ctypes.data, src.nbytes), "cuMemcpy")
+            self._drv.memcpy(dst_addr, src.ctypes.data, src.nbytes)
         except DriverError:
             self.failed += 1
             return False
@@ -101,15 +78,6 @@ class DriverReader(Reader):
         return out if self._copy(out.ctypes.data, src) else np.array(src, copy=True)
 
 
-class DriverError(RuntimeError):
-    pass
-
-
-def _check(rc: int, what: str) -> None:
-    if rc != 0:
-        raise DriverError(f"{what} failed with CUresult {rc}")
-
-
 NUMPY = Reader()
 _lock = threading.Lock()
 _driver: list = []          # [DriverReader or None] once probed
@@ -117,15 +85,11 @@ _driver: list = []          # [DriverReader or None] once probed
 
 def _probe_driver():
     """A checked DriverReader, or None (no CUDA backend, no driver, or a self-test that failed)."""
-    if not (hasattr(mx, "cuda") and mx.cuda.is_available()):
+    drv = _open_driver()
+    if drv is None:
         return None
     try:
-        import cffi
-        ffi = cffi.FFI()
-        ffi.cdef(_CDEF)
-        lib = ffi.dlopen("libcuda.so.1")
-        _check(lib.cuInit(0), "cuInit")
-        r = DriverReader(lib, ffi)
+        r = DriverReader(drv.lib, drv.ffi)
         a = mx.arange(4099, dtype=mx.int32, stream=mx.gpu) * 3 + 1
         mx.eval(a)
         src = np.asarray(a)

@@ -206,7 +206,8 @@ def write_predicted(pending: list, ranges: list[np.ndarray], rows: range, picked
 def hint_bytes(hints, read: Reader = NUMPY) -> tuple[np.ndarray, np.ndarray]:
     """A runner's row hints (``compiled.core.RowHints``) on the host: (the rows as flat bytes, the
     start rows), one round trip for every hinted output."""
-    data = read.read(np.asarray(hints.data)[:hints.nbytes])
+    raw = hints.data
+    data = raw[:hints.nbytes] if isinstance(raw, np.ndarray) else read.read(np.asarray(raw)[:hints.nbytes])
     k = data.nbytes - 4 * hints.n_starts
     return data[:k], data[k:].view(np.int32)[hints.starts]
 

@@ -51,6 +51,9 @@ SPEC: dict[str, tuple[tuple[str, ...], str]] = {
                                              "MLX's CPU backend (its quantized matmul is a plain loop), off on a GPU"),
     "cuda_kernels": (("ORTMLX_CUDA_KERNELS",), "0: no custom CUDA kernels (kernels/cuda_kernels.py: one-kernel decode "
                                                "attention, one-kernel row-hint gather) on MLX's CUDA backend"),
+    "pinned_hints": (("ORTMLX_PINNED_HINTS",), "0: gather a compiled decode call's new KV rows into a device buffer "
+                                               "and copy that to the host, rather than have the gather kernel write "
+                                               "them into page-locked host memory (GPU, with cuda_kernels)"),
     "compile_mode": (("ORTMLX_COMPILE_MODE",), "enabled|no_fuse|no_simplify|disabled: mx.compile mode"),
     "trace": (("ORTMLX_TRACE",), "path.json: write a Chrome/Perfetto trace of the session"),
     "verbose": (("ORTMLX_VERBOSE",), "1: print a session summary at release"),
@@ -60,7 +63,7 @@ SPEC: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 _BOOLS = {"no_compile", "no_general_compile", "no_prefill_compile", "no_decode_compile", "gpu_decode_compile",
-          "no_kv_mirror", "no_kv_batch", "driver_read", "device_constants", "cuda_kernels",
+          "no_kv_mirror", "no_kv_batch", "driver_read", "device_constants", "cuda_kernels", "pinned_hints",
           "lift_weights", "widen_weights", "dense_nbits", "verbose"}
 
 
@@ -81,6 +84,7 @@ class EpOptions:
     driver_read: bool = True
     device_constants: bool = True
     cuda_kernels: bool = True
+    pinned_hints: bool = True
     lift_weights: bool | None = None          # None: the Program's default (on)
     widen_weights: bool | None = None         # None: by device (Program)
     dense_nbits: bool | None = None           # None: by device (Program)

@@ -484,33 +484,48 @@ def decode_rope_attention(q, k, v, cos, sin, past_k, past_v, past_len, total_len
     return tuple(outs)
 
 
-def _gather_source(sizes: list[int], offsets: list[int]) -> str:
+def _gather_source(sizes: list[int], offsets: list[int], to_host: bool = False) -> str:
     cases = "\n".join(f"        case {i}: src = reinterpret_cast<const uint8_t*>(in{i}); nbytes = {n}; "
                       f"off = {o}; break;" for i, (n, o) in enumerate(zip(sizes, offsets)))
+    # to host memory: the address comes as data (``sink[0]``), ``out`` is one byte the host never reads
+    dst = ("    uint8_t* dst = reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(sink[0]));\n"
+           "    if (blockIdx.x == 0 && threadIdx.x == 0) out[0] = 1;\n") if to_host else "    uint8_t* dst = out;\n"
     return ("    const uint8_t* src = nullptr;\n    size_t nbytes = 0, off = 0;\n"
-            f"    switch (blockIdx.x) {{\n{cases}\n        default: return;\n    }}\n"
-            "    for (size_t j = threadIdx.x; j < nbytes; j += blockDim.x) out[off + j] = src[j];\n")
+            f"    switch (blockIdx.x) {{\n{cases}\n        default: return;\n    }}\n{dst}"
+            "    for (size_t j = threadIdx.x; j < nbytes; j += blockDim.x) dst[off + j] = src[j];\n")
 
 
 @functools.lru_cache(maxsize=64)
-def _gather_kernel(sizes: tuple[int, ...]):
+def _gather_kernel(sizes: tuple[int, ...], to_host: bool = False):
     offsets = list(np.cumsum((0,) + sizes[:-1]).tolist())
-    src = _gather_source(list(sizes), offsets)
-    return _kernel("ortmlx_gather_bytes", [f"in{i}" for i in range(len(sizes))], ["out"], src)
+    src = _gather_source(list(sizes), offsets, to_host)
+    names = [f"in{i}" for i in range(len(sizes))] + (["sink"] if to_host else [])
+    return _kernel("ortmlx_gather_host" if to_host else "ortmlx_gather_bytes", names, ["out"], src)
 
 
 #: most arrays one ``gather_bytes`` kernel takes (a kernel's parameters are limited to 32 KB)
 GATHER_MAX = 512
 
 
-def gather_bytes(arrays: list, size: int | None = None) -> mx.array:
+def gather_bytes(arrays: list, size: int | None = None, to_host=None) -> mx.array:
     """The bytes of ``arrays`` (row-major, one after another) as one uint8 array: one kernel. With
-    ``size`` larger than their sum the array has ``size`` bytes and those after the sum are not written."""
+    ``size`` larger than their sum the array has ``size`` bytes and those after the sum are not written.
+
+    ``to_host``: a one-element uint64 array holding the device address of page-locked host memory
+    (``cuda_driver.HostBuffer``) of at least their sum of bytes: the kernel writes them there
+    instead, and returns one byte that only orders the work (evaluate it, then read the memory)."""
     if not arrays or len(arrays) > GATHER_MAX:
         raise ValueError(f"gather_bytes takes 1..{GATHER_MAX} arrays, got {len(arrays)}")
     sizes = tuple(int(a.nbytes) for a in arrays)
     if min(sizes) == 0:
         raise ValueError("gather_bytes: an empty array")
+    if to_host is not None:
+        if to_host.dtype != mx.uint64 or to_host.size != 1:
+            raise ValueError(f"gather_bytes: to_host must be one uint64 address, got {to_host.dtype} "
+                             f"of shape {to_host.shape}")
+        (out,) = _gather_kernel(sizes, True)(inputs=list(arrays) + [to_host], grid=(len(arrays) * 128, 1, 1),
+                                             threadgroup=(128, 1, 1), output_shapes=[(1,)], output_dtypes=[mx.uint8])
+        return out
     n = sum(sizes) if size is None else max(int(size), sum(sizes))
     (out,) = _gather_kernel(sizes)(inputs=list(arrays), grid=(len(arrays) * 128, 1, 1), threadgroup=(128, 1, 1),
                                    output_shapes=[(n,)], output_dtypes=[mx.uint8])

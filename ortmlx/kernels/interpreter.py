@@ -134,11 +134,13 @@ class Program:
     def __init__(self, graph, device: str = "cpu", constants_mx: dict[str, mx.array] | None = None,
                  device_constants: bool = False, cuda_kernels: bool = False, merge_matmuls: bool | None = None,
                  fold_qkv_bias: bool | None = None, lift_weights: bool | None = None,
-                 widen_weights: bool | None = None, dense_nbits: bool | None = None):
+                 widen_weights: bool | None = None, dense_nbits: bool | None = None, pinned_hints: bool = True):
         self.graph = graph
         self.device = device
         #: builds may use ``kernels/cuda_kernels.py`` (on a GPU of MLX's CUDA backend)
         self.cuda_kernels = bool(cuda_kernels) and device == "gpu"
+        #: a compiled decode's row hints written by their kernel into page-locked host memory (compiled/core.py)
+        self.pinned_hints = bool(pinned_hints) and self.cuda_kernels
         self.inputs = list(graph.inputs)
         self.outputs = list(graph.outputs)
         self.types = {n: v.dtype for n, v in graph.values.items()}

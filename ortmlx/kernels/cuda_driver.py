@@ -1,0 +1,131 @@
+"""The CUDA driver API (``libcuda.so.1`` through cffi) for what MLX does not expose.
+
+Two users: host reads that copy a result where it lies (``ep/devread.py``), and page-locked host
+memory mapped into the GPU's address space (``HostBuffer``), which a kernel writes and the host
+reads after ``mx.eval`` without any copy call (the compiled decode's row hints, ``compiled/core.py``).
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+
+import numpy as np
+
+CDEF = """
+int cuInit(unsigned int flags);
+int cuCtxGetCurrent(void** pctx);
+int cuCtxSetCurrent(void* ctx);
+int cuDeviceGet(int* device, int ordinal);
+int cuDevicePrimaryCtxRetain(void** pctx, int dev);
+int cuMemcpy(unsigned long long dst, unsigned long long src, size_t n);
+int cuMemHostAlloc(void** pp, size_t bytesize, unsigned int flags);
+int cuMemHostGetDevicePointer_v2(unsigned long long* pdptr, void* p, unsigned int flags);
+int cuMemFreeHost(void* p);
+"""
+
+#: cuMemHostAlloc flags: usable from every context, mapped into the device's address space
+MEMHOSTALLOC_PORTABLE = 0x01
+MEMHOSTALLOC_DEVICEMAP = 0x02
+
+
+class DriverError(RuntimeError):
+    pass
+
+
+def check(rc: int, what: str) -> None:
+    if rc != 0:
+        raise DriverError(f"{what} failed with CUresult {rc}")
+
+
+class Driver:
+    """A driver library (the real one, or a test's stand-in with the same functions) and the
+    context its calls need on the calling thread."""
+
+    def __init__(self, lib, ffi):
+        self.lib, self.ffi = lib, ffi
+        self._tls = threading.local()
+        self._ctx = None
+
+    def current(self) -> None:
+        """Make a CUDA context current on this thread (MLX's threads have the primary one already)."""
+        p = getattr(self._tls, "p", None)
+        if p is None:
+            p = self._tls.p = self.ffi.new("void**")
+        if self.lib.cuCtxGetCurrent(p) == 0 and p[0] != self.ffi.NULL:
+            return
+        if self._ctx is None:                   # retained for the life of the process (as MLX keeps it)
+            dev, ctx = self.ffi.new("int*"), self.ffi.new("void**")
+            check(self.lib.cuDeviceGet(dev, 0), "cuDeviceGet")
+            check(self.lib.cuDevicePrimaryCtxRetain(ctx, dev[0]), "cuDevicePrimaryCtxRetain")
+            self._ctx = ctx[0]
+        check(self.lib.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
+
+    def memcpy(self, dst: int, src: int, n: int) -> None:
+        self.current()
+        check(self.lib.cuMemcpy(dst, src, n), "cuMemcpy")
+
+
+class HostBuffer:
+    """``nbytes`` of page-locked host memory mapped into the device: ``device_address`` for kernels,
+    ``array`` (uint8) for the host. Read it only after the kernels that write it have finished
+    (``mx.eval`` of their outputs waits for them). Freed when the object goes (not at exit)."""
+
+    def __init__(self, drv: Driver, nbytes: int):
+        if nbytes <= 0:
+            raise ValueError(f"HostBuffer needs a positive size, got {nbytes}")
+        lib, ffi = drv.lib, drv.ffi
+        drv.current()
+        p = ffi.new("void**")
+        check(lib.cuMemHostAlloc(p, nbytes, MEMHOSTALLOC_PORTABLE | MEMHOSTALLOC_DEVICEMAP), "cuMemHostAlloc")
+        host = p[0]
+        fin = weakref.finalize(self, _free, drv, host)
+        fin.atexit = False                      # the driver may be gone at exit; the process frees it anyway
+        d = ffi.new("unsigned long long*")
+        try:
+            check(lib.cuMemHostGetDevicePointer_v2(d, host, 0), "cuMemHostGetDevicePointer")
+        except DriverError:
+            fin()
+            raise
+        self.nbytes = nbytes
+        self.device_address = int(d[0])
+        self.host_address = int(ffi.cast("uintptr_t", host))
+        self.array = np.frombuffer(ffi.buffer(host, nbytes), np.uint8)
+        self._fin = fin
+
+    def free(self) -> None:
+        self._fin()
+
+
+def _free(drv: Driver, host) -> None:
+    try:
+        drv.current()
+        drv.lib.cuMemFreeHost(host)
+    except Exception:  # noqa: BLE001 - a finalizer: nothing to report to
+        pass
+
+
+_lock = threading.Lock()
+_driver: list = []          # [Driver or None] once opened
+
+
+def driver() -> Driver | None:
+    """The real driver when MLX runs on CUDA and ``libcuda.so.1`` initialises, else None."""
+    with _lock:
+        if not _driver:
+            _driver.append(_open())
+        return _driver[0]
+
+
+def _open() -> Driver | None:
+    try:
+        import mlx.core as mx
+        if not (hasattr(mx, "cuda") and mx.cuda.is_available()):
+            return None
+        import cffi
+        ffi = cffi.FFI()
+        ffi.cdef(CDEF)
+        lib = ffi.dlopen("libcuda.so.1")
+        check(lib.cuInit(0), "cuInit")
+        return Driver(lib, ffi)
+    except Exception:  # noqa: BLE001 - no driver: callers take their plain paths
+        return None

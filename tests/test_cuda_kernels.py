@@ -453,13 +453,13 @@ def test_hint_arrays_to_host_wiring(monkeypatch):
     asked, address = [], mx.array([0xABC000], mx.uint64)
     out, _ = core._hint_arrays(hints, meta, one_kernel=True, sink=lambda n: asked.append(n) or address)
     assert asked == [used] and out.shape == (1,) and seen[-1] == (6, None, address)
-    out, _ = core._hint_arrays(hints, meta, one_kernel=True, sink=lambda n: None)
+    out, _ = core._hint_arrays(hints, meta, one_kernel=True, sink=lambda n: None)   # no driver
     assert out.shape == (core._hint_room(used),) and seen[-1] == (6, core._hint_room(used), None)
 
 
-def test_hint_sink_made_once_and_never_outgrown(monkeypatch):
-    """Everywhere: a closure's host buffer is made at its first trace (page-rounded), kept by later ones,
-    and a trace needing more than it holds is refused; no driver: no buffer."""
+def test_sink_made_once_and_never_outgrown(monkeypatch):
+    """Everywhere: a closure's host buffer is made at its trace (page-rounded) for the offset and bytes
+    asked, later asks within it reuse it, one past it is refused; no driver: no buffer."""
     from ortmlx.compiled import core
     from ortmlx.compiled.decode_ops import Untraceable
     from ortmlx.kernels import cuda_driver
@@ -472,13 +472,25 @@ def test_hint_sink_made_once_and_never_outgrown(monkeypatch):
     monkeypatch.setattr(cuda_driver, "HostBuffer", Buf)
     monkeypatch.setattr(cuda_driver, "driver", lambda: None)
     c = core._Closure((), {})
-    assert core._hint_sink(c, 100) is None and c.sink is None
+    assert core._sink_address(c, 0, 100) is None and c.sink is None
     monkeypatch.setattr(cuda_driver, "driver", lambda: object())
-    a = core._hint_sink(c, 5000)
-    assert made == [8192] and a.dtype == mx.uint64 and a.tolist() == [0x7F0000001000]
-    assert core._hint_sink(c, 8192).tolist() == [0x7F0000001000] and made == [8192]
+    a = core._sink_address(c, 512, 5000)
+    assert made == [8192] and a.dtype == mx.uint64 and a.tolist() == [0x7F0000001000 + 512]
+    assert core._sink_address(c, 0, 8192).tolist() == [0x7F0000001000] and made == [8192]
     with pytest.raises(Untraceable, match="outgrew"):
-        core._hint_sink(c, 8193)
+        core._sink_address(c, 4096, 4097)
+
+
+def test_host_outputs_picked():
+    """Everywhere: which outputs a closure sends to host memory: not hinted presents, nothing shaped like a
+    traced input (a buffer kept as a device mirror), no bfloat16, nothing of one element, a byte cap."""
+    from ortmlx.compiled import core
+    logits, present, other_present = mx.zeros((1, 1, 50)), mx.zeros((1, 2, 8, 4)), mx.zeros((1, 2, 9, 4))
+    bf, one, past = mx.zeros((1, 1, 50), mx.bfloat16), mx.zeros((1,)), mx.zeros((1, 2, 9, 4))
+    hints = [(present, None, None, None)]
+    assert core._host_outputs([logits, present, other_present, bf, one], hints, [past, None]) == [0]
+    big = mx.zeros((core.HOST_OUT_MAX // 4,))
+    assert core._host_outputs([big, logits], [], []) == [0]          # the second would pass the cap
 
 
 @gpu_only
@@ -504,6 +516,28 @@ def test_gather_bytes_to_host_memory(sizes):
             assert (hb.array[want.size:] == 0xEE).all()
     with pytest.raises(ValueError, match="one uint64 address"):
         cuda_kernels.gather_bytes(parts, to_host=mx.array([1, 2], mx.uint64))
+
+
+@gpu_only
+@pytest.mark.parametrize("n,dtype,offset", [(151936, mx.float16, 0), (37, mx.float32, 256), (5, mx.uint8, 4096),
+                                            (1 << 20, mx.float32, 512)])
+def test_copy_to_host(n, dtype, offset):
+    """On the GPU: an array's bytes land in page-locked host memory (16-byte stores, and a tail; a
+    misaligned source takes the byte loop), nothing outside them is touched."""
+    from ortmlx.kernels import cuda_driver
+    hb = cuda_driver.HostBuffer(cuda_driver.driver(), offset + n * 4 + 4096)
+    hb.array[:] = 0xEE
+    rng = np.random.default_rng(n)
+    a = mx.array(rng.standard_normal(n + 3).astype(np.float32)).astype(dtype)
+    for src in (a[:n], a[3:]):          # aligned, then a view 3 elements in
+        with mx.stream(mx.gpu):
+            done = cuda_kernels.copy_to_host(src * 2, mx.array([hb.device_address + offset], mx.uint64))
+            want = src * 2
+            mx.eval(done, want)
+        w = np.array(want.view(mx.uint8) if dtype != mx.uint8 else want).tobytes()
+        assert hb.array[offset:offset + len(w)].tobytes() == w
+        assert (hb.array[:offset] == 0xEE).all() and (hb.array[offset + len(w):] == 0xEE).all()
+        hb.array[:] = 0xEE
 
 
 def _merge_attention_graph():

@@ -71,7 +71,8 @@ class _Closure:
     """One compiled closure for one key: its inputs split, its counters and state."""
 
     __slots__ = ("fn", "dev_idx", "host_vals", "traces", "calls", "verified", "trusted", "poisoned", "guarded",
-                 "guard_fails", "hoist", "hoist_prog", "trace_prog", "shapeless", "hints", "hint_starts", "sink")
+                 "guard_fails", "hoist", "hoist_prog", "trace_prog", "shapeless", "hints", "hint_starts", "sink",
+                 "host_outs", "hint_at")
 
     def __init__(self, dev_idx: tuple[int, ...], host_vals: dict[int, np.ndarray | None]):
         self.fn = None
@@ -94,6 +95,9 @@ class _Closure:
         self.hint_starts = np.zeros(0, np.intp)     # per hint batch row: its start among the distinct ones
         #: page-locked host memory the hints' kernel writes (``pinned_hints``; made at the first trace)
         self.sink: cuda_driver.HostBuffer | None = None
+        #: outputs its kernels write to ``sink``: [(output j, first byte, end, shape, NumPy type)] (set while tracing)
+        self.host_outs: list = []
+        self.hint_at = 0                # where in ``sink`` the hints' bytes start (after the outputs')
 
 
 class CompiledSubgraph:
@@ -358,13 +362,20 @@ class CompiledSubgraph:
                 outs = outs[:-1]
             stage = "post"
             outs = list(outs)           # evaluated MLX arrays: Compute copies them out (maybe only changed rows)
+            if c.host_outs:
+                # written to host memory by the kernels: read-only views, valid until this closure's next
+                # call (on this, the main thread: ``compile_thread``), which comes after Compute copied them
+                for j, off, end, shape, npt in c.host_outs:
+                    v = c.sink.array[off:end].view(npt).reshape(shape)
+                    v.flags.writeable = False
+                    outs[j] = v
             hints = None
             if c.hints:
                 hints = RowHints(c.hints, outs[-1], c.hint_starts)
                 if c.sink is not None and outs[-1].size == 1:
                     # the kernel wrote the bytes to host memory; the next call of this closure (on this,
                     # the main thread: ``compile_thread``) rewrites it, so the call keeps a copy
-                    hints.data = c.sink.array[:hints.nbytes].copy()
+                    hints.data = c.sink.array[c.hint_at:c.hint_at + hints.nbytes].copy()
                 outs = outs[:-1]
             outs = call.post(outs) if call.post is not None else outs
             if hints is not None and call.post is None:
@@ -409,10 +420,26 @@ class CompiledSubgraph:
                 hints = take_row_hints()
                 meta = _hinted_outputs(hints, outs, {id(inputs[i]): i for i in dev_idx})
                 c.hints = [m for m in meta if m is not None]
+                if to_host and c.sink is not None:
+                    raise Untraceable("a closure whose kernels write host memory is traced once")
+                # outputs read on the host (the logits) go to host memory too, ahead of the hints' bytes
+                host_outs = _host_outputs(outs, hints, [inputs[i] for i in dev_idx]) if to_host and \
+                    not shapeless else []
+                layout, hint_at = [], 0
+                for j in host_outs:
+                    layout.append((j, hint_at, tuple(outs[j].shape), outs[j].dtype))
+                    hint_at = -(-(hint_at + outs[j].nbytes) // 256) * 256
+                c.hint_at = hint_at
                 if c.hints:
-                    data, c.hint_starts = _hint_arrays(hints, meta, one_kernel,
-                                                       (lambda used: _hint_sink(c, used)) if to_host else None)
+                    data, c.hint_starts = _hint_arrays(
+                        hints, meta, one_kernel, (lambda used: _sink_address(c, hint_at, used)) if to_host else None)
                     outs.append(data)
+                if layout and _sink_address(c, 0, hint_at) is not None:
+                    for j, off, _, _ in layout:
+                        outs[j] = cuda_kernels.copy_to_host(outs[j], mx.array([c.sink.device_address + off],
+                                                                              dtype=mx.uint64))
+                    c.host_outs = [(j, off, off + math.prod(shape) * d.size, shape, dt.NUMPY[dt.FROM_MLX[d]])
+                                   for j, off, shape, d in layout]
                 c.guarded = bool(guards)
                 if guards:
                     # a chain of ands (one fused kernel), not a stack (one copy kernel per guard: 25 a 0.5B token)
@@ -581,21 +608,45 @@ def _hint_arrays(hints: list, meta: list, one_kernel: bool = False, sink=None) -
     return mx.concatenate(rows + pieces), np.asarray(index, np.intp)
 
 
-def _hint_sink(c: _Closure, used: int) -> mx.array | None:
-    """The address (a uint64 array the trace keeps) of the closure's page-locked host buffer for ``used``
-    bytes of row hints, made at its first trace; None without the CUDA driver. A later trace of the
-    closure needing more than the buffer holds is refused (an older trace writes the same buffer)."""
+def _sink_address(c: _Closure, offset: int, nbytes: int) -> mx.array | None:
+    """The device address of ``nbytes`` at ``offset`` of the closure's page-locked host buffer, as the
+    uint64 array a kernel reads (the trace keeps it); the buffer is made for its one trace (page-rounded).
+    None without the CUDA driver."""
     if c.sink is None:
         drv = cuda_driver.driver()
         if drv is None:
             return None
         try:
-            c.sink = cuda_driver.HostBuffer(drv, -(-used // 4096) * 4096)
+            c.sink = cuda_driver.HostBuffer(drv, -(-(offset + nbytes) // 4096) * 4096)
         except cuda_driver.DriverError:
             return None
-    if used > c.sink.nbytes:
-        raise Untraceable(f"row hints of {used} bytes outgrew their host buffer ({c.sink.nbytes} bytes)")
-    return mx.array([c.sink.device_address], dtype=mx.uint64)
+    if offset + nbytes > c.sink.nbytes:
+        raise Untraceable(f"{offset + nbytes} bytes outgrew the closure's host buffer ({c.sink.nbytes} bytes)")
+    return mx.array([c.sink.device_address + offset], dtype=mx.uint64)
+
+
+#: element types an output may take through host memory (a NumPy view of the bytes; not bfloat16)
+_HOST_OUT_TYPES = frozenset((mx.float32, mx.float16, mx.int32, mx.int64, mx.int8, mx.uint8, mx.int16,
+                             mx.uint16, mx.uint32, mx.uint64))
+#: most bytes of outputs one closure sends to host memory
+HOST_OUT_MAX = 64 << 20
+
+
+def _host_outputs(outs: list, hints: list, traced: list) -> list[int]:
+    """The outputs a closure's kernels write to host memory: not a present a row hint names nor shaped
+    like a traced input (a buffer that may be written in place and kept as a device mirror), of a type
+    NumPy holds, more than one element (the kernel's one-byte output stands for them), within
+    ``HOST_OUT_MAX`` together."""
+    named = {id(h[0]) for h in hints}
+    inputs = {(tuple(a.shape), a.dtype) for a in traced if isinstance(a, mx.array)}
+    picked, total = [], 0
+    for j, o in enumerate(outs):
+        if id(o) in named or (tuple(o.shape), o.dtype) in inputs or o.dtype not in _HOST_OUT_TYPES or \
+                o.size < 2 or total + o.nbytes > HOST_OUT_MAX:
+            continue
+        picked.append(j)
+        total += o.nbytes
+    return picked
 
 
 #: Extra bytes of the row hints' device buffer on MLX's CUDA backend. Reading a result on the host

@@ -280,7 +280,7 @@ class ComputeInfo:
                         self.kv_copy_out["whole"] += 1
                     continue
                 host = dt.to_numpy(r)
-            moved += self._copy(ptr, host, self.out_types[j])
+            moved += self._copy(ptr, host, self.out_types[j], isinstance(r, mx.array))
             if j in hinted:
                 # a hinted present computed in place (rows after the new ones are the past's) going to its
                 # own buffer: ORT's kernel leaves those rows zero there
@@ -362,8 +362,10 @@ class ComputeInfo:
             probe.fault_point("copy_out")       # testing: fail with output 0 already allocated
         return b.out[0]
 
-    def _copy(self, ptr, host: np.ndarray, t: int | None) -> int:
-        """Copy a host result (ONNX element type ``t``) into ORT's buffer at ``ptr``; returns bytes."""
+    def _copy(self, ptr, host: np.ndarray, t: int | None, device: bool = True) -> int:
+        """Copy a host result (ONNX element type ``t``; ``device``: the host view of an MLX result, else
+        host memory already, e.g. what a closure's kernel wrote there) into ORT's buffer at ``ptr``;
+        returns bytes."""
         if not host.size:
             return 0
         ffi = self.abi.ffi
@@ -371,7 +373,7 @@ class ComputeInfo:
             packed = dt.pack_carrier(host, t)           # a NumPy array, not a device result
             devread.NUMPY.copy_to_address(ptr, packed, ffi)
             return packed.nbytes
-        self.read.copy_to_address(ptr, host, ffi)
+        (self.read if device else devread.NUMPY).copy_to_address(ptr, host, ffi)
         return host.nbytes
 
     def _aliased_input(self, addr: int, j: int, shape: tuple, inputs, addrs: dict, done: set) -> int | None:

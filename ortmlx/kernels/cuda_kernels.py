@@ -530,3 +530,42 @@ def gather_bytes(arrays: list, size: int | None = None, to_host=None) -> mx.arra
     (out,) = _gather_kernel(sizes)(inputs=list(arrays), grid=(len(arrays) * 128, 1, 1), threadgroup=(128, 1, 1),
                                    output_shapes=[(n,)], output_dtypes=[mx.uint8])
     return out
+
+
+_COPY_HOST = r"""
+    const uint8_t* s = reinterpret_cast<const uint8_t*>(src);
+    uint8_t* d = reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(sink[0]));
+    const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+    const size_t step = static_cast<size_t>(gridDim.x) * blockDim.x;
+    if (i == 0) done[0] = 1;
+    size_t k0 = 0;
+    if (((reinterpret_cast<uintptr_t>(s) | reinterpret_cast<uintptr_t>(d)) & 15) == 0) {
+        const size_t n16 = NBYTES / 16;
+        for (size_t k = i; k < n16; k += step) reinterpret_cast<uint4*>(d)[k] = reinterpret_cast<const uint4*>(s)[k];
+        k0 = n16 * 16;
+    }
+    for (size_t k = k0 + i; k < NBYTES; k += step) d[k] = s[k];
+"""
+#: threads per block of ``copy_to_host``, and most blocks
+COPY_THREADS, COPY_BLOCKS = 256, 264
+
+
+@functools.lru_cache(maxsize=64)
+def _copy_host_kernel(nbytes: int):
+    return _kernel("ortmlx_copy_host", ["src", "sink"], ["done"], _COPY_HOST.replace("NBYTES", f"{nbytes}ull"))
+
+
+def copy_to_host(a: mx.array, to_host: mx.array) -> mx.array:
+    """Copy ``a``'s row-major bytes to page-locked host memory at the device address ``to_host`` holds
+    (a one-element uint64 array; ``cuda_driver.HostBuffer``): one kernel, 16-byte stores when both ends
+    are aligned. Returns one byte that only orders the work (evaluate it, then read the memory)."""
+    if to_host.dtype != mx.uint64 or to_host.size != 1:
+        raise ValueError(f"copy_to_host: to_host must be one uint64 address, got {to_host.dtype} of shape "
+                         f"{to_host.shape}")
+    n = int(a.nbytes)
+    if n == 0:
+        raise ValueError("copy_to_host: an empty array")
+    blocks = max(1, min(COPY_BLOCKS, -(-n // (16 * COPY_THREADS))))
+    (out,) = _copy_host_kernel(n)(inputs=[a, to_host], grid=(blocks * COPY_THREADS, 1, 1),
+                                  threadgroup=(COPY_THREADS, 1, 1), output_shapes=[(1,)], output_dtypes=[mx.uint8])
+    return out

@@ -49,6 +49,12 @@ def cases():
     offsets = [sum(sizes[:i]) for i in range(len(sizes))]
     yield ("gather_bytes 49 arrays", "ortmlx_gather_bytes_x", [f"in{i}" for i in range(len(sizes))],
            ["float16"] * 48 + ["int32"], ["out"], ["uint8"], ck._gather_source(list(sizes), offsets), "", [])
+    yield ("gather_bytes 49 arrays to host memory", "ortmlx_gather_host_x",
+           [f"in{i}" for i in range(len(sizes))] + ["sink"], ["float16"] * 48 + ["int32", "uint64"], ["out"],
+           ["uint8"], ck._gather_source(list(sizes), offsets, to_host=True), "", [])
+    for t in ("float16", "float32"):
+        yield (f"copy_to_host {t}", "ortmlx_copy_host_x", ["src", "sink"], [t, "uint64"], ["done"], ["uint8"],
+               ck._COPY_HOST.replace("NBYTES", "303872ull"), "", [])
 
 
 def main(argv=None) -> int:

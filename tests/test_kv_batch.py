@@ -157,9 +157,9 @@ def test_wrong_row_hints_poison_the_closure(monkeypatch):
     from ortmlx.compiled import core
     real = core._hint_arrays
 
-    def off_by_one(*a, **k):
-        data, index = real(*a, **k)
-        return mx.concatenate([data[:1] + 1, data[1:]]), index
+    def off_by_one(hints, meta, *a, **k):       # the first hint's rows, before they are gathered
+        hints = [(p, q, s, r + 1 if n == 0 else r) for n, (p, q, s, r) in enumerate(hints)]
+        return real(hints, meta, *a, **k)
     monkeypatch.setattr(core, "_hint_arrays", off_by_one)
     mlx, cpu, att = sessions()
     buf = Buffers(mlx, cpu, 5)

@@ -45,6 +45,9 @@ def cases():
                    [t] * 4, ["out", "sum"], [t, t], ck._NORM_SOURCE,
                    f"constexpr float EPS = {ck._f32_literal(1e-6)};\n",
                    [("T", t), ("HIDDEN", 896), ("HAS_SKIP", skip), ("HAS_BIAS", bias)])
+        for gate_first in (True, False):
+            yield (f"swiglu {t} gate first {gate_first}", "ortmlx_swiglu_x", ["y"], [t], ["out"], [t],
+                   ck._SWIGLU_SOURCE, "", [("T", t), ("N", 4864), ("ROWS", 1), ("GATE_FIRST", gate_first)])
     sizes = (128,) * 48 + (4,)
     offsets = [sum(sizes[:i]) for i in range(len(sizes))]
     yield ("gather_bytes 49 arrays", "ortmlx_gather_bytes_x", [f"in{i}" for i in range(len(sizes))],

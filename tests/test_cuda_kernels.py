@@ -129,7 +129,7 @@ def _gqa(case: str, packed: bool, rotary: bool, first: bool, fused: bool, bias: 
     if bias:
         kw["qkv_bias"] = arr((n + 2 * kvn) * h)
     if packed:
-        args = (qkv, None, None)
+        args = (qkv.reshape(b, 1, (n + 2 * kvn) * h), None, None)        # as the translators hand it over
     else:
         args = (qkv[:, :, :n].reshape(b, 1, n * h), qkv[:, :, n:n + kvn].reshape(b, 1, kvn * h),
                 qkv[:, :, n + kvn:].reshape(b, 1, kvn * h))
@@ -538,6 +538,69 @@ def test_copy_to_host(n, dtype, offset):
         assert hb.array[offset:offset + len(w)].tobytes() == w
         assert (hb.array[:offset] == 0xEE).all() and (hb.array[offset + len(w):] == 0xEE).all()
         hb.array[:] = 0xEE
+
+
+def reference_swiglu(y, n: int, gate_first: bool = True) -> np.ndarray:
+    """``cuda_kernels.swiglu``'s contract in NumPy: each ONNX node's rounding to y's type (as float32 here)."""
+    t = y.dtype
+    f = np.array(y.astype(mx.float32), np.float32)
+    g, u = (f[..., :n], f[..., n:]) if gate_first else (f[..., n:], f[..., :n])
+
+    def rnd(a):
+        return np.array(mx.array(a.astype(np.float32)).astype(t).astype(mx.float32), np.float32)
+    e = 1.0 / (1.0 + np.exp(np.abs(g).astype(np.float64)))
+    s = rnd(np.where(g < 0, e, 1.0 - e))
+    return rnd(rnd(g * s) * u)
+
+
+def test_swiglu_wiring_with_the_contract(monkeypatch):
+    """Everywhere: the folded MLP step hands the merged product, its width and the gate's side to the kernel
+    (here its NumPy contract), and the contract answers what the folded nodes' translators do."""
+    from ortmlx.kernels import merge
+    seen = []
+
+    def fake(y, n, gate_first=True):
+        seen.append((tuple(y.shape), n, gate_first))
+        return mx.array(reference_swiglu(y, n, gate_first)).astype(y.dtype)
+    monkeypatch.setattr(cuda_kernels, "enabled", lambda: True)
+    monkeypatch.setattr(cuda_kernels, "swiglu", fake)
+    rng = np.random.default_rng(8)
+    A = mx.array(rng.standard_normal((2, 3, 40)).astype(np.float32)).astype(mx.float16)
+    W = mx.array(rng.standard_normal((40, 2 * 24)).astype(np.float32)).astype(mx.float16)
+    for gate_first in (True, False):
+        got = merge.merged_swiglu(A, W, width=24, gate_first=gate_first)
+        monkeypatch.setattr(cuda_kernels, "enabled", lambda: False)
+        want = merge.merged_swiglu(A, W, width=24, gate_first=gate_first)
+        monkeypatch.setattr(cuda_kernels, "enabled", lambda: True)
+        assert got.shape == want.shape == (2, 3, 24) and got.dtype == mx.float16
+        err = np.abs(np.array(got, np.float32) - np.array(want, np.float32)).max()
+        assert err <= 2 ** -10 * max(1.0, float(np.abs(np.array(want, np.float32)).max())), err
+    assert seen == [((2, 3, 48), 24, True), ((2, 3, 48), 24, False)]
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16, mx.float32], ids=["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize("shape,n,gate_first", [((1, 1), 4864, True), ((3, 5), 40, False), ((7,), 8960, True)])
+def test_swiglu_kernel(dtype, shape, n, gate_first):
+    """On the GPU: the kernel against its contract (each node's rounding) and against the folded nodes'
+    translators run by MLX (at most one unit in the last place of the type apart)."""
+    from ortmlx.kernels import merge
+    rng = np.random.default_rng(n)
+    y = mx.array((rng.standard_normal(shape + (2 * n,)) * 4).astype(np.float32)).astype(dtype)
+    with mx.stream(mx.gpu):
+        got = cuda_kernels.swiglu(y, n, gate_first)
+        first, second = merge.merged_matmul_slices(y, (n, n))
+        from ortmlx.kernels.ops.activation import sigmoid
+        g, u = (first, second) if gate_first else (second, first)
+        mlx_path = mx.multiply(mx.multiply(g, sigmoid(g)), u)
+        mx.eval(got, mlx_path)
+    assert got.shape == shape + (n,) and got.dtype == dtype
+    ulp = {mx.float16: 2 ** -10, mx.bfloat16: 2 ** -7, mx.float32: 2 ** -22}[dtype]
+    g32 = np.array(got.astype(mx.float32), np.float32)
+    for what, want in (("contract", reference_swiglu(y, n, gate_first)),
+                       ("MLX path", np.array(mlx_path.astype(mx.float32), np.float32))):
+        err = np.abs(g32 - want) / np.maximum(np.abs(want), 2 ** -14)
+        assert (err <= 2 * ulp).all(), (what, float(err.max()))
 
 
 def _merge_attention_graph():

@@ -32,7 +32,8 @@ def test_packed_equals_split(dtype, rotary, s, first):
     v = x[:, :, N + KVN:].reshape(1, s, KVN * H)
     want = gqa_core(q, k, v, past[0], past[1], seqlens, **kw)
     got = gqa_core(x, None, None, past[0], past[1], seqlens, packed=True, **kw)
-    assert len(got) == len(want) == 3
-    for g, w, name in zip(got, want, ("output", "present_key", "present_value")):
-        assert g.shape == w.shape and g.dtype == w.dtype, name
-        assert np.array(g).tobytes() == np.array(w).tobytes(), name      # bit patterns (-0.0 too)
+    flat = gqa_core(qkv, None, None, past[0], past[1], seqlens, packed=True, **kw)     # the (B,S,(N+2Nkv)*H) form
+    assert len(got) == len(want) == len(flat) == 3
+    for g, f, w, name in zip(got, flat, want, ("output", "present_key", "present_value")):
+        assert g.shape == w.shape == f.shape and g.dtype == w.dtype == f.dtype, name
+        assert np.array(g).tobytes() == np.array(w).tobytes() == np.array(f).tobytes(), name    # bits (-0.0 too)

@@ -222,3 +222,72 @@ def test_weights_a_body_reads_stay():
     assert "w0" not in merge.lifted_weights(g, steps, {k: np.shape(v) for k, v in g.constants.items()})
     assert "w0" not in merge.widened_weights(g, steps, Program(g, merge_matmuls=False).types, dt.name)
     assert [n.name for n in merge.sibling_groups(g)[0]] == ["up", "third"]
+
+
+def _mlp_graph(t, gate_first=True, swap_muls=False, n_up=64, extra_out=None, reader=None):
+    """An MLP's gate/up products and genai's SiLU gating: y = (g * Sigmoid(g)) * u."""
+    rng = np.random.default_rng(3)
+    npt = {T.FLOAT16: np.float16, T.FLOAT: np.float32, T.DOUBLE: np.float64}[t]
+    w = {"wg": rng.standard_normal((K, 64)).astype(npt), "wu": rng.standard_normal((K, n_up)).astype(npt)}
+    mm = [Node("gate", "MatMul", "", 13, ["x", "wg"], ["g"]), Node("up", "MatMul", "", 13, ["x", "wu"], ["u"])]
+    nodes = (mm if gate_first else mm[::-1]) + [
+        Node("sig", "Sigmoid", "", 13, ["g"], ["s"]),
+        Node("mul_a", "Mul", "", 14, ["s", "g"] if swap_muls else ["g", "s"], ["a"]),
+        Node("mul_y", "Mul", "", 14, ["u", "a"] if swap_muls else ["a", "u"], ["y"])]
+    outs = ["y"] + ([extra_out] if extra_out else [])
+    if reader:
+        nodes.append(Node("reader", "Neg", "", 13, [reader], ["r"]))
+        outs.append("r")
+    values = {v: ValueInfo(v, t) for v in ["x", "g", "u", "s", "a", "y", "r", *w]}
+    return Graph(nodes, ["x"], outs, values, w, "mlp"), npt
+
+
+@pytest.mark.parametrize("t", [T.FLOAT16, T.FLOAT], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("gate_first,swap_muls", [(True, False), (False, True)], ids=["gate-first", "up-first"])
+@pytest.mark.parametrize("shape", [(1, 1), (2, 5)], ids=["decode-row", "rows"])
+def test_swiglu_folded_answers_the_same(t, gate_first, swap_muls, shape):
+    """The merged gate/up product and its SiLU gating become one step (on the CPU: the folded nodes' own
+    translators over the product's slices, bit for bit the merged program's answer)."""
+    from ortmlx.kernels import merge
+    g, npt = _mlp_graph(t, gate_first, swap_muls)
+    folded = Program(g, merge_matmuls=True, fold_swiglu=True)
+    merged = Program(g, merge_matmuls=True, fold_swiglu=False)
+    plain = Program(g, merge_matmuls=False)
+    assert [(st.node.name, st.outputs) for st in folded.steps] == [("gate" if gate_first else "up", ["y"])]
+    assert len(merged.steps) == 4 and len(plain.steps) == 5
+    (fold,) = merge.swiglu_folds(g, merge.sibling_groups(g)).values()
+    assert fold[0] == gate_first and fold[1] == "y"
+    x = np.random.default_rng(4).standard_normal(shape + (K,)).astype(npt)
+    a, b, c = (dt.host(p.run([x])[0]) for p in (folded, merged, plain))
+    assert a.dtype == npt and a.shape == shape + (64,)
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(a.astype(np.float64), c.astype(np.float64), rtol=2e-3 if t == T.FLOAT16 else 1e-5,
+                               atol=1e-3 if t == T.FLOAT16 else 1e-5)
+
+
+# why a graph keeps its SiLU nodes: the graph's extra output, or a node reading a value, or widths, or the type
+SWIGLU_KEPT = {
+    "gate is a graph output": dict(extra_out="g"),
+    "the gating's product is a graph output": dict(extra_out="a"),
+    "the sigmoid read elsewhere": dict(reader="s"),
+    "up read elsewhere": dict(reader="u"),
+    "gate read elsewhere": dict(reader="g"),
+    "widths differ": dict(n_up=48),
+    "float64": dict(t=T.DOUBLE),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SWIGLU_KEPT))
+def test_swiglu_not_folded(case):
+    from ortmlx.kernels import merge
+    kw = dict(SWIGLU_KEPT[case])
+    g, npt = _mlp_graph(kw.pop("t", T.FLOAT16), **kw)
+    groups = merge.sibling_groups(g)
+    assert len(groups) == 1 and merge.swiglu_folds(g, groups) == {}, case
+    p = Program(g, merge_matmuls=True, fold_swiglu=True)
+    assert "sig" in [st.node.name for st in p.steps], case
+
+
+def test_swiglu_not_folded_by_default_on_the_cpu():
+    g, _ = _mlp_graph(T.FLOAT16)
+    assert "sig" in [st.node.name for st in Program(g, merge_matmuls=True).steps]

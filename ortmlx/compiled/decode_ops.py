@@ -102,7 +102,7 @@ def _gqa_args(args, attrs, refused: tuple, label: str, pack: bool = False):
     """Attributes with defaults, inputs by name, and (q, k, v) with packed QKV split; raises
     Untraceable for inputs the traced forms do not cover (quantized KV, qk norms, ``refused``).
 
-    ``pack``: outside shapeless traces, packed QKV comes back as q (B,S,N+2Nkv,H) with k, v None
+    ``pack``: outside shapeless traces, packed QKV comes back as it is, q (B,S,(N+2Nkv)*H), with k, v None
     (``gqa_core(packed=True)``)."""
     a = {**_GQA_DEFAULTS, **attrs}
     x = dict(zip(_GQA_INPUTS, list(args) + [None] * (len(_GQA_INPUTS) - len(args))))
@@ -118,7 +118,7 @@ def _gqa_args(args, attrs, refused: tuple, label: str, pack: bool = False):
         if hidden % heads:
             raise ValueError(f"packed QKV hidden {hidden} not divisible into {a['num_heads']}+2*"
                              f"{a['kv_num_heads']} heads")
-        return a, x, q.reshape(b, s, heads, hidden // heads), None, None
+        return a, x, q, None, None
     if k is None:
         if x["qkv_bias"] is not None:
             q = q + x["qkv_bias"]
@@ -150,7 +150,8 @@ def gqa_traced(decode: bool, padded: bool = False):
         nh, kvh = a["num_heads"], a["kv_num_heads"]
         packed = k is None
         if packed:
-            b, s, _, h = q.shape
+            b, s, hidden = q.shape
+            h = hidden // (nh + 2 * kvh)
         else:
             b, s, hidden = q.shape
             h = hidden // nh

@@ -409,6 +409,49 @@ def rms_norm(x, gamma, epsilon: float, skip=None, bias=None):
     return out, (total if skip is not None else None)
 
 
+_SWIGLU_SOURCE = r"""
+    // y: rows of [gate | up] (or [up | gate]), 2 * N each; out = (g * sigmoid(g)) * u with the ONNX nodes'
+    // roundings: Sigmoid in float32 rounded to T, each Mul of two T values rounded to T.
+    const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+    if (i >= ROWS * static_cast<size_t>(N)) return;
+    const size_t r = i / N, c = i % N;
+    const T* yr = y + r * 2 * static_cast<size_t>(N);
+    const float g = static_cast<float>(yr[GATE_FIRST ? c : N + c]);
+    const float u = static_cast<float>(yr[GATE_FIRST ? N + c : c]);
+    const float e = 1.0f / (1.0f + expf(fabsf(g)));
+    const T sg = static_cast<T>(g < 0.0f ? e : 1.0f - e);
+    const T a = static_cast<T>(g * static_cast<float>(sg));
+    out[i] = static_cast<T>(static_cast<float>(a) * u);
+"""
+#: threads per block of ``swiglu``
+SWIGLU_THREADS = 256
+
+
+@functools.lru_cache(maxsize=1)
+def _swiglu_kernel():
+    return _kernel("ortmlx_swiglu", ["y"], ["out"], _SWIGLU_SOURCE)
+
+
+def swiglu_reason(y, n: int) -> str | None:
+    """Why ``swiglu`` does not cover this case (None: it does)."""
+    if y.dtype not in _ATTN_DTYPES or y.ndim < 1 or y.shape[-1] != 2 * n or n <= 0 or y.size >= 2**31:
+        return f"merged product {y.dtype} {y.shape} for width {n}"
+    return None
+
+
+def swiglu(y, n: int, gate_first: bool = True):
+    """(g * sigmoid(g)) * u of a merged gate/up product ``y`` [..., 2N] (gate then up, or up then gate):
+    [..., N] in y's type, one kernel instead of two slices and the fused elementwise kernel. Rounded as
+    the ONNX nodes are (Sigmoid computed in float32 and rounded, each Mul rounded to the type)."""
+    rows = y.size // (2 * n)
+    total = rows * n
+    (out,) = _swiglu_kernel()(
+        inputs=[y], template=[("T", y.dtype), ("N", n), ("ROWS", rows), ("GATE_FIRST", bool(gate_first))],
+        grid=(-(-total // SWIGLU_THREADS) * SWIGLU_THREADS, 1, 1), threadgroup=(SWIGLU_THREADS, 1, 1),
+        output_shapes=[tuple(y.shape[:-1]) + (n,)], output_dtypes=[y.dtype])
+    return out
+
+
 @functools.lru_cache(maxsize=64)
 def _fused_kernel(alpha: float, softcap: float):
     head = _attn_header(alpha, softcap) + _ROPE_HEADER
@@ -430,7 +473,7 @@ def decode_rope_attention_reason(q, k, v, past_k, past_v, num_heads: int, kv_num
     if any(a.dtype != past_k.dtype for a in srcs + (past_v,)) or past_k.dtype not in _ATTN_DTYPES:
         return "dtypes"
     if k is None:
-        if q.shape != (b, 1, num_heads + 2 * kvn, h):
+        if q.shape not in ((b, 1, num_heads + 2 * kvn, h), (b, 1, (num_heads + 2 * kvn) * h)):
             return f"packed QKV {q.shape}"
     elif q.shape != (b, 1, num_heads * h) or k.shape != (b, 1, kvn * h) or v.shape != k.shape:
         return f"q {q.shape} k {k.shape}"
@@ -446,7 +489,7 @@ def decode_rope_attention(q, k, v, cos, sin, past_k, past_v, past_len, total_len
                           local_window_size: int = -1, sink=None, qkv_bias=None):
     """A decode row of GroupQueryAttention into a shared KV buffer, in one kernel.
 
-    q (B, 1, N+2Nkv, H) packed QKV with k, v None, or q (B, 1, N*H), k, v (B, 1, Nkv*H); cos, sin (B, H)
+    q (B, 1, N+2Nkv, H) or (B, 1, (N+2Nkv)*H) packed QKV with k, v None, or q (B, 1, N*H), k, v (B, 1, Nkv*H); cos, sin (B, H)
     float32 rotary tables of the row (the sin carrying the rotation's sign, ``rotary_tables``; unused when
     ``rot_dim`` is 0); past_k, past_v (B, Nkv, T, H). The query and key heads are rotated as
     ``apply_rotary`` rotates them (after adding ``qkv_bias`` ((N+2Nkv)*H,), packed QKV only, in the

@@ -8,6 +8,7 @@ A host value is copied into MLX the first time a device op needs it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -134,7 +135,8 @@ class Program:
     def __init__(self, graph, device: str = "cpu", constants_mx: dict[str, mx.array] | None = None,
                  device_constants: bool = False, cuda_kernels: bool = False, merge_matmuls: bool | None = None,
                  fold_qkv_bias: bool | None = None, lift_weights: bool | None = None,
-                 widen_weights: bool | None = None, dense_nbits: bool | None = None, pinned_hints: bool = True):
+                 widen_weights: bool | None = None, dense_nbits: bool | None = None, pinned_hints: bool = True,
+                 fold_swiglu: bool | None = None):
         self.graph = graph
         self.device = device
         #: builds may use ``kernels/cuda_kernels.py`` (on a GPU of MLX's CUDA backend)
@@ -160,6 +162,12 @@ class Program:
             fold_qkv_bias = self.cuda_kernels
         folds = merge.qkv_bias_folds(graph) if fold_qkv_bias else {}
         folded_adds = {id(add) for add, _, _ in folds.values()}
+        #: an MLP's merged gate/up product and its SiLU gating as one step (``merge.swiglu_folds``): by default
+        #: with the custom kernels (one kernel for what was two slices, a view and a fused elementwise kernel)
+        if fold_swiglu is None:
+            fold_swiglu = self.cuda_kernels
+        swiglus = merge.swiglu_folds(graph, groups) if fold_swiglu else {}
+        folded_adds |= {i for _, _, ids in swiglus.values() for i in ids}
         for node in graph.nodes:
             if id(node) in later or id(node) in folded_adds:
                 continue
@@ -168,8 +176,14 @@ class Program:
                 raise KernelError(f"{node.label}: no translator (since_version {node.since_version})")
             g = first.get(id(node))
             if g is not None:
-                opdef = dataclasses.replace(opdef, fn=merge.merged_fn(graph, g), wants_ctx=False)
-                outs = [n.outputs[0] for n in g]
+                sw = swiglus.get(id(node))
+                if sw is not None:
+                    fn = functools.partial(merge.merged_swiglu, width=int(graph.constants[node.inputs[1]].shape[1]),
+                                           gate_first=sw[0])
+                    outs = [sw[1]]
+                else:
+                    fn, outs = merge.merged_fn(graph, g), [n.outputs[0] for n in g]
+                opdef = dataclasses.replace(opdef, fn=fn, wants_ctx=False)
                 name = merge.merged_name(g)
                 self.steps.append(Step(node, opdef, [node.inputs[0], name], outs, {},
                                        [self.types.get(o) for o in outs],

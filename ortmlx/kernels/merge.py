@@ -48,7 +48,11 @@ def merged_matmul(A, W, *, widths: tuple[int, ...]):
     last-axis slice keeps the merged row's stride (G * N), and so does an elementwise result of it
     (MLX gives a contiguous-enough output its input's strides), which MLX's matmul copies before it
     multiplies (a decode row's down projection: one copy kernel per layer on the GPU)."""
-    y = matmul_lifted(A, W)
+    return merged_matmul_slices(matmul_lifted(A, W), widths)
+
+
+def merged_matmul_slices(y, widths: tuple[int, ...]) -> tuple:
+    """The siblings' outputs from their merged product ``y`` (``merged_matmul``)."""
     if y.ndim >= 2 and y.shape[-2] == 1 and len(set(widths)) == 1 and len(widths) > 1:
         rows = y.reshape(tuple(y.shape[:-2]) + (len(widths), widths[0]))
         return tuple(rows[..., k:k + 1, :] for k in range(len(widths)))
@@ -61,6 +65,59 @@ def merged_matmul(A, W, *, widths: tuple[int, ...]):
 
 def merged_fn(graph, group):
     return functools.partial(merged_matmul, widths=tuple(int(graph.constants[n.inputs[1]].shape[1]) for n in group))
+
+
+def swiglu_folds(graph, groups: list) -> dict[int, tuple]:
+    """id(first node of a two-sibling group) -> (whether the gate comes first, the output y, ids of the three
+    nodes folded) for an MLP's gate and up products of one width feeding only y = (g * Sigmoid(g)) * u
+    (genai's SiLU): g read by the Sigmoid and its Mul alone, the Sigmoid by that Mul, that Mul's output and u
+    by the last Mul alone, none of them a graph output, a float type the kernel takes."""
+    from . import dtypes as dt
+    consumers = graph.consumers(implicit=True)
+    outputs = set(graph.outputs)
+
+    def only(name, n: int) -> list | None:
+        c = consumers.get(name, [])
+        return c if len(c) == n and len({id(x) for x in c}) == n and name not in outputs else None
+
+    def std(n, op: str) -> bool:
+        return n.op_type == op and n.domain in ("", "ai.onnx") and not n.implicit_inputs
+
+    folds = {}
+    for g in groups:
+        if len(g) != 2 or graph.constants[g[0].inputs[1]].shape[1] != graph.constants[g[1].inputs[1]].shape[1] \
+                or graph.value(g[0].outputs[0]).dtype not in (dt.FLOAT16, dt.BFLOAT16, dt.FLOAT):
+            continue
+        for k in (0, 1):
+            gate, up = g[k].outputs[0], g[1 - k].outputs[0]
+            cg = only(gate, 2)
+            sig = [n for n in cg or () if std(n, "Sigmoid") and n.inputs == [gate]]
+            if len(sig) != 1:
+                continue
+            mul_a = cg[1] if cg[0] is sig[0] else cg[0]
+            s = sig[0].outputs[0]
+            if not std(mul_a, "Mul") or sorted(mul_a.inputs) != sorted([gate, s]) or only(s, 1) is None:
+                continue
+            ca, cu = only(mul_a.outputs[0], 1), only(up, 1)
+            if not ca or not cu or ca[0] is not cu[0] or not std(ca[0], "Mul") or \
+                    sorted(ca[0].inputs) != sorted([mul_a.outputs[0], up]) or not ca[0].outputs[0]:
+                continue
+            folds[id(g[0])] = (k == 0, ca[0].outputs[0], (id(sig[0]), id(mul_a), id(ca[0])))
+            break
+    return folds
+
+
+def merged_swiglu(A, W, *, width: int, gate_first: bool):
+    """``(g * sigmoid(g)) * u`` of the merged gate/up product ``A @ W`` (``swiglu_folds``): one custom kernel
+    on MLX's CUDA backend, else the folded nodes' own translators over the product's slices."""
+    from . import cuda_kernels
+    y = matmul_lifted(A, W)
+    if cuda_kernels.enabled() and cuda_kernels.swiglu_reason(y, width) is None:
+        return cuda_kernels.swiglu(y, width, gate_first)
+    from .ops.activation import sigmoid
+    first, second = merged_matmul_slices(y, (width, width))
+    g, u = (first, second) if gate_first else (second, first)
+    return mx.multiply(mx.multiply(g, sigmoid(g)), u)
 
 
 #: the GroupQueryAttention input a folded bias travels in (after the 16 of the spec)

@@ -157,9 +157,9 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
              packed: bool = False, qkv_bias=None):
     """GroupQueryAttention on MLX arrays, as ORT's CPU kernel computes it.
 
-    q (B,S,N*H); k, v (B,S,Nkv*H); or ``packed``: q is the packed QKV (B,S,N+2*Nkv,H) and k, v are
-    None (the query and key heads are rotated together: one gather and one fused kernel, the same
-    arithmetic per element). past_key/value (B,Nkv,P,H) or None; seqlens_k (B,) int32
+    q (B,S,N*H); k, v (B,S,Nkv*H); or ``packed``: q is the packed QKV ((B,S,(N+2*Nkv)*H) or its
+    (B,S,N+2*Nkv,H) view) and k, v are None (the query and key heads are rotated together: one gather
+    and one fused kernel, the same arithmetic per element). past_key/value (B,Nkv,P,H) or None; seqlens_k (B,) int32
     = total length - 1 per row. ``first_prompt`` (S == total_sequence_length): no past is
     read and query s sits at position s. Otherwise row b's past length is seqlens_k[b]+1-S.
     ``sink``: (N,) extra softmax logit (smooth softmax: zeros). Returns (out, present_k, present_v);
@@ -168,6 +168,11 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
     packed only: added to the packed QKV first (in its type, as the Add node it replaces).
     """
     nq = num_heads + kv_num_heads
+    flat = q
+    if packed and q.ndim == 3:
+        # (B,S,N+2Nkv,H) for the MLX path; the one-kernel decode row reads the flat rows (no reshape node)
+        heads = num_heads + 2 * kv_num_heads
+        q = q.reshape(q.shape[0], q.shape[1], heads, q.shape[2] // heads)
     if qkv_bias is not None:
         if not packed or qkv_bias.shape != (q.shape[2] * q.shape[3],):
             raise ValueError(f"qkv_bias {qkv_bias.shape} needs a packed QKV of {q.shape[2:]} heads x size")
@@ -194,7 +199,7 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
     rd = 2 * cos_cache.shape[-1] if cos_cache is not None else 0
     if s == 1 and in_place and cuda_kernels.enabled() and past_key is not None and \
             past_key.shape[2] == max(total_sequence_length, past_key.shape[2]) and \
-            cuda_kernels.decode_rope_attention_reason(q, k, v, past_key, past_value, num_heads, kv_num_heads, rd,
+            cuda_kernels.decode_rope_attention_reason(flat, k, v, past_key, past_value, num_heads, kv_num_heads, rd,
                                                       attention_bias) is None:
         # rotation, the presents and the attention of the decode row in one kernel
         c = sn = None
@@ -202,7 +207,7 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
             c, sn = consts.memo(table_key, tables)
             c, sn = c.reshape(b, h), sn.reshape(b, h)
         out, pk, pv, k_new, v_new = cuda_kernels.decode_rope_attention(
-            q, k, v, c, sn, past_key, past_value, past_len, total_len, num_heads=num_heads,
+            flat, k, v, c, sn, past_key, past_value, past_len, total_len, num_heads=num_heads,
             kv_num_heads=kv_num_heads, rot_dim=rd, interleaved=rotary_interleaved, alpha=alpha, softcap=softcap,
             local_window_size=local_window_size, sink=sink, qkv_bias=qkv_bias)
         return out, pk, pv, k_new, v_new
@@ -356,7 +361,6 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
         h = hidden // (num_heads + 2 * kv_num_heads)
         if h * (num_heads + 2 * kv_num_heads) != hidden:
             raise ValueError(f"packed QKV hidden {hidden} not divisible into {num_heads}+2*{kv_num_heads} heads")
-        query = query.reshape(b, s, num_heads + 2 * kv_num_heads, h)
     else:
         h = hidden // num_heads
         if h * num_heads != hidden or key.shape != (b, s, kv_num_heads * h) or value.shape != key.shape:

@@ -86,3 +86,7 @@ def test_swiglu_mlp_folded_matches_cpu(t):
             assert_close(sess.run(None, feeds)[0], want, what=f"{name} {shape}: d", **tol)
     steps = [st for r in rs for st in r.program.steps]
     assert [(st.node.op_type, st.outputs) for st in steps] == [("MatMul", ["y"]), ("MatMul", ["d"])], steps
+    with C.capture() as rs:                 # fold_mlp=0: the gating stays three nodes, the same answers
+        unfolded = session(m, options={"device": "gpu", "fold_mlp": "0"})
+    assert_close(unfolded.run(None, feeds)[0], want, what="fold_mlp=0", **tol)
+    assert [st.node.op_type for r in rs for st in r.program.steps] == ["MatMul", "Sigmoid", "Mul", "Mul", "MatMul"]

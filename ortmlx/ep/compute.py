@@ -93,7 +93,8 @@ class ComputeInfo:
                                lift_weights=getattr(opts, "lift_weights", None),
                                widen_weights=getattr(opts, "widen_weights", None),
                                dense_nbits=getattr(opts, "dense_nbits", None),
-                               pinned_hints=getattr(opts, "pinned_hints", True))
+                               pinned_hints=getattr(opts, "pinned_hints", True),
+                               fold_swiglu=None if getattr(opts, "fold_mlp", True) else False)
         self.runner = make_runner(self.program, ep.options, ep.stats)
         self.in_names = list(plan.inputs)
         self.in_types = [plan.value(n).dtype for n in plan.inputs]

@@ -51,6 +51,9 @@ SPEC: dict[str, tuple[tuple[str, ...], str]] = {
                                              "MLX's CPU backend (its quantized matmul is a plain loop), off on a GPU"),
     "cuda_kernels": (("ORTMLX_CUDA_KERNELS",), "0: no custom CUDA kernels (kernels/cuda_kernels.py: one-kernel decode "
                                                "attention, one-kernel row-hint gather) on MLX's CUDA backend"),
+    "fold_mlp": (("ORTMLX_FOLD_MLP",), "0: keep an MLP's SiLU gating (Sigmoid, Mul, Mul) as its own nodes after the merged "
+                                       "gate/up product, rather than one step and one custom kernel (GPU, with "
+                                       "cuda_kernels; kernels/merge.py)"),
     "pinned_hints": (("ORTMLX_PINNED_HINTS",), "0: gather a compiled decode call's new KV rows into a device buffer "
                                                "and copy that to the host, rather than have the gather kernel write "
                                                "them into page-locked host memory (GPU, with cuda_kernels)"),
@@ -63,7 +66,7 @@ SPEC: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 _BOOLS = {"no_compile", "no_general_compile", "no_prefill_compile", "no_decode_compile", "gpu_decode_compile",
-          "no_kv_mirror", "no_kv_batch", "driver_read", "device_constants", "cuda_kernels", "pinned_hints",
+          "no_kv_mirror", "no_kv_batch", "driver_read", "device_constants", "cuda_kernels", "pinned_hints", "fold_mlp",
           "lift_weights", "widen_weights", "dense_nbits", "verbose"}
 
 
@@ -85,6 +88,7 @@ class EpOptions:
     device_constants: bool = True
     cuda_kernels: bool = True
     pinned_hints: bool = True
+    fold_mlp: bool = True
     lift_weights: bool | None = None          # None: the Program's default (on)
     widen_weights: bool | None = None         # None: by device (Program)
     dense_nbits: bool | None = None           # None: by device (Program)

@@ -238,7 +238,8 @@ def _mlp_graph(t, gate_first=True, swap_muls=False, n_up=64, extra_out=None, rea
     if reader:
         nodes.append(Node("reader", "Neg", "", 13, [reader], ["r"]))
         outs.append("r")
-    values = {v: ValueInfo(v, t) for v in ["x", "g", "u", "s", "a", "y", "r", *w]}
+    values = {v: ValueInfo(v, t) for v in ["g", "u", "s", "a", "y", "r", *w]}
+    values["x"] = ValueInfo("x", t, ("b", "s", K))          # 3-D: the merged weight is stored lifted too
     return Graph(nodes, ["x"], outs, values, w, "mlp"), npt
 
 

@@ -238,8 +238,9 @@ class Program:
                     st, inputs=[names[0], name, "", "", "", names[5]], in_types=[st.in_types[0], dt.FLOAT],
                     opdef=dataclasses.replace(st.opdef, fn=merge.matmul_dense_nbits, wants_ctx=False))
             for i, st in enumerate(self.steps):
+                # (a merged step multiplies through matmul_lifted itself: its fn stays)
                 if len(st.inputs) == 2 and (st.inputs[1] in lifted or st.inputs[1] in widened) \
-                        and st.node.op_type == "MatMul" and len(st.outputs) == 1:
+                        and st.node.op_type == "MatMul" and len(st.outputs) == 1 and st.inputs[1] not in merged_np:
                     self.steps[i] = dataclasses.replace(st, opdef=dataclasses.replace(st.opdef, fn=merge.matmul_lifted))
             with mx.stream(mx_device(device)):
                 constants_mx = {k: dt.to_mx(v.reshape((1,) + v.shape) if k in lifted else v,

@@ -554,28 +554,29 @@ def reference_swiglu(y, n: int, gate_first: bool = True) -> np.ndarray:
 
 
 def test_swiglu_wiring_with_the_contract(monkeypatch):
-    """Everywhere: the folded MLP step hands the merged product, its width and the gate's side to the kernel
-    (here its NumPy contract), and the contract answers what the folded nodes' translators do."""
+    """Everywhere: the folded MLP step hands a decode row's merged product, its width and the gate's side to
+    the kernel (here its NumPy contract), which answers what the folded nodes' translators do; several rows
+    (a prompt) keep the translators (the kernel is compiled per row count)."""
     from ortmlx.kernels import merge
     seen = []
 
     def fake(y, n, gate_first=True):
         seen.append((tuple(y.shape), n, gate_first))
         return mx.array(reference_swiglu(y, n, gate_first)).astype(y.dtype)
-    monkeypatch.setattr(cuda_kernels, "enabled", lambda: True)
     monkeypatch.setattr(cuda_kernels, "swiglu", fake)
     rng = np.random.default_rng(8)
-    A = mx.array(rng.standard_normal((2, 3, 40)).astype(np.float32)).astype(mx.float16)
     W = mx.array(rng.standard_normal((40, 2 * 24)).astype(np.float32)).astype(mx.float16)
-    for gate_first in (True, False):
-        got = merge.merged_swiglu(A, W, width=24, gate_first=gate_first)
-        monkeypatch.setattr(cuda_kernels, "enabled", lambda: False)
-        want = merge.merged_swiglu(A, W, width=24, gate_first=gate_first)
-        monkeypatch.setattr(cuda_kernels, "enabled", lambda: True)
-        assert got.shape == want.shape == (2, 3, 24) and got.dtype == mx.float16
-        err = np.abs(np.array(got, np.float32) - np.array(want, np.float32)).max()
-        assert err <= 2 ** -10 * max(1.0, float(np.abs(np.array(want, np.float32)).max())), err
-    assert seen == [((2, 3, 48), 24, True), ((2, 3, 48), 24, False)]
+    for lead in ((1, 1), (2, 3)):
+        A = mx.array(rng.standard_normal(lead + (40,)).astype(np.float32)).astype(mx.float16)
+        for gate_first in (True, False):
+            monkeypatch.setattr(cuda_kernels, "enabled", lambda: True)
+            got = merge.merged_swiglu(A, W, width=24, gate_first=gate_first)
+            monkeypatch.setattr(cuda_kernels, "enabled", lambda: False)
+            want = merge.merged_swiglu(A, W, width=24, gate_first=gate_first)
+            assert got.shape == want.shape == lead + (24,) and got.dtype == mx.float16
+            err = np.abs(np.array(got, np.float32) - np.array(want, np.float32)).max()
+            assert err <= 2 ** -10 * max(1.0, float(np.abs(np.array(want, np.float32)).max())), err
+    assert seen == [((1, 1, 48), 24, True), ((1, 1, 48), 24, False)]
 
 
 @gpu_only

@@ -149,12 +149,8 @@ def gqa_traced(decode: bool, padded: bool = False):
         a, x, q, k, v = _gqa_args(args, attrs, (), "traced GroupQueryAttention", pack=True)
         nh, kvh = a["num_heads"], a["kv_num_heads"]
         packed = k is None
-        if packed:
-            b, s, hidden = q.shape
-            h = hidden // (nh + 2 * kvh)
-        else:
-            b, s, hidden = q.shape
-            h = hidden // nh
+        b, s, hidden = q.shape
+        h = hidden // (nh + 2 * kvh) if packed else hidden // nh
         past_k, past_v = x["past_key"], x["past_value"]
         p = past_k.shape[2]
         if past_k.shape != (b, kvh, p, h) or past_v.shape != past_k.shape or \

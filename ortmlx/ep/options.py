@@ -52,8 +52,8 @@ SPEC: dict[str, tuple[tuple[str, ...], str]] = {
     "cuda_kernels": (("ORTMLX_CUDA_KERNELS",), "0: no custom CUDA kernels (kernels/cuda_kernels.py: one-kernel decode "
                                                "attention, one-kernel row-hint gather) on MLX's CUDA backend"),
     "fold_mlp": (("ORTMLX_FOLD_MLP",), "0: keep an MLP's SiLU gating (Sigmoid, Mul, Mul) as its own nodes after the merged "
-                                       "gate/up product, rather than one step and one custom kernel (GPU, with "
-                                       "cuda_kernels; kernels/merge.py)"),
+                                       "gate/up product, rather than one step (one custom kernel for a decode row) "
+                                       "(GPU, with cuda_kernels; kernels/merge.py)"),
     "pinned_hints": (("ORTMLX_PINNED_HINTS",), "0: gather a compiled decode call's new KV rows into a device buffer "
                                                "and copy that to the host, rather than have the gather kernel write "
                                                "them into page-locked host memory (GPU, with cuda_kernels)"),

@@ -109,10 +109,11 @@ def swiglu_folds(graph, groups: list) -> dict[int, tuple]:
 
 def merged_swiglu(A, W, *, width: int, gate_first: bool):
     """``(g * sigmoid(g)) * u`` of the merged gate/up product ``A @ W`` (``swiglu_folds``): one custom kernel
-    on MLX's CUDA backend, else the folded nodes' own translators over the product's slices."""
+    for a decode row on MLX's CUDA backend, else the folded nodes' own translators over the product's slices
+    (the kernel is compiled per row count: a prompt of a new length would pay a compile)."""
     from . import cuda_kernels
     y = matmul_lifted(A, W)
-    if cuda_kernels.enabled() and cuda_kernels.swiglu_reason(y, width) is None:
+    if y.size == 2 * width and cuda_kernels.enabled() and cuda_kernels.swiglu_reason(y, width) is None:
         return cuda_kernels.swiglu(y, width, gate_first)
     from .ops.activation import sigmoid
     first, second = merged_matmul_slices(y, (width, width))

@@ -301,6 +301,41 @@ def test_decode_closure_sees_fixed_shapes_only():
     assert kv["batched"] > kv["row_hints"], kv        # steady calls write every K/V row in one batch
 
 
+def test_hoisted_mask_work_runs_in_numpy():
+    """The decode closure's hoisted mask arithmetic (Shape, Gather, ReduceSum, Sub, Cast) runs through its
+    program's NumPy-only runner: every steady call, and for any mask the same values and types as a build;
+    a mask on the device leaves it to the build."""
+    import mlx.core as mx
+
+    from ortmlx.compiled import core
+    path = model_dir("llama")
+    with C.capture() as rs:
+        model, _ = mg.load_model(path, "mlx", None, SHARE)
+    (att,) = [r for r in rs if hasattr(r, "decode")]
+    greedy(model, PROMPTS[0])
+    (c,) = att.decode.closures()
+    assert c.hoist and c.hoist_run is not None
+    builds = []
+    real = c.hoist_prog.build
+    c.hoist_prog.build = lambda *a, **k: builds.append(1) or real(*a, **k)
+    got = greedy(model, PROMPTS[1])
+    del model
+    assert got and not builds, f"{len(builds)} calls built the hoisted values"
+    names = att.decode.program.inputs
+    (at,) = [i for i, n in enumerate(names) if "attention_mask" in n]
+    rng = np.random.default_rng(3)
+    for length in (1, 2, 17, 40):
+        for mask in (np.ones((1, length), np.int64), (rng.random((2, length)) > 0.3).astype(np.int64)):
+            inputs = [None] * len(names)
+            inputs[at] = mask
+            fast = c.hoist_run(inputs)
+            want = real(list(inputs), host_extra=core._HOIST_HOST)
+            for n in c.hoist:
+                assert fast[n].dtype == want[n].dtype and np.array_equal(fast[n], want[n]), (n, fast[n], want[n])
+    inputs[at] = mx.array(np.ones((1, 5), np.int64))
+    assert c.hoist_run(inputs) is None
+
+
 def test_decode_copy_out_uses_row_hints(monkeypatch):
     """A trusted decode closure declares the one row each K/V buffer gets (decode_ops.add_row_hint):
     copy-out writes it without diffing; only the eager/verifying calls diff. Same tokens."""

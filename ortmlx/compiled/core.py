@@ -72,7 +72,7 @@ class _Closure:
 
     __slots__ = ("fn", "dev_idx", "host_vals", "traces", "calls", "verified", "trusted", "poisoned", "guarded",
                  "guard_fails", "hoist", "hoist_prog", "trace_prog", "shapeless", "hints", "hint_starts", "sink",
-                 "host_outs", "hint_at")
+                 "host_outs", "hint_at", "hoist_run")
 
     def __init__(self, dev_idx: tuple[int, ...], host_vals: dict[int, np.ndarray | None]):
         self.fn = None
@@ -80,6 +80,7 @@ class _Closure:
         self.host_vals = host_vals
         self.hoist: tuple[str, ...] = ()     # values computed per call (hoist_prog) and fed as data
         self.hoist_prog = None
+        self.hoist_run = None           # hoist_prog's NumPy-only runner (``Program.host_runner``), if it has one
         self.trace_prog = None
         self.traces = 0
         self.calls = 0
@@ -290,6 +291,7 @@ class CompiledSubgraph:
         if plan.hoist:
             c.hoist = plan.hoist
             c.hoist_prog = sub_program(self.program, plan.hoist_steps, self.program.inputs, plan.hoist)
+            c.hoist_run = c.hoist_prog.host_runner(_HOIST_HOST)
         c.shapeless = self.config.shapeless and self._traces_free_dims(c)
         if c.shapeless and self.device == "gpu" and not GPU_SHAPELESS:
             c.poisoned = ("a shapeless closure on a GPU runs eagerly (MLX 0.32.4's CUDA backend: ~139 ms per "
@@ -457,8 +459,12 @@ class CompiledSubgraph:
 
     def _hoisted(self, c: _Closure, inputs: list) -> list:
         """The hoisted (shape-derived) values of this call, as MLX arrays. Integer work on host values
-        (genai's mask length: ReduceSum, Sub, Cast) runs in NumPy: a few microseconds, no kernels."""
-        env = c.hoist_prog.build(list(inputs), host_extra=_HOIST_HOST)
+        (genai's mask length: ReduceSum, Sub, Cast) runs in NumPy: a few microseconds, no kernels; through
+        the program's NumPy-only runner when it has one (the same host forms without a build's dispatch)."""
+        run = c.hoist_run
+        env = run(inputs) if run is not None else None
+        if env is None:             # not all host values this call (or a failure the build reports)
+            env = c.hoist_prog.build(list(inputs), host_extra=_HOIST_HOST)
         out = []
         for n in c.hoist:
             v = env[n]

@@ -386,6 +386,61 @@ class Program:
                     raise KernelError(too_big(st.node.label, j, name, v))
         return env
 
+    def host_runner(self, host_extra: dict | None = None):
+        """A NumPy-only form of ``build`` for a program whose every step is host work (a compiled closure's
+        hoisted mask arithmetic): the steps' host forms resolved once, called in turn. Returns None when a
+        step has none; the runner returns the value environment, or None (the caller builds as usual, which
+        also raises a build's own errors) when this call's values are not all host ones within
+        ``HOST_MAX_ELEMS`` or a host form fails. Same functions, same values as ``build`` takes on the host."""
+        plan = []
+        for st in self.steps:
+            od = st.opdef
+            fn = od.host
+            if fn is None and host_extra and st.node.domain in ("", "ai.onnx") and st.node.op_type in host_extra \
+                    and st.out_types and all(t in dt.INTS for t in st.out_types):
+                fn = host_extra[st.node.op_type]
+            elif not host_evaluable(od, st.out_types, [True] * len(st.inputs)):
+                return None
+            if st.bodies is not None or st.out_infos or st.in_containers:
+                return None
+            plan.append((fn, st.inputs, st.outputs, st.attrs, st.out_types, od.shape_only and fn is od.host))
+        start = dict(self.constants)
+        start.update(self.host_constants)
+        names = list(self.inputs)
+
+        def run(inputs: list) -> dict | None:
+            if len(inputs) != len(names):
+                return None
+            env = dict(start)
+            env.update(zip(names, inputs))
+            for fn, ins, outs, attrs, types, shape_only in plan:
+                args = []
+                for n in ins:
+                    v = env[n] if n else None
+                    if isinstance(v, np.ndarray):
+                        if v.size > HOST_MAX_ELEMS:
+                            return None
+                    elif isinstance(v, mx.array):
+                        if not shape_only:
+                            return None
+                    elif v is not None and not shape_only:
+                        v = np.asarray(v)
+                    args.append(v)
+                try:
+                    out = fn(*args, **attrs)
+                except Exception:  # noqa: BLE001 - the caller's build raises it with the node's name
+                    return None
+                res = out if isinstance(out, (tuple, list)) else (out,)
+                if len(res) < len(outs):
+                    return None
+                for j, name in enumerate(outs):
+                    if name:
+                        if res[j] is None:
+                            return None
+                        env[name] = _as_type(res[j], types[j])
+            return env
+        return run
+
     @staticmethod
     def _store_container_outputs(st: Step, out, env: dict) -> None:
         """Outputs of a ``containers`` translator: a tuple with one entry per output (a lone output may

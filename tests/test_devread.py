@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from ortmlx.ep import devread
+from ortmlx.kernels.cuda_driver import Driver
 
 ffi = cffi.FFI()
 
@@ -77,7 +78,7 @@ class FakeDriver:
 
 def reader(**kw):
     d = FakeDriver(**kw)
-    return devread.DriverReader(d, ffi), d
+    return devread.DriverReader(Driver(d, ffi)), d
 
 
 def test_numpy_reader_off_the_gpu():

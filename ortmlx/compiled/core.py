@@ -561,6 +561,24 @@ class RowHints:
         self.nbytes = sum(math.prod(m[2]) * m[3] for m in meta) + 4 * self.n_starts
         RowHints._sizes = (meta, starts, self.n_starts, self.nbytes)
 
+    def split(self, data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(the rows as flat bytes, each hinted batch row's start) from ``data`` on the host (at least
+        ``nbytes``; any bytes past them are not read)."""
+        data = data[:self.nbytes]
+        k = data.nbytes - 4 * self.n_starts
+        return data[:k], data[k:].view(np.int32)[self.starts]
+
+    def per_output(self, flat: np.ndarray, starts: np.ndarray) -> dict[int, tuple[int, np.ndarray, np.ndarray, tuple]]:
+        """Per output (``flat``/``starts`` from ``split``): output j -> (input i, start row per batch row, the
+        rows' bytes, the rows' shape (B, ..., S, H))."""
+        out, at, sat = {}, 0, 0
+        for j, i, shape, itemsize in self.meta:
+            n = math.prod(shape) * itemsize
+            out[j] = (i, starts[sat:sat + shape[0]], flat[at:at + n], shape)
+            sat += shape[0]
+            at += n
+        return out
+
 
 class HintedResults(list):
     """A runner's results carrying ``row_hints`` (a ``RowHints``) for Compute's copy-out."""
@@ -670,20 +688,13 @@ def _hint_mismatch(hints: RowHints, outs: list) -> str | None:
     """Why the row hints of a call are not the rows its presents hold at their starts (None: they are):
     Compute writes only these rows back to genai's buffer, so a verified call checks them too."""
     data = hints.data if isinstance(hints.data, np.ndarray) else np.array(hints.data)
-    data = data[:hints.nbytes]
-    k = data.nbytes - 4 * hints.n_starts
-    starts = data[k:].view(np.int32)[hints.starts]
-    at = sat = 0
-    for j, _, shape, itemsize in hints.meta:
-        n = math.prod(shape) * itemsize
+    for j, (_, starts, raw, shape) in hints.per_output(*hints.split(data)).items():
         present = dt.host(outs[j])
-        rows = data[at:at + n].view(present.dtype).reshape(shape)
-        for b in range(shape[0]):
-            s0, s = int(starts[sat + b]), shape[-2]
+        rows = raw.view(present.dtype).reshape(shape)
+        s = shape[-2]
+        for b, s0 in enumerate(starts.tolist()):
             if not np.array_equal(present[b, ..., s0:s0 + s, :].view(np.uint8), rows[b].view(np.uint8)):
                 return f"row hints of output {j} differ from its rows {s0}..{s0 + s - 1} (batch row {b})"
-        at += n
-        sat += shape[0]
     return None
 
 

@@ -16,7 +16,7 @@ from ..trace import Probe
 from . import devread
 from .errors import ORT_INVALID_ARGUMENT, EpError
 from .kvbatch import KvBatches
-from .mirror import (MirrorSet, changed_rows, hint_bytes, hinted_rows, mirrorable, predicted_rows, write_hinted,
+from .mirror import (MirrorSet, changed_rows, hint_bytes, mirrorable, predicted_rows, write_hinted,
                      write_predicted, write_rows)
 
 
@@ -244,7 +244,7 @@ class ComputeInfo:
                     batched = frozenset(kb.layout.out_list)
                     moved += kb.layout.flat_bytes
             if not done:
-                hinted = hinted_rows(hints, flat, starts)
+                hinted = hints.per_output(flat, starts)
         for j, r in enumerate(results):
             if j in batched:
                 continue                # written by the batch

@@ -44,8 +44,8 @@ class DriverReader(Reader):
 
     driver = True
 
-    def __init__(self, lib, ffi):
-        self._drv = Driver(lib, ffi)
+    def __init__(self, drv: Driver):
+        self._drv = drv
         self.copies = 0
         self.failed = 0         # driver errors seen: after 3, every read is numpy's
 
@@ -89,7 +89,7 @@ def _probe_driver():
     if drv is None:
         return None
     try:
-        r = DriverReader(drv.lib, drv.ffi)
+        r = DriverReader(drv)
         a = mx.arange(4099, dtype=mx.int32, stream=mx.gpu) * 3 + 1
         mx.eval(a)
         src = np.asarray(a)

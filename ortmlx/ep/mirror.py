@@ -207,21 +207,7 @@ def hint_bytes(hints, read: Reader = NUMPY) -> tuple[np.ndarray, np.ndarray]:
     """A runner's row hints (``compiled.core.RowHints``) on the host: (the rows as flat bytes, the
     start rows), one round trip for every hinted output."""
     raw = hints.data
-    data = raw[:hints.nbytes] if isinstance(raw, np.ndarray) else read.read(np.asarray(raw)[:hints.nbytes])
-    k = data.nbytes - 4 * hints.n_starts
-    return data[:k], data[k:].view(np.int32)[hints.starts]
-
-
-def hinted_rows(hints, flat: np.ndarray, starts: np.ndarray) -> dict[int, tuple[int, np.ndarray, np.ndarray, tuple]]:
-    """Row hints per output (``flat``/``starts`` from ``hint_bytes``): output j -> (input i, start row
-    per batch row, the rows' bytes, the rows' shape (B, ..., S, H))."""
-    out, at, sat = {}, 0, 0
-    for j, i, shape, itemsize in hints.meta:
-        n = math.prod(shape) * itemsize
-        out[j] = (i, starts[sat:sat + shape[0]], flat[at:at + n], shape)
-        sat += shape[0]
-        at += n
-    return out
+    return hints.split(raw if isinstance(raw, np.ndarray) else read.read(np.asarray(raw)[:hints.nbytes]))
 
 
 def write_hinted(dst: np.ndarray, start: np.ndarray, raw: np.ndarray, shape: tuple) -> np.ndarray | None:

@@ -50,7 +50,8 @@ SPEC: dict[str, tuple[tuple[str, ...], str]] = {
                                              "MLX may use) so products run in the BLAS's sgemm; default: on with "
                                              "MLX's CPU backend (its quantized matmul is a plain loop), off on a GPU"),
     "cuda_kernels": (("ORTMLX_CUDA_KERNELS",), "0: no custom CUDA kernels (kernels/cuda_kernels.py: one-kernel decode "
-                                               "attention, one-kernel row-hint gather) on MLX's CUDA backend"),
+                                               "attention, fused norms, the row-hint gather; fold_mlp and "
+                                               "pinned_hints need them) on MLX's CUDA backend"),
     "fold_mlp": (("ORTMLX_FOLD_MLP",), "0: keep an MLP's SiLU gating (Sigmoid, Mul, Mul) as its own nodes after the merged "
                                        "gate/up product, rather than one step (one custom kernel for a decode row) "
                                        "(GPU, with cuda_kernels; kernels/merge.py)"),

@@ -340,11 +340,8 @@ class Program:
                 is_host = not isinstance(v, mx.array)
                 host_flags.append(is_host)
                 args.append(v)
-            host_fn = od.host
-            if host_fn is None and host_extra and st.node.domain in ("", "ai.onnx") and \
-                    st.node.op_type in host_extra and all(host_flags) and \
-                    st.out_types and all(t in dt.INTS for t in st.out_types):
-                host_fn = host_extra[st.node.op_type]
+            host_fn = od.host or (_extra_host_form(st, host_extra) if all(host_flags) else None)
+            if od.host is None and host_fn is not None:
                 on_host = True
             else:
                 on_host = host_evaluable(od, st.out_types, host_flags)
@@ -395,11 +392,8 @@ class Program:
         plan = []
         for st in self.steps:
             od = st.opdef
-            fn = od.host
-            if fn is None and host_extra and st.node.domain in ("", "ai.onnx") and st.node.op_type in host_extra \
-                    and st.out_types and all(t in dt.INTS for t in st.out_types):
-                fn = host_extra[st.node.op_type]
-            elif not host_evaluable(od, st.out_types, [True] * len(st.inputs)):
+            fn = od.host or _extra_host_form(st, host_extra)
+            if fn is None or (od.host is not None and not host_evaluable(od, st.out_types, [True] * len(st.inputs))):
                 return None
             if st.bodies is not None or st.out_infos or st.in_containers:
                 return None
@@ -481,6 +475,15 @@ class Program:
                 v = dt.to_mx(np.ascontiguousarray(a) if a.ndim else a, self.types.get(name) or dt.onnx_type_of(a))
             dev[name] = v
         return v
+
+
+def _extra_host_form(st: Step, host_extra: dict | None):
+    """The NumPy form ``host_extra`` gives this step's op (a standard-domain op whose outputs are all
+    integers), or None (``Program.build(host_extra=)``)."""
+    if host_extra and st.node.domain in ("", "ai.onnx") and st.node.op_type in host_extra and st.out_types \
+            and all(t in dt.INTS for t in st.out_types):
+        return host_extra[st.node.op_type]
+    return None
 
 
 def _as_value(v, info):

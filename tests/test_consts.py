@@ -41,6 +41,26 @@ def test_cast_entry_dies_with_its_constant():
     assert key not in consts._CONSTS or consts._CONSTS[key][0]() is not None
 
 
+def test_constant_dying_inside_register_does_not_deadlock():
+    """A registered constant collected while ``register`` holds the lock (a collection its own allocations
+    ran) forgets itself on the same thread: that must not wait for the lock it holds (it did: a hang seen
+    in the suite). Run in a thread so that a regression fails here instead of hanging."""
+    import threading
+    c = mx.array(np.ones(3, np.float16))
+    consts.register([c])
+    key, ref = id(c), consts._CONSTS[id(c)][0]
+    done = []
+
+    def inside():
+        with consts._lock:
+            consts._forget(key, ref)        # what the weak reference's callback does
+            done.append(key not in consts._CONSTS)
+    t = threading.Thread(target=inside, daemon=True)
+    t.start()
+    t.join(10)
+    assert done == [True], "forget waited for the lock its own thread holds"
+
+
 def test_big_constants_are_not_kept():
     c = mx.zeros((consts.CAST_MAX_ELEMS + 1,), mx.float16)
     consts.register([c])

@@ -30,7 +30,9 @@ def arange(n: int, dtype=mx.int32, start: int = 0) -> mx.array:
     return a
 
 
-_lock = threading.Lock()
+#: re-entrant: a registered constant dying while ``register`` holds the lock (a collection run by its own
+#: allocations) calls ``_forget`` on the same thread
+_lock = threading.RLock()
 #: id(constant) -> (weak reference to it, {dtype: evaluated cast})
 _CONSTS: dict[int, tuple[weakref.ref, dict]] = {}
 

@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def cases():
     from ortmlx.kernels import cuda_kernels as ck
+    from ortmlx.kernels import cuda_rows as cr
     attn_in = ["q", "k", "v", "past_len", "total_len", "sink"]
     fused_in = ["qsrc", "ksrc", "vsrc", "cosv", "sinv", "past_k", "past_v", "past_len", "total_len", "sink", "bias"]
     for t in ("float16", "bfloat16", "float32"):
@@ -48,6 +49,19 @@ def cases():
         for gate_first in (True, False):
             yield (f"swiglu {t} gate first {gate_first}", "ortmlx_swiglu_x", ["y"], [t], ["out"], [t],
                    ck._SWIGLU_SOURCE, "", [("T", t), ("N", 4864), ("ROWS", 1), ("GATE_FIRST", gate_first)])
+        for k, n, wnd, skip, bias in ((896, 1152, 3, True, False), (1536, 17920, 3, True, True),
+                                      (100, 24, 2, False, False)):
+            tpr = cr.threads_per_output(k, 4 if t == "float32" else 8)
+            yield (f"norm_gemv {t} K {k} N {n} skip {skip} bias {bias}", "ortmlx_norm_gemv_x",
+                   ["x", "skip", "bias", "gamma", "w"], [t] * 5, ["out", "sum"], [t, t], cr.NORM_SOURCE,
+                   f"constexpr float EPS = {ck._f32_literal(1e-6)};\nconstexpr int NORM_T = {ck.NORM_THREADS};\n",
+                   [("T", t), ("HAS_SKIP", skip), ("HAS_BIAS", bias), ("XND", 3), ("WND", wnd), ("K", k), ("N", n),
+                    ("TPR", tpr), ("THREADS", cr.block_threads(n, tpr))])
+        for k, n, gate_first in ((4864, 896, True), (8960, 1536, False), (36, 40, True)):
+            tpr = cr.threads_per_output(k, 4 if t == "float32" else 8)
+            yield (f"swiglu_gemv {t} K {k} N {n}", "ortmlx_swiglu_gemv_x", ["y", "w"], [t, t], ["out"], [t],
+                   cr.SWIGLU_SOURCE, "", [("T", t), ("GATE_FIRST", gate_first), ("YND", 3), ("WND", 3), ("K", k),
+                                          ("N", n), ("TPR", tpr), ("THREADS", cr.block_threads(n, tpr))])
     sizes = (128,) * 48 + (4,)
     offsets = [sum(sizes[:i]) for i in range(len(sizes))]
     yield ("gather_bytes 49 arrays", "ortmlx_gather_bytes_x", [f"in{i}" for i in range(len(sizes))],

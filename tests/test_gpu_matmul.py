@@ -85,8 +85,67 @@ def test_swiglu_mlp_folded_matches_cpu(t):
         for name, sess in (("compiled", mlx), ("eager", eager)):
             assert_close(sess.run(None, feeds)[0], want, what=f"{name} {shape}: d", **tol)
     steps = [st for r in rs for st in r.program.steps]
+    assert [(st.node.op_type, st.outputs) for st in steps] == [("MatMul", ["d"])], steps      # with the down product
+    with C.capture() as rs:                 # fuse_rows=0: the gating's step and the down product
+        apart = session(m, options={"device": "gpu", "fuse_rows": "0"})
+    assert_close(apart.run(None, feeds)[0], want, what="fuse_rows=0", **tol)
+    steps = [st for r in rs for st in r.program.steps]
     assert [(st.node.op_type, st.outputs) for st in steps] == [("MatMul", ["y"]), ("MatMul", ["d"])], steps
     with C.capture() as rs:                 # fold_mlp=0: the gating stays three nodes, the same answers
         unfolded = session(m, options={"device": "gpu", "fold_mlp": "0"})
     assert_close(unfolded.run(None, feeds)[0], want, what="fold_mlp=0", **tol)
     assert [st.node.op_type for r in rs for st in r.program.steps] == ["MatMul", "Sigmoid", "Mul", "Mul", "MatMul"]
+
+
+@pytest.mark.parametrize("t", [T.FLOAT16, T.FLOAT], ids=["fp16", "fp32"])
+def test_layer_rows_fused_match_cpu(t, monkeypatch):
+    """A decoder layer's norms and MLP (skip norm -> merged q/k products; skip norm -> gate/up, SiLU gating,
+    down; a final norm -> the head) on the GPU against the CPU EP, compiled and eager: a decode row's norms
+    and gating are made inside the products' kernels (counted), prompt rows keep the nodes' own kernels;
+    ``fuse_rows=0`` answers the same."""
+    from ortmlx.kernels import cuda_rows
+    calls = []
+    for name in ("norm_gemv", "swiglu_gemv"):
+        real = getattr(cuda_rows, name)
+        monkeypatch.setattr(cuda_rows, name, lambda *a, _r=real, _n=name, **k: calls.append(_n) or _r(*a, **k))
+    h, f, v = 896, 4864, 2048
+    npt = {T.FLOAT16: np.float16, T.FLOAT: np.float32}[t]
+
+    def w(*shape, s=0.05):
+        return (RNG.standard_normal(shape) * s).astype(npt)
+    inits = {"g1": w(h, s=1.0), "g2": w(h, s=1.0), "g3": w(h, s=1.0), "wq": w(h, h), "wk": w(h, 128),
+             "wo": w(h + 128, h), "wg": w(h, f), "wu": w(h, f), "wd": w(f, h), "wh": w(h, v)}
+    nodes = [
+        helper.make_node("SkipSimplifiedLayerNormalization", ["x", "r0", "g1"], ["n1", "", "", "s1"],
+                         domain="com.microsoft", epsilon=1e-6),
+        helper.make_node("MatMul", ["n1", "wq"], ["q"]), helper.make_node("MatMul", ["n1", "wk"], ["k"]),
+        helper.make_node("Concat", ["q", "k"], ["qk"], axis=-1), helper.make_node("MatMul", ["qk", "wo"], ["o"]),
+        helper.make_node("SkipSimplifiedLayerNormalization", ["o", "s1", "g2"], ["n2", "", "", "s2"],
+                         domain="com.microsoft", epsilon=1e-6),
+        helper.make_node("MatMul", ["n2", "wg"], ["g"]), helper.make_node("MatMul", ["n2", "wu"], ["u"]),
+        helper.make_node("Sigmoid", ["g"], ["sg"]), helper.make_node("Mul", ["g", "sg"], ["a"]),
+        helper.make_node("Mul", ["a", "u"], ["y"]), helper.make_node("MatMul", ["y", "wd"], ["d"]),
+        helper.make_node("Add", ["d", "s2"], ["r"]),
+        helper.make_node("SimplifiedLayerNormalization", ["r", "g3"], ["n3"], epsilon=1e-5),
+        helper.make_node("MatMul", ["n3", "wh"], ["logits"])]
+    m = make_model(nodes, [("x", t, ["b", "s", h]), ("r0", t, ["b", "s", h])],
+                   [("logits", t, None), ("s2", t, None)], initializers=inits, extra_opsets={"com.microsoft": 1})
+    cpu = session(m, "CPUExecutionProvider", record=False)
+    tol = dict(rtol=3e-2, atol=3e-2) if t == T.FLOAT16 else dict(rtol=1e-4, atol=1e-4)
+    sessions = [("compiled", session(m, options={"device": "gpu"})),
+                ("eager", session(m, options={"device": "gpu", "no_compile": "1"})),
+                ("fuse_rows=0", session(m, options={"device": "gpu", "fuse_rows": "0"}))]
+    for shape in ((1, 1, h), (1, 1, h), (1, 1, h), (2, 3, h)):
+        feeds = {"x": RNG.standard_normal(shape).astype(npt), "r0": RNG.standard_normal(shape).astype(npt)}
+        want = cpu.run(None, feeds)
+        for name, sess in sessions:
+            calls.clear()
+            got = sess.run(None, feeds)
+            for j, what in enumerate(("logits", "s2")):
+                assert_close(got[j], want[j], what=f"{name} {shape}: {what}", **tol)
+            fused = name != "fuse_rows=0" and shape[1] == 1
+            # a compiled call replays its trace (the kernels were counted when it was traced)
+            assert not calls or calls == ["norm_gemv", "norm_gemv", "swiglu_gemv", "norm_gemv"], (name, shape, calls)
+            assert fused or not calls, (name, shape, calls)
+            if name == "eager" and fused:
+                assert calls, (name, shape)

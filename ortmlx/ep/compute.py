@@ -94,7 +94,8 @@ class ComputeInfo:
                                widen_weights=getattr(opts, "widen_weights", None),
                                dense_nbits=getattr(opts, "dense_nbits", None),
                                pinned_hints=getattr(opts, "pinned_hints", True),
-                               fold_swiglu=None if getattr(opts, "fold_mlp", True) else False)
+                               fold_swiglu=None if getattr(opts, "fold_mlp", True) else False,
+                               fuse_rows=None if getattr(opts, "fuse_rows", True) else False)
         self.runner = make_runner(self.program, ep.options, ep.stats)
         self.in_names = list(plan.inputs)
         self.in_types = [plan.value(n).dtype for n in plan.inputs]

@@ -50,11 +50,14 @@ SPEC: dict[str, tuple[tuple[str, ...], str]] = {
                                              "MLX may use) so products run in the BLAS's sgemm; default: on with "
                                              "MLX's CPU backend (its quantized matmul is a plain loop), off on a GPU"),
     "cuda_kernels": (("ORTMLX_CUDA_KERNELS",), "0: no custom CUDA kernels (kernels/cuda_kernels.py: one-kernel decode "
-                                               "attention, fused norms, the row-hint gather; fold_mlp and "
-                                               "pinned_hints need them) on MLX's CUDA backend"),
+                                               "attention, fused norms, the row-hint gather; fold_mlp, "
+                                               "fuse_rows and pinned_hints need them) on MLX's CUDA backend"),
     "fold_mlp": (("ORTMLX_FOLD_MLP",), "0: keep an MLP's SiLU gating (Sigmoid, Mul, Mul) as its own nodes after the merged "
                                        "gate/up product, rather than one step (one custom kernel for a decode row) "
                                        "(GPU, with cuda_kernels; kernels/merge.py)"),
+    "fuse_rows": (("ORTMLX_FUSE_ROWS",), "0: keep a decode row's norm and its MLP gating as kernels of their own "
+                                         "before the products that read them, rather than made inside those "
+                                         "products' kernels (GPU, with cuda_kernels; kernels/rowfold.py)"),
     "pinned_hints": (("ORTMLX_PINNED_HINTS",), "0: gather a compiled decode call's new KV rows into a device buffer "
                                                "and copy that to the host, rather than have the gather kernel write "
                                                "them into page-locked host memory (GPU, with cuda_kernels)"),
@@ -68,7 +71,7 @@ SPEC: dict[str, tuple[tuple[str, ...], str]] = {
 
 _BOOLS = {"no_compile", "no_general_compile", "no_prefill_compile", "no_decode_compile", "gpu_decode_compile",
           "no_kv_mirror", "no_kv_batch", "driver_read", "device_constants", "cuda_kernels", "pinned_hints", "fold_mlp",
-          "lift_weights", "widen_weights", "dense_nbits", "verbose"}
+          "fuse_rows", "lift_weights", "widen_weights", "dense_nbits", "verbose"}
 
 
 def flag(value: str | None) -> bool:
@@ -90,6 +93,7 @@ class EpOptions:
     cuda_kernels: bool = True
     pinned_hints: bool = True
     fold_mlp: bool = True
+    fuse_rows: bool = True
     lift_weights: bool | None = None          # None: the Program's default (on)
     widen_weights: bool | None = None         # None: by device (Program)
     dense_nbits: bool | None = None           # None: by device (Program)

@@ -74,11 +74,13 @@ def enabled() -> bool:
     return consts.build_flag("cuda_kernels") and usable() and mx.default_device() == mx.gpu
 
 
-def _kernel(prefix: str, input_names: list, output_names: list, source: str, header: str = ""):
-    """``mx.fast.cuda_kernel`` named ``prefix`` + a hash of its text (MLX keys compiled kernels by name)."""
+def _kernel(prefix: str, input_names: list, output_names: list, source: str, header: str = "",
+            ensure_row_contiguous: bool = True):
+    """``mx.fast.cuda_kernel`` named ``prefix`` + a hash of its text (MLX keys compiled kernels by name);
+    ``ensure_row_contiguous=False``: inputs are passed as they lie (the source reads their strides)."""
     tag = hashlib.sha1((header + source).encode()).hexdigest()[:12]
     return mx.fast.cuda_kernel(name=f"{prefix}_{tag}", input_names=input_names, output_names=output_names,
-                               source=source, header=header)
+                               source=source, header=header, ensure_row_contiguous=ensure_row_contiguous)
 
 
 def _f32_literal(x: float) -> str:

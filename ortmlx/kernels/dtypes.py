@@ -130,10 +130,10 @@ DEVICE_COPY_CHUNK = 256 << 20
 _UINTS = {1: mx.uint8, 2: mx.uint16, 4: mx.uint32, 8: mx.uint64}
 
 
-def device_copies(arrays: dict, col_major: frozenset = frozenset()) -> None:
+def device_copies(arrays: dict, col_major: frozenset = frozenset()) -> list[str]:
     """Replace, in ``arrays`` (name -> evaluated mx.array), each large array by a copy made by a kernel:
     the same values bit for bit; 2-D arrays named in ``col_major`` (and [1, K, N] ones: their last two axes) in column-major
-    layout (a transposed view of a row-major copy).
+    layout (a transposed view of a row-major copy). Returns the names made column-major.
 
     On MLX's CUDA backend ``mx.array(numpy)`` allocates managed (unified) memory, while a kernel's
     output lives in device memory: weights uploaded once are moved there. A MatMul whose [K, N]
@@ -143,7 +143,7 @@ def device_copies(arrays: dict, col_major: frozenset = frozenset()) -> None:
     MLX's cache cleared before the next, so memory peaks one chunk above the arrays and a freed
     managed buffer is never reused for a copy.
     """
-    pending, size = [], 0
+    pending, size, made = [], 0, []
 
     def flush():
         mx.eval(*(c for _, c in pending))
@@ -158,6 +158,7 @@ def device_copies(arrays: dict, col_major: frozenset = frozenset()) -> None:
             continue
         if k in col_major and (a.ndim == 2 or (a.ndim == 3 and a.shape[0] == 1)):   # [K, N] or [1, K, N]
             c = mx.contiguous(a.swapaxes(-1, -2)).swapaxes(-1, -2)
+            made.append(k)
         else:
             u = a.view(_UINTS[a.dtype.size]) if a.dtype != _UINTS[a.dtype.size] else a
             c = mx.bitwise_or(u, mx.array(0, u.dtype))
@@ -170,6 +171,7 @@ def device_copies(arrays: dict, col_major: frozenset = frozenset()) -> None:
             size = 0
     if pending:
         flush()
+    return made
 
 
 def to_numpy(a: mx.array) -> np.ndarray:

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..subgraph import ir
 from ..subgraph.ir import outer_refs
-from . import consts, merge
+from . import consts, cuda_rows, merge, rowfold
 from . import cuda_kernels as ck
 from . import dtypes as dt
 from .registry import REGISTRY, Ctx, OpDef
@@ -136,7 +136,7 @@ class Program:
                  device_constants: bool = False, cuda_kernels: bool = False, merge_matmuls: bool | None = None,
                  fold_qkv_bias: bool | None = None, lift_weights: bool | None = None,
                  widen_weights: bool | None = None, dense_nbits: bool | None = None, pinned_hints: bool = True,
-                 fold_swiglu: bool | None = None):
+                 fold_swiglu: bool | None = None, fuse_rows: bool | None = None):
         self.graph = graph
         self.device = device
         #: builds may use ``kernels/cuda_kernels.py`` (on a GPU of MLX's CUDA backend)
@@ -242,6 +242,15 @@ class Program:
                 if len(st.inputs) == 2 and (st.inputs[1] in lifted or st.inputs[1] in widened) \
                         and st.node.op_type == "MatMul" and len(st.outputs) == 1 and st.inputs[1] not in merged_np:
                     self.steps[i] = dataclasses.replace(st, opdef=dataclasses.replace(st.opdef, fn=merge.matmul_lifted))
+            #: a decode row's norm, and its MLP gating, made inside the next product's kernel (``rowfold``): by
+            #: default with the custom kernels (a norm kernel before the QKV and gate/up products and a gating
+            #: kernel before the down product: three launches a layer fewer)
+            if fuse_rows is None:
+                fuse_rows = self.cuda_kernels
+            if fuse_rows:
+                weights = (set(graph.constants) | set(merged_np)) - set(self.inputs)
+                self.steps = rowfold.swiglu_down_folds(graph, self.steps, weights)
+                self.steps = rowfold.norm_folds(graph, self.steps, weights)
             with mx.stream(mx_device(device)):
                 constants_mx = {k: dt.to_mx(v.reshape((1,) + v.shape) if k in lifted else v,
                                             self.types.get(k) or dt.FROM_NUMPY[v.dtype])
@@ -254,8 +263,9 @@ class Program:
                 constants_mx.update(dense_mx)
                 mx.eval(*constants_mx.values())
                 if device_constants and device == "gpu":
-                    dt.device_copies(constants_mx, self._matmul_weights(graph) |
-                                     {merge.merged_name(g) for g in groups})
+                    made = dt.device_copies(constants_mx, self._matmul_weights(graph) |
+                                            {merge.merged_name(g) for g in groups})
+                    cuda_rows.register_col_major(constants_mx[k] for k in made)
         self.constants = constants_mx
         consts.register(constants_mx.values())     # their casts are made once (consts.cast)
         #: small integer/bool constants also live on the host, so shape math on them stays there

@@ -40,15 +40,16 @@ def merged_weight(graph, group) -> np.ndarray:
     return np.concatenate([np.asarray(graph.constants[n.inputs[1]]) for n in group], axis=1)
 
 
-def merged_matmul(A, W, *, widths: tuple[int, ...]):
+def merged_matmul(A, W, *, widths: tuple[int, ...], mm=None):
     """``A @ W`` sliced back into the siblings' outputs (views of one product).
 
     A product of one row with siblings of one width (an MLP's gate and up) is viewed as one row per
     sibling ([..., G, N], sliced along that axis): each output's row stride is then its width. A
     last-axis slice keeps the merged row's stride (G * N), and so does an elementwise result of it
     (MLX gives a contiguous-enough output its input's strides), which MLX's matmul copies before it
-    multiplies (a decode row's down projection: one copy kernel per layer on the GPU)."""
-    return merged_matmul_slices(matmul_lifted(A, W), widths)
+    multiplies (a decode row's down projection: one copy kernel per layer on the GPU). ``mm``: what
+    multiplies (``rowfold.norm_product``'s, which may make A itself), default ``matmul_lifted``."""
+    return merged_matmul_slices((mm or matmul_lifted)(A, W), widths)
 
 
 def merged_matmul_slices(y, widths: tuple[int, ...]) -> tuple:
@@ -107,12 +108,17 @@ def swiglu_folds(graph, groups: list) -> dict[int, tuple]:
     return folds
 
 
-def merged_swiglu(A, W, *, width: int, gate_first: bool):
-    """``(g * sigmoid(g)) * u`` of the merged gate/up product ``A @ W`` (``swiglu_folds``): one custom kernel
-    for a decode row on MLX's CUDA backend, else the folded nodes' own translators over the product's slices
-    (the kernel is compiled per row count: a prompt of a new length would pay a compile)."""
+def merged_swiglu(A, W, *, width: int, gate_first: bool, mm=None):
+    """``(g * sigmoid(g)) * u`` of the merged gate/up product ``A @ W`` (``swiglu_folds``; ``mm`` as
+    ``merged_matmul``'s)."""
+    return swiglu_of((mm or matmul_lifted)(A, W), width, gate_first)
+
+
+def swiglu_of(y, width: int, gate_first: bool):
+    """The SiLU gating of a merged gate/up product y: one custom kernel for a decode row on MLX's CUDA
+    backend, else the folded nodes' own translators over the product's slices (the kernel is compiled per
+    row count: a prompt of a new length would pay a compile)."""
     from . import cuda_kernels
-    y = matmul_lifted(A, W)
     if y.size == 2 * width and cuda_kernels.enabled() and cuda_kernels.swiglu_reason(y, width) is None:
         return cuda_kernels.swiglu(y, width, gate_first)
     from .ops.activation import sigmoid

@@ -1,0 +1,142 @@
+"""The row-making product kernels (``ortmlx/kernels/cuda_rows.py``) on MLX's CUDA backend: against their
+float32 contract, and bit for bit against the kernels whose rows they make (an identity weight multiplies
+by one and adds zeros: exact). Skipped without a CUDA GPU (``test_rowfold.py`` covers the wiring everywhere)."""
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from ortmlx.kernels import cuda_kernels, cuda_rows
+
+pytestmark = pytest.mark.skipif(not cuda_kernels.cuda_backend(), reason="needs MLX's CUDA backend")
+
+TOL = {mx.float16: 2e-3, mx.bfloat16: 1.6e-2, mx.float32: 1e-5}
+DTYPES = pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16, mx.float32], ids=["fp16", "bf16", "fp32"])
+
+
+def _weight(w: np.ndarray, dtype, lifted: bool):
+    """``w`` [K, N] as ``dtypes.device_copies`` stores a MatMul weight: column-major (lifted: [1, K, N])."""
+    a = mx.array(w.astype(np.float32)).astype(dtype)
+    if lifted:
+        a = a.reshape((1,) + a.shape)
+    a = mx.contiguous(a.swapaxes(-1, -2)).swapaxes(-1, -2)
+    mx.eval(a)
+    cuda_rows.register_col_major([a])
+    return a
+
+
+def _f32(a) -> np.ndarray:
+    return np.array(a.astype(mx.float32), np.float32)
+
+
+def _close(got, want, dtype, k: int, what: str) -> None:
+    """float32 sums in another order, one rounding: within an ulp of the type, plus the sums' spread."""
+    tol = TOL[dtype]
+    np.testing.assert_allclose(_f32(got), _f32(want), rtol=tol, atol=tol * math.sqrt(k), err_msg=what)
+
+
+# (K, N, skip, bias, lifted, lead): a 0.5B QKV, a 1.5B gate/up (TPR 64, 1024 threads), K not a multiple of 8
+NORM_CASES = [(896, 1152, True, False, True, (1, 1)), (1536, 17920, True, True, True, (1, 1)),
+              (100, 24, False, False, False, (1,)), (896, 32000, False, False, True, (1, 1))]
+
+
+@DTYPES
+@pytest.mark.parametrize("k,n,skip,bias,lifted,lead", NORM_CASES,
+                         ids=[f"K{c[0]} N{c[1]}{' skip' if c[2] else ''}{' bias' if c[3] else ''}" for c in NORM_CASES])
+def test_norm_gemv(k, n, skip, bias, lifted, lead, dtype):
+    if k * dtype.size > cuda_rows.ROW_MAX_BYTES:
+        pytest.skip("row beyond shared memory: not a case of the kernel (row_reason)")
+    rng = np.random.default_rng(k + n)
+    with mx.stream(mx.gpu):
+        x, s = (mx.array(rng.standard_normal(lead + (k,)).astype(np.float32)).astype(dtype) for _ in range(2))
+        gamma, b = (mx.array(rng.standard_normal(k).astype(np.float32)).astype(dtype) for _ in range(2))
+        w = _weight(rng.standard_normal((k, n)) * 0.05, dtype, lifted)
+        skip_, bias_ = (s if skip else None), (b if bias else None)
+        assert cuda_rows.row_reason(x, w, k) is None
+        y, total = cuda_rows.norm_gemv(x, gamma, 1e-6, w, skip_, bias_)
+        row, want_total = cuda_kernels.rms_norm(x, gamma, 1e-6, skip=skip_, bias=bias_)
+        want = mx.matmul(row.astype(mx.float32), w.reshape(k, n).astype(mx.float32)).astype(dtype)
+        mx.eval(y, want, *(a for a in (total, want_total) if a is not None))
+    assert y.shape == lead + (n,) and y.dtype == dtype
+    _close(y, want, dtype, k, "row @ w")
+    if skip:
+        np.testing.assert_array_equal(_f32(total), _f32(want_total))        # the same sum, the same rounding
+    else:
+        assert total is None
+
+
+@DTYPES
+@pytest.mark.parametrize("k", [896, 100, 1536])
+def test_norm_row_is_rms_norms_row(k, dtype):
+    """An identity weight gives the row itself: the norm made inside equals ``rms_norm``'s, bit for bit."""
+    rng = np.random.default_rng(k)
+    with mx.stream(mx.gpu):
+        x, s = (mx.array(rng.standard_normal((1, 1, k)).astype(np.float32) * 3).astype(dtype) for _ in range(2))
+        gamma = mx.array(rng.standard_normal(k).astype(np.float32)).astype(dtype)
+        w = _weight(np.eye(k), dtype, True)
+        y, _ = cuda_rows.norm_gemv(x, gamma, 1e-6, w, s)
+        row, _ = cuda_kernels.rms_norm(x, gamma, 1e-6, skip=s)
+        strided = mx.array(rng.standard_normal((1, 1, 2 * k)).astype(np.float32)).astype(dtype)[..., ::2]
+        y2, _ = cuda_rows.norm_gemv(strided, gamma, 1e-5, w)               # a row with element stride 2
+        row2, _ = cuda_kernels.rms_norm(mx.contiguous(strided), gamma, 1e-5)
+        mx.eval(y, row, y2, row2)
+    np.testing.assert_array_equal(_f32(y), _f32(row))
+    np.testing.assert_array_equal(_f32(y2), _f32(row2))
+
+
+SWIGLU_CASES = [(4864, 896, True), (8960, 1536, False), (36, 40, True), (1000, 3000, False)]
+
+
+@DTYPES
+@pytest.mark.parametrize("k,n,gate_first", SWIGLU_CASES, ids=[f"K{k} N{n}" for k, n, _ in SWIGLU_CASES])
+def test_swiglu_gemv(k, n, gate_first, dtype):
+    if k * dtype.size > cuda_rows.ROW_MAX_BYTES:
+        pytest.skip("row beyond shared memory: not a case of the kernel (row_reason)")
+    rng = np.random.default_rng(k * 3 + n)
+    with mx.stream(mx.gpu):
+        y = mx.array((rng.standard_normal((1, 1, 2 * k)) * 3).astype(np.float32)).astype(dtype)
+        w = _weight(rng.standard_normal((k, n)) * 0.05, dtype, True)
+        assert cuda_rows.row_reason(y, w, k) is None
+        got = cuda_rows.swiglu_gemv(y, w, k, gate_first)
+        row = cuda_kernels.swiglu(y, k, gate_first)
+        want = mx.matmul(row.astype(mx.float32), w.reshape(k, n).astype(mx.float32)).astype(dtype)
+        mx.eval(got, want)
+    assert got.shape == (1, 1, n) and got.dtype == dtype
+    _close(got, want, dtype, k, "gating @ w")
+
+
+@DTYPES
+@pytest.mark.parametrize("gate_first", [True, False])
+def test_swiglu_row_is_swiglus_row(gate_first, dtype):
+    """An identity weight gives the row itself: the gating made inside equals ``swiglu``'s, bit for bit,
+    also for a merged row read with element stride 2."""
+    k = 1000
+    rng = np.random.default_rng(11)
+    with mx.stream(mx.gpu):
+        y = mx.array((rng.standard_normal((1, 1, 2 * k)) * 4).astype(np.float32)).astype(dtype)
+        w = _weight(np.eye(k), dtype, False)
+        got, want = cuda_rows.swiglu_gemv(y, w, k, gate_first), cuda_kernels.swiglu(y, k, gate_first)
+        wide = mx.array((rng.standard_normal((1, 1, 4 * k)) * 4).astype(np.float32)).astype(dtype)[..., ::2]
+        got2, want2 = cuda_rows.swiglu_gemv(wide, w, k, gate_first), cuda_kernels.swiglu(mx.contiguous(wide), k,
+                                                                                          gate_first)
+        mx.eval(got, want, got2, want2)
+    np.testing.assert_array_equal(_f32(got), _f32(want))
+    np.testing.assert_array_equal(_f32(got2), _f32(want2))
+
+
+def test_row_major_weight_takes_the_element_path():
+    """A weight not column-major (registered anyway) is read through its strides: the same answer, slowly."""
+    rng = np.random.default_rng(2)
+    with mx.stream(mx.gpu):
+        x = mx.array(rng.standard_normal((1, 1, 200)).astype(np.float32)).astype(mx.float16)
+        gamma = mx.array(rng.standard_normal(200).astype(np.float32)).astype(mx.float16)
+        w = mx.array((rng.standard_normal((200, 64)) * 0.05).astype(np.float32)).astype(mx.float16)
+        cuda_rows.register_col_major([w])
+        y, _ = cuda_rows.norm_gemv(x, gamma, 1e-6, w)
+        row, _ = cuda_kernels.rms_norm(x, gamma, 1e-6)
+        want = mx.matmul(row.astype(mx.float32), w.astype(mx.float32)).astype(mx.float16)
+        mx.eval(y, want)
+    _close(y, want, mx.float16, 200, "row-major weight")

@@ -54,14 +54,14 @@ def cases():
             tpr = cr.threads_per_output(k, 4 if t == "float32" else 8)
             yield (f"norm_gemv {t} K {k} N {n} skip {skip} bias {bias}", "ortmlx_norm_gemv_x",
                    ["x", "skip", "bias", "gamma", "w"], [t] * 5, ["out", "sum"], [t, t], cr.NORM_SOURCE,
-                   f"constexpr float EPS = {ck._f32_literal(1e-6)};\nconstexpr int NORM_T = {ck.NORM_THREADS};\n",
+                   f"constexpr float EPS = {ck._f32_literal(1e-6)};\n",
                    [("T", t), ("HAS_SKIP", skip), ("HAS_BIAS", bias), ("XND", 3), ("WND", wnd), ("K", k), ("N", n),
-                    ("TPR", tpr), ("THREADS", cr.block_threads(n, tpr))])
+                    ("TPR", tpr), ("THREADS", cr.THREADS)])
         for k, n, gate_first in ((4864, 896, True), (8960, 1536, False), (36, 40, True)):
             tpr = cr.threads_per_output(k, 4 if t == "float32" else 8)
             yield (f"swiglu_gemv {t} K {k} N {n}", "ortmlx_swiglu_gemv_x", ["y", "w"], [t, t], ["out"], [t],
                    cr.SWIGLU_SOURCE, "", [("T", t), ("GATE_FIRST", gate_first), ("YND", 3), ("WND", 3), ("K", k),
-                                          ("N", n), ("TPR", tpr), ("THREADS", cr.block_threads(n, tpr))])
+                                          ("N", n), ("TPR", tpr), ("THREADS", cr.THREADS)])
     sizes = (128,) * 48 + (4,)
     offsets = [sum(sizes[:i]) for i in range(len(sizes))]
     yield ("gather_bytes 49 arrays", "ortmlx_gather_bytes_x", [f"in{i}" for i in range(len(sizes))],

@@ -144,8 +144,10 @@ def test_layer_rows_fused_match_cpu(t, monkeypatch):
             for j, what in enumerate(("logits", "s2")):
                 assert_close(got[j], want[j], what=f"{name} {shape}: {what}", **tol)
             fused = name != "fuse_rows=0" and shape[1] == 1
-            # a compiled call replays its trace (the kernels were counted when it was traced)
-            assert not calls or calls == ["norm_gemv", "norm_gemv", "swiglu_gemv", "norm_gemv"], (name, shape, calls)
+            # each build of a decode row calls the kernels in this order; a compiled call builds when it traces
+            # (and when it checks a trace against eager), else replays the trace without building
+            one = ["norm_gemv", "norm_gemv", "swiglu_gemv", "norm_gemv"]
+            assert calls == one * (len(calls) // 4), (name, shape, calls)
             assert fused or not calls, (name, shape, calls)
             if name == "eager" and fused:
-                assert calls, (name, shape)
+                assert calls == one, (name, shape, calls)

@@ -209,15 +209,19 @@ def test_row_reason():
 
 
 def test_block_shape():
-    """Threads split an output's K by about four 16-byte loads each (32..256); a block takes more outputs
-    (up to 1024 threads) only while the product keeps ``TARGET_BLOCKS`` blocks."""
-    assert cuda_rows.threads_per_output(896, 8) == 32 and cuda_rows.threads_per_output(4864, 8) == 256
-    assert cuda_rows.threads_per_output(1536, 8) == 64
-    assert cuda_rows.block_threads(1152, 32) == 256          # a 0.5B QKV: 144 blocks already
-    assert cuda_rows.block_threads(9728, 32) == 1024         # its gate/up: 304 blocks of 32 outputs
-    for n, tpr in ((1152, 32), (9728, 32), (896, 256), (17920, 64), (151936, 32)):
-        t = cuda_rows.block_threads(n, tpr)
-        assert t in (256, 512, 1024) and (t == 256 or -(-n // (t // tpr)) >= cuda_rows.TARGET_BLOCKS), (n, tpr, t)
+    """Threads split an output's K by about eight 16-byte loads each (32..256, all in registers); a product
+    has at most ``GRID_MAX`` blocks, its rounds of outputs spread evenly over them."""
+    assert cuda_rows.threads_per_output(896, 8) == 32 and cuda_rows.threads_per_output(4864, 8) == 128
+    assert cuda_rows.threads_per_output(8960, 8) == 256 and cuda_rows.threads_per_output(100, 4) == 32
+    assert cuda_rows.grid_blocks(1152, 32) == 144              # a 0.5B QKV: one round of 8 outputs a block
+    assert cuda_rows.grid_blocks(9728, 32) == 406              # its gate/up: 1,216 groups in 3 rounds
+    for n, tpr in ((1152, 32), (9728, 32), (896, 128), (17920, 32), (151936, 32), (5, 256)):
+        per = cuda_rows.THREADS // tpr
+        blocks = cuda_rows.grid_blocks(n, tpr)
+        groups = -(-n // per)
+        rounds = -(-groups // blocks)
+        assert 1 <= blocks <= cuda_rows.GRID_MAX and blocks * rounds >= groups > blocks * (rounds - 1) - rounds, \
+            (n, tpr, blocks, rounds)
 
 
 def test_fold_functions_exist_for_the_steps():

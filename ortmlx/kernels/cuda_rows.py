@@ -23,8 +23,11 @@ from .cuda_kernels import NORM_THREADS, _ATTN_DTYPES, _f32_literal, _kernel
 
 #: most bytes of the row a block keeps in shared memory (static shared memory is limited to 48 KB a block)
 ROW_MAX_BYTES = 32 << 10
-#: blocks worth filling the GPU with before a block takes more outputs (two per SM of an H100/H200)
-TARGET_BLOCKS = 264
+#: threads of a block: rms_norm's NORM_THREADS (the row's sum of squares is summed in its order)
+THREADS = NORM_THREADS
+#: most blocks of a product (four per SM of an H100/H200): each block makes the whole row, so more blocks
+#: only repeat that work; fewer take several rounds of outputs
+GRID_MAX = 528
 
 #: weights stored column-major by ``dtypes.device_copies`` (``register_col_major``): id -> weak reference
 _COL_MAJOR: dict[int, weakref.ref] = {}
@@ -43,103 +46,168 @@ def col_major(w) -> bool:
     return r is not None and r() is w
 
 
-_GEMV_TAIL = r"""
-    __syncthreads();
-    // out[n] = sum_k arow[k] * w[k, n]: TPR threads split output n's K, then reduce (shuffles, then warps)
+#: before the row is made: each thread loads its first output's weights (CPT 16-byte chunks, registers), so
+#: their latency overlaps the row's making
+_GEMV_HEAD = r"""
     constexpr int VEC = 16 / sizeof(T);
+    constexpr int PER = THREADS / TPR;
+    constexpr int CPT = (K / VEC + TPR - 1) / TPR;
+    const int tid = threadIdx.x;
+    const int part = tid % TPR;
     const int64_t sk = w_strides[WND - 2];
     const int64_t sn = w_strides[WND - 1];
-    const int part = tid % TPR;
-    const int64_t n = static_cast<int64_t>(blockIdx.x) * (THREADS / TPR) + tid / TPR;
-    float acc = 0.0f;
-    if (n < N) {
-        const T* wn = w + n * sn;
-        if (sk == 1 && (K % VEC) == 0 && (reinterpret_cast<uintptr_t>(wn) % 16) == 0) {
-            const uint4* wv = reinterpret_cast<const uint4*>(wn);
-            const uint4* av = reinterpret_cast<const uint4*>(arow);
-            #pragma unroll 4
-            for (int c = part; c < K / VEC; c += TPR) {
-                const uint4 wa = wv[c];
-                const uint4 aa = av[c];
-                const T* wt = reinterpret_cast<const T*>(&wa);
-                const T* at = reinterpret_cast<const T*>(&aa);
-                #pragma unroll
-                for (int j = 0; j < VEC; ++j) acc += static_cast<float>(wt[j]) * static_cast<float>(at[j]);
-            }
-        } else {
-            for (int k = part; k < K; k += TPR) acc += static_cast<float>(wn[k * sk]) * static_cast<float>(arow[k]);
-        }
+    // 16-byte loads: each output's K contiguous and 16-byte aligned (a column-major weight); else element loads
+    const bool vec = sk == 1 && (K % VEC) == 0 &&
+        ((reinterpret_cast<uintptr_t>(w) | static_cast<uintptr_t>(sn * sizeof(T))) % 16) == 0;
+    const int64_t first = static_cast<int64_t>(blockIdx.x) * PER;
+    const int64_t step = static_cast<int64_t>(gridDim.x) * PER;
+    int64_t n = first + tid / TPR;
+    uint4 wr[CPT > 0 ? CPT : 1];
+    if (vec && n < N) {
+        const uint4* wv = reinterpret_cast<const uint4*>(w + n * sn);
+        #pragma unroll
+        for (int c = 0; c < CPT; ++c)
+            if (part + c * TPR < K / VEC) wr[c] = wv[part + c * TPR];
     }
-    #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    if (TPR > 32) {
-        __shared__ float red[THREADS / 32];
-        if (tid % 32 == 0) red[tid / 32] = acc;
-        __syncthreads();
-        if (part == 0) {
-            float t = 0.0f;
-            for (int j = 0; j < TPR / 32; ++j) t += red[tid / 32 + j];
-            acc = t;
-        }
-    }
-    if (n < N && part == 0) out[n] = static_cast<T>(acc);
 """
 
+#: after it: rounds of PER outputs a block (a grid of at most GRID_MAX blocks): out[n] = sum_k arow[k] * w[k, n],
+#: float32 sums; TPR threads split output n's K, then reduce (shuffles, then warps)
+_GEMV_ROUNDS = r"""
+    __syncthreads();
+    for (int64_t base = first; base < N; base += step, n += step) {
+        float acc = 0.0f;
+        if (n < N) {
+            if (vec) {
+                const uint4* av = reinterpret_cast<const uint4*>(arow);
+                if (base != first) {
+                    const uint4* wv = reinterpret_cast<const uint4*>(w + n * sn);
+                    #pragma unroll
+                    for (int c = 0; c < CPT; ++c)
+                        if (part + c * TPR < K / VEC) wr[c] = wv[part + c * TPR];
+                }
+                #pragma unroll
+                for (int c = 0; c < CPT; ++c) {
+                    if (part + c * TPR < K / VEC) {
+                        const uint4 aa = av[part + c * TPR];
+                        const T* wt = reinterpret_cast<const T*>(&wr[c]);
+                        const T* at = reinterpret_cast<const T*>(&aa);
+                        #pragma unroll
+                        for (int j = 0; j < VEC; ++j) acc += static_cast<float>(wt[j]) * static_cast<float>(at[j]);
+                    }
+                }
+            } else {
+                const T* wn = w + n * sn;
+                for (int k = part; k < K; k += TPR) acc += static_cast<float>(wn[k * sk]) * static_cast<float>(arow[k]);
+            }
+        }
+        #pragma unroll
+        for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+        if (TPR > 32) {
+            __shared__ float red[THREADS / 32];
+            __syncthreads();
+            if (tid % 32 == 0) red[tid / 32] = acc;
+            __syncthreads();
+            if (part == 0) {
+                float t = 0.0f;
+                for (int j = 0; j < TPR / 32; ++j) t += red[tid / 32 + j];
+                acc = t;
+            }
+        }
+        if (n < N && part == 0) out[n] = static_cast<T>(acc);
+    }
+"""
+
+#: the row: s = x (+ skip) (+ bias) in float32, its sum of squares in rms_norm's order (THREADS is its
+#: NORM_THREADS), loops unrolled so that a thread's loads are in flight together
 _NORM_ROW = r"""
-    // the row: s = x (+ skip) (+ bias) in float32; its sum of squares over NORM_T threads in rms_norm's order
     __shared__ __align__(16) T arow[K];
-    __shared__ float nsum[NORM_T / 32];
-    const int tid = threadIdx.x;
+    __shared__ float nsum[THREADS / 32];
+    constexpr int PASSES = (K + THREADS - 1) / THREADS;
     const int64_t xs = x_strides[XND - 1];
     const int64_t ks = HAS_SKIP ? skip_strides[XND - 1] : 0;
+    float t[PASSES];
     float ss = 0.0f;
-    if (tid < NORM_T) {
-        for (int j = tid; j < K; j += NORM_T) {
-            float t = static_cast<float>(x[j * xs]);
-            if (HAS_SKIP) t = t + static_cast<float>(skip[j * ks]);
-            if (HAS_BIAS) t = t + static_cast<float>(bias[j]);
-            ss += t * t;
+    #pragma unroll
+    for (int i = 0; i < PASSES; ++i) {
+        const int j = tid + i * THREADS;
+        if (j < K) {
+            float v = static_cast<float>(x[j * xs]);
+            if (HAS_SKIP) v = v + static_cast<float>(skip[j * ks]);
+            if (HAS_BIAS) v = v + static_cast<float>(bias[j]);
+            t[i] = v;
         }
     }
     #pragma unroll
+    for (int i = 0; i < PASSES; ++i)
+        if (tid + i * THREADS < K) ss += t[i] * t[i];
+    #pragma unroll
     for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-    if (tid < NORM_T && tid % 32 == 0) nsum[tid / 32] = ss;
+    if (tid % 32 == 0) nsum[tid / 32] = ss;
     __syncthreads();
     float tot = 0.0f;
-    for (int w = 0; w < NORM_T / 32; ++w) tot += nsum[w];
+    for (int q = 0; q < THREADS / 32; ++q) tot += nsum[q];
     const float normalizer = rsqrtf(tot / K + EPS);
-    for (int j = tid; j < K; j += THREADS) {
-        float t = static_cast<float>(x[j * xs]);
-        if (HAS_SKIP) t = t + static_cast<float>(skip[j * ks]);
-        if (HAS_BIAS) t = t + static_cast<float>(bias[j]);
-        if (HAS_SKIP && blockIdx.x == 0) sum[j] = static_cast<T>(t);
-        const float g = static_cast<float>(gamma[j]);
-        arow[j] = static_cast<T>(g * (t * normalizer));
+    #pragma unroll
+    for (int i = 0; i < PASSES; ++i) {
+        const int j = tid + i * THREADS;
+        if (j < K) {
+            if (HAS_SKIP && blockIdx.x == 0) sum[j] = static_cast<T>(t[i]);
+            arow[j] = static_cast<T>(static_cast<float>(gamma[j]) * (t[i] * normalizer));
+        }
     }
 """
 
+#: the row: (g * sigmoid(g)) * u of y = [gate | up] (or [up | gate]) with swiglu's roundings; 16-byte loads
+#: and stores when y's row is contiguous and aligned
 _SWIGLU_ROW = r"""
-    // the row: (g * sigmoid(g)) * u of y = [gate | up] (or [up | gate]) with swiglu's roundings
     __shared__ __align__(16) T arow[K];
-    const int tid = threadIdx.x;
     const int64_t ys = y_strides[YND - 1];
-    for (int j = tid; j < K; j += THREADS) {
-        const float g = static_cast<float>(y[(GATE_FIRST ? j : K + j) * ys]);
-        const float u = static_cast<float>(y[(GATE_FIRST ? K + j : j) * ys]);
+    const T* gp = y + (GATE_FIRST ? 0 : K * ys);
+    const T* up = y + (GATE_FIRST ? K * ys : 0);
+    auto gating = [](float g, float u) -> T {
         const float e = 1.0f / (1.0f + expf(fabsf(g)));
         const T sg = static_cast<T>(g < 0.0f ? e : 1.0f - e);
         const T a = static_cast<T>(g * static_cast<float>(sg));
-        arow[j] = static_cast<T>(static_cast<float>(a) * u);
+        return static_cast<T>(static_cast<float>(a) * u);
+    };
+    if (ys == 1 && (K % VEC) == 0 && ((reinterpret_cast<uintptr_t>(gp) | reinterpret_cast<uintptr_t>(up)) % 16) == 0) {
+        constexpr int CH = (K / VEC + THREADS - 1) / THREADS;
+        uint4 gv[CH], uv[CH];
+        #pragma unroll
+        for (int i = 0; i < CH; ++i) {
+            const int c = tid + i * THREADS;
+            if (c < K / VEC) {
+                gv[i] = reinterpret_cast<const uint4*>(gp)[c];
+                uv[i] = reinterpret_cast<const uint4*>(up)[c];
+            }
+        }
+        #pragma unroll
+        for (int i = 0; i < CH; ++i) {
+            const int c = tid + i * THREADS;
+            if (c < K / VEC) {
+                const T* g8 = reinterpret_cast<const T*>(&gv[i]);
+                const T* u8 = reinterpret_cast<const T*>(&uv[i]);
+                uint4 o;
+                T* o8 = reinterpret_cast<T*>(&o);
+                #pragma unroll
+                for (int j = 0; j < VEC; ++j) o8[j] = gating(static_cast<float>(g8[j]), static_cast<float>(u8[j]));
+                reinterpret_cast<uint4*>(arow)[c] = o;
+            }
+        }
+    } else {
+        for (int j = tid; j < K; j += THREADS)
+            arow[j] = gating(static_cast<float>(gp[j * ys]), static_cast<float>(up[j * ys]));
     }
 """
 
-NORM_SOURCE = _NORM_ROW + _GEMV_TAIL
-SWIGLU_SOURCE = _SWIGLU_ROW + _GEMV_TAIL
+NORM_SOURCE = _GEMV_HEAD + _NORM_ROW + _GEMV_ROUNDS
+SWIGLU_SOURCE = _GEMV_HEAD + _SWIGLU_ROW + _GEMV_ROUNDS
 
 
 @functools.lru_cache(maxsize=64)
 def _norm_kernel(eps: float):
-    head = f"constexpr float EPS = {_f32_literal(eps)};\nconstexpr int NORM_T = {NORM_THREADS};\n"
+    head = f"constexpr float EPS = {_f32_literal(eps)};\n"
     return _kernel("ortmlx_norm_gemv", ["x", "skip", "bias", "gamma", "w"], ["out", "sum"], NORM_SOURCE, head,
                    ensure_row_contiguous=False)
 
@@ -150,20 +218,20 @@ def _swiglu_kernel():
 
 
 def threads_per_output(k: int, vec: int) -> int:
-    """Threads splitting one output's K: from a warp up to NORM_THREADS, about four 16-byte loads each."""
+    """Threads splitting one output's K: from a warp up to a block, about eight 16-byte loads each (all in
+    registers at once: ``CPT`` of the kernel)."""
     tpr, chunks = 32, -(-k // vec)
-    while tpr < NORM_THREADS and chunks > 4 * tpr:
+    while tpr < THREADS and chunks > 8 * tpr:
         tpr *= 2
     return tpr
 
 
-def block_threads(n: int, tpr: int) -> int:
-    """Threads of a block: NORM_THREADS, or up to 1024 (more outputs a block, fewer rows made) while the
-    product still has ``TARGET_BLOCKS`` blocks."""
-    threads = NORM_THREADS
-    while threads < 1024 and -(-n // (2 * threads // tpr)) >= TARGET_BLOCKS:
-        threads *= 2
-    return threads
+def grid_blocks(n: int, tpr: int) -> int:
+    """Blocks of a product of ``n`` outputs: at most ``GRID_MAX`` (each makes the row once, then takes rounds
+    of THREADS / tpr outputs), the rounds spread evenly."""
+    groups = -(-n // (THREADS // tpr))
+    rounds = -(-groups // GRID_MAX)
+    return -(-groups // rounds)
 
 
 def row_reason(a, w, k: int) -> str | None:
@@ -182,10 +250,8 @@ def row_reason(a, w, k: int) -> str | None:
 
 def _launch(kernel, inputs, template, k: int, n: int, dtype, row_shape, extra_shapes=()):
     tpr = threads_per_output(k, 16 // dtype.size)
-    threads = block_threads(n, tpr)
-    blocks = -(-n // (threads // tpr))
-    return kernel(inputs=inputs, template=template + [("K", k), ("N", n), ("TPR", tpr), ("THREADS", threads)],
-                  grid=(blocks * threads, 1, 1), threadgroup=(threads, 1, 1),
+    return kernel(inputs=inputs, template=template + [("K", k), ("N", n), ("TPR", tpr), ("THREADS", THREADS)],
+                  grid=(grid_blocks(n, tpr) * THREADS, 1, 1), threadgroup=(THREADS, 1, 1),
                   output_shapes=[tuple(row_shape[:-1]) + (n,), *extra_shapes],
                   output_dtypes=[dtype] * (1 + len(extra_shapes)))
 

@@ -233,3 +233,37 @@ def test_fold_functions_exist_for_the_steps():
     assert fns["down"].keywords["product"].func is rowfold.swiglu_down
     assert fns["q"].keywords["skip_form"] and not fns["head"].keywords["skip_form"]
     assert fns["q"].keywords["epsilon"] == 1e-6 and fns["head"].keywords["epsilon"] == 1e-5
+
+
+@pytest.mark.genai
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "phi3"])
+def test_genai_models_fold_and_answer_the_same(arch, monkeypatch):
+    """The tiny genai LLMs' graphs, their programs made as on a GPU with and without the folds (on the CPU
+    the folded steps run the nodes' own functions): every layer's two norms fold into their products, the
+    final norm into the LM head, and the greedy tokens are the same."""
+    import functools
+    import json
+
+    from ortmlx.kernels import interpreter
+    from tests.test_compiled_genai import greedy, mg, model_dir
+    path = model_dir(arch)
+    with open(f"{path}/genai_config.json") as f:
+        layers = json.load(f)["model"]["decoder"]["num_hidden_layers"]
+    orig = interpreter.Program.__init__
+    out = {}
+    for fuse in (True, False):
+        folds = []
+
+        def init(self, graph, *a, _fuse=fuse, _folds=folds, **k):
+            if k.get("constants_mx") is None and len(a) <= 1:       # (graph, device): a group, not a body
+                k.update(merge_matmuls=True, fold_swiglu=True, widen_weights=False, fuse_rows=_fuse)
+            orig(self, graph, *a, **k)
+            _folds.append(sum(isinstance(st.opdef.fn, functools.partial) and
+                              st.opdef.fn.func is rowfold.norm_product for st in self.steps))
+        monkeypatch.setattr(interpreter.Program, "__init__", init)
+        model, _ = mg.load_model(path, "mlx", {"device": "cpu"})
+        out[fuse] = (greedy(model, [510, 5, 17, 33, 90, 12, 7]), max(folds, default=0))
+        del model
+    monkeypatch.setattr(interpreter.Program, "__init__", orig)
+    assert out[True][0] == out[False][0]
+    assert out[True][1] == 2 * layers + 1 and out[False][1] == 0, (out[True][1], layers)

@@ -9,15 +9,16 @@ a column-major weight (each output's K contiguous: ``dtypes.device_copies``), fl
   order), then ``row @ W``; also the rounded sum of input, skip and bias (the next layer's residual).
 - ``swiglu_gemv``: the SiLU gating of a merged gate/up row (``cuda_kernels.swiglu``), then ``row @ W``.
 
-Every block makes the whole row (a few KB read from L2) and takes several outputs; ``TPR`` threads
-split each output's K with 16-byte loads. Used only where ``row_reason`` is None, in a build that may
-use the custom kernels (``cuda_kernels.enabled``).
+Every block makes the whole row (a few KB read from L2), so a product runs at most ``GRID_MAX`` blocks
+that take rounds of outputs; ``TPR`` threads split each output's K with 16-byte loads, and a thread's
+first weights are loaded into registers before the row is made (their latency overlaps its making).
+Used only where ``row_reason`` is None, in a build that may use the custom kernels
+(``cuda_kernels.enabled``). Measured on the H200: ``docs/performance.md`` (ninth session).
 """
 from __future__ import annotations
 
 import functools
 import weakref
-
 
 from .cuda_kernels import NORM_THREADS, _ATTN_DTYPES, _f32_literal, _kernel
 

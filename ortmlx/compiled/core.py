@@ -438,8 +438,7 @@ class CompiledSubgraph:
                     outs.append(data)
                 if layout and _sink_address(c, 0, hint_at) is not None:
                     for j, off, _, _ in layout:
-                        outs[j] = cuda_kernels.copy_to_host(outs[j], mx.array([c.sink.device_address + off],
-                                                                              dtype=mx.uint64))
+                        outs[j] = cuda_kernels.copy_to_host(outs[j], _sink_address(c, off, outs[j].nbytes))
                     c.host_outs = [(j, off, off + math.prod(shape) * d.size, shape, dt.NUMPY[dt.FROM_MLX[d]])
                                    for j, off, shape, d in layout]
                 c.guarded = bool(guards)
@@ -560,6 +559,12 @@ class RowHints:
         #: the bytes of ``data`` that hold rows and starts (``data`` may be longer: ``HINT_ROOM``)
         self.nbytes = sum(math.prod(m[2]) * m[3] for m in meta) + 4 * self.n_starts
         RowHints._sizes = (meta, starts, self.n_starts, self.nbytes)
+
+    def host_data(self, read=np.array) -> np.ndarray:
+        """``data`` on the host: itself when the kernel wrote it to host memory, else ``read`` (a private copy)
+        of its first ``nbytes`` (the rows and starts; the device buffer may be longer)."""
+        raw = self.data
+        return raw if isinstance(raw, np.ndarray) else read(np.asarray(raw)[:self.nbytes])
 
     def split(self, data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(the rows as flat bytes, each hinted batch row's start) from ``data`` on the host (at least
@@ -687,8 +692,7 @@ HINT_ROOM = 149 << 14
 def _hint_mismatch(hints: RowHints, outs: list) -> str | None:
     """Why the row hints of a call are not the rows its presents hold at their starts (None: they are):
     Compute writes only these rows back to genai's buffer, so a verified call checks them too."""
-    data = hints.data if isinstance(hints.data, np.ndarray) else np.array(hints.data)
-    for j, (_, starts, raw, shape) in hints.per_output(*hints.split(data)).items():
+    for j, (_, starts, raw, shape) in hints.per_output(*hints.split(hints.host_data())).items():
         present = dt.host(outs[j])
         rows = raw.view(present.dtype).reshape(shape)
         s = shape[-2]

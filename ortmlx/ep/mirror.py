@@ -206,8 +206,7 @@ def write_predicted(pending: list, ranges: list[np.ndarray], rows: range, picked
 def hint_bytes(hints, read: Reader = NUMPY) -> tuple[np.ndarray, np.ndarray]:
     """A runner's row hints (``compiled.core.RowHints``) on the host: (the rows as flat bytes, the
     start rows), one round trip for every hinted output."""
-    raw = hints.data
-    return hints.split(raw if isinstance(raw, np.ndarray) else read.read(np.asarray(raw)[:hints.nbytes]))
+    return hints.split(hints.host_data(read.read))
 
 
 def write_hinted(dst: np.ndarray, start: np.ndarray, raw: np.ndarray, shape: tuple) -> np.ndarray | None:

@@ -565,9 +565,7 @@ def gather_bytes(arrays: list, size: int | None = None, to_host=None) -> mx.arra
     if min(sizes) == 0:
         raise ValueError("gather_bytes: an empty array")
     if to_host is not None:
-        if to_host.dtype != mx.uint64 or to_host.size != 1:
-            raise ValueError(f"gather_bytes: to_host must be one uint64 address, got {to_host.dtype} "
-                             f"of shape {to_host.shape}")
+        _check_address(to_host, "gather_bytes")
         (out,) = _gather_kernel(sizes, True)(inputs=list(arrays) + [to_host], grid=(len(arrays) * 128, 1, 1),
                                              threadgroup=(128, 1, 1), output_shapes=[(1,)], output_dtypes=[mx.uint8])
         return out
@@ -575,6 +573,12 @@ def gather_bytes(arrays: list, size: int | None = None, to_host=None) -> mx.arra
     (out,) = _gather_kernel(sizes)(inputs=list(arrays), grid=(len(arrays) * 128, 1, 1), threadgroup=(128, 1, 1),
                                    output_shapes=[(n,)], output_dtypes=[mx.uint8])
     return out
+
+
+def _check_address(to_host, what: str) -> None:
+    """``to_host`` must be the one-element uint64 array holding a device address of host memory."""
+    if to_host.dtype != mx.uint64 or to_host.size != 1:
+        raise ValueError(f"{what}: to_host must be one uint64 address, got {to_host.dtype} of shape {to_host.shape}")
 
 
 _COPY_HOST = r"""
@@ -604,9 +608,7 @@ def copy_to_host(a: mx.array, to_host: mx.array) -> mx.array:
     """Copy ``a``'s row-major bytes to page-locked host memory at the device address ``to_host`` holds
     (a one-element uint64 array; ``cuda_driver.HostBuffer``): one kernel, 16-byte stores when both ends
     are aligned. Returns one byte that only orders the work (evaluate it, then read the memory)."""
-    if to_host.dtype != mx.uint64 or to_host.size != 1:
-        raise ValueError(f"copy_to_host: to_host must be one uint64 address, got {to_host.dtype} of shape "
-                         f"{to_host.shape}")
+    _check_address(to_host, "copy_to_host")
     n = int(a.nbytes)
     if n == 0:
         raise ValueError("copy_to_host: an empty array")

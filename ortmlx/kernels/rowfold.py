@@ -89,14 +89,15 @@ def _product(st):
 
 
 def _sole_reader(graph, steps, name: str):
-    """The index of the one step reading ``name`` (as its first input only), else None."""
+    """The index of the one step reading ``name``, once and as its first input, else None (also when a
+    control-flow body reads it: ``merge.step_readers``)."""
     if not name or name in graph.outputs:
         return None
-    readers = [k for k, st in enumerate(steps) if name in st.inputs]
-    if len(readers) != 1 or any(name in n.implicit_inputs for n in graph.nodes):
+    readers = merge.step_readers(graph, steps).get(name, [])
+    if len(readers) != 1:
         return None
-    st = steps[readers[0]]
-    return readers[0] if st.inputs[0] == name and name not in st.inputs[1:] else None
+    k = next((k for k, st in enumerate(steps) if st is readers[0]), None)
+    return k if k is not None and steps[k].inputs[0] == name else None
 
 
 def _fused(steps, k: int, p: int, fn, inputs: list, outputs: list, out_types: list):
@@ -148,7 +149,7 @@ def norm_folds(graph, steps, weights: set) -> list:
             p = _sole_reader(graph, steps, st.outputs[0])
         prod = _product(steps[p]) if p is not None and p > k else None
         if prod is not None and all(w in weights for w in steps[p].inputs[1:] if w):
-            ins = [i for i in st.inputs]
+            ins = list(st.inputs)
             while ins and not ins[-1]:
                 ins.pop()
             norm = functools.partial(st.opdef.fn, **st.attrs, **({"ctx": st.ctx} if st.opdef.wants_ctx else {}))

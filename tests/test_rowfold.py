@@ -13,6 +13,7 @@ from ortmlx.kernels import cuda_kernels, cuda_rows, rowfold
 from ortmlx.kernels import dtypes as dt
 from ortmlx.kernels.interpreter import Program
 from ortmlx.subgraph.ir import Graph, Node, ValueInfo
+from tests.test_cuda_kernels import reference_rms_norm, reference_swiglu
 
 H, F, V = 64, 96, 80            # hidden, MLP width, head width
 MS = "com.microsoft"
@@ -126,33 +127,25 @@ def test_not_folded_by_default_on_the_cpu():
     assert {"ln1", "ln2", "ln3", "down"} <= set(names), names
 
 
+def _row_product(row, w):
+    """A row times the weight in float32, rounded once to the row's type (the row kernels' product)."""
+    return mx.matmul(row.astype(mx.float32), w.reshape(w.shape[-2:]).astype(mx.float32)).astype(row.dtype)
+
+
+def _swiglu_row(y, width, gate_first=True):
+    """``cuda_kernels.swiglu``'s contract (``test_cuda_kernels.reference_swiglu``) as an MLX array."""
+    return mx.array(reference_swiglu(y, width, gate_first)).astype(y.dtype)
+
+
 def _norm_contract(x, gamma, eps, w, skip=None, bias=None):
-    """``cuda_rows.norm_gemv``'s contract: rms_norm's float32 row rounded to the type, then a float32 product."""
-    s = x.astype(mx.float32)
-    for p in (skip, bias):
-        if p is not None:
-            s = s + p.astype(mx.float32)
-    row = (gamma.astype(mx.float32) * (s * mx.rsqrt(mx.mean(s * s, axis=-1, keepdims=True) + eps))).astype(x.dtype)
-    y = mx.matmul(row.astype(mx.float32), w.reshape(w.shape[-2:]).astype(mx.float32)).astype(x.dtype)
-    return y, (s.astype(x.dtype) if skip is not None else None)
+    """``cuda_rows.norm_gemv``'s contract: ``rms_norm``'s row and sum (``reference_rms_norm``), the row's product."""
+    row, total = reference_rms_norm(x, gamma, eps, skip, bias)
+    return _row_product(row, w), total
 
 
 def _swiglu_contract(y, w, width, gate_first=True):
-    g, u = (y[..., :width], y[..., width:]) if gate_first else (y[..., width:], y[..., :width])
-    gf = g.astype(mx.float32)
-    a = (gf * mx.sigmoid(gf).astype(y.dtype).astype(mx.float32)).astype(y.dtype)
-    row = (a.astype(mx.float32) * u.astype(mx.float32)).astype(y.dtype)
-    return mx.matmul(row.astype(mx.float32), w.reshape(w.shape[-2:]).astype(mx.float32)).astype(y.dtype)
-
-
-def _rms_contract(x, gamma, eps, skip=None, bias=None):
-    """``cuda_kernels.rms_norm``'s contract (what the norm nodes' translators call with the kernels on)."""
-    s = x.astype(mx.float32)
-    for p in (skip, bias):
-        if p is not None:
-            s = s + p.astype(mx.float32)
-    y = (gamma.astype(mx.float32) * (s * mx.rsqrt(mx.mean(s * s, axis=-1, keepdims=True) + eps))).astype(x.dtype)
-    return y, (s.astype(x.dtype) if skip is not None else None)
+    """``cuda_rows.swiglu_gemv``'s contract: ``swiglu``'s row, its product."""
+    return _row_product(_swiglu_row(y, width, gate_first), w)
 
 
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
@@ -163,9 +156,8 @@ def test_decode_row_takes_the_kernels(monkeypatch, bias):
     monkeypatch.setattr(cuda_rows, "_COL_MAJOR", {})
     monkeypatch.setattr(cuda_rows, "norm_gemv", lambda *a, **k: calls.append("norm") or _norm_contract(*a, **k))
     monkeypatch.setattr(cuda_rows, "swiglu_gemv", lambda *a, **k: calls.append("swiglu") or _swiglu_contract(*a, **k))
-    monkeypatch.setattr(cuda_kernels, "rms_norm", lambda *a, **k: calls.append("rms") or _rms_contract(*a, **k))
-    monkeypatch.setattr(cuda_kernels, "swiglu", lambda y, n, gf: calls.append("glu") or (
-        _swiglu_contract(y, mx.eye(n, dtype=y.dtype), n, gf)))
+    monkeypatch.setattr(cuda_kernels, "rms_norm", lambda *a, **k: calls.append("rms") or reference_rms_norm(*a, **k))
+    monkeypatch.setattr(cuda_kernels, "swiglu", lambda y, n, gf: calls.append("glu") or _swiglu_row(y, n, gf))
     g, npt = _layer(T.FLOAT16, bias=bias)
     folded, plain = _programs(g)
     feeds = _feeds(g, npt, (1, 1))

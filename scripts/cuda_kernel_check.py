@@ -30,16 +30,18 @@ def cases():
             yield (f"decode_attention {t} head {head} sink {sink} window {win}", "ortmlx_decode_attention_x", attn_in,
                    [t, t, t, "int32", "int32", "float32"], ["out"], [t], ck._ATTN_SOURCE, ck._attn_header(0.125, cap),
                    [("T", t), ("NH", 14), ("NKV", 2), ("HEAD", head), ("QH", 18), ("KV", 160),
-                    ("WARPS", ck.ATTN_WARPS), ("WINDOW", win), ("HAS_SINK", sink)])
-        for rot, inter, bias in ((64, False, True), (32, True, False), (0, False, False)):
-            yield (f"decode_rope_attention {t} rotary {rot} interleaved {inter} bias {bias}",
+                    ("WARPS", ck.ATTN_WARPS), ("KEYS", ck.ATTN_KEYS), ("WINDOW", win), ("HAS_SINK", sink)])
+        for rot, inter, bias, head in ((64, False, True, 64), (32, True, False, 64), (0, False, False, 80),
+                                       (32, False, False, 36)):
+            crows = ck.fused_rows_per_block(head, 4 if t == "float32" else 2, 32 * ck.ATTN_WARPS)
+            yield (f"decode_rope_attention {t} head {head} rotary {rot} interleaved {inter} bias {bias}",
                    "ortmlx_decode_rope_attention_x", fused_in,
                    [t, t, t, "float32", "float32", t, t, "int32", "int32", "float32", t],
                    ["out", "present_k", "present_v", "k_new", "v_new"], [t] * 5, ck._FUSED_SOURCE,
                    ck._attn_header(0.125, 0.0) + ck._ROPE_HEADER,
-                   [("T", t), ("NB", 1), ("NH", 14), ("NKV", 2), ("HEAD", 64), ("KV", 160), ("WARPS", ck.ATTN_WARPS),
-                    ("WINDOW", 0), ("HAS_SINK", bias), ("ROT_DIM", rot), ("INTERLEAVED", inter),
-                    ("CROWS", ck.FUSED_CROWS), ("HAS_QKV_BIAS", bias), ("Q_ROW", 1152), ("Q_OFF", 0),
+                   [("T", t), ("NB", 1), ("NH", 14), ("NKV", 2), ("HEAD", head), ("KV", 160),
+                    ("WARPS", ck.ATTN_WARPS), ("KEYS", ck.ATTN_KEYS), ("WINDOW", 0), ("HAS_SINK", bias),
+                    ("ROT_DIM", rot), ("INTERLEAVED", inter), ("CROWS", crows), ("HAS_QKV_BIAS", bias), ("Q_ROW", 1152), ("Q_OFF", 0),
                     ("K_ROW", 1152), ("K_OFF", 896), ("V_ROW", 1152), ("V_OFF", 1024)])
         for skip, bias in ((True, False), (True, True), (False, False)):
             yield (f"rms_norm {t} skip {skip} bias {bias}", "ortmlx_rms_norm_x", ["x", "skip", "bias", "gamma"],

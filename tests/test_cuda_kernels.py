@@ -155,6 +155,18 @@ def _check_output(case: str, got, want) -> None:
     assert err.max() <= 1.01 * tol, f"{case}: attention output off by {err.max():.3g} (relative)"
 
 
+@pytest.mark.parametrize("head,itemsize", [(64, 2), (128, 2), (80, 4), (36, 2), (256, 4), (32, 4), (300, 2)])
+def test_fused_copy_blocks_give_each_thread_one_piece(head, itemsize):
+    """The presents' copy blocks take as many rows as give each thread at most one piece (16 bytes when a row
+    is a whole number of them, else one element), and never fewer than one row."""
+    threads = 32 * cuda_kernels.ATTN_WARPS
+    rows = cuda_kernels.fused_rows_per_block(head, itemsize, threads)
+    piece = 16 // itemsize if head * itemsize % 16 == 0 else 1
+    pieces = head // piece
+    assert rows >= 1
+    assert rows == 1 or rows * pieces <= threads < (rows + 1) * pieces
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 @VARIANTS
 def test_gqa_core_wiring_with_the_contract(case, packed, rotary, first, bias, monkeypatch):

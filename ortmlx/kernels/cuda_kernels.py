@@ -30,8 +30,10 @@ import numpy as np
 
 from . import consts
 
-#: warps per block of ``decode_attention`` (each strides over the keys)
-ATTN_WARPS = 4
+#: warps per block of ``decode_attention`` (each strides over the keys, ATTN_KEYS at a time)
+ATTN_WARPS = 8
+#: keys a warp of ``decode_attention`` takes at once (their loads in flight together)
+ATTN_KEYS = 4
 #: largest head size ``decode_attention`` takes (registers per lane: HEAD / 32 floats)
 ATTN_MAX_HEAD = 256
 _ATTN_DTYPES = (mx.float16, mx.bfloat16, mx.float32)
@@ -91,7 +93,8 @@ def _f32_literal(x: float) -> str:
     return v.hex() + "f"
 
 
-#: the attention of one (batch row b, query head n) block: warp w takes keys lo+w, lo+w+WARPS, ...; lane l
+#: the attention of one (batch row b, query head n) block: warp w takes keys lo+w*KEYS .. +KEYS-1, then the
+#: KEYS after lo+(w+WARPS)*KEYS, ... (a decode row is latency-bound: many keys' loads in flight); lane l
 #: the features l, l+32, ... of a row. Scores and the softmax are float32; online softmax per warp, merged
 #: across warps at the end. Reads QVAL(d), KEY_AT(t, d), VAL_AT(t, d) (macros of the kernel using it);
 #: b, n, kvh, ql (query position), tl (total length) and base (offset of the (b, kvh) KV rows) are set.
@@ -113,25 +116,48 @@ _ATTEND = r"""
     }
     float m = NEG_INF;
     float l = 0.0f;
-    for (int t = lo + warp; t <= hi; t += WARPS) {
-        float part = 0.0f;
+    for (int t0 = lo + warp * KEYS; t0 <= hi; t0 += WARPS * KEYS) {
+        // KEYS keys at once: every key's and value's loads are issued before any is used
+        float part[KEYS];
+        float val[KEYS][PER];
         #pragma unroll
-        for (int i = 0; i < PER; ++i) {
-            const int d = lane + 32 * i;
-            if (d < HEAD) part += qv[i] * KEY_AT(t, d);
+        for (int u = 0; u < KEYS; ++u) {
+            const int t = t0 + u <= hi ? t0 + u : hi;       // past hi: a valid address, masked below
+            part[u] = 0.0f;
+            #pragma unroll
+            for (int i = 0; i < PER; ++i) {
+                const int d = lane + 32 * i;
+                if (d < HEAD) {
+                    part[u] += qv[i] * KEY_AT(t, d);
+                    val[u][i] = VAL_AT(t, d);
+                } else {
+                    val[u][i] = 0.0f;
+                }
+            }
         }
         #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
-        float sc = part * ALPHA;
-        if (SOFTCAP > 0.0f) sc = SOFTCAP * tanhf(sc / SOFTCAP_DIV);
-        const float mn = fmaxf(m, sc);
-        const float corr = expf(m - mn);
-        const float p = expf(sc - mn);
-        l = l * corr + p;
+        for (int off = 16; off > 0; off >>= 1) {
+            #pragma unroll
+            for (int u = 0; u < KEYS; ++u) part[u] += __shfl_xor_sync(0xffffffffu, part[u], off);
+        }
+        float mn = m;
         #pragma unroll
-        for (int i = 0; i < PER; ++i) {
-            const int d = lane + 32 * i;
-            if (d < HEAD) acc[i] = acc[i] * corr + p * VAL_AT(t, d);
+        for (int u = 0; u < KEYS; ++u) {
+            float sc = part[u] * ALPHA;
+            if (SOFTCAP > 0.0f) sc = SOFTCAP * tanhf(sc / SOFTCAP_DIV);
+            part[u] = t0 + u <= hi ? sc : NEG_INF;
+            mn = fmaxf(mn, part[u]);
+        }
+        const float corr = expf(m - mn);
+        l *= corr;
+        #pragma unroll
+        for (int i = 0; i < PER; ++i) acc[i] *= corr;
+        #pragma unroll
+        for (int u = 0; u < KEYS; ++u) {
+            const float p = expf(part[u] - mn);
+            l += p;
+            #pragma unroll
+            for (int i = 0; i < PER; ++i) acc[i] += p * val[u][i];
         }
         m = mn;
     }
@@ -217,7 +243,11 @@ _FUSED_SOURCE = r"""
 #define VAL_AT(t, d) ((t) == ql ? vnew[d] : static_cast<float>(past_v[base + (size_t)(t) * HEAD + (d)]))
 """ + _ATTEND + r"""
     } else {
+        // the presents, CROWS rows a block: the past's rows in PIECE-element pieces (16 bytes when a row
+        // is a whole number of them and the buffers are aligned), one piece a thread, the loads in flight
+        // together; row past_len[b] is the new (rotated) key / value row
         constexpr int NCHUNK = (KV + CROWS - 1) / CROWS;
+        constexpr int PIECE = (HEAD * sizeof(T)) % 16 == 0 ? 16 / (int)sizeof(T) : 1;
         const int idx = blockIdx.x - NB * NH;
         const int chunk = idx % NCHUNK;
         const int bh = idx / NCHUNK;
@@ -233,16 +263,36 @@ _FUSED_SOURCE = r"""
         const size_t base = (size_t)bh * KV * HEAD;
         const int r0 = chunk * CROWS;
         const int rows = (KV - r0) < CROWS ? (KV - r0) : CROWS;
-        for (int e = threadIdx.x; e < rows * HEAD; e += blockDim.x) {
-            const int t = r0 + e / HEAD;
-            const int d = e - (e / HEAD) * HEAD;
-            const size_t at = base + (size_t)t * HEAD + d;
-            if (t == pl) {
+        const bool vec = PIECE > 1 && ((reinterpret_cast<size_t>(past_k) | reinterpret_cast<size_t>(past_v) |
+                                        reinterpret_cast<size_t>(present_k) | reinterpret_cast<size_t>(present_v)) &
+                                       15) == 0;
+        if (vec) {
+            constexpr int ROWP = HEAD / PIECE;
+            for (int e = threadIdx.x; e < rows * ROWP; e += blockDim.x) {
+                const int t = r0 + e / ROWP;
+                if (t == pl) continue;
+                const size_t at = base + (size_t)t * HEAD + (size_t)(e - (e / ROWP) * ROWP) * PIECE;
+                const uint4 kx = *reinterpret_cast<const uint4*>(past_k + at);
+                const uint4 vx = *reinterpret_cast<const uint4*>(past_v + at);
+                *reinterpret_cast<uint4*>(present_k + at) = kx;
+                *reinterpret_cast<uint4*>(present_v + at) = vx;
+            }
+        } else {
+            for (int e = threadIdx.x; e < rows * HEAD; e += blockDim.x) {
+                const int t = r0 + e / HEAD;
+                if (t == pl) continue;
+                const size_t at = base + (size_t)t * HEAD + (e - (e / HEAD) * HEAD);
+                const T kx = past_k[at];
+                const T vx = past_v[at];
+                present_k[at] = kx;
+                present_v[at] = vx;
+            }
+        }
+        if (pl >= r0 && pl < r0 + rows) {
+            for (int d = threadIdx.x; d < HEAD; d += blockDim.x) {
+                const size_t at = base + (size_t)pl * HEAD + d;
                 present_k[at] = ortmlx_rope<T, ROT_DIM, INTERLEAVED, HAS_QKV_BIAS>(kh, kb, cb, sb, d);
                 present_v[at] = ortmlx_ld<T, HAS_QKV_BIAS>(vh, vb, d);
-            } else {
-                present_k[at] = past_k[at];
-                present_v[at] = past_v[at];
             }
         }
         if (chunk == 0) {
@@ -254,8 +304,13 @@ _FUSED_SOURCE = r"""
     }
 """
 
-#: rows of the presents one copy block of the fused kernel writes
-FUSED_CROWS = 32
+
+
+def fused_rows_per_block(head: int, itemsize: int, threads: int) -> int:
+    """Rows of the presents one copy block of the fused kernel writes: a 16-byte piece a thread (the
+    kernel's PIECE), at least one row."""
+    piece = 16 // itemsize if (head * itemsize) % 16 == 0 else 1
+    return max(1, threads // (head // piece))
 
 _ROPE_HEADER = r"""
 // feature d of a packed-QKV row, plus its bias when the Add that fed it was folded in (T's own addition,
@@ -331,8 +386,8 @@ def decode_attention(q, k, v, past_len, total_len, *, num_heads: int, kv_num_hea
     (out,) = kernel(
         inputs=[q, k, v, past_len.astype(mx.int32), total_len.astype(mx.int32), sink_arr],
         template=[("T", q.dtype), ("NH", num_heads), ("NKV", kv_num_heads), ("HEAD", h), ("QH", qh),
-                  ("KV", k.shape[2]), ("WARPS", ATTN_WARPS), ("WINDOW", max(int(local_window_size), 0)),
-                  ("HAS_SINK", sink is not None)],
+                  ("KV", k.shape[2]), ("WARPS", ATTN_WARPS), ("KEYS", ATTN_KEYS),
+                  ("WINDOW", max(int(local_window_size), 0)), ("HAS_SINK", sink is not None)],
         grid=(b * num_heads * threads, 1, 1), threadgroup=(threads, 1, 1),
         output_shapes=[(b, num_heads, h)], output_dtypes=[q.dtype])
     return out
@@ -513,16 +568,16 @@ def decode_rope_attention(q, k, v, cos, sin, past_k, past_v, past_len, total_len
         raise ValueError(f"qkv_bias {qkv_bias.shape} {qkv_bias.dtype} needs a packed QKV row of {layout[0]}")
     bias = mx.zeros((1,), past_k.dtype) if qkv_bias is None else qkv_bias
     threads = 32 * ATTN_WARPS
-    blocks = b * num_heads + b * kvn * (-(-kv // FUSED_CROWS))
+    crows = fused_rows_per_block(h, past_k.dtype.size, threads)
+    blocks = b * num_heads + b * kvn * (-(-kv // crows))
     names = ("Q_ROW", "Q_OFF", "K_ROW", "K_OFF", "V_ROW", "V_OFF")
     outs = _fused_kernel(float(alpha), float(softcap))(
         inputs=[*srcs, cos.astype(mx.float32), sin.astype(mx.float32), past_k, past_v, past_len.astype(mx.int32),
                 total_len.astype(mx.int32), sink_arr, bias],
         template=[("T", past_k.dtype), ("NB", b), ("NH", num_heads), ("NKV", kvn), ("HEAD", h), ("KV", kv),
-                  ("WARPS", ATTN_WARPS), ("WINDOW", max(int(local_window_size), 0)), ("HAS_SINK", sink is not None),
-                  ("ROT_DIM", int(rot_dim)), ("INTERLEAVED", bool(interleaved)), ("CROWS", FUSED_CROWS),
-                  ("HAS_QKV_BIAS", qkv_bias is not None),
-                  *zip(names, layout)],
+                  ("WARPS", ATTN_WARPS), ("KEYS", ATTN_KEYS), ("WINDOW", max(int(local_window_size), 0)),
+                  ("HAS_SINK", sink is not None), ("ROT_DIM", int(rot_dim)), ("INTERLEAVED", bool(interleaved)),
+                  ("CROWS", crows), ("HAS_QKV_BIAS", qkv_bias is not None), *zip(names, layout)],
         grid=(blocks * threads, 1, 1), threadgroup=(threads, 1, 1),
         output_shapes=[(b, 1, num_heads * h), past_k.shape, past_k.shape, (b, kvn, 1, h), (b, kvn, 1, h)],
         output_dtypes=[past_k.dtype] * 5)

@@ -164,6 +164,24 @@ def test_eval_failure_falls_back_to_eager():
     assert c.fn is None and r.counters["compiled_calls"] == 0
 
 
+def test_gpu_eval_settles_the_heap_during_an_async_eval(monkeypatch):
+    """On a GPU the closure's eval starts asynchronously (one small allocation while it runs) and then
+    waits: the same answers. The path is device-independent: switched on here for a CPU runner."""
+    from ortmlx.compiled import core
+    m = mlp()
+    s, (r,) = compiled_session(m)
+    check(s, m, [feed(6)])                          # trusted after the first call
+    started = []
+    real = mx.async_eval
+    monkeypatch.setattr(core.mx, "async_eval", lambda *a: started.append(len(a)) or real(*a))
+    assert not r._settle                            # a CPU runner: a plain eval
+    check(s, m, [feed(6)])
+    assert started == []
+    monkeypatch.setattr(r, "_settle", True)         # what a GPU runner resolves (ORTMLX_EVAL_SETTLE unset)
+    check(s, m, [feed(6), feed(6)])
+    assert started == [1, 1] and r.counters["compiled_calls"] >= 3 and not r.closures()[0].poisoned
+
+
 def test_trace_fault_option_falls_back():
     m = mlp()
     s, (r,) = compiled_session(m, {"fault": "trace"})

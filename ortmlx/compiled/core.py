@@ -9,6 +9,7 @@ poisons the closure (dropped, never called again) and the call answers from eage
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 
@@ -31,6 +32,12 @@ MAX_FIXED_TRACES = 3
 #: whether closures that must be traced shapeless (a traced input keeps a free dim, e.g. a growing
 #: KV cache) are compiled on a GPU: measured ~3x slower than eager there (MLX 0.32.4, H200), so no
 GPU_SHAPELESS = False
+
+#: on a GPU, start the eval asynchronously and make one 4 KB allocation while the GPU runs: the first
+#: such allocation after MLX frees an evaluated graph consolidates glibc's fastbins (31-230 us measured,
+#: ``scripts/malloc_stall_probe.py``), which the copy-out's first allocation paid after the wait
+#: (``ORTMLX_EVAL_SETTLE=0``: a plain eval; on the CPU the eval's threads leave no wait to hide it in)
+EVAL_SETTLE = os.environ.get("ORTMLX_EVAL_SETTLE", "1") != "0"
 
 #: MLX's trace state is process-global: one trace at a time (re-entrant for nested groups)
 TRACE_LOCK = threading.RLock()
@@ -132,6 +139,7 @@ class CompiledSubgraph:
         self.released = False
         self._stopped = False               # no new keys any more (max_keys / thrashing)
         self._eval = mx.eval                # the compiled path's eval (tests inject failures here)
+        self._settle = EVAL_SETTLE and self.device == "gpu"     # start it async, settle the heap meanwhile
         self.counters = {"compiled": self.label, "traces": 0, "compiled_calls": 0, "eager_calls": 0,
                          "verify_calls": 0, "guard_fails": 0, "poisoned": "", "poisoned_closures": 0, "keys": 0,
                          "trace_ms": 0.0}
@@ -353,6 +361,9 @@ class CompiledSubgraph:
             stage = "eval"
             if probe is not None:
                 probe.mark("eval")
+            if self._settle:
+                mx.async_eval(*outs)
+                bytearray(4096)                 # the heap's consolidation, while the GPU works
             self._eval(*outs)
             c.calls += 1
             if c.guarded:

@@ -167,6 +167,20 @@ def test_fused_copy_blocks_give_each_thread_one_piece(head, itemsize):
     assert rows == 1 or rows * pieces <= threads < (rows + 1) * pieces
 
 
+@pytest.mark.parametrize("head,dtype,covered", [(64, mx.float16, True), (80, mx.bfloat16, True),
+                                                (36, mx.float32, True), (36, mx.float16, False),
+                                                (20, mx.bfloat16, False)])
+def test_fused_kernel_takes_rows_of_whole_16_byte_pieces(head, dtype, covered):
+    """Heads whose rows are not a whole number of 16-byte pieces keep the MLX path (the kernel's
+    element-wise copy has not run on a GPU with such rows)."""
+    past = mx.zeros((1, 2, 8, head), dtype)
+    q = mx.zeros((1, 1, (4 + 4) * head), dtype)
+    why = cuda_kernels.decode_rope_attention_reason(q, None, None, past, past, 4, 2, head)
+    assert (why is None) == covered, why
+    if not covered:
+        assert f"head size {head}" in why
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 @VARIANTS
 def test_gqa_core_wiring_with_the_contract(case, packed, rotary, first, bias, monkeypatch):

@@ -536,6 +536,10 @@ def decode_rope_attention_reason(q, k, v, past_k, past_v, num_heads: int, kv_num
         return f"q {q.shape} k {k.shape}"
     if kvn != kv_num_heads or h > ATTN_MAX_HEAD or num_heads % kvn or rot_dim % 2 or rot_dim > h:
         return f"heads {num_heads}:{kv_num_heads}, head size {h}, rotary dim {rot_dim}"
+    if (h * past_k.dtype.size) % 16:
+        # the presents' copy moves 16-byte pieces; its element-wise form (for unaligned buffers) has not
+        # run on a GPU with such rows
+        return f"head size {h}: a {past_k.dtype} row is not a whole number of 16-byte pieces"
     if b * kvn * kv * h >= 2**31:
         return "too large"
     return None

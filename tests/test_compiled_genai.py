@@ -53,6 +53,9 @@ class Snap:
         self.trace_counts = part.trace_counts()
         self.n_closures = len(part.closures())
         self.counters = dict(part.counters)
+        #: per closure with hoisted work: the closed form's check state (``hoist_form.checked``), or None
+        self.hoist_checks = [dict(getattr(c.hoist_run, "state", None) or {}) or None
+                             for c in part.closures() if c.hoist]
 
 
 class Runner:
@@ -117,6 +120,8 @@ def test_decode_traces_once_tokens_match_eager_and_cpu(arch):
     assert att.prefill.counters["verify_calls"] == 3 and att.prefill.counters["compiled_calls"] == 1
     assert att.prefill_exact.trace_counts == []
     assert no_poison(rs) == []
+    # the decode closure's hoisted mask work ran through its closed form, equal to the generic runner
+    assert att.decode.hoist_checks == [{"left": 0, "bad": False}], att.decode.hoist_checks
 
 
 @pytest.mark.parametrize("options,env,decode,prefill", [

@@ -20,6 +20,7 @@ from ..kernels import cuda_driver, cuda_kernels
 from ..kernels import dtypes as dt
 from ..kernels.interpreter import mx_device
 from ..kernels.ops.reduction import reduce_sum_ints_host
+from . import hoist_form
 from .analysis import HostPlan, hoist_free_work, host_plan, static_reason
 from .config import CompiledConfig
 from .decode_ops import Untraceable, collect_guards, set_shapeless_trace, stop_guards, take_row_hints
@@ -38,6 +39,10 @@ GPU_SHAPELESS = False
 #: ``scripts/malloc_stall_probe.py``), which the copy-out's first allocation paid after the wait
 #: (``ORTMLX_EVAL_SETTLE=0``: a plain eval; on the CPU the eval's threads leave no wait to hide it in)
 EVAL_SETTLE = os.environ.get("ORTMLX_EVAL_SETTLE", "1") != "0"
+
+#: the hoisted integer work through its closed NumPy form (``hoist_form``) when it has one
+#: (``ORTMLX_HOIST_CLOSED_FORM=0``: the generic host runner)
+HOIST_CLOSED_FORM = os.environ.get("ORTMLX_HOIST_CLOSED_FORM", "1") != "0"
 
 #: MLX's trace state is process-global: one trace at a time (re-entrant for nested groups)
 TRACE_LOCK = threading.RLock()
@@ -300,6 +305,9 @@ class CompiledSubgraph:
             c.hoist = plan.hoist
             c.hoist_prog = sub_program(self.program, plan.hoist_steps, self.program.inputs, plan.hoist)
             c.hoist_run = c.hoist_prog.host_runner(_HOIST_HOST)
+            fast = hoist_form.closed_form(c.hoist_prog) if c.hoist_run is not None and HOIST_CLOSED_FORM else None
+            if fast is not None:
+                c.hoist_run = hoist_form.checked(fast, c.hoist_run, c.hoist, self._fallback)
         c.shapeless = self.config.shapeless and self._traces_free_dims(c)
         if c.shapeless and self.device == "gpu" and not GPU_SHAPELESS:
             c.poisoned = ("a shapeless closure on a GPU runs eagerly (MLX 0.32.4's CUDA backend: ~139 ms per "

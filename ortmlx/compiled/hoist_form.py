@@ -23,9 +23,9 @@ CHECK_CALLS = 2
 
 
 def _const(prog, name: str):
-    v = prog.constants.get(name)
-    if v is None:
-        v = prog.host_constants.get(name)
+    """A small integer constant as the generic runner reads it (``Program.host_constants``: NumPy, not the
+    MLX copy), or None."""
+    v = prog.host_constants.get(name)
     return None if v is None else np.asarray(v)
 
 
@@ -34,7 +34,7 @@ def _int(t) -> bool:
 
 
 def _step_form(prog, st):
-    """(function of the step's non-constant inputs, names of those inputs), or None."""
+    """(function of the step's one non-constant input, that input's name), or None."""
     op, a, ins = st.node.op_type, st.attrs, st.inputs
     if st.bodies is not None or st.in_containers or st.out_infos or len(st.outputs) != 1:
         return None
@@ -48,7 +48,7 @@ def _step_form(prog, st):
 
         def shape(x):
             return np.array(x.shape[start:end], np.int64)
-        return shape, [ins[0]]
+        return shape, ins[0]
     if op == "Gather" and len(ins) == 2 and a.get("axis", 0) == 0:
         idx = _const(prog, ins[1])
         if idx is None or idx.dtype.kind not in "iu":
@@ -58,11 +58,11 @@ def _step_form(prog, st):
             if x.ndim != 1 or idx.size and (idx.max() >= x.shape[0] or idx.min() < -x.shape[0]):
                 raise IndexError(f"index {idx} for shape {x.shape}")
             return x[idx]
-        return gather, [ins[0]]
+        return gather, ins[0]
     if op == "Cast" and len(ins) == 1 and st.in_types[0] is not None:
         def cast(x):
             return x.astype(npt)
-        return cast, [ins[0]]
+        return cast, ins[0]
     if op == "ReduceSum" and len(ins) == 2 and not a.get("noop_with_empty_axes", 0):
         axes = _const(prog, ins[1])
         if axes is None or axes.ndim != 1 or not axes.size or axes.dtype.kind not in "iu":
@@ -72,7 +72,7 @@ def _step_form(prog, st):
 
         def reduce_sum(x):
             return np.sum(x, axis=tuple(v + x.ndim if v < 0 else v for v in ax), keepdims=keep, dtype=x.dtype)
-        return reduce_sum, [ins[0]]
+        return reduce_sum, ins[0]
     if op in ("Sub", "Add") and len(ins) == 2:
         c = _const(prog, ins[1])
         if c is None or c.dtype.kind not in "iu":
@@ -83,7 +83,7 @@ def _step_form(prog, st):
             if x.dtype != c.dtype:
                 raise TypeError(f"{op} of {x.dtype} and {c.dtype}")
             return f(x, c)
-        return arith, [ins[0]]
+        return arith, ins[0]
     return None
 
 
@@ -95,8 +95,8 @@ def closed_form(prog):
         form = _step_form(prog, st)
         if form is None:
             return None
-        fn, ins = form
-        plan.append((fn, ins[0], st.outputs[0], dt.NUMPY[st.out_types[0]]))
+        fn, src = form
+        plan.append((fn, src, st.outputs[0], dt.NUMPY[st.out_types[0]]))
     names = list(prog.inputs)
 
     def run(inputs: list) -> dict | None:
@@ -127,9 +127,9 @@ def checked(fast, generic, names, on_mismatch):
         if state["left"] <= 0:
             return fast(inputs)
         want = generic(inputs)
-        got = fast(inputs)
         if want is None:
             return None
+        got = fast(inputs)
         state["left"] -= 1
         for n in names:
             g, w = (None if env is None else env.get(n) for env in (got, want))

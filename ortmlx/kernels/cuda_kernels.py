@@ -305,12 +305,12 @@ _FUSED_SOURCE = r"""
 """
 
 
-
 def fused_rows_per_block(head: int, itemsize: int, threads: int) -> int:
     """Rows of the presents one copy block of the fused kernel writes: a 16-byte piece a thread (the
     kernel's PIECE), at least one row."""
     piece = 16 // itemsize if (head * itemsize) % 16 == 0 else 1
     return max(1, threads // (head // piece))
+
 
 _ROPE_HEADER = r"""
 // feature d of a packed-QKV row, plus its bias when the Add that fed it was folded in (T's own addition,

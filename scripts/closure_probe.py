@@ -110,8 +110,8 @@ def main(argv=None) -> int:
     total = sum(counts.values())
     views = sum(v for k, v in counts.items() if k in VIEWS)
     print(f"device {mx.default_device()}, MLX {mx.__version__}, model {os.path.basename(args.model_dir.rstrip('/'))}")
-    print(f"closure: {total} primitives, {total - views} not views; top: "
-          + ", ".join(f"{k} {v}" for k, v in counts.most_common(8)))
+    print(f"closure: {total} primitives, {total - views} not views: "
+          + ", ".join(f"{k} {v}" for k, v in counts.most_common()))
     c, e, s = ms(call), ms(ev), ms(step)
     print(f"token (genai step, median of {len(step)}): {s:.3f} ms")
     print(f"closure alone (median of {len(call)}): call {c:.3f} ms + eval {e:.3f} ms = {c + e:.3f} ms "

@@ -126,3 +126,81 @@ def test_decode_present_in_its_own_buffer_is_ort_s():
             assert_close(g, w, what=f"call {k} {name}")
     decode = [p for p in parts(rs) if p.label == "decode"]
     assert decode and decode[0].counters["compiled_calls"] >= 4, [p.counters for p in parts(rs)]
+
+
+def gqa_two_layer_model(n=4, kvn=2, h=16):
+    """Two decode GroupQueryAttention layers on one seqlens_k / total_sequence_length (as genai's)."""
+    f = T.FLOAT
+    nodes, ins, outs = [], [("query", f, ["batch_size", "sequence_length", n * h]),
+                            ("key", f, ["batch_size", "sequence_length", kvn * h]),
+                            ("value", f, ["batch_size", "sequence_length", kvn * h]),
+                            ("seqlens_k", T.INT32, ["batch_size"]), ("total_sequence_length", T.INT32, [])], []
+    q = "query"
+    for layer in range(2):
+        pk, pv = f"past_key_{layer}", f"past_value_{layer}"
+        ins += [(pk, f, ["batch_size", kvn, "past_sequence_length", h]),
+                (pv, f, ["batch_size", kvn, "past_sequence_length", h])]
+        nodes.append(helper.make_node("GroupQueryAttention", [q, "key", "value", pk, pv, "seqlens_k",
+                                                              "total_sequence_length"],
+                                      [f"o{layer}", f"present_key_{layer}", f"present_value_{layer}"],
+                                      domain="com.microsoft", num_heads=n, kv_num_heads=kvn))
+        outs += [(f"present_key_{layer}", f, None), (f"present_value_{layer}", f, None)]
+        q = f"o{layer}"
+    return make_model(nodes, ins, [("o1", f, None)] + outs, extra_opsets={"com.microsoft": 1})
+
+
+def test_layers_share_one_guard_and_a_false_one_answers_eagerly(monkeypatch):
+    """Every decode layer's guard on the same seqlens_k is one object: the closure ands it once
+    (one fused kernel with the other one-element guards). A step outside the buffer fails it:
+    that call answers from eager, the closure stays trusted."""
+    from ortmlx.compiled import core
+    seen = []
+    real = core._guard_value
+    monkeypatch.setattr(core, "_guard_value", lambda guards, shapeless: seen.append(len(guards)) or
+                        real(guards, shapeless))
+    n, kvn, h, P = 4, 2, 16, 12
+    m = gqa_two_layer_model(n, kvn, h)
+    s, rs = compiled_session(m)
+    ref = session(m, options={"no_compile": "1"})
+    cpu = session(m, "CPUExecutionProvider", record=False)
+
+    def feed(seqlen, total):
+        f = {"query": RNG.standard_normal((1, 1, n * h)).astype(np.float32),
+             "key": RNG.standard_normal((1, 1, kvn * h)).astype(np.float32),
+             "value": RNG.standard_normal((1, 1, kvn * h)).astype(np.float32),
+             "seqlens_k": np.array([seqlen], np.int32), "total_sequence_length": np.array(total, np.int32)}
+        for layer in range(2):
+            for kind in ("key", "value"):
+                past = RNG.standard_normal((1, kvn, P, h)).astype(np.float32)
+                past[..., seqlen:, :] = 0.0     # separate presents: ORT's rows past the new one are zero
+                f[f"past_{kind}_{layer}"] = past
+        return f
+    for seqlen in (3, 4, 5, 6, 7):
+        f = feed(seqlen, seqlen + 1)
+        for k, (g, w) in enumerate(zip(s.run(None, f), cpu.run(None, f))):
+            assert_close(g, w, what=f"seqlen {seqlen} output {k}")
+    (p,) = [p for p in parts(rs) if p.label == "decode"]
+    assert p.counters["compiled_calls"] >= 3 and p.counters["guard_fails"] == 0, p.counters
+    assert seen == [1], seen                    # two layers, one guard
+    bad = feed(P, P + 1)                        # total P + 1 > the buffer's P rows: eager's answer, not the trace's
+    for k, (g, w) in enumerate(zip(s.run(None, bad), ref.run(None, bad))):
+        np.testing.assert_array_equal(g, w, err_msg=f"guarded call output {k}")
+    assert p.counters["guard_fails"] == 1 and p.counters["poisoned_closures"] == 0, p.counters
+    f = feed(8, 9)
+    for k, (g, w) in enumerate(zip(s.run(None, f), cpu.run(None, f))):
+        assert_close(g, w, what=f"after the guard, output {k}")
+
+
+def test_guard_value_ands_every_guard():
+    """``core._guard_value``: false when any guard has a false element, one-element guards and
+    larger ones mixed, and in a shapeless trace (each reduced there)."""
+    import mlx.core as mx
+    from ortmlx.compiled.core import _guard_value
+    t1, f1 = mx.array([True]), mx.array([[False]])
+    big_t, big_f = mx.array([True, True, True]), mx.array([True, False, True])
+    cases = [([t1], True), ([f1], False), ([t1, mx.array(True)], True), ([t1, f1, t1], False),
+             ([big_t, t1], True), ([big_f, t1], False), ([t1, big_t, f1], False), ([big_t, big_f], False)]
+    for shapeless in (False, True):
+        for guards, want in cases:
+            got = _guard_value(guards, shapeless)
+            assert got.size == 1 and bool(got.item()) is want, (shapeless, guards, want)

@@ -462,11 +462,7 @@ class CompiledSubgraph:
                                    for j, off, shape, d in layout]
                 c.guarded = bool(guards)
                 if guards:
-                    # a chain of ands (one fused kernel), not a stack (one copy kernel per guard: 25 a 0.5B token)
-                    ok = mx.all(guards[0])
-                    for g in guards[1:]:
-                        ok = mx.logical_and(ok, mx.all(g))
-                    outs.append(ok)
+                    outs.append(_guard_value(guards, shapeless))
                 return outs
             finally:
                 stop_guards()
@@ -719,6 +715,22 @@ def _hint_mismatch(hints: RowHints, outs: list) -> str | None:
             if not np.array_equal(present[b, ..., s0:s0 + s, :].view(np.uint8), rows[b].view(np.uint8)):
                 return f"row hints of output {j} differ from its rows {s0}..{s0 + s - 1} (batch row {b})"
     return None
+
+
+def _guard_value(guards: list, shapeless: bool) -> mx.array:
+    """The closure's one boolean: every guard true. One-element guards (``decode_ops.every``) are
+    and-ed elementwise, one fused kernel, and reduced once; the others reduce each. A chain of
+    ands, not a stack (a copy kernel per guard). In a shapeless trace every guard reduces (a
+    size seen at trace time may change)."""
+    one = [g for g in guards if g.size == 1 and not shapeless]
+    ok = None
+    for g in one:
+        ok = g if ok is None else mx.logical_and(ok, g)
+    ok = None if ok is None else mx.all(ok)
+    for g in guards:
+        if g.size != 1 or shapeless:
+            ok = mx.all(g) if ok is None else mx.logical_and(ok, mx.all(g))
+    return ok
 
 
 def _hint_room(used: int) -> int:

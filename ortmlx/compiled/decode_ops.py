@@ -75,11 +75,24 @@ def shapeless_trace() -> bool:
 
 
 def add_guard(ok: mx.array) -> None:
-    """A boolean scalar that must be true for the traced answer to be used."""
+    """A boolean that must be true for the traced answer to be used: a scalar, or (from
+    ``every``) one element."""
     items = getattr(_GUARDS, "items", None)
     if items is None:
         raise RuntimeError("a guarded traced op ran outside a compiled trace")
-    items.append(ok)
+    if not any(g is ok for g in items):
+        items.append(ok)
+
+
+def every(x: mx.array) -> mx.array:
+    """``mx.all(x)`` for a guard's condition; one element in a shape-keyed trace stays as it is.
+
+    The closure ands its one-element guards elementwise and reduces once (``core``): MLX fuses
+    those compares and ands into one kernel, where an ``mx.all`` per condition ends a fusion each
+    (a 0.5B decode step had ~20 guard kernels). For one element the truth is the same."""
+    if x.size == 1 and not shapeless_trace():
+        return x
+    return mx.all(x)
 
 
 def split_packed_qkv(qkv, num_heads: int, kv_num_heads: int):
@@ -127,6 +140,27 @@ def _gqa_args(args, attrs, refused: tuple, label: str, pack: bool = False):
     return a, x, q, k, v
 
 
+def _gqa_guard(seqlens, total, decode: bool, s: int, p: int, present_len: int, first_prompt: bool,
+               rows: int | None) -> mx.array:
+    """Where a traced GroupQueryAttention answers as eager does: eager's run-time checks on
+    ``seqlens_k`` and the total length (``rows``: the rotary cache's, None without rotation)."""
+    if decode:
+        total_arr = mx.array(total).reshape(-1).astype(mx.int32) if not isinstance(total, mx.array) \
+            else total.reshape(-1).astype(mx.int32)
+        # eager: present rows max(total, P) == P needs total <= P; S == 1 makes first/next prompt agree
+        ok = every(total_arr <= p) & every(total_arr >= 1)
+        # total == 1 is eager's first prompt: past length 0 whatever seqlens says; equal only at 0
+        ok = ok & (every(total_arr > 1) | every(seqlens == 0))
+    else:
+        ok = mx.array(True)
+    ok = ok & every(seqlens >= 0) & every(seqlens < present_len)
+    if not first_prompt:
+        ok = ok & every(seqlens + 1 >= s) & every(seqlens + 1 - s <= p)
+        if rows is not None:
+            ok = ok & every(seqlens < rows)
+    return ok
+
+
 def gqa_traced(decode: bool, padded: bool = False):
     """A GroupQueryAttention translator for traces: ``decode`` (S == 1, KV buffer of
     fixed length P, total length as data) or prefill (total length baked: shape-keyed).
@@ -164,14 +198,7 @@ def gqa_traced(decode: bool, padded: bool = False):
         if decode:
             if s != 1 or x["position_ids"] is not None or x["attention_bias"] is not None:
                 raise Untraceable("traced decode GroupQueryAttention: S == 1, no position_ids/bias")
-            total_arr = mx.array(total).reshape(-1).astype(mx.int32) if not isinstance(total, mx.array) \
-                else total.reshape(-1).astype(mx.int32)
-            present_len, first_prompt = p, False
-            # eager: present rows max(total, P) == P needs total <= P; S == 1 makes first/next prompt agree
-            ok = mx.all(total_arr <= p) & mx.all(total_arr >= 1)
-            # total == 1 is eager's first prompt: past length 0 whatever seqlens says; equal only at 0
-            ok = ok & (mx.all(total_arr > 1) | mx.all(seqlens == 0))
-            tot = None
+            present_len, first_prompt, tot = p, False, None
         else:
             tot = int(np.asarray(total).reshape(-1)[0])
             if x["position_ids"] is not None:
@@ -179,10 +206,7 @@ def gqa_traced(decode: bool, padded: bool = False):
             if s > tot and s > 1:
                 raise ValueError(f"total_sequence_length {tot} is less than the sequence length {s}")
             present_len, first_prompt = max(tot, p), s == tot
-            ok = mx.array(True)
-        ok = ok & mx.all(seqlens >= 0) & mx.all(seqlens < present_len)
-        if not first_prompt:
-            ok = ok & mx.all(seqlens + 1 >= s) & mx.all(seqlens + 1 - s <= p)
+        rows = None
         if a["do_rotary"]:
             cos = x["cos_cache"]
             if cos is None or x["sin_cache"] is None:
@@ -190,17 +214,17 @@ def gqa_traced(decode: bool, padded: bool = False):
             if cos.shape[-1] * 2 > h:
                 raise ValueError(f"rotary dim {2 * cos.shape[-1]} exceeds head size {h}")
             rows = cos.shape[0]
-            if first_prompt:
-                if s - 1 >= rows:
-                    raise ValueError(f"position {s - 1} is beyond the rotary cache ({rows} rows)")
-            else:
-                ok = ok & mx.all(seqlens < rows)
+            if first_prompt and s - 1 >= rows:
+                raise ValueError(f"position {s - 1} is beyond the rotary cache ({rows} rows)")
+        # every layer's guard is the same: one per build (a closure ands each guard object once)
+        tkey = ("id", id(total)) if isinstance(total, mx.array) else ("host", np.asarray(total).tolist())
+        add_guard(consts.memo(("gqa_guard", id(sk), tkey, decode, s, p, present_len, first_prompt, rows),
+                              lambda: _gqa_guard(seqlens, total, decode, s, p, present_len, first_prompt, rows)))
         if x["attention_bias"] is not None:
             ab = x["attention_bias"].shape
             if len(ab) != 4 or ab[0] not in (1, b) or ab[1] not in (1, nh) or ab[2] != s or ab[3] != tot:
                 raise Untraceable(f"traced GroupQueryAttention: attention_bias shape {ab}")
         sink = softmax_sink(x["head_sink"], a["smooth_softmax"], nh)
-        add_guard(ok)
         res = gqa_core(q, k, v, past_k, past_v, seqlens, total_sequence_length=present_len, num_heads=nh,
                        kv_num_heads=kvh, first_prompt=first_prompt, scale=a["scale"], softcap=a["softcap"],
                        local_window_size=a["local_window_size"],
@@ -251,7 +275,7 @@ def gqa_growing_traced(*args, **attrs):
     total = (total if isinstance(total, mx.array) else mx.array(np.asarray(total))).reshape(-1).astype(mx.int32)
     q, k, v = _bnsh(q, nh), _bnsh(k, kvh), _bnsh(v, kvh)
     past_len = seqlens                                      # total_len - s with s == 1
-    ok = mx.all(total > 1) & mx.all(seqlens + 1 == total)
+    ok = every(total > 1) & every(seqlens + 1 == total)
     if a["do_rotary"]:
         cos, sin = x["cos_cache"], x["sin_cache"]
         if cos is None or sin is None:
@@ -259,7 +283,7 @@ def gqa_growing_traced(*args, **attrs):
         if h % 16 or cos.shape[-1] * 2 > h or cos.shape[-1] % 8:
             raise ValueError(f"rotary: head_size {h}, cos_cache {cos.shape}")
         rows = cos.shape[0]
-        ok = ok & mx.all(seqlens < rows)
+        ok = ok & every(seqlens < rows)
         pos = past_len.reshape(b, 1) + consts.arange(s).reshape(1, s)
         pos = mx.clip(pos, 0, rows - 1)                    # a failed guard answers from eager anyway
         c, sn = rotary_tables(cos, sin, pos, h, bool(a["rotary_interleaved"]))
@@ -276,9 +300,9 @@ def gqa_growing_traced(*args, **attrs):
     scores = scores.reshape(b, nh, s, -1)
     # the key length P + 1 as data: must equal total (so seqlens == P: every key is visible)
     keys = mx.sum(mx.ones_like(scores), axis=-1).astype(mx.int32)          # (b, nh, s)
-    ok = ok & mx.all(keys == total.reshape(-1, 1, 1))
+    ok = ok & every(keys == total.reshape(-1, 1, 1))
     if a["local_window_size"] > 0:
-        ok = ok & mx.all(total <= a["local_window_size"])
+        ok = ok & every(total <= a["local_window_size"])
     if a["softcap"] > 0.0:
         scores = a["softcap"] * mx.tanh(scores / a["softcap"])
     sink = softmax_sink(x["head_sink"], a["smooth_softmax"], nh)
@@ -296,7 +320,7 @@ def gather_traced(data, indices, *, axis=0):
     n = data.shape[a]
     idx = indices if isinstance(indices, mx.array) else mx.array(np.asarray(indices))
     idx = idx.astype(mx.int64)
-    add_guard(mx.all((idx >= -n) & (idx < n)))
+    add_guard(every((idx >= -n) & (idx < n)))
     idx = mx.where(idx < 0, idx + n, idx)
     return mx.take(data, idx.astype(mx.int32) if n < 2**31 else idx, axis=a)
 
@@ -317,10 +341,10 @@ def rotary_traced(input, position_ids, cos_cache, sin_cache, *, interleaved=0, i
     if pid.size == 1:
         # eager: a one-element position_ids is a start offset for the S positions
         start = pid.reshape(1, 1)
-        add_guard(mx.all(start >= 0) & mx.all(start + s <= rows))
+        add_guard(every(start >= 0) & every(start + s <= rows))
         pos = mx.broadcast_to(consts.arange(s, mx.int64).reshape(1, s) + start, (b, s))
     elif tuple(pid.shape) == (b, s):
-        add_guard(mx.all(pid >= 0) & mx.all(pid < rows))
+        add_guard(every(pid >= 0) & every(pid < rows))
         pos = pid
     else:
         raise ValueError(f"position_ids shape {pid.shape}, expected (1,) or ({b}, {s})")
@@ -398,7 +422,7 @@ def gather_block_quantized_traced(data, indices, scales, zero_points=None, *, bi
     idx = indices if isinstance(indices, mx.array) else mx.array(np.asarray(indices))
     idx = idx.astype(mx.int64)
     n = data.shape[ga]
-    add_guard(mx.all((idx >= -n) & (idx < n)))
+    add_guard(every((idx >= -n) & (idx < n)))
     flat = mx.clip(mx.where(idx < 0, idx + n, idx), 0, n - 1).reshape(-1).astype(mx.int32)
     w = dequantize_gathered(data, scales, zero_points, flat, ga, cols, kb, block_size, bits)
     out_shape = data.shape[:ga] + tuple(idx.shape) + data.shape[ga + 1:-1] + (cols,)

@@ -483,36 +483,6 @@ def test_hint_arrays_to_host_wiring(monkeypatch):
     assert out.shape == (core._hint_room(used),) and seen[-1] == (6, core._hint_room(used), None)
 
 
-def test_hint_arrays_guard_tail_wiring(monkeypatch):
-    """Everywhere: the guard's byte goes last into the hints' gather only when it writes host memory
-    (the sink is asked for one byte more); a sink that declines, or no kernel, leaves it out."""
-    from ortmlx.compiled import core
-    seen = []
-
-    def fake(arrays, size=None, to_host=None):
-        seen.append(list(arrays))
-        return mx.zeros((1,), mx.uint8) if to_host is not None else mx.zeros((size,), mx.uint8)
-    monkeypatch.setattr(cuda_kernels, "gather_bytes", fake)
-    rows = [mx.zeros((1, 2, 1, 8), mx.float16) for _ in range(3)]
-    hints = [(None, None, mx.array([4], mx.int32), r) for r in rows]
-    meta = [(i, i, (1, 2, 1, 8), 2) for i in range(3)]
-    used, ok = 3 * 32 + 3 * 4, mx.array([True])   # rows, three start arrays
-    asked, address = [], mx.array([0xABC000], mx.uint64)
-    core._hint_arrays(hints, meta, one_kernel=True, sink=lambda n: asked.append(n) or address, tail=ok)
-    assert asked == [used + 1] and len(seen[-1]) == 7 and seen[-1][-1] is ok
-    core._hint_arrays(hints, meta, one_kernel=True, sink=lambda n: asked.append(n) and None, tail=ok)
-    assert asked[-1] == used + 1 and len(seen[-1]) == 6            # declined: the device buffer, no tail
-    core._hint_arrays(hints, meta, one_kernel=True, sink=None, tail=ok)
-    assert len(seen[-1]) == 6
-    asked.clear()
-    core._hint_arrays(hints, meta, one_kernel=True, sink=lambda n: asked.append(n) or address,
-                      tail=mx.array([1, 2], mx.int32))             # not one byte: left out
-    assert asked == [used] and len(seen[-1]) == 6
-    n = len(seen)
-    data, _ = core._hint_arrays(hints, meta, one_kernel=False, sink=lambda n: address, tail=ok)
-    assert len(seen) == n and data.size == used                    # the concatenate: no kernel, no tail
-
-
 def test_sink_made_once_and_never_outgrown(monkeypatch):
     """Everywhere: a closure's host buffer is made at its trace (page-rounded) for the offset and bytes
     asked, later asks within it reuse it, one past it is refused; no driver: no buffer."""

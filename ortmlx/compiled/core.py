@@ -44,11 +44,6 @@ EVAL_SETTLE = os.environ.get("ORTMLX_EVAL_SETTLE", "1") != "0"
 #: (``ORTMLX_HOIST_CLOSED_FORM=0``: the generic host runner)
 HOIST_CLOSED_FORM = os.environ.get("ORTMLX_HOIST_CLOSED_FORM", "1") != "0"
 
-#: a guarded closure whose row hints go to page-locked host memory sends its guard's byte there too
-#: (one more piece of the hints' gather): read after the eval with no host read of MLX device memory
-#: (``ORTMLX_GUARD_TO_HOST=0``: ``.item()`` of the guard output)
-GUARD_TO_HOST = os.environ.get("ORTMLX_GUARD_TO_HOST", "1") != "0"
-
 #: MLX's trace state is process-global: one trace at a time (re-entrant for nested groups)
 TRACE_LOCK = threading.RLock()
 _TLS = threading.local()
@@ -89,7 +84,7 @@ class _Closure:
 
     __slots__ = ("fn", "dev_idx", "host_vals", "traces", "calls", "verified", "trusted", "poisoned", "guarded",
                  "guard_fails", "hoist", "hoist_prog", "trace_prog", "shapeless", "hints", "hint_starts", "sink",
-                 "host_outs", "hint_at", "hoist_run", "guard_at")
+                 "host_outs", "hint_at", "hoist_run")
 
     def __init__(self, dev_idx: tuple[int, ...], host_vals: dict[int, np.ndarray | None]):
         self.fn = None
@@ -116,7 +111,6 @@ class _Closure:
         #: outputs its kernels write to ``sink``: [(output j, first byte, end, shape, NumPy type)] (set while tracing)
         self.host_outs: list = []
         self.hint_at = 0                # where in ``sink`` the hints' bytes start (after the outputs')
-        self.guard_at: int | None = None    # where in ``sink`` the guard's byte is (None: read the guard output)
 
 
 class CompiledSubgraph:
@@ -382,7 +376,7 @@ class CompiledSubgraph:
             c.calls += 1
             if c.guarded:
                 stage = "guard"
-                if not (c.sink.array[c.guard_at] if c.guard_at is not None else outs[-1].item()):
+                if not bool(outs[-1].item()):
                     c.guard_fails += 1
                     self.counters["guard_fails"] += 1
                     return GUARD_FAILED
@@ -457,27 +451,18 @@ class CompiledSubgraph:
                     layout.append((j, hint_at, tuple(outs[j].shape), outs[j].dtype))
                     hint_at = -(-(hint_at + outs[j].nbytes) // 256) * 256
                 c.hint_at = hint_at
-                ok = _guard_value(guards, shapeless) if guards else None
-                c.guard_at, sunk = None, []
                 if c.hints:
-                    def sink(used: int):
-                        address = _sink_address(c, hint_at, used)
-                        if address is not None:
-                            sunk.append(used)
-                        return address
-                    tail = ok.reshape(1) if ok is not None and GUARD_TO_HOST else None
-                    data, c.hint_starts = _hint_arrays(hints, meta, one_kernel, sink if to_host else None, tail)
-                    if sunk and tail is not None:
-                        c.guard_at = hint_at + sunk[0] - 1      # the gather's last byte
+                    data, c.hint_starts = _hint_arrays(
+                        hints, meta, one_kernel, (lambda used: _sink_address(c, hint_at, used)) if to_host else None)
                     outs.append(data)
                 if layout and _sink_address(c, 0, hint_at) is not None:
                     for j, off, _, _ in layout:
                         outs[j] = cuda_kernels.copy_to_host(outs[j], _sink_address(c, off, outs[j].nbytes))
                     c.host_outs = [(j, off, off + math.prod(shape) * d.size, shape, dt.NUMPY[dt.FROM_MLX[d]])
                                    for j, off, shape, d in layout]
-                c.guarded = ok is not None
-                if ok is not None:
-                    outs.append(ok)
+                c.guarded = bool(guards)
+                if guards:
+                    outs.append(_guard_value(guards, shapeless))
                 return outs
             finally:
                 stop_guards()
@@ -636,17 +621,14 @@ def _hinted_outputs(hints: list, outs: list, inputs: dict) -> list:
     return meta
 
 
-def _hint_arrays(hints: list, meta: list, one_kernel: bool = False, sink=None,
-                 tail: mx.array | None = None) -> tuple[mx.array, np.ndarray]:
+def _hint_arrays(hints: list, meta: list, one_kernel: bool = False, sink=None) -> tuple[mx.array, np.ndarray]:
     """The extra output of the kept hints (their rows as flat bytes, then each distinct start array as
     int32 bytes: one copy kernel per piece, or ``one_kernel``: ``cuda_kernels.gather_bytes``), and per
     hint batch row the index of its start value. ``sink`` (with ``one_kernel``): called with the bytes
     used, the address array of host memory the kernel writes them to instead (then the output is one
-    byte), or None. ``tail`` (one byte: the guard): gathered last, only when ``sink`` gave an address
-    (the bytes ``sink`` was told include it: it is the last)."""
+    byte), or None."""
     kept = [h for h, m in zip(hints, meta) if m is not None]
-    if one_kernel and len(kept) + len({id(s) for _, _, s, _ in kept}) + (tail is not None) \
-            <= cuda_kernels.GATHER_MAX \
+    if one_kernel and len(kept) + len({id(s) for _, _, s, _ in kept}) <= cuda_kernels.GATHER_MAX \
             and all(r.size for _, _, _, r in kept):
         # the kernel copies each array's bytes as they are: no reshape or uint8 view (two primitives each)
         rows = [r for _, _, _, r in kept]
@@ -663,12 +645,9 @@ def _hint_arrays(hints: list, meta: list, one_kernel: bool = False, sink=None,
         index.extend(range(at[id(s)], at[id(s)] + s.size))
     if one_kernel:
         used = sum(int(a.nbytes) for a in rows + pieces)
-        if tail is not None and (tail.nbytes != 1 or sink is None):
-            tail = None
-        address = sink(used + (tail is not None)) if sink is not None else None
+        address = sink(used) if sink is not None else None
         if address is not None:
-            extra = [tail] if tail is not None else []
-            return cuda_kernels.gather_bytes(rows + pieces + extra, to_host=address), np.asarray(index, np.intp)
+            return cuda_kernels.gather_bytes(rows + pieces, to_host=address), np.asarray(index, np.intp)
         return cuda_kernels.gather_bytes(rows + pieces, size=_hint_room(used)), np.asarray(index, np.intp)
     return mx.concatenate(rows + pieces), np.asarray(index, np.intp)
 

@@ -45,6 +45,8 @@ class Layout:
         self.in_list = [i for _, i, _, _ in meta]
         self.out_list = [j for j, _, _, _ in meta]
         self.addrs = np.array(addrs, np.uint64)
+        self.addr_bytes = self.addrs.tobytes()             # one bytes compare per call (``same_at``)
+        self.addr_set = frozenset(addrs)
         self.shapes, self.dtypes = shapes, dtypes          # host shapes / numpy dtypes per buffer
         nblk = [math.prod(shape[1:-2]) for _, _, shape, _ in meta]
         rows = [shape[-2] for _, _, shape, _ in meta]
@@ -64,9 +66,13 @@ class Layout:
         self.row0_at = np.concatenate([[0], np.cumsum(self.rb)[:-1]]).astype(np.uint64)
         self.row0_bytes = int(self.rb.sum())
 
+    def same_at(self, addrs: np.ndarray) -> bool:
+        """``addrs`` (uint64, in layout order) are the layout's buffer addresses."""
+        return addrs.dtype == np.uint64 and addrs.tobytes() == self.addr_bytes
+
     def same_buffers(self, inputs: list, in_addr: np.ndarray) -> bool:
         """These inputs are the layout's buffers (addresses, shapes, types)."""
-        if not np.array_equal(in_addr[self.ins], self.addrs):
+        if not self.same_at(in_addr[self.ins]):
             return False
         for i, shape, dtype in zip(self.in_list, self.shapes, self.dtypes):
             x = inputs[i]
@@ -116,8 +122,7 @@ class KvBatches:
 
     def put(self, b: KvBatch) -> None:
         with self._lock:
-            self._batches = [x for x in self._batches
-                             if not np.intersect1d(x.layout.addrs, b.layout.addrs, assume_unique=True).size]
+            self._batches = [x for x in self._batches if x.layout.addr_set.isdisjoint(b.layout.addr_set)]
             self._batches.append(b)
             del self._batches[:-MAX_BATCHES]
 
@@ -144,7 +149,7 @@ class KvBatches:
 
         ``taken``: ``prev`` is the layout of the batch this call took at copy-in (its inputs were
         checked to be those buffers, and every one ran on its mirror)."""
-        if prev is not None and prev.meta is meta and np.array_equal(ptrs[prev.outs], prev.addrs) and \
+        if prev is not None and prev.meta is meta and prev.same_at(ptrs[prev.outs]) and \
                 (taken or (prev.same_buffers(inputs, in_addr) and all(i in used for i in prev.in_list))):
             L = prev
         else:

@@ -299,9 +299,9 @@ class ComputeInfo:
         n = len(results)
         if b.n_out < n:
             _out_buffers(abi.ffi, b, n, abi.max_rank)
-        hosts, shapes = {}, []
+        hosts, shapes, inplace = {}, [], bool(addrs)
         for j, r in enumerate(results):
-            if bool(addrs) and isinstance(r, mx.array) and mirrorable(r):
+            if inplace and mirrorable(r):       # an MLX result (mirrorable checks)
                 hosts[j] = None
                 shapes.append(tuple(r.shape))
             else:

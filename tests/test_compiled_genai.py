@@ -402,3 +402,7 @@ def test_step_probe_script_quick():
     for child, parent in (("run.apply.eval", "run.apply"), ("run.apply.closure_call", "run.apply"),
                           ("run.apply", "run"), ("run", "compute"), ("copy_out", "compute"), ("compute", "token")):
         assert 0 <= ms[child] <= ms[parent], (child, parent, ms)
+    for child, parent in (("copy_in.mirrors.kv_take", "copy_in.mirrors"), ("copy_out.kv_batch.layout", "copy_out.kv_batch"),
+                          ("copy_out.kv_batch.write", "copy_out.kv_batch")):
+        if child in ms:                 # the KV batch's stages (a run whose buffers never batched has none)
+            assert 0 <= ms[child] <= ms[parent], (child, parent, ms)

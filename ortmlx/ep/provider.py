@@ -8,7 +8,6 @@ from ..subgraph.partition import Unclaimed, claim, claimed_bodies
 from ..subgraph.plan import build_plan
 from . import stats
 from .compute import ComputeInfo
-from .errors import EP_NAME, EpError
 from .graph_reader import GraphReader
 from .options import EpOptions
 

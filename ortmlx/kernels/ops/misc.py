@@ -15,7 +15,6 @@ order, as ORT's CPU kernel, so boxes at the threshold resolve the same way.
 """
 from __future__ import annotations
 
-import mlx.core as mx
 import numpy as np
 
 from .. import dtypes as dt

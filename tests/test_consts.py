@@ -20,6 +20,29 @@ def test_arange_is_cached_and_right():
         consts.arange(-1)
 
 
+def test_zeros_is_cached_evaluated_and_a_constant_in_a_trace():
+    z = consts.zeros((1,), mx.float16)
+    assert z is consts.zeros((1,), mx.float16) and z is not consts.zeros((1,), mx.float32)
+    assert z.dtype == mx.float16 and z.shape == (1,) and np.array(z).tolist() == [0.0]
+    assert consts.zeros((3,), mx.int32).tolist() == [0, 0, 0]
+    made = mx.compile(lambda x: mx.exp(mx.where(x > 0, x, mx.zeros((1,), x.dtype))))
+    kept = mx.compile(lambda x: mx.exp(mx.where(x > 0, x, consts.zeros((1,), x.dtype))))
+    x = mx.array([-1.0, 2.0])
+    assert "Full" in _primitives(made(x))          # a fill kernel every call
+    assert "Full" not in _primitives(kept(x))      # a constant of the trace
+    for v in (x, mx.array([3.0, -4.0]), mx.array([-5.0, -6.0])):         # the same answers, bit for bit
+        assert np.array(kept(v)).tolist() == np.array(made(v)).tolist()
+    assert np.array(kept(x))[0] == 1.0
+
+
+def _primitives(out) -> list[str]:
+    import re
+    import tempfile
+    with tempfile.NamedTemporaryFile("r", suffix=".dot") as f:
+        mx.export_to_dot(f.name, out)
+        return [lab.split()[0] for lab in re.findall(r'label ="([^"]*)"', open(f.name).read())]
+
+
 def test_cast_memoises_registered_constants_only():
     c = mx.array(np.arange(6, dtype=np.float16))
     mx.eval(c)

@@ -176,7 +176,7 @@ def gqa_traced(decode: bool, padded: bool = False):
         seqlens = args[5].reshape(-1).astype(mx.int32)
         b, t = pk.shape[0], pk.shape[2]
         keep = consts.arange(t).reshape(1, 1, t, 1) < (seqlens + 1).reshape(b, 1, 1, 1)
-        zero = mx.zeros((1,), pk.dtype)
+        zero = consts.zeros((1,), pk.dtype)
         return o, mx.where(keep, pk, zero), mx.where(keep, pv, zero)
 
     def _gqa(*args, **attrs):

@@ -30,6 +30,15 @@ def arange(n: int, dtype=mx.int32, start: int = 0) -> mx.array:
     return a
 
 
+@functools.lru_cache(maxsize=256)
+def zeros(shape: tuple, dtype=mx.float32) -> mx.array:
+    """``mx.zeros(shape, dtype)``, evaluated once (never write into it): inside a trace a captured
+    constant, where ``mx.zeros`` would be a fill kernel every call."""
+    a = mx.zeros(tuple(shape), dtype)
+    mx.eval(a)
+    return a
+
+
 #: re-entrant: a registered constant dying while ``register`` holds the lock (a collection run by its own
 #: allocations) calls ``_forget`` on the same thread
 _lock = threading.RLock()

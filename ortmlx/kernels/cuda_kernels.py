@@ -379,7 +379,7 @@ def decode_attention(q, k, v, past_len, total_len, *, num_heads: int, kv_num_hea
     q's type. Returns (B, num_heads, H).
     """
     b, qh, _, h = q.shape
-    sink_arr = mx.zeros((1,), mx.float32) if sink is None else sink.astype(mx.float32)
+    sink_arr = consts.zeros((1,), mx.float32) if sink is None else sink.astype(mx.float32)
     kernel = _attn_kernel(float(alpha), float(softcap))
     # template ints must be >= 0: MLX writes them into the kernel's name (no window: 0)
     threads = 32 * ATTN_WARPS
@@ -457,7 +457,7 @@ def rms_norm(x, gamma, epsilon: float, skip=None, bias=None):
     s rounded to x's type (None without ``skip``)."""
     h = x.shape[-1]
     rows = x.size // h
-    dummy = mx.zeros((1,), x.dtype)
+    dummy = consts.zeros((1,), x.dtype)
     out, total = _norm_kernel(float(epsilon))(
         inputs=[x, dummy if skip is None else skip, dummy if bias is None else bias, gamma],
         template=[("T", x.dtype), ("HIDDEN", h), ("HAS_SKIP", skip is not None), ("HAS_BIAS", bias is not None)],
@@ -566,11 +566,11 @@ def decode_rope_attention(q, k, v, cos, sin, past_k, past_v, past_len, total_len
     else:
         srcs, layout = (q, k, v), (hq, 0, kvn * h, 0, kvn * h, 0)
     if rot_dim == 0:
-        cos = sin = mx.zeros((1,), mx.float32)
-    sink_arr = mx.zeros((1,), mx.float32) if sink is None else sink.astype(mx.float32)
+        cos = sin = consts.zeros((1,), mx.float32)
+    sink_arr = consts.zeros((1,), mx.float32) if sink is None else sink.astype(mx.float32)
     if qkv_bias is not None and (k is not None or qkv_bias.shape != (layout[0],) or qkv_bias.dtype != past_k.dtype):
         raise ValueError(f"qkv_bias {qkv_bias.shape} {qkv_bias.dtype} needs a packed QKV row of {layout[0]}")
-    bias = mx.zeros((1,), past_k.dtype) if qkv_bias is None else qkv_bias
+    bias = consts.zeros((1,), past_k.dtype) if qkv_bias is None else qkv_bias
     threads = 32 * ATTN_WARPS
     crows = fused_rows_per_block(h, past_k.dtype.size, threads)
     blocks = b * num_heads + b * kvn * (-(-kv // crows))

@@ -99,7 +99,7 @@ def _present(past, new, past_len, total: int, in_place: bool = False):
         if s != 1 or past is None or past.shape[2] != total:
             raise ValueError(f"in-place present needs S == 1 and a past of {total} rows")
         return mx.where(t == pl, new, past)
-    zeros = mx.zeros((1,), new.dtype)
+    zeros = consts.zeros((1,), new.dtype)
     if s == 1:                                 # decode: the one new row sits at past_len (no gather)
         out = mx.where(t == pl, new, zeros)
     else:
@@ -147,7 +147,7 @@ def softmax_sink(head_sink, smooth_softmax: int, num_heads: int):
         if head_sink.shape != (num_heads,):
             raise ValueError(f"head_sink shape {head_sink.shape}, expected ({num_heads},)")
         return head_sink
-    return mx.zeros((num_heads,), mx.float32) if smooth_softmax == 1 else None
+    return consts.zeros((num_heads,), mx.float32) if smooth_softmax == 1 else None
 
 
 def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length: int, num_heads: int,
@@ -180,7 +180,7 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
     h = q.shape[3] if packed else q.shape[2] // num_heads
     seqlens = seqlens_k.astype(mx.int32)
     total_len = seqlens + 1
-    past_len = mx.zeros((b,), mx.int32) if first_prompt else total_len - s
+    past_len = consts.zeros((b,), mx.int32) if first_prompt else total_len - s
     alpha = scale if scale != 0.0 else 1.0 / math.sqrt(h)
 
     def tables():

@@ -8,6 +8,7 @@ poisons the closure (dropped, never called again) and the call answers from eage
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import threading
@@ -722,15 +723,11 @@ def _guard_value(guards: list, shapeless: bool) -> mx.array:
     and-ed elementwise, one fused kernel, and reduced once; the others reduce each. A chain of
     ands, not a stack (a copy kernel per guard). In a shapeless trace every guard reduces (a
     size seen at trace time may change)."""
-    one = [g for g in guards if g.size == 1 and not shapeless]
-    ok = None
-    for g in one:
-        ok = g if ok is None else mx.logical_and(ok, g)
-    ok = None if ok is None else mx.all(ok)
-    for g in guards:
-        if g.size != 1 or shapeless:
-            ok = mx.all(g) if ok is None else mx.logical_and(ok, mx.all(g))
-    return ok
+    elementwise = [] if shapeless else [g for g in guards if g.size == 1]
+    reduced = [mx.all(g) for g in guards if shapeless or g.size != 1]
+    if elementwise:
+        reduced.insert(0, mx.all(functools.reduce(mx.logical_and, elementwise)))
+    return functools.reduce(mx.logical_and, reduced)
 
 
 def _hint_room(used: int) -> int:

@@ -305,10 +305,15 @@ _FUSED_SOURCE = r"""
 """
 
 
+def _whole_pieces(head: int, itemsize: int) -> bool:
+    """Whether a row of ``head`` elements is a whole number of 16-byte pieces (the fused kernel's PIECE)."""
+    return (head * itemsize) % 16 == 0
+
+
 def fused_rows_per_block(head: int, itemsize: int, threads: int) -> int:
     """Rows of the presents one copy block of the fused kernel writes: a 16-byte piece a thread (the
     kernel's PIECE), at least one row."""
-    piece = 16 // itemsize if (head * itemsize) % 16 == 0 else 1
+    piece = 16 // itemsize if _whole_pieces(head, itemsize) else 1
     return max(1, threads // (head // piece))
 
 
@@ -536,7 +541,7 @@ def decode_rope_attention_reason(q, k, v, past_k, past_v, num_heads: int, kv_num
         return f"q {q.shape} k {k.shape}"
     if kvn != kv_num_heads or h > ATTN_MAX_HEAD or num_heads % kvn or rot_dim % 2 or rot_dim > h:
         return f"heads {num_heads}:{kv_num_heads}, head size {h}, rotary dim {rot_dim}"
-    if (h * past_k.dtype.size) % 16:
+    if not _whole_pieces(h, past_k.dtype.size):
         # the presents' copy moves 16-byte pieces; its element-wise form (for unaligned buffers) has not
         # run on a GPU with such rows
         return f"head size {h}: a {past_k.dtype} row is not a whole number of 16-byte pieces"

@@ -51,19 +51,27 @@ def cases():
         for gate_first in (True, False):
             yield (f"swiglu {t} gate first {gate_first}", "ortmlx_swiglu_x", ["y"], [t], ["out"], [t],
                    ck._SWIGLU_SOURCE, "", [("T", t), ("N", 4864), ("ROWS", 1), ("GATE_FIRST", gate_first)])
-        for k, n, wnd, skip, bias in ((896, 1152, 3, True, False), (1536, 17920, 3, True, True),
-                                      (100, 24, 2, False, False)):
+        for k, n, wnd, skip, bias, gated in ((896, 1152, 3, True, False, None), (1536, 17920, 3, True, True, None),
+                                             (100, 24, 2, False, False, None), (896, 4864, 3, True, False, True),
+                                             (1536, 8960, 3, True, True, False), (100, 12, 2, False, False, True)):
             tpr = cr.threads_per_output(k, 4 if t == "float32" else 8)
-            yield (f"norm_gemv {t} K {k} N {n} skip {skip} bias {bias}", "ortmlx_norm_gemv_x",
+            yield (f"norm_gemv {t} K {k} N {n} skip {skip} bias {bias} gated {gated}", "ortmlx_norm_gemv_x",
                    ["x", "skip", "bias", "gamma", "w"], [t] * 5, ["out", "sum"], [t, t], cr.NORM_SOURCE,
                    f"constexpr float EPS = {ck._f32_literal(1e-6)};\n",
-                   [("T", t), ("HAS_SKIP", skip), ("HAS_BIAS", bias), ("XND", 3), ("WND", wnd), ("K", k), ("N", n),
+                   [("T", t), ("HAS_SKIP", skip), ("HAS_BIAS", bias), ("XND", 3), ("WND", wnd),
+                    ("GATED", gated is not None), ("GATE_FIRST", gated is not False), ("K", k), ("N", n),
                     ("TPR", tpr), ("THREADS", cr.THREADS)])
         for k, n, gate_first in ((4864, 896, True), (8960, 1536, False), (36, 40, True)):
             tpr = cr.threads_per_output(k, 4 if t == "float32" else 8)
             yield (f"swiglu_gemv {t} K {k} N {n}", "ortmlx_swiglu_gemv_x", ["y", "w"], [t, t], ["out"], [t],
-                   cr.SWIGLU_SOURCE, "", [("T", t), ("GATE_FIRST", gate_first), ("YND", 3), ("WND", 3), ("K", k),
-                                          ("N", n), ("TPR", tpr), ("THREADS", cr.THREADS)])
+                   cr.SWIGLU_SOURCE, "", [("T", t), ("GATE_FIRST_ROW", gate_first), ("YND", 3), ("WND", 3),
+                                          ("GATED", False), ("GATE_FIRST", True), ("K", k), ("N", n),
+                                          ("TPR", tpr), ("THREADS", cr.THREADS)])
+        for k, n, rnd in ((4864, 896, 3), (8960, 1536, 3), (36, 40, 1)):
+            tpr = cr.threads_per_output(k, 4 if t == "float32" else 8)
+            yield (f"row_gemv {t} K {k} N {n}", "ortmlx_row_gemv_x", ["a", "w"], [t, t], ["out"], [t],
+                   cr.ROW_SOURCE, "", [("T", t), ("AND_", rnd), ("WND", 3), ("GATED", False), ("GATE_FIRST", True),
+                                       ("K", k), ("N", n), ("TPR", tpr), ("THREADS", cr.THREADS)])
     sizes = (128,) * 48 + (4,)
     offsets = [sum(sizes[:i]) for i in range(len(sizes))]
     yield ("gather_bytes 49 arrays", "ortmlx_gather_bytes_x", [f"in{i}" for i in range(len(sizes))],

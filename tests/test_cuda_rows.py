@@ -127,6 +127,64 @@ def test_swiglu_row_is_swiglus_row(gate_first, dtype):
     np.testing.assert_array_equal(_f32(got2), _f32(want2))
 
 
+# (K, width, gate_first, skip, bias): a 0.5B and a 1.5B gate/up, a K of element loads (not 16-byte pieces)
+GATED_CASES = [(896, 4864, True, True, False), (1536, 8960, False, True, True), (100, 12, True, False, False)]
+
+
+@DTYPES
+@pytest.mark.parametrize("k,width,gate_first,skip,bias", GATED_CASES, ids=[f"K{c[0]} W{c[1]}" for c in GATED_CASES])
+def test_norm_gemv_gated_is_swiglu_of_the_product(k, width, gate_first, skip, bias, dtype):
+    """The gate/up product made gated (``gating=``) equals ``swiglu`` of the plain product, bit for bit: the
+    same sums in the same order, each rounded, then gated with swiglu's roundings; the sum output too."""
+    rng = np.random.default_rng(k + width)
+    with mx.stream(mx.gpu):
+        x, s = (mx.array(rng.standard_normal((1, 1, k)).astype(np.float32)).astype(dtype) for _ in range(2))
+        gamma, b = (mx.array(rng.standard_normal(k).astype(np.float32)).astype(dtype) for _ in range(2))
+        w = _weight(rng.standard_normal((k, 2 * width)) * 0.1, dtype, True)
+        skip_, bias_ = (s if skip else None), (b if bias else None)
+        got, got_total = cuda_rows.norm_gemv(x, gamma, 1e-6, w, skip_, bias_, gating=(width, gate_first))
+        y, total = cuda_rows.norm_gemv(x, gamma, 1e-6, w, skip_, bias_)
+        want = cuda_kernels.swiglu(y, width, gate_first)
+        mx.eval(got, want, *(a for a in (got_total, total) if a is not None))
+    assert got.shape == (1, 1, width) and got.dtype == dtype
+    np.testing.assert_array_equal(_f32(got), _f32(want))
+    if skip:
+        np.testing.assert_array_equal(_f32(got_total), _f32(total))
+    with pytest.raises(ValueError, match="width"):
+        cuda_rows.norm_gemv(x, gamma, 1e-6, w, gating=(width + 1, gate_first))
+
+
+# (K, N): a 0.5B and a 1.5B down product, K not a multiple of 8
+GEMV_CASES = [(4864, 896), (8960, 1536), (36, 40)]
+
+
+@DTYPES
+@pytest.mark.parametrize("k,n", GEMV_CASES, ids=[f"K{k} N{n}" for k, n in GEMV_CASES])
+def test_gemv(k, n, dtype):
+    """One row times a column-major weight against the float32 product; a weight of one 1 a column picks the
+    row's elements bit for bit, also from a row read with element stride 2."""
+    if k * dtype.size > cuda_rows.ROW_MAX_BYTES:
+        pytest.skip("row beyond shared memory: not a case of the kernel (row_reason)")
+    rng = np.random.default_rng(k * 5 + n)
+    with mx.stream(mx.gpu):
+        a = mx.array((rng.standard_normal((1, 1, k)) * 2).astype(np.float32)).astype(dtype)
+        w = _weight(rng.standard_normal((k, n)) * 0.05, dtype, True)
+        assert cuda_rows.row_reason(a, w, k) is None
+        got = cuda_rows.gemv(a, w)
+        want = mx.matmul(a.astype(mx.float32), w.reshape(k, n).astype(mx.float32)).astype(dtype)
+        idx = rng.permutation(k)[:min(k, 512)]
+        pick = np.zeros((k, idx.size))
+        pick[idx, np.arange(idx.size)] = 1.0
+        pick = _weight(pick, dtype, False)
+        strided = mx.array((rng.standard_normal((1, 2 * k)) * 2).astype(np.float32)).astype(dtype)[..., ::2]
+        back, back2 = cuda_rows.gemv(a, pick), cuda_rows.gemv(strided, pick)
+        mx.eval(got, want, back, back2)
+    assert got.shape == (1, 1, n) and got.dtype == dtype
+    _close(got, want, dtype, k, "a @ w")
+    np.testing.assert_array_equal(_f32(back), _f32(a)[..., idx])
+    np.testing.assert_array_equal(_f32(back2), _f32(strided)[..., idx])
+
+
 def test_row_major_weight_takes_the_element_path():
     """A weight not column-major (registered anyway) is read through its strides: the same answer, slowly."""
     rng = np.random.default_rng(2)

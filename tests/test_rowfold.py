@@ -137,10 +137,12 @@ def _swiglu_row(y, width, gate_first=True):
     return mx.array(reference_swiglu(y, width, gate_first)).astype(y.dtype)
 
 
-def _norm_contract(x, gamma, eps, w, skip=None, bias=None):
-    """``cuda_rows.norm_gemv``'s contract: ``rms_norm``'s row and sum (``reference_rms_norm``), the row's product."""
+def _norm_contract(x, gamma, eps, w, skip=None, bias=None, gating=None):
+    """``cuda_rows.norm_gemv``'s contract: ``rms_norm``'s row and sum (``reference_rms_norm``), the row's product
+    (with ``gating``: that product's SiLU gating, ``swiglu``'s contract)."""
     row, total = reference_rms_norm(x, gamma, eps, skip, bias)
-    return _row_product(row, w), total
+    y = _row_product(row, w)
+    return (y if gating is None else _swiglu_row(y, *gating)), total
 
 
 def _swiglu_contract(y, w, width, gate_first=True):
@@ -148,17 +150,30 @@ def _swiglu_contract(y, w, width, gate_first=True):
     return _row_product(_swiglu_row(y, width, gate_first), w)
 
 
+# (layer keywords, the kernels a decode row calls with column-major weights)
+ROW_CALLS = {
+    # the gate/up product makes the gating (half its outputs), the down product's kernel multiplies that row
+    "folds": ({}, ["norm", "norm+glu", "gemv", "norm"]),
+    # the MLP's norm is kept (a second reader): the down product's kernel makes the gating from the product
+    "mlp-norm-kept": ({"two_readers": True}, ["norm", "rms", "swiglu", "norm"]),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(ROW_CALLS))
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
-def test_decode_row_takes_the_kernels(monkeypatch, bias):
+def test_decode_row_takes_the_kernels(monkeypatch, bias, variant):
     """With the kernels on (each stood in by its contract) a decode row's three norms and the gating run in
     the products' kernels, and only against weights stored column-major; prompt rows never call them."""
+    kw, row_calls = ROW_CALLS[variant]
     calls = []
     monkeypatch.setattr(cuda_rows, "_COL_MAJOR", {})
-    monkeypatch.setattr(cuda_rows, "norm_gemv", lambda *a, **k: calls.append("norm") or _norm_contract(*a, **k))
+    monkeypatch.setattr(cuda_rows, "norm_gemv", lambda *a, **k: calls.append("norm" + ("+glu" if k.get("gating") else ""))
+                        or _norm_contract(*a, **k))
     monkeypatch.setattr(cuda_rows, "swiglu_gemv", lambda *a, **k: calls.append("swiglu") or _swiglu_contract(*a, **k))
+    monkeypatch.setattr(cuda_rows, "gemv", lambda a, w: calls.append("gemv") or _row_product(a, w))
     monkeypatch.setattr(cuda_kernels, "rms_norm", lambda *a, **k: calls.append("rms") or reference_rms_norm(*a, **k))
     monkeypatch.setattr(cuda_kernels, "swiglu", lambda y, n, gf: calls.append("glu") or _swiglu_row(y, n, gf))
-    g, npt = _layer(T.FLOAT16, bias=bias)
+    g, npt = _layer(T.FLOAT16, bias=bias, **kw)
     folded, plain = _programs(g)
     feeds = _feeds(g, npt, (1, 1))
     monkeypatch.setattr(cuda_kernels, "enabled", lambda: True)
@@ -172,7 +187,7 @@ def test_decode_row_takes_the_kernels(monkeypatch, bias):
     cuda_rows.register_col_major(folded.constants.values())
     calls.clear()
     got = [dt.host(a) for a in folded.run(feeds)]
-    assert calls == ["norm", "norm", "swiglu", "norm"], calls
+    assert calls == row_calls, calls
     for a, b, name in zip(got, want, g.outputs):
         # float32 sums in another order, each rounded once: within a few half ulps
         np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32), rtol=1e-2, atol=1e-2, err_msg=name)

@@ -7,7 +7,11 @@ a column-major weight (each output's K contiguous: ``dtypes.device_copies``), fl
 
 - ``norm_gemv``: (Skip)SimplifiedLayerNormalization of the row (``cuda_kernels.rms_norm``'s sums in its
   order), then ``row @ W``; also the rounded sum of input, skip and bias (the next layer's residual).
-- ``swiglu_gemv``: the SiLU gating of a merged gate/up row (``cuda_kernels.swiglu``), then ``row @ W``.
+  With ``gating``, W is an MLP's merged gate/up weight and each output is the SiLU gating of its gate and up
+  sums (``cuda_kernels.swiglu``'s roundings): the gated row itself, half as wide as the product.
+- ``gemv``: a copy of one row (that gated row), then ``row @ W`` (the down product).
+- ``swiglu_gemv``: the SiLU gating of a merged gate/up row (``cuda_kernels.swiglu``), then ``row @ W`` (when
+  the gate/up product did not make the gating: every block makes the whole gated row again).
 
 Every block makes the whole row (a few KB read from L2), so a product runs at most ``GRID_MAX`` blocks
 that take rounds of outputs; ``TPR`` threads split each output's K with 16-byte loads, and a thread's
@@ -48,11 +52,15 @@ def col_major(w) -> bool:
 
 
 #: before the row is made: each thread loads its first output's weights (CPT 16-byte chunks, registers), so
-#: their latency overlaps the row's making
+#: their latency overlaps the row's making. A GATED product's output n reads two weight columns, the gate's
+#: and the up's (WC 2): the merged [gate | up] (or [up | gate]) weight of an MLP, N its width
 _GEMV_HEAD = r"""
     constexpr int VEC = 16 / sizeof(T);
     constexpr int PER = THREADS / TPR;
     constexpr int CPT = (K / VEC + TPR - 1) / TPR;
+    constexpr int WC = GATED ? 2 : 1;
+    constexpr int64_t GOFF = GATED && !GATE_FIRST ? N : 0;
+    constexpr int64_t UOFF = GATED && GATE_FIRST ? N : 0;
     const int tid = threadIdx.x;
     const int part = tid % TPR;
     const int64_t sk = w_strides[WND - 2];
@@ -63,60 +71,102 @@ _GEMV_HEAD = r"""
     const int64_t first = static_cast<int64_t>(blockIdx.x) * PER;
     const int64_t step = static_cast<int64_t>(gridDim.x) * PER;
     int64_t n = first + tid / TPR;
-    uint4 wr[CPT > 0 ? CPT : 1];
+    uint4 wr[WC][CPT > 0 ? CPT : 1];
     if (vec && n < N) {
-        const uint4* wv = reinterpret_cast<const uint4*>(w + n * sn);
         #pragma unroll
-        for (int c = 0; c < CPT; ++c)
-            if (part + c * TPR < K / VEC) wr[c] = wv[part + c * TPR];
+        for (int q = 0; q < WC; ++q) {
+            const uint4* wv = reinterpret_cast<const uint4*>(w + (n + (q ? UOFF : GOFF)) * sn);
+            #pragma unroll
+            for (int c = 0; c < CPT; ++c)
+                if (part + c * TPR < K / VEC) wr[q][c] = wv[part + c * TPR];
+        }
     }
 """
 
 #: after it: rounds of PER outputs a block (a grid of at most GRID_MAX blocks): out[n] = sum_k arow[k] * w[k, n],
-#: float32 sums; TPR threads split output n's K, then reduce (shuffles, then warps)
+#: float32 sums rounded once; TPR threads split output n's K, then reduce (shuffles, then warps). A GATED output
+#: is the SiLU gating of its two rounded sums (swiglu's roundings, ``_GATING``)
 _GEMV_ROUNDS = r"""
     __syncthreads();
     for (int64_t base = first; base < N; base += step, n += step) {
-        float acc = 0.0f;
+        float acc[WC];
+        #pragma unroll
+        for (int q = 0; q < WC; ++q) acc[q] = 0.0f;
         if (n < N) {
             if (vec) {
                 const uint4* av = reinterpret_cast<const uint4*>(arow);
                 if (base != first) {
-                    const uint4* wv = reinterpret_cast<const uint4*>(w + n * sn);
                     #pragma unroll
-                    for (int c = 0; c < CPT; ++c)
-                        if (part + c * TPR < K / VEC) wr[c] = wv[part + c * TPR];
+                    for (int q = 0; q < WC; ++q) {
+                        const uint4* wv = reinterpret_cast<const uint4*>(w + (n + (q ? UOFF : GOFF)) * sn);
+                        #pragma unroll
+                        for (int c = 0; c < CPT; ++c)
+                            if (part + c * TPR < K / VEC) wr[q][c] = wv[part + c * TPR];
+                    }
                 }
                 #pragma unroll
                 for (int c = 0; c < CPT; ++c) {
                     if (part + c * TPR < K / VEC) {
                         const uint4 aa = av[part + c * TPR];
-                        const T* wt = reinterpret_cast<const T*>(&wr[c]);
                         const T* at = reinterpret_cast<const T*>(&aa);
                         #pragma unroll
-                        for (int j = 0; j < VEC; ++j) acc += static_cast<float>(wt[j]) * static_cast<float>(at[j]);
+                        for (int q = 0; q < WC; ++q) {
+                            const T* wt = reinterpret_cast<const T*>(&wr[q][c]);
+                            #pragma unroll
+                            for (int j = 0; j < VEC; ++j)
+                                acc[q] += static_cast<float>(wt[j]) * static_cast<float>(at[j]);
+                        }
                     }
                 }
             } else {
-                const T* wn = w + n * sn;
-                for (int k = part; k < K; k += TPR) acc += static_cast<float>(wn[k * sk]) * static_cast<float>(arow[k]);
+                #pragma unroll
+                for (int q = 0; q < WC; ++q) {
+                    const T* wn = w + (n + (q ? UOFF : GOFF)) * sn;
+                    for (int k = part; k < K; k += TPR)
+                        acc[q] += static_cast<float>(wn[k * sk]) * static_cast<float>(arow[k]);
+                }
             }
         }
         #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+        for (int q = 0; q < WC; ++q) {
+            #pragma unroll
+            for (int off = 16; off > 0; off >>= 1) acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], off);
+        }
         if (TPR > 32) {
-            __shared__ float red[THREADS / 32];
+            __shared__ float red[WC][THREADS / 32];
             __syncthreads();
-            if (tid % 32 == 0) red[tid / 32] = acc;
+            if (tid % 32 == 0) {
+                #pragma unroll
+                for (int q = 0; q < WC; ++q) red[q][tid / 32] = acc[q];
+            }
             __syncthreads();
             if (part == 0) {
-                float t = 0.0f;
-                for (int j = 0; j < TPR / 32; ++j) t += red[tid / 32 + j];
-                acc = t;
+                #pragma unroll
+                for (int q = 0; q < WC; ++q) {
+                    float t = 0.0f;
+                    for (int j = 0; j < TPR / 32; ++j) t += red[q][tid / 32 + j];
+                    acc[q] = t;
+                }
             }
         }
-        if (n < N && part == 0) out[n] = static_cast<T>(acc);
+        if (n < N && part == 0) {
+            if (GATED)
+                out[n] = gating(static_cast<float>(static_cast<T>(acc[0])), static_cast<float>(static_cast<T>(acc[WC - 1])));
+            else
+                out[n] = static_cast<T>(acc[0]);
+        }
     }
+"""
+
+#: the SiLU gating of a gate value g and an up value u (floats of the type's values), rounded as
+#: ``cuda_kernels.swiglu`` rounds: sigmoid(g), then g * sigmoid(g), then that times u
+_GATING = r"""
+    auto gating = [](float g, float u) -> T {
+        const float e = 1.0f / (1.0f + expf(fabsf(g)));
+        const T sg = static_cast<T>(g < 0.0f ? e : 1.0f - e);
+        const T a = static_cast<T>(g * static_cast<float>(sg));
+        return static_cast<T>(static_cast<float>(a) * u);
+    };
 """
 
 #: the row: s = x (+ skip) (+ bias) in float32, its sum of squares in rms_norm's order (THREADS is its
@@ -164,14 +214,8 @@ _NORM_ROW = r"""
 _SWIGLU_ROW = r"""
     __shared__ __align__(16) T arow[K];
     const int64_t ys = y_strides[YND - 1];
-    const T* gp = y + (GATE_FIRST ? 0 : K * ys);
-    const T* up = y + (GATE_FIRST ? K * ys : 0);
-    auto gating = [](float g, float u) -> T {
-        const float e = 1.0f / (1.0f + expf(fabsf(g)));
-        const T sg = static_cast<T>(g < 0.0f ? e : 1.0f - e);
-        const T a = static_cast<T>(g * static_cast<float>(sg));
-        return static_cast<T>(static_cast<float>(a) * u);
-    };
+    const T* gp = y + (GATE_FIRST_ROW ? 0 : K * ys);
+    const T* up = y + (GATE_FIRST_ROW ? K * ys : 0);
     if (ys == 1 && (K % VEC) == 0 && ((reinterpret_cast<uintptr_t>(gp) | reinterpret_cast<uintptr_t>(up)) % 16) == 0) {
         constexpr int CH = (K / VEC + THREADS - 1) / THREADS;
         uint4 gv[CH], uv[CH];
@@ -202,8 +246,21 @@ _SWIGLU_ROW = r"""
     }
 """
 
-NORM_SOURCE = _GEMV_HEAD + _NORM_ROW + _GEMV_ROUNDS
-SWIGLU_SOURCE = _GEMV_HEAD + _SWIGLU_ROW + _GEMV_ROUNDS
+#: the row: a copy of one row a (a decode row's gating made by the gate/up product: ``norm_gemv(gating=)``)
+_COPY_ROW = r"""
+    __shared__ __align__(16) T arow[K];
+    const int64_t as = a_strides[AND_ - 1];
+    if (as == 1 && (K % VEC) == 0 && (reinterpret_cast<uintptr_t>(a) % 16) == 0) {
+        for (int c = tid; c < K / VEC; c += THREADS)
+            reinterpret_cast<uint4*>(arow)[c] = reinterpret_cast<const uint4*>(a)[c];
+    } else {
+        for (int j = tid; j < K; j += THREADS) arow[j] = a[j * as];
+    }
+"""
+
+NORM_SOURCE = _GATING + _GEMV_HEAD + _NORM_ROW + _GEMV_ROUNDS
+SWIGLU_SOURCE = _GATING + _GEMV_HEAD + _SWIGLU_ROW + _GEMV_ROUNDS
+ROW_SOURCE = _GATING + _GEMV_HEAD + _COPY_ROW + _GEMV_ROUNDS
 
 
 @functools.lru_cache(maxsize=64)
@@ -216,6 +273,11 @@ def _norm_kernel(eps: float):
 @functools.lru_cache(maxsize=1)
 def _swiglu_kernel():
     return _kernel("ortmlx_swiglu_gemv", ["y", "w"], ["out"], SWIGLU_SOURCE, ensure_row_contiguous=False)
+
+
+@functools.lru_cache(maxsize=1)
+def _row_kernel():
+    return _kernel("ortmlx_row_gemv", ["a", "w"], ["out"], ROW_SOURCE, ensure_row_contiguous=False)
 
 
 def threads_per_output(k: int, vec: int) -> int:
@@ -249,23 +311,33 @@ def row_reason(a, w, k: int) -> str | None:
     return None
 
 
-def _launch(kernel, inputs, template, k: int, n: int, dtype, row_shape, extra_shapes=()):
+def _launch(kernel, inputs, template, k: int, n: int, dtype, row_shape, extra_shapes=(), gating=None):
+    """One product kernel's call: ``n`` outputs of K-long rows (``gating`` (width, gate_first): ``n`` gated
+    outputs of a [K, 2n] merged weight)."""
     tpr = threads_per_output(k, 16 // dtype.size)
-    return kernel(inputs=inputs, template=template + [("K", k), ("N", n), ("TPR", tpr), ("THREADS", THREADS)],
+    gate = [("GATED", gating is not None), ("GATE_FIRST", bool(gating[1]) if gating else True)]
+    return kernel(inputs=inputs, template=template + gate + [("K", k), ("N", n), ("TPR", tpr), ("THREADS", THREADS)],
                   grid=(grid_blocks(n, tpr) * THREADS, 1, 1), threadgroup=(THREADS, 1, 1),
                   output_shapes=[tuple(row_shape[:-1]) + (n,), *extra_shapes],
                   output_dtypes=[dtype] * (1 + len(extra_shapes)))
 
 
-def norm_gemv(x, gamma, epsilon: float, w, skip=None, bias=None):
+def norm_gemv(x, gamma, epsilon: float, w, skip=None, bias=None, gating=None):
     """(row @ w, sum) with row = ``cuda_kernels.rms_norm(x, gamma, epsilon, skip, bias)[0]`` of one row x
-    (``row_reason(x, w, K)`` is None; gamma and bias contiguous [K]); ``sum`` as rms_norm's (None without skip)."""
+    (``row_reason(x, w, K)`` is None; gamma and bias contiguous [K]); ``sum`` as rms_norm's (None without skip).
+    ``gating`` (width, gate_first): w is an MLP's merged gate/up weight [K, 2 * width] and the product is its
+    gating, ``cuda_kernels.swiglu(row @ w, width, gate_first)``, bit for bit (each sum rounded, then gated)."""
     k = x.shape[-1]
+    n = w.shape[-1]
+    if gating is not None:
+        if n != 2 * gating[0]:
+            raise ValueError(f"merged gate/up weight {w.shape} for width {gating[0]}")
+        n = gating[0]
     out, total = _launch(_norm_kernel(float(epsilon)),
                          [x, x if skip is None else skip, gamma if bias is None else bias, gamma, w],
                          [("T", x.dtype), ("HAS_SKIP", skip is not None), ("HAS_BIAS", bias is not None),
                           ("XND", x.ndim), ("WND", w.ndim)],
-                         k, w.shape[-1], x.dtype, x.shape, [x.shape if skip is not None else (1,)])
+                         k, n, x.dtype, x.shape, [x.shape if skip is not None else (1,)], gating)
     return out, (total if skip is not None else None)
 
 
@@ -274,6 +346,14 @@ def swiglu_gemv(y, w, width: int, gate_first: bool = True):
     (``row_reason(y, w, width)`` is None)."""
     if y.shape[-1] != 2 * width:
         raise ValueError(f"merged row {y.shape} for width {width}")
-    (out,) = _launch(_swiglu_kernel(), [y, w], [("T", y.dtype), ("GATE_FIRST", bool(gate_first)), ("YND", y.ndim),
-                                               ("WND", w.ndim)], width, w.shape[-1], y.dtype, y.shape)
+    (out,) = _launch(_swiglu_kernel(), [y, w], [("T", y.dtype), ("GATE_FIRST_ROW", bool(gate_first)),
+                                               ("YND", y.ndim), ("WND", w.ndim)], width, w.shape[-1], y.dtype, y.shape)
+    return out
+
+
+def gemv(a, w):
+    """``a @ w`` for one row a [..., K] (``row_reason(a, w, K)`` is None): float32 sums rounded once."""
+    k = a.shape[-1]
+    (out,) = _launch(_row_kernel(), [a, w], [("T", a.dtype), ("AND_", a.ndim), ("WND", w.ndim)],
+                     k, w.shape[-1], a.dtype, a.shape)
     return out

@@ -3,8 +3,9 @@
 Two folds of a Program's steps, made after the weights are merged and lifted:
 
 - ``swiglu_down_folds``: an MLP's merged gate/up step with its SiLU gating (``merge.swiglu_folds``) and the
-  down projection that alone reads the gating: for a decode row the gating is made inside the down
-  product's kernel (``cuda_rows.swiglu_gemv``).
+  down projection that alone reads the gating: for a decode row the gating is made by the gate/up
+  product's kernel when a norm folds into it too (below: ``cuda_rows.norm_gemv(gating=)``, then
+  ``cuda_rows.gemv``), else inside the down product's kernel (``cuda_rows.swiglu_gemv``).
 - ``norm_folds``: a (Skip)SimplifiedLayerNormalization whose normalized output only one product step
   reads (a QKV or gate/up product, merged or not, the MLP fold above, the LM head): for a decode row the
   norm is made inside that product's kernel (``cuda_rows.norm_gemv``), which also writes the sum output.
@@ -16,10 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 from . import cuda_kernels, cuda_rows, merge
 
 MS = "com.microsoft"
+#: a decode row's gating made by its gate/up product's kernel where a norm folds into it (``ORTMLX_GATED_ROWS=0``:
+#: by the down product's kernel, every block making the whole gated row)
+GATED_ROWS = os.environ.get("ORTMLX_GATED_ROWS", "1") != "0"
 
 
 def _via_mm(A, W, *, base, mm=None):
@@ -28,8 +33,15 @@ def _via_mm(A, W, *, base, mm=None):
 
 
 def swiglu_down(A, W, W_down, *, width: int, gate_first: bool, down, mm=None):
-    """``down(gating(A @ W), W_down)``: ``merge.merged_swiglu`` then the down projection's own function;
-    one kernel for the down product of a decode row."""
+    """``down(gating(A @ W), W_down)``: ``merge.merged_swiglu`` then the down projection's own function.
+    For a decode row: the gate/up product's kernel makes the gating when ``mm`` can (``norm_product``'s),
+    then one kernel multiplies that row (``cuda_rows.gemv``); else the down product's kernel makes it."""
+    if mm is not None and GATED_ROWS and cuda_kernels.enabled():
+        gated = mm(A, W, gating=(width, gate_first))
+        if gated is not None:
+            if cuda_rows.row_reason(gated, W_down, width) is None:
+                return cuda_rows.gemv(gated, W_down)
+            return down(gated, W_down)
     y = (mm or merge.matmul_lifted)(A, W)
     if cuda_kernels.enabled() and cuda_rows.row_reason(y, W_down, width) is None:
         return cuda_rows.swiglu_gemv(y, W_down, width, gate_first)
@@ -58,14 +70,15 @@ def norm_product(*args, n_norm: int, norm, product, skip_form: bool, epsilon: fl
             made["outs"] = tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
         return made["outs"]
 
-    def mm(A, W, base=merge.matmul_lifted):
+    def mm(A, W, base=merge.matmul_lifted, gating=None):
+        # gating (width, gate_first): the gated row of a merged gate/up product, or None where not made here
         if A is not row:
-            return base(A, W)
+            return None if gating else base(A, W)
         if "sum" not in made and cuda_kernels.enabled() and cuda_kernels.rms_norm_reason(x, skip, gamma, bias) is None \
                 and cuda_rows.row_reason(x, W, x.shape[-1]) is None:
-            y, made["sum"] = cuda_rows.norm_gemv(x, gamma, epsilon, W, skip, bias)
+            y, made["sum"] = cuda_rows.norm_gemv(x, gamma, epsilon, W, skip, bias, gating=gating)
             return y
-        return base(normed()[0], W)
+        return None if gating else base(normed()[0], W)
 
     res = product(row, *rest, mm=mm)
     res = tuple(res) if isinstance(res, (tuple, list)) else (res,)

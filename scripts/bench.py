@@ -342,6 +342,10 @@ def main(argv=None) -> int:
     bw = args.bw_gbs if args.bw_gbs is not None else (4300.0 if device == "gpu" else None)
     print(f"mlx {mx.__version__} ({mx.default_device()}), onnxruntime {ort.__version__}, numpy {np.__version__}, "
           f"python {sys.version.split()[0]}, {os.cpu_count()} cpus, BLAS: {ortmlx.blas.status()['reason']}")
+    if device == "gpu":
+        # (process-wide: mlx-lm and MLX eager below run with the same CUDA graph size as the MLX EP)
+        print(f"MLX_MAX_OPS_PER_BUFFER={os.environ.get('MLX_MAX_OPS_PER_BUFFER', 'unset')} (CUDA graph size: ortmlx "
+              f"sets 30 on Linux unless set; MLX's own default on an H100/H200 is 100)")
     ortmlx.register()
     if args.blas:
         blas_compare(args.rounds)

@@ -150,12 +150,14 @@ def _swiglu_contract(y, w, width, gate_first=True):
     return _row_product(_swiglu_row(y, width, gate_first), w)
 
 
-# (layer keywords, the kernels a decode row calls with column-major weights)
+# (layer keywords, weights left row-major, the kernels a decode row calls with the other weights column-major)
 ROW_CALLS = {
     # the gate/up product makes the gating (half its outputs), the down product's kernel multiplies that row
-    "folds": ({}, ["norm", "norm+glu", "gemv", "norm"]),
+    "folds": ({}, (), ["norm", "norm+glu", "gemv", "norm"]),
     # the MLP's norm is kept (a second reader): the down product's kernel makes the gating from the product
-    "mlp-norm-kept": ({"two_readers": True}, ["norm", "rms", "swiglu", "norm"]),
+    "mlp-norm-kept": ({"two_readers": True}, (), ["norm", "rms", "swiglu", "norm"]),
+    # a down weight not column-major: the gated row goes to the down projection's own product
+    "down-row-major": ({}, ("wd",), ["norm", "norm+glu", "norm"]),
 }
 
 
@@ -164,7 +166,7 @@ ROW_CALLS = {
 def test_decode_row_takes_the_kernels(monkeypatch, bias, variant):
     """With the kernels on (each stood in by its contract) a decode row's three norms and the gating run in
     the products' kernels, and only against weights stored column-major; prompt rows never call them."""
-    kw, row_calls = ROW_CALLS[variant]
+    kw, row_major, row_calls = ROW_CALLS[variant]
     calls = []
     monkeypatch.setattr(cuda_rows, "_COL_MAJOR", {})
     monkeypatch.setattr(cuda_rows, "norm_gemv", lambda *a, **k: calls.append("norm" + ("+glu" if k.get("gating") else ""))
@@ -184,7 +186,8 @@ def test_decode_row_takes_the_kernels(monkeypatch, bias, variant):
     assert calls == ["rms", "rms", "glu", "rms"], calls       # weights not column-major: the nodes' own kernels
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a, b)
-    cuda_rows.register_col_major(folded.constants.values())
+    assert all(k in folded.constants for k in row_major)
+    cuda_rows.register_col_major(v for k, v in folded.constants.items() if k not in row_major)
     calls.clear()
     got = [dt.host(a) for a in folded.run(feeds)]
     assert calls == row_calls, calls

@@ -23,6 +23,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+#: the environment this process started with, before ``import ortmlx`` set its defaults (mlx-lm's own runs get it)
+START_ENV = dict(os.environ)
+
 import ortmlx  # noqa: E402  (first: binds MLX's CPU BLAS before mlx.core loads)
 import numpy as np  # noqa: E402
 from onnx import TensorProto as T  # noqa: E402
@@ -226,59 +229,26 @@ def bench_torch(hf_dir, prompt_len, n_new, rounds):
     return ttft * 1e3, tps
 
 
-def bench_mlx_lm(hf_dir, prompt_len, n_new, rounds, fp16):
-    """mlx-lm's own loop (``generate_step``: sampling on the device, the next step queued before the
-    token is read), and the same model stepped as genai steps an EP: one forward, then the last
-    position's logits read on the host and the token chosen there. Returns the first's (TTFT, tok/s)
-    and the second's tok/s."""
-    import mlx.core as mx
-    from mlx_lm.generate import generate_step
-    from mlx_lm.models.cache import make_prompt_cache
-    from mlx_lm.utils import load_model
-    from pathlib import Path
-    model, _ = load_model(Path(hf_dir))
-    if fp16:
-        model.set_dtype(mx.float16)
-    prompt = mx.array(RNG.integers(5, 500, prompt_len).astype(np.int32))
-
-    def run():
-        t0 = time.perf_counter()
-        t1 = None
-        n = 0
-        for tok, _ in generate_step(prompt, model, max_tokens=n_new):
-            mx.eval(tok)
-            n += 1
-            if t1 is None:
-                t1 = time.perf_counter()
-        t2 = time.perf_counter()
-        return (t1 - t0) * 1e3, (n - 1) / (t2 - t1)
-
-    def host_token(ids, cache):
-        """One forward, its last logits read on the host, the greedy token chosen there."""
-        last = model(ids, cache=cache)[:, -1, :]
-        mx.eval(last)
-        return int(np.array(last.astype(mx.float32) if last.dtype == mx.bfloat16 else last, copy=True).argmax())
-
-    def run_host_logits():
-        cache = make_prompt_cache(model)
-        tok = host_token(prompt[None], cache)
-        t1 = time.perf_counter()
-        for _ in range(n_new - 1):
-            tok = host_token(mx.array([[tok]], mx.int32), cache)
-        return (n_new - 1) / (time.perf_counter() - t1)
-    run()
-    run_host_logits()
-    rs, hs = [], []
-    for _ in range(rounds):
-        rs.append(run())
-        hs.append(run_host_logits())
-    ttft, tps = statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs)
-    host = statistics.median(hs)
-    dev = f"{mx.default_device()}, {'float16' if fp16 else 'checkpoint dtype'}"
-    print(f"  {'mlx_lm':<16} TTFT {ttft:9.2f} ms   decode {tps:9.1f} tok/s   ({dev}, generate_step)")
-    print(f"  {'mlx_lm_host':<16} {'':17}   decode {host:9.1f} tok/s   ({dev}, one step at a time, logits "
-          f"read on the host: what genai asks of an EP)")
-    return ttft, tps, host
+def bench_mlx_lm(hf_dir, prompt_len, n_new, rounds, fp16, env: dict | None = None, label: str = "mlx_lm"):
+    """mlx-lm on the same weights in a process of its own (``scripts/mlx_lm_bench.py``, which does not import
+    ortmlx), with ``env`` as its environment (default: the one this process started with, so MLX's own settings
+    where ortmlx sets some, e.g. ``MLX_MAX_OPS_PER_BUFFER``). Returns (TTFT ms, tok/s of its own loop, tok/s
+    stepped as genai steps an EP) and prints both."""
+    import json
+    import subprocess
+    cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "mlx_lm_bench.py"), hf_dir,
+           "--prompt-len", str(prompt_len), "--new-tokens", str(n_new), "--rounds", str(rounds)]
+    p = subprocess.run(cmd + (["--fp16"] if fp16 else []), capture_output=True, text=True,
+                       env=START_ENV if env is None else env, timeout=1800)
+    if p.returncode != 0:
+        raise RuntimeError(f"mlx_lm_bench.py exited {p.returncode}: {p.stderr.strip()[-600:]}")
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    ops = r["env"].get("MLX_MAX_OPS_PER_BUFFER") or "unset"
+    print(f"  {label:<16} TTFT {r['ttft_ms']:9.2f} ms   decode {r['tps']:9.1f} tok/s   ({r['device']}, "
+          f"generate_step; own process, MLX_MAX_OPS_PER_BUFFER={ops})")
+    print(f"  {label + '_host':<16} {'':17}   decode {r['host_tps']:9.1f} tok/s   (one step at a time, logits read "
+          f"on the host: what genai asks of an EP)")
+    return r["ttft_ms"], r["tps"], r["host_tps"]
 
 
 BLAS_SNIPPET = """
@@ -325,7 +295,10 @@ def main(argv=None) -> int:
     ap.add_argument("--bytes-run", type=int, default=0, help="also one N-token generation counting bytes per token")
     ap.add_argument("--hf", help="HF checkpoint of the same weights (for --torch / --mlx-lm)")
     ap.add_argument("--torch", action="store_true")
-    ap.add_argument("--mlx-lm", action="store_true")
+    ap.add_argument("--mlx-lm", action="store_true", help="also mlx-lm's own loop, in a process of its own with the "
+                    "environment this one started with (MLX's settings, not those ortmlx sets)")
+    ap.add_argument("--mlx-lm-ep-env", action="store_true", help="also mlx-lm with this process's environment (the "
+                    "settings ortmlx sets, e.g. MLX_MAX_OPS_PER_BUFFER)")
     ap.add_argument("--bw-gbs", type=float, default=None, help="memory bandwidth GB/s for the limit")
     ap.add_argument("--mlx-option", action="append", default=[], metavar="KEY=VALUE",
                     help="extra MLX EP option for the LLM sessions (repeatable)")
@@ -366,13 +339,15 @@ def main(argv=None) -> int:
             except Exception as e:  # noqa: BLE001
                 print(f"  torch_eager: not run: {type(e).__name__}: {e}")
         if args.hf and args.mlx_lm:
-            try:
-                ttft, tps, host = bench_mlx_lm(args.hf, args.prompt_len, args.new_tokens, args.rounds,
-                                               "fp16" in path)
-                others["mlx_lm"] = (ttft, tps)
-                others["mlx_lm_host"] = (None, host)
-            except Exception as e:  # noqa: BLE001
-                print(f"  mlx_lm: not run: {type(e).__name__}: {e}")
+            runs = [("mlx_lm", None)] + ([("mlx_lm_ep_env", dict(os.environ))] if args.mlx_lm_ep_env else [])
+            for label, env in runs:
+                try:
+                    ttft, tps, host = bench_mlx_lm(args.hf, args.prompt_len, args.new_tokens, args.rounds,
+                                                   "fp16" in path, env, label)
+                    others[label] = (ttft, tps)
+                    others[label + "_host"] = (None, host)
+                except Exception as e:  # noqa: BLE001
+                    print(f"  {label}: not run: {type(e).__name__}: {e}")
         for k, (_, tps) in others.items():
             print(f"  decode ratio MLX EP compiled / {k}: {med['mlx_compiled'][1] / tps:.2f}x")
     return 0

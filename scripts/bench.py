@@ -225,7 +225,6 @@ def bench_torch(hf_dir, prompt_len, n_new, rounds):
     total = statistics.median(run(n_new) for _ in range(rounds))
     tps = (n_new - 1) / (total - ttft)
     print(f"  {'torch_eager':<14} TTFT {ttft * 1e3:9.2f} ms   decode {tps:9.1f} tok/s   ({dev}, {dtype}, HF generate)")
-    del m
     return ttft * 1e3, tps
 
 

@@ -15,6 +15,9 @@ CASES = [
     ("MLX_MAX_OPS_PER_BUFFER", None, "30" if LINUX else None,
      "CUDA graphs of 30 kernels on Linux (the GPU starts while the host encodes); untouched elsewhere"),
     ("MLX_MAX_OPS_PER_BUFFER", "100", "100", "the user's choice is kept"),
+    ("MLX_ENABLE_CACHE_THRASHING_CHECK", None, "0" if LINUX else None,
+     "no exception from MLX's CUDA graph cache after 800 misses in a process; untouched elsewhere"),
+    ("MLX_ENABLE_CACHE_THRASHING_CHECK", "1", "1", "the user's choice is kept"),
 ]
 
 

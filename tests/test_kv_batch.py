@@ -168,3 +168,82 @@ def test_wrong_row_hints_poison_the_closure(monkeypatch):
     why = att.decode.counters["poisoned"]
     assert "row hints of output" in why, why
     assert att.decode.counters["compiled_calls"] == 0, att.decode.counters
+
+
+def _layout_and_buffers(rng, dtype=np.float16, kvh=2, p=9, h=8):
+    """Two buffers (K, V) [1, kvh, p, h] and the Layout of their one-row hints (meta as RowHints makes it)."""
+    from ortmlx.ep.kvbatch import Layout
+    bufs = [rng.standard_normal((1, kvh, p, h)).astype(dtype) for _ in range(2)]
+    meta = [(j, j, (1, kvh, 1, h), np.dtype(dtype).itemsize) for j in range(2)]
+    L = Layout(meta, [b.__array_interface__["data"][0] for b in bufs], [b.shape for b in bufs],
+               [b.dtype for b in bufs])
+    return L, bufs
+
+
+def _kv_batches():
+    from types import SimpleNamespace
+
+    from ortmlx.ep import _shim
+    from ortmlx.ep.kvbatch import KvBatches
+    lib = _shim.lib                             # only the block helpers: no ORT API needed
+    return KvBatches(SimpleNamespace(ffi=_shim.ffi, copy_blocks=lib.ortmlx_copy_blocks,
+                                     compare_blocks=lib.ortmlx_compare_blocks, kv_write=lib.ortmlx_kv_write))
+
+
+# (starts, what the write does): in range -> rows written at those rows; out of range -> nothing written
+WRITE_CASES = {
+    "rows 3 and 5": (np.array([3, 5], np.int32), True),
+    "row 0 (copies row 0 again)": (np.array([0, 8], np.int32), True),
+    "a start past the buffer": (np.array([3, 9], np.int32), False),
+    "a negative start": (np.array([-1, 2], np.int32), False),
+    "int64 starts in range": (np.array([4, 1], np.int64), True),
+    "an int64 start that narrows into range": (np.array([2, 2**32 + 1], np.int64), False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WRITE_CASES))
+def test_write_rows_and_check(case):
+    """``KvBatches.write`` (one C call): the rows land at each buffer's start row, nothing else changes, and
+    the batch's check names row 0 of every block and the rows written; a start out of range writes nothing."""
+    starts, fits = WRITE_CASES[case]
+    rng = np.random.default_rng(3)
+    L, bufs = _layout_and_buffers(rng)
+    rows = [rng.standard_normal((1, 2, 1, 8)).astype(np.float16) for _ in range(2)]
+    flat = np.concatenate([r.view(np.uint8).ravel() for r in rows])
+    before = [b.copy() for b in bufs]
+    kb = _kv_batches().write(L, flat, starts, ["r0", "r1"], None)
+    if not fits:
+        assert kb is None
+        for b, b0 in zip(bufs, before):
+            np.testing.assert_array_equal(b, b0)
+        return
+    want = [b.copy() for b in before]
+    for w, r, s in zip(want, rows, starts.tolist()):
+        w[0, :, s, :] = r[0, :, 0, :]
+    for b, w in zip(bufs, want):
+        np.testing.assert_array_equal(b, w)
+    assert kb.arrays == ["r0", "r1"]
+    dst, src, lens = kb.check
+    nb = L.nblocks
+    assert nb == 4 and dst.shape == src.shape == lens.shape == (2 * nb,)
+    # every block's row 0 against its copy, then every written row against the hinted bytes: all equal now
+    for d, s, n in zip(dst.tolist(), src.tolist(), lens.tolist()):
+        assert bytes(np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint8 * n).from_address(d))) == \
+            bytes(np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint8 * n).from_address(s)))
+    assert dst[:nb].tolist() == L.base.tolist()
+    assert dst[nb:].tolist() == [int(L.base[k]) + int(starts[k // 2]) * 16 for k in range(nb)]
+
+
+def test_write_reuses_row0_only_when_no_start_is_0():
+    """A batch written after one of the same layout keeps its row-0 copy, unless this write touched row 0."""
+    rng = np.random.default_rng(4)
+    L, bufs = _layout_and_buffers(rng)
+    kv = _kv_batches()
+    flat = rng.standard_normal(2 * 2 * 8).astype(np.float16).view(np.uint8)
+    first = kv.write(L, flat, np.array([2, 2], np.int32), ["a", "b"], None)
+    again = kv.write(L, flat, np.array([3, 3], np.int32), ["a", "b"], first)
+    assert again.row0 is first.row0 and again.check[1][:L.nblocks].tolist() == first.row0[1].tolist()
+    at0 = kv.write(L, flat, np.array([0, 3], np.int32), ["a", "b"], again)
+    assert at0.row0 is not again.row0
+    np.testing.assert_array_equal(at0.row0[3].view(np.float16).reshape(4, 8),
+                                  np.stack([bufs[0][0, k, 0] for k in range(2)] + [bufs[1][0, k, 0] for k in range(2)]))

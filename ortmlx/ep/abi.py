@@ -25,10 +25,11 @@ class Abi:
         # bound once: attribute access on a cdata struct costs per call
         self.gather_inputs = lib.ortmlx_gather_inputs
         self.get_output = lib.ortmlx_get_output
-        # batched helpers of the KV fast path (ep/kvbatch.py); None in a shim built before them
+        # batched helpers of the KV fast path (ep/kvbatch.py; needs all four); None in a shim built before them
         self.get_outputs = getattr(lib, "ortmlx_get_outputs", None)
         self.copy_blocks = getattr(lib, "ortmlx_copy_blocks", None)
         self.compare_blocks = getattr(lib, "ortmlx_compare_blocks", None)
+        self.kv_write = getattr(lib, "ortmlx_kv_write", None)
         self.max_rank = 16
 
     # ------------------------------------------------------------------ basics

@@ -236,6 +236,9 @@ OrtStatus* ortmlx_get_outputs(const OrtApi* api, OrtKernelContext* ctx, size_t n
                               const int64_t* dims, const int64_t* ndims, uint64_t* data);
 void ortmlx_copy_blocks(size_t n, const uint64_t* dst, const uint64_t* src, const uint64_t* len);
 int64_t ortmlx_compare_blocks(size_t n, const uint64_t* a, const uint64_t* b, const uint64_t* len);
+int64_t ortmlx_kv_write(size_t nbuf, const int32_t* starts, const int64_t* max_start, const int64_t* nblk,
+                        const uint64_t* base, const uint64_t* rb, const uint64_t* rel_src, const uint64_t* len,
+                        uint64_t flat, const uint64_t* row0_src, uint64_t* check_dst, uint64_t* check_src);
 int ortmlx_pin_self(void);
 """
 
@@ -301,6 +304,34 @@ int64_t ortmlx_compare_blocks(size_t n, const uint64_t* a, const uint64_t* b, co
     for (size_t i = 0; i < n; ++i)
         if (memcmp((const void*)(uintptr_t)a[i], (const void*)(uintptr_t)b[i], (size_t)len[i])) return (int64_t)i;
     return -1;
+}
+/* One KV batch's copy-out (ep/kvbatch.py, KvBatches.write). Buffer b's new rows start at row starts[b], which
+   must lie in 0..max_start[b]; its nblk[b] blocks k (in order, nb = sum nblk in all) go from flat + rel_src[k] to
+   base[k] + starts[b] * rb[k], len[k] bytes each. The next call's check is left in check_dst / check_src (2 nb
+   each): [0, nb) the blocks' row 0 (base; their copies' addresses from row0_src when it is given and no start
+   is 0), [nb, 2 nb) the rows just written. Returns the smallest start, or -1 - b for the first buffer b out of
+   range (nothing written). */
+int64_t ortmlx_kv_write(size_t nbuf, const int32_t* starts, const int64_t* max_start, const int64_t* nblk,
+                        const uint64_t* base, const uint64_t* rb, const uint64_t* rel_src, const uint64_t* len,
+                        uint64_t flat, const uint64_t* row0_src, uint64_t* check_dst, uint64_t* check_src) {
+    int64_t lo = INT64_MAX;
+    size_t nb = 0;
+    for (size_t b = 0; b < nbuf; ++b) {
+        if (starts[b] < 0 || (int64_t)starts[b] > max_start[b] || nblk[b] < 0) return -1 - (int64_t)b;
+        if (starts[b] < lo) lo = starts[b];
+        nb += (size_t)nblk[b];
+    }
+    size_t k = 0;
+    for (size_t b = 0; b < nbuf; ++b)
+        for (int64_t j = 0; j < nblk[b]; ++j, ++k) {
+            uint64_t d = base[k] + (uint64_t)starts[b] * rb[k], s = flat + rel_src[k];
+            memcpy((void*)(uintptr_t)d, (const void*)(uintptr_t)s, (size_t)len[k]);
+            check_dst[k] = base[k];
+            check_dst[nb + k] = d;
+            check_src[nb + k] = s;
+        }
+    if (row0_src && lo > 0) memcpy(check_src, row0_src, nb * sizeof(uint64_t));
+    return nbuf ? lo : 0;
 }
 """
 

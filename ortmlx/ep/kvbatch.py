@@ -65,6 +65,18 @@ class Layout:
         self.rel_src = np.repeat(first, nblk) + blk * self.lens               # rows' offsets in the flat bytes
         self.row0_at = np.concatenate([[0], np.cumsum(self.rb)[:-1]]).astype(np.uint64)
         self.row0_bytes = int(self.rb.sum())
+        self.nblocks = int(self.nblk.sum())
+        self.check_lens = np.concatenate([self.rb, self.lens])               # a batch's check: row 0s, then rows
+        self._c = None
+
+    def c_args(self, ffi) -> tuple:
+        """The layout's constant arrays as ``ortmlx_kv_write`` takes them (made once; they keep the arrays)."""
+        if self._c is None:
+            f = ffi.from_buffer
+            self._c = (f("int64_t[]", self.max_start), f("int64_t[]", self.nblk.astype(np.int64)),
+                       f("uint64_t[]", self.base), f("uint64_t[]", self.rb), f("uint64_t[]", self.rel_src),
+                       f("uint64_t[]", self.lens))
+        return self._c
 
     def same_at(self, addrs: np.ndarray) -> bool:
         """``addrs`` (uint64, in layout order) are the layout's buffer addresses."""
@@ -102,6 +114,7 @@ class KvBatches:
         self._batches: list[KvBatch] = []
         self._ffi = abi.ffi
         self._copy, self._compare = abi.copy_blocks, abi.compare_blocks
+        self._kv_write = abi.kv_write
 
     def _blocks(self, fn, a: np.ndarray, b: np.ndarray, n: np.ndarray):
         f = self._ffi.from_buffer
@@ -176,20 +189,33 @@ class KvBatches:
               prev: KvBatch | None) -> KvBatch | None:
         """Write the hinted rows (``flat``: their bytes in meta order; ``starts``: first row per
         buffer) into ORT's buffers; returns the next batch, or None (nothing written) when the
-        rows do not fit."""
-        starts = starts.astype(np.int64)
-        if flat.nbytes != L.flat_bytes or starts.shape != L.max_start.shape or \
-                (starts < 0).any() or (starts > L.max_start).any():
+        rows do not fit. One C call (``ortmlx_kv_write``) checks the starts, copies every block
+        and lays out the next call's check; after an eval, each NumPy operation here cost ~10 us."""
+        if flat.nbytes != L.flat_bytes or starts.shape != L.max_start.shape:
             return None
-        dst = L.base + np.repeat(starts.astype(np.uint64), L.nblk) * L.rb
-        src = _addr(flat) + L.rel_src
-        self._blocks(self._copy, dst, src, L.lens)
-        if prev is not None and prev.layout is L and starts.min() > 0:
+        if starts.dtype != np.int32 or not starts.flags.c_contiguous:
+            if ((starts < 0) | (starts > L.max_start)).any():
+                return None                 # (checked before narrowing: a wrapped start must not fit)
+            starts = np.ascontiguousarray(starts, np.int32)
+        nb = L.nblocks
+        dst, src = np.empty(2 * nb, np.uint64), np.empty(2 * nb, np.uint64)
+        reuse = prev is not None and prev.layout is L
+        f = self._ffi.from_buffer
+        lo = self._kv_write(len(L.in_list), f("int32_t[]", starts), *L.c_args(self._ffi), _addr(flat),
+                            f("uint64_t[]", prev.row0[1]) if reuse else self._ffi.NULL,
+                            f("uint64_t[]", dst), f("uint64_t[]", src))
+        if lo < 0:
+            return None
+        if reuse and lo > 0:
             row0 = prev.row0                # checked at this call's copy-in and not written since
         else:
-            copy0 = np.empty(L.row0_bytes, np.uint8)
-            where0 = _addr(copy0) + L.row0_at
-            self._blocks(self._copy, where0, L.base, L.rb)
-            row0 = (L.base, where0, L.rb, copy0)
-        check = (np.concatenate([row0[0], dst]), np.concatenate([row0[1], src]), np.concatenate([row0[2], L.lens]))
-        return KvBatch(L, [results[j] for j in L.out_list], row0, check, (flat, row0[3]))
+            row0 = self._row0(L)
+            src[:nb] = row0[1]
+        return KvBatch(L, [results[j] for j in L.out_list], row0, (dst, src, L.check_lens), (flat, row0[3]))
+
+    def _row0(self, L: Layout) -> tuple:
+        """A copy of every block's row 0 as it is now: (block addresses, the copies' addresses, lengths, the copy)."""
+        copy0 = np.empty(L.row0_bytes, np.uint8)
+        where0 = _addr(copy0) + L.row0_at
+        self._blocks(self._copy, where0, L.base, L.rb)
+        return (L.base, where0, L.rb, copy0)

@@ -30,6 +30,7 @@ class Abi:
         self.copy_blocks = getattr(lib, "ortmlx_copy_blocks", None)
         self.compare_blocks = getattr(lib, "ortmlx_compare_blocks", None)
         self.kv_write = getattr(lib, "ortmlx_kv_write", None)
+        self.same_inputs = lib.ortmlx_same_inputs
         self.max_rank = 16
 
     # ------------------------------------------------------------------ basics

@@ -54,11 +54,14 @@ class _Buffers:
         self.out = ffi.new("void**")
         #: the input addresses as a NumPy view of ``data`` (valid until the next gather on this thread)
         self.addr = np.frombuffer(ffi.buffer(self.data), np.uint64)[:n_in]
-        # the last gather's (address, rank, dims, type) per input, and the views made from them
-        self.meta = np.frombuffer(ffi.buffer(self.dims), np.int64).reshape(n, max_rank)[:n_in]
-        self.nd = np.frombuffer(ffi.buffer(self.ndims), np.uint64)[:n_in]
-        self.ty = np.frombuffer(ffi.buffer(self.types), np.int32)[:n_in]
-        self.last = None                # (addr, meta, nd, ty) copies
+        # the last gather's (address, rank, dims, type) per input (``ortmlx_same_inputs``), and the views made
+        # from them; ``last_ok``: that gather's views were all made
+        self.prev_data = ffi.new("const void*[]", n)
+        self.prev_dims = ffi.new("int64_t[]", n * max_rank)
+        self.prev_ndims = ffi.new("size_t[]", n)
+        self.prev_types = ffi.new("int[]", n)
+        self.same = ffi.new("uint8_t[]", n)
+        self.last_ok = False
         self.views: list = [None] * n_in
         self.n_out = 0                  # output buffers below, sized on first use (ComputeInfo._output_ptrs)
         self.last_oshapes = None
@@ -149,14 +152,14 @@ class ComputeInfo:
         abi.check(abi.gather_inputs(abi.api, kctx, self.n_in, b.data, b.dims, b.ndims, b.types))
         r = abi.max_rank
         # with many inputs (a decode step's KV buffers), inputs at the same address with the same rank,
-        # dims and type as last call keep their view (a few vector compares instead of a view each)
-        last, now, same = b.last, None, [False] * self.n_in
+        # dims and type as last call keep their view (one C compare instead of a view each)
         if self.n_in >= CACHED_VIEWS_FROM:
-            now = (b.addr.copy(), b.meta.copy(), b.nd.copy(), b.ty.copy())
-            if last is not None:
-                same = ((now[0] == last[0]) & (now[2] == last[2]) & (now[3] == last[3]) &
-                        (now[1] == last[1]).all(axis=1)).tolist()
-        b.last = None                   # set again once every view below is made
+            abi.same_inputs(self.n_in, r, b.data, b.dims, b.ndims, b.types, b.prev_data, b.prev_dims,
+                            b.prev_ndims, b.prev_types, b.last_ok, b.same)
+            same = ffi.buffer(b.same, self.n_in)[:]
+        else:
+            same = bytes(self.n_in)
+        b.last_ok = False               # set again once every view below is made
         arrays: list[np.ndarray | None] = []
         views = b.views
         for i, keep in enumerate(same):
@@ -191,7 +194,7 @@ class ComputeInfo:
                 itemsize = np.dtype(npt).itemsize
                 arrays.append(np.frombuffer(ffi.buffer(b.data[i], cnt * itemsize), npt).reshape(shape))
                 views[i] = arrays[-1]
-        b.last = now
+        b.last_ok = self.n_in >= CACHED_VIEWS_FROM
         return arrays
 
     def addresses(self, inputs) -> dict[int, int]:
@@ -316,7 +319,7 @@ class ComputeInfo:
         abi.check(abi.get_outputs(abi.api, kctx, n, b.oall, b.ondims, b.optrs))
         if probe is not None:
             probe.fault_point("copy_out")       # testing: fail with the outputs already allocated
-        return b.optrs_np[:n].copy(), hosts
+        return b.optrs_np[:n], hosts           # (a view: valid until the next call on this thread)
 
     def _write_batch(self, meta, flat, starts, ptrs, results, inputs, used, prev):
         """The batched copy-out of every hinted row (ep/kvbatch.py), or None (nothing written)."""

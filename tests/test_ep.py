@@ -175,3 +175,35 @@ def test_control_flow_bodies_stay_on_ort_and_answer_right():
     bodies = [r for r in ortmlx.partition_reports()[-3:] if r.graph in ("then", "else")]
     assert len(bodies) == 2 and all(r.n_claimed == 0 for r in bodies)
     assert all("control-flow subgraph" in u.reason for r in bodies for u in r.unclaimed)
+
+
+# the same buffer passed again: (what the next run passes for X0, why the view cached for it must (not) be kept)
+SAME_ADDRESS_RUNS = [
+    ("same shape, new content", lambda base: base[:8].reshape(2, 4), "views see the buffer's current bytes"),
+    ("same address, other shape", lambda base: base[:8].reshape(4, 2), "another shape: a new view"),
+    ("same address, fewer elements", lambda base: base[:4].reshape(1, 4), "a prefix: a new view"),
+    ("same address, more elements", lambda base: base[:16].reshape(4, 4), "a longer buffer: a new view"),
+]
+
+
+@pytest.mark.parametrize("case", [c[0] for c in SAME_ADDRESS_RUNS])
+def test_inputs_at_a_kept_address_are_read_again(case):
+    """With many inputs the gather keeps the view of an input whose address, rank, dims and type did not change
+    (``ortmlx_same_inputs``); one at the same address with other dims, or rewritten in place, answers as the
+    CPU EP does."""
+    make_x0, why = next((f, w) for c, f, w in SAME_ADDRESS_RUNS if c == case)
+    n = 9
+    nodes = [h.make_node("Sum", [f"X{i}" for i in range(n)], ["Y"])]
+    m = make_model(nodes, [(f"X{i}", T.FLOAT, ["a", "b"]) for i in range(n)], [("Y", T.FLOAT, None)])
+    mlx, cpu = session(m), session(m, "CPUExecutionProvider", record=False)
+    rng = np.random.default_rng(5)
+    base = rng.standard_normal(16).astype(np.float32)
+    rest = {f"X{i}": rng.standard_normal((1, 1)).astype(np.float32) for i in range(1, n)}
+    first = {"X0": base[:8].reshape(2, 4), **rest}
+    np.testing.assert_allclose(mlx.run(None, first)[0], cpu.run(None, first)[0], rtol=1e-6, atol=1e-6)
+    base[:] = rng.standard_normal(16).astype(np.float32)     # rewritten in place: the same address
+    again = {"X0": make_x0(base), **rest}
+    assert again["X0"].__array_interface__["data"][0] == first["X0"].__array_interface__["data"][0]
+    got, want = mlx.run(None, again)[0], cpu.run(None, again)[0]
+    assert got.shape == want.shape, why
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=why)

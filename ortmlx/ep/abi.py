@@ -25,12 +25,13 @@ class Abi:
         # bound once: attribute access on a cdata struct costs per call
         self.gather_inputs = lib.ortmlx_gather_inputs
         self.get_output = lib.ortmlx_get_output
-        # batched helpers of the KV fast path (ep/kvbatch.py; needs all four); None in a shim built before them
-        self.get_outputs = getattr(lib, "ortmlx_get_outputs", None)
-        self.copy_blocks = getattr(lib, "ortmlx_copy_blocks", None)
-        self.compare_blocks = getattr(lib, "ortmlx_compare_blocks", None)
-        self.kv_write = getattr(lib, "ortmlx_kv_write", None)
+        # the gather's view check and the batched helpers of the KV fast path (ep/kvbatch.py): the shim is built
+        # from this package's cdef (pip install / build_ext), so every helper is there
         self.same_inputs = lib.ortmlx_same_inputs
+        self.get_outputs = lib.ortmlx_get_outputs
+        self.copy_blocks = lib.ortmlx_copy_blocks
+        self.compare_blocks = lib.ortmlx_compare_blocks
+        self.kv_write = lib.ortmlx_kv_write
         self.max_rank = 16
 
     # ------------------------------------------------------------------ basics

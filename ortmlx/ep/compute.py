@@ -117,8 +117,8 @@ class ComputeInfo:
         #: device mirrors of ORT buffers an output writes in place (genai's shared KV buffer)
         self.mirrors = None if getattr(ep.options, "no_kv_mirror", False) else MirrorSet()
         #: the steady decode state of the row-hinted KV buffers (ep/kvbatch.py); None: per-buffer path only
-        self.kv = KvBatches(abi) if self.mirrors is not None and abi.kv_write is not None \
-            and abi.get_outputs is not None and not getattr(ep.options, "no_kv_batch", False) else None
+        self.kv = KvBatches(abi) if self.mirrors is not None and not getattr(ep.options, "no_kv_batch", False) \
+            else None
         self._aliased: set[int] = set()         # inputs an output was ever written into
         #: in-place outputs up to this size are copied out whole (no device diff)
         self._whole_bytes = WHOLE_COPY_BYTES[ep.device == "gpu"]

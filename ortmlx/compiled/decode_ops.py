@@ -145,8 +145,7 @@ def _gqa_guard(seqlens, total, decode: bool, s: int, p: int, present_len: int, f
     """Where a traced GroupQueryAttention answers as eager does: eager's run-time checks on
     ``seqlens_k`` and the total length (``rows``: the rotary cache's, None without rotation)."""
     if decode:
-        total_arr = mx.array(total).reshape(-1).astype(mx.int32) if not isinstance(total, mx.array) \
-            else total.reshape(-1).astype(mx.int32)
+        total_arr = (total if isinstance(total, mx.array) else mx.array(total)).reshape(-1).astype(mx.int32)
         # eager: present rows max(total, P) == P needs total <= P; S == 1 makes first/next prompt agree
         ok = every(total_arr <= p) & every(total_arr >= 1)
         # total == 1 is eager's first prompt: past length 0 whatever seqlens says; equal only at 0

@@ -52,7 +52,7 @@ class Layout:
         rows = [shape[-2] for _, _, shape, _ in meta]
         rb = [shape[-1] * isz for _, _, shape, isz in meta]
         p = [s[-2] for s in shapes]
-        self.nblk = np.array(nblk, np.intp)
+        self.nblk = np.array(nblk, np.int64)
         self.max_start = np.array([pp - s for pp, s in zip(p, rows)], np.int64)
         blk = np.concatenate([np.arange(n, dtype=np.uint64) for n in nblk])
         self.rb = np.repeat(np.array(rb, np.uint64), nblk)                    # row bytes per block
@@ -73,7 +73,7 @@ class Layout:
         """The layout's constant arrays as ``ortmlx_kv_write`` takes them (made once; they keep the arrays)."""
         if self._c is None:
             f = ffi.from_buffer
-            self._c = (f("int64_t[]", self.max_start), f("int64_t[]", self.nblk.astype(np.int64)),
+            self._c = (f("int64_t[]", self.max_start), f("int64_t[]", self.nblk),
                        f("uint64_t[]", self.base), f("uint64_t[]", self.rb), f("uint64_t[]", self.rel_src),
                        f("uint64_t[]", self.lens))
         return self._c

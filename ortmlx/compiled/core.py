@@ -118,6 +118,7 @@ class CompiledSubgraph:
     """The runner Compute calls: compiled replay with an eager answer on any doubt."""
 
     supports_probe = True
+    supports_hint = True                # run(..., hint=): see run
 
     def __init__(self, program, config: CompiledConfig, stats=None, overrides: dict | None = None,
                  free_dims: frozenset | None = None, label: str | None = None):
@@ -145,6 +146,9 @@ class CompiledSubgraph:
         self.released = False
         self._stopped = False               # no new keys any more (max_keys / thrashing)
         self._eval = mx.eval                # the compiled path's eval (tests inject failures here)
+        #: ``_hinted_key``'s memo: (the gather it was made for, the call's shapes, its ``_key1``)
+        self._key_memo: tuple = (-1, (), ())
+        self._plain_prepare = type(self)._prepare is CompiledSubgraph._prepare
         self._settle = EVAL_SETTLE and self.device == "gpu"     # start it async, settle the heap meanwhile
         self.counters = {"compiled": self.label, "traces": 0, "compiled_calls": 0, "eager_calls": 0,
                          "verify_calls": 0, "guard_fails": 0, "poisoned": "", "poisoned_closures": 0, "keys": 0,
@@ -160,8 +164,11 @@ class CompiledSubgraph:
             self._fallback(self.static_reason)
 
     # ------------------------------------------------------------------ public
-    def run(self, inputs: list, probe=None) -> list:
-        """Outputs for ``inputs``: compiled when trusted, else eager (same answer)."""
+    def run(self, inputs: list, probe=None, hint: tuple | None = None) -> list:
+        """Outputs for ``inputs``: compiled when trusted, else eager (same answer).
+
+        ``hint``: (the previous gather's number, this one's, the inputs whose shape or type may differ from that
+        gather's), from Compute (``ep.compute.ComputeInfo.gather``): the key is worked out for those only."""
         with mx.stream(mx_device(self.device)):
             if self.released or self.static_reason:
                 return self._eager(inputs, probe)
@@ -172,10 +179,13 @@ class CompiledSubgraph:
             if self.device == "gpu" and any(a is not None and getattr(a, "size", 1) == 0 for a in inputs):
                 return self._eager(inputs, probe)      # MLX's CUDA compiled kernels crash (SIGFPE) on size 0
             try:
-                call = self._prepare(inputs)
-                if call is None:
-                    return self._eager(inputs, probe)
-                k1 = self._key1(call.inputs, None if call.padded else call.sig)
+                if hint is not None and self._plain_prepare:
+                    call, k1 = self._hinted_key(inputs, hint)
+                else:
+                    call = self._prepare(inputs)
+                    if call is None:
+                        return self._eager(inputs, probe)
+                    k1 = self._key1(call.inputs, None if call.padded else call.sig)
             except Exception as e:  # noqa: BLE001 - an input we cannot key runs eagerly
                 self._fallback(f"cannot key inputs: {type(e).__name__}: {e}")
                 return self._eager(inputs, probe)
@@ -207,6 +217,24 @@ class CompiledSubgraph:
     def _prepare(self, inputs: list) -> "Call | None":
         """What the closure runs on for this call (None: this call runs eagerly)."""
         return Call(inputs, _shapes(inputs))
+
+    def _hinted_key(self, inputs: list, hint: tuple) -> tuple["Call", tuple]:
+        """(``_prepare``'s call, its ``_key1``), from the previous call's shapes and key where ``hint`` says that
+        call's gather came just before this one's (only the inputs it names are worked out again)."""
+        prev, token, redo = hint
+        at, sig, k1 = self._key_memo
+        if at != prev or len(inputs) != len(sig):
+            sig = _shapes(inputs)
+            k1 = self._key1(inputs, sig)
+        elif redo:
+            sig, parts = list(sig), list(k1)
+            for i in redo:
+                a = inputs[i]
+                sig[i] = sh = None if a is None else a.shape if type(a) in _SHAPED else np.shape(a)
+                parts[i] = self._key_part(i, a, sh)
+            sig, k1 = tuple(sig), tuple(parts)
+        self._key_memo = (token, sig, k1)
+        return Call(inputs, sig), k1
 
     def parts(self) -> list["CompiledSubgraph"]:
         return [self]
@@ -403,6 +431,7 @@ class CompiledSubgraph:
             if hints is not None and call.post is None:
                 outs = HintedResults(outs)
                 outs.row_hints = hints
+                outs.source = c
             return outs
         except Exception as e:  # noqa: BLE001 - any failure: poison and answer eagerly
             self._poison(c, f"{stage}: {type(e).__name__}: {e}")
@@ -549,6 +578,18 @@ class CompiledSubgraph:
             return tuple(key)
         return tuple(None if a is None else (_dstr(a), sh) for a, sh in zip(inputs, shapes))
 
+    def _key_part(self, i: int, a, shape: tuple | None):
+        """Input ``i``'s part of ``_key1`` (``shape``: its shape)."""
+        if a is None:
+            return None
+        if self.config.shapeless:
+            if self.free_dims is None:
+                return (_dstr(a), len(shape))
+            fa = self._free_axes.get(i)
+            if fa:
+                shape = tuple(-1 if ax in fa else d for ax, d in enumerate(shape))
+        return (_dstr(a), shape)
+
 
 class RowHints:
     """What a trace declared about its aliased outputs (``decode_ops.add_row_hint``), evaluated:
@@ -602,9 +643,11 @@ class RowHints:
 
 
 class HintedResults(list):
-    """A runner's results carrying ``row_hints`` (a ``RowHints``) for Compute's copy-out."""
+    """A runner's results carrying ``row_hints`` (a ``RowHints``) for Compute's copy-out, and ``source``: the
+    closure that made them (its outputs' types and kinds are fixed)."""
 
     row_hints = None
+    source = None
 
 
 def _hinted_outputs(hints: list, outs: list, inputs: dict) -> list:

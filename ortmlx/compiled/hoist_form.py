@@ -54,8 +54,10 @@ def _step_form(prog, st):
         if idx is None or idx.dtype.kind not in "iu":
             return None
 
+        hi, lo = (int(idx.max()), int(idx.min())) if idx.size else (-1, 0)
+
         def gather(x):
-            if x.ndim != 1 or idx.size and (idx.max() >= x.shape[0] or idx.min() < -x.shape[0]):
+            if x.ndim != 1 or hi >= x.shape[0] or lo < -x.shape[0]:
                 raise IndexError(f"index {idx} for shape {x.shape}")
             return x[idx]
         return gather, ins[0]
@@ -71,7 +73,7 @@ def _step_form(prog, st):
         ax = tuple(int(v) for v in axes)
 
         def reduce_sum(x):
-            return np.sum(x, axis=tuple(v + x.ndim if v < 0 else v for v in ax), keepdims=keep, dtype=x.dtype)
+            return np.add.reduce(x, axis=tuple(v + x.ndim if v < 0 else v for v in ax), keepdims=keep, dtype=x.dtype)
         return reduce_sum, ins[0]
     if op in ("Sub", "Add") and len(ins) == 2:
         c = _const(prog, ins[1])
@@ -98,11 +100,14 @@ def closed_form(prog):
         fn, src = form
         plan.append((fn, src, st.outputs[0], dt.NUMPY[st.out_types[0]]))
     names = list(prog.inputs)
+    made = {out for _, _, out, _ in plan}
+    #: the program inputs the steps read: (name, index); the environment holds only those and the steps' values
+    srcs = [(n, names.index(n)) for n in dict.fromkeys(src for _, src, _, _ in plan) if n not in made and n in names]
 
     def run(inputs: list) -> dict | None:
         if len(inputs) != len(names):
             return None
-        env = dict(zip(names, inputs))
+        env = {n: inputs[k] for n, k in srcs}
         try:
             for fn, src, out, npt in plan:
                 x = env[src]

@@ -236,9 +236,9 @@ OrtStatus* ortmlx_get_outputs(const OrtApi* api, OrtKernelContext* ctx, size_t n
                               const int64_t* dims, const int64_t* ndims, uint64_t* data);
 void ortmlx_copy_blocks(size_t n, const uint64_t* dst, const uint64_t* src, const uint64_t* len);
 int64_t ortmlx_compare_blocks(size_t n, const uint64_t* a, const uint64_t* b, const uint64_t* len);
-void ortmlx_same_inputs(size_t n, size_t r, const void** data, const int64_t* dims, const size_t* ndims,
-                        const int* types, const void** prev_data, int64_t* prev_dims, size_t* prev_ndims,
-                        int* prev_types, int have_prev, uint8_t* same);
+size_t ortmlx_same_inputs(size_t n, size_t r, const void** data, const int64_t* dims, const size_t* ndims,
+                          const int* types, const void** prev_data, int64_t* prev_dims, size_t* prev_ndims,
+                          int* prev_types, int have_prev, int32_t* changed);
 int64_t ortmlx_kv_write(size_t nbuf, const int32_t* starts, const int64_t* max_start, const int64_t* nblk,
                         const uint64_t* base, const uint64_t* rb, const uint64_t* rel_src, const uint64_t* len,
                         uint64_t flat, const uint64_t* row0_src, uint64_t* check_dst, uint64_t* check_src);
@@ -308,21 +308,24 @@ int64_t ortmlx_compare_blocks(size_t n, const uint64_t* a, const uint64_t* b, co
         if (memcmp((const void*)(uintptr_t)a[i], (const void*)(uintptr_t)b[i], (size_t)len[i])) return (int64_t)i;
     return -1;
 }
-/* Which of n gathered inputs (ortmlx_gather_inputs' out-parameters; r: dims per input) have the address, rank,
-   dims and type they had in the previous gather (prev_*, valid when have_prev): same[i] = 1. Then prev_* = this
-   gather's. An omitted input (rank (size_t)-1) is never the same. */
-void ortmlx_same_inputs(size_t n, size_t r, const void** data, const int64_t* dims, const size_t* ndims,
-                        const int* types, const void** prev_data, int64_t* prev_dims, size_t* prev_ndims,
-                        int* prev_types, int have_prev, uint8_t* same) {
+/* Which of n gathered inputs (ortmlx_gather_inputs' out-parameters; r: dims per input) do not have the address,
+   rank, dims and type they had in the previous gather (prev_*, valid when have_prev): their indices, in order, in
+   changed[0..k); returns k. Then prev_* = this gather's. An omitted input (rank (size_t)-1) always counts as changed. */
+size_t ortmlx_same_inputs(size_t n, size_t r, const void** data, const int64_t* dims, const size_t* ndims,
+                          const int* types, const void** prev_data, int64_t* prev_dims, size_t* prev_ndims,
+                          int* prev_types, int have_prev, int32_t* changed) {
+    size_t k = 0;
     for (size_t i = 0; i < n; ++i) {
         size_t nd = ndims[i];
-        same[i] = have_prev && nd != (size_t)-1 && nd <= r && data[i] == prev_data[i] && nd == prev_ndims[i] &&
-                  types[i] == prev_types[i] && !memcmp(dims + i * r, prev_dims + i * r, nd * sizeof(int64_t));
+        int same = have_prev && nd != (size_t)-1 && nd <= r && data[i] == prev_data[i] && nd == prev_ndims[i] &&
+                   types[i] == prev_types[i] && !memcmp(dims + i * r, prev_dims + i * r, nd * sizeof(int64_t));
+        if (!same) changed[k++] = (int32_t)i;
     }
     memcpy((void*)prev_data, data, n * sizeof(void*));
     memcpy(prev_dims, dims, n * r * sizeof(int64_t));
     memcpy(prev_ndims, ndims, n * sizeof(size_t));
     memcpy(prev_types, types, n * sizeof(int));
+    return k;
 }
 /* One KV batch's copy-out (ep/kvbatch.py, KvBatches.write). Buffer b's new rows start at row starts[b], which
    must lie in 0..max_start[b]; its nblk[b] blocks k (in order, nb = sum nblk in all) go from flat + rel_src[k] to

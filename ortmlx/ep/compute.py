@@ -1,6 +1,7 @@
 """One fused group at run time: gather ORT's inputs, run, copy results out."""
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 
@@ -28,6 +29,10 @@ WHOLE_COPY_BYTES = [1 << 20, 64 << 10]
 
 #: groups with at least this many inputs keep their input views between calls (ComputeInfo.gather)
 CACHED_VIEWS_FROM = 8
+
+#: gather numbers: an input memo made at gather ``t`` serves the next gather on the same buffers, whose
+#: ``prev_token`` is ``t`` (unique in the process, so one thread's number never matches another's)
+_GATHERS = itertools.count(1)
 
 
 def _copy_whole(dst: np.ndarray, r: mx.array, read: devread.Reader) -> int:
@@ -60,11 +65,19 @@ class _Buffers:
         self.prev_dims = ffi.new("int64_t[]", n * max_rank)
         self.prev_ndims = ffi.new("size_t[]", n)
         self.prev_types = ffi.new("int[]", n)
-        self.same = ffi.new("uint8_t[]", n)
+        self.changed = ffi.new("int32_t[]", n)
         self.last_ok = False
         self.views: list = [None] * n_in
+        self.uncached: set = set()      # inputs without a kept view (omitted, carriers, empty): made every call
+        #: this gather's number (unique in the process: ``_GATHERS``), the previous gather's on these buffers, and
+        #: the inputs whose address, dims or type may differ from that gather's (None: any of them)
+        self.token, self.prev_token, self.redo = 0, -1, None
+        #: ``addresses``: (the gather it was made for, per input its address or None, the address -> input map)
+        self.addr_memo = (-1, None, None)
         self.n_out = 0                  # output buffers below, sized on first use (ComputeInfo._output_ptrs)
         self.last_oshapes = None
+        #: ``_output_ptrs``: (the closure whose results, in place allowed, their shapes, the host results' indices)
+        self.out_memo = (None, False, None, None)
 
 
 def _out_buffers(ffi, b: _Buffers, n_out: int, max_rank: int) -> None:
@@ -100,6 +113,7 @@ class ComputeInfo:
                                fold_swiglu=None if getattr(opts, "fold_mlp", True) else False,
                                fuse_rows=None if getattr(opts, "fuse_rows", True) else False)
         self.runner = make_runner(self.program, ep.options, ep.stats)
+        self._hint_ok = getattr(self.runner, "supports_hint", False)
         self.in_names = list(plan.inputs)
         self.in_types = [plan.value(n).dtype for n in plan.inputs]
         self.out_names = list(plan.outputs)
@@ -144,65 +158,90 @@ class ComputeInfo:
 
     # ------------------------------------------------------------------ per call
     def gather(self, kctx) -> list[np.ndarray | None]:
-        """numpy views of ORT's input buffers (None: an omitted optional input)."""
+        """numpy views of ORT's input buffers (None: an omitted optional input).
+
+        With many inputs (a decode step's KV buffers), an input at the same address with the same rank,
+        dims and type as in the last gather keeps its view, and ``b.redo`` lists the others: one C compare
+        (``ortmlx_same_inputs``), then Python work only for the inputs that changed."""
         abi, ffi = self.abi, self.abi.ffi
         b = getattr(self._tls, "b", None)
         if b is None:
             b = self._tls.b = _Buffers(ffi, self.n_in, abi.max_rank)
+        b.prev_token, b.token, b.redo = b.token, next(_GATHERS), None
         abi.check(abi.gather_inputs(abi.api, kctx, self.n_in, b.data, b.dims, b.ndims, b.types))
-        r = abi.max_rank
-        # with many inputs (a decode step's KV buffers), inputs at the same address with the same rank,
-        # dims and type as last call keep their view (one C compare instead of a view each)
-        if self.n_in >= CACHED_VIEWS_FROM:
-            abi.same_inputs(self.n_in, r, b.data, b.dims, b.ndims, b.types, b.prev_data, b.prev_dims,
-                            b.prev_ndims, b.prev_types, b.last_ok, b.same)
-            same = ffi.buffer(b.same, self.n_in)[:]
-        else:
-            same = bytes(self.n_in)
-        b.last_ok = False               # set again once every view below is made
-        arrays: list[np.ndarray | None] = []
         views = b.views
-        for i, keep in enumerate(same):
-            if keep and views[i] is not None:
-                arrays.append(views[i])
-                continue
-            views[i] = None
-            nd = b.ndims[i]
-            if nd == ffi.cast("size_t", -1):
-                arrays.append(None)
-                continue
-            t = b.types[i]
-            want = self.in_types[i]
-            if want is not None and t != want:
-                raise EpError(f"input {i} ('{self.in_names[i]}') is {dt.name(t)} at run time but the graph "
-                              f"declares {dt.name(want)}", ORT_INVALID_ARGUMENT, node=self.name)
-            shape = tuple(b.dims[i * r:i * r + nd])
-            if t in dt.CARRIERS:        # float8 bits / packed 4- and 2-bit integers: one element per byte
-                cnt = math.prod(shape)
-                raw = ffi.buffer(b.data[i], dt.carrier_nbytes(t, cnt)) if cnt else b""
-                arrays.append(dt.unpack_carrier(raw, t, cnt).reshape(shape))
-                continue
-            npt = dt.NUMPY.get(t)
-            if npt is None:
-                raise EpError(f"input {i} ('{self.in_names[i]}') has element type {dt.name(t)}, which MLX cannot hold",
-                              ORT_INVALID_ARGUMENT, node=self.name)
-            shape = tuple(b.dims[i * r:i * r + nd])
-            cnt = math.prod(shape)
-            if cnt == 0:
-                arrays.append(np.empty(shape, npt))
+        if self.n_in >= CACHED_VIEWS_FROM:
+            k = abi.same_inputs(self.n_in, abi.max_rank, b.data, b.dims, b.ndims, b.types, b.prev_data,
+                                b.prev_dims, b.prev_ndims, b.prev_types, b.last_ok, b.changed)
+            if b.last_ok:
+                redo = ffi.unpack(b.changed, k)
+                if b.uncached:
+                    redo = sorted(b.uncached.union(redo))
             else:
-                itemsize = np.dtype(npt).itemsize
-                arrays.append(np.frombuffer(ffi.buffer(b.data[i], cnt * itemsize), npt).reshape(shape))
-                views[i] = arrays[-1]
-        b.last_ok = self.n_in >= CACHED_VIEWS_FROM
+                redo = range(self.n_in)
+        else:
+            redo = range(self.n_in)
+        b.last_ok = False               # set again once every view below is made
+        arrays = list(views)
+        for i in redo:
+            views[i] = None
+            arrays[i] = a = self._view(b, i)
+            if a is not None and a.size and b.types[i] not in dt.CARRIERS:
+                views[i] = a
+        if self.n_in >= CACHED_VIEWS_FROM:
+            b.uncached = {i for i in redo if views[i] is None}
+            b.last_ok = True
+            if isinstance(redo, list):
+                b.redo = redo
         return arrays
 
+    def _view(self, b: _Buffers, i: int) -> np.ndarray | None:
+        """A numpy view of gathered input ``i`` (a copy for carrier types), None when omitted."""
+        ffi, r = self.abi.ffi, self.abi.max_rank
+        nd = b.ndims[i]
+        if nd == ffi.cast("size_t", -1):
+            return None
+        t = b.types[i]
+        want = self.in_types[i]
+        if want is not None and t != want:
+            raise EpError(f"input {i} ('{self.in_names[i]}') is {dt.name(t)} at run time but the graph "
+                          f"declares {dt.name(want)}", ORT_INVALID_ARGUMENT, node=self.name)
+        shape = tuple(b.dims[i * r:i * r + nd])
+        if t in dt.CARRIERS:        # float8 bits / packed 4- and 2-bit integers: one element per byte
+            cnt = math.prod(shape)
+            raw = ffi.buffer(b.data[i], dt.carrier_nbytes(t, cnt)) if cnt else b""
+            return dt.unpack_carrier(raw, t, cnt).reshape(shape)
+        npt = dt.NUMPY.get(t)
+        if npt is None:
+            raise EpError(f"input {i} ('{self.in_names[i]}') has element type {dt.name(t)}, which MLX cannot hold",
+                          ORT_INVALID_ARGUMENT, node=self.name)
+        cnt = math.prod(shape)
+        if cnt == 0:
+            return np.empty(shape, npt)
+        return np.frombuffer(ffi.buffer(b.data[i], cnt * np.dtype(npt).itemsize), npt).reshape(shape)
+
     def addresses(self, inputs) -> dict[int, int]:
-        """Buffer address -> input index, for the inputs an output may be written into."""
+        """Buffer address -> input index, for the inputs an output may be written into (read-only: the map is
+        kept for the next call while only inputs whose address, dims and type are unchanged)."""
         if self.mirrors is None:
             return {}
-        return {p: i for i, (a, p) in enumerate(zip(inputs, self._tls.b.addr.tolist()))
-                if a is not None and a.size and a.ndim >= 2 and a.shape[0] == 1}
+        b = self._tls.b
+        at, ent, amap = b.addr_memo
+        if b.redo is None or at != b.prev_token:
+            ent = [p if a is not None and a.size and a.ndim >= 2 and a.shape[0] == 1 else None
+                   for a, p in zip(inputs, b.addr.tolist())]
+            amap = {p: i for i, p in enumerate(ent) if p is not None}
+        else:
+            new, dirty = list(ent), False
+            for i in b.redo:
+                a = inputs[i]
+                p = int(b.addr[i]) if a is not None and a.size and a.ndim >= 2 and a.shape[0] == 1 else None
+                if p != new[i]:
+                    new[i], dirty = p, True
+            if dirty:
+                ent, amap = new, {p: i for i, p in enumerate(new) if p is not None}
+        b.addr_memo = (b.token, ent, amap)
+        return amap
 
     def use_mirrors(self, inputs, addrs: dict[int, int]) -> tuple[list, dict[int, mx.array]]:
         """Inputs with device mirrors substituted where ORT's buffer is one we mirror."""
@@ -212,13 +251,16 @@ class ComputeInfo:
         run = list(inputs)
         used = {}
         if self.kv is not None and len(self.kv):
-            kb = self.kv.take(inputs, self._tls.b.addr)
+            b = self._tls.b
+            kb = self.kv.take(inputs, b.addr, None if b.redo is None else (b.prev_token, b.redo))
             if kb is not None:
                 self._tls.kv = kb
                 for i, m in zip(kb.layout.in_list, kb.arrays):
                     run[i] = used[i] = m
-        for addr, i in addrs.items():
-            if i in self._aliased and i not in used:
+        ent = self._tls.b.addr_memo[1]           # per input: its address in ``addrs``, or None
+        for i in sorted(self._aliased.difference(used)):
+            addr = ent[i]
+            if addr is not None and addrs.get(addr) == i:
                 m = self.mirrors.lookup(i, addr, inputs[i])
                 if m is not None:
                     run[i] = used[i] = m
@@ -241,17 +283,16 @@ class ComputeInfo:
         if hints is not None:
             flat, starts = hint_bytes(hints, self.read)
             if self.kv is not None and used:
-                ptrs, hosts = self._output_ptrs(kctx, results, probe, addrs)
-                kb = self._write_batch(hints.meta, flat, starts, ptrs, results, inputs, used, prev)
+                ptrs, hosts, shapes = self._output_ptrs(kctx, results, probe, addrs)
+                kb = self._write_batch(hints.meta, flat, starts, ptrs, results, inputs, used, prev, shapes)
                 if kb is not None:
                     done.update(kb.layout.in_list)
-                    batched = frozenset(kb.layout.out_list)
+                    batched = kb.layout
                     moved += kb.layout.flat_bytes
             if not done:
                 hinted = hints.per_output(flat, starts)
-        for j, r in enumerate(results):
-            if j in batched:
-                continue                # written by the batch
+        for j in (batched.others(len(results)) if batched else range(len(results))):   # not written by the batch
+            r = results[j]
             if ptrs is not None:        # _output_ptrs left None exactly for the results that may go back in place
                 host = hosts[j]
                 inplace = host is None
@@ -290,26 +331,42 @@ class ComputeInfo:
                 # a hinted present computed in place (rows after the new ones are the past's) going to its
                 # own buffer: ORT's kernel leaves those rows zero there
                 self._zero_after_rows(ptr, host, hinted[j])
-        if self.kv is not None and (stored := [a for a, i in addrs.items() if i in self._aliased and i not in done]) \
-                and len(self.kv):
+        if self.kv is not None and (rest := self._aliased.difference(done)) and \
+                (stored := [a for a, i in addrs.items() if i in rest]) and len(self.kv):
             self.kv.drop(stored)        # the per-buffer path owns these buffers now
         return moved + self._write_pending(pending)
 
-    def _output_ptrs(self, kctx, results, probe, addrs) -> tuple[np.ndarray, dict]:
+    def _output_ptrs(self, kctx, results, probe, addrs) -> tuple[np.ndarray, dict, list]:
         """ORT's buffers for every output in one C call: (addresses, {j: host result, or None for a
-        device result that may go back in place})."""
+        device result that may go back in place}, the results' shapes)."""
         abi, b = self.abi, self._tls.b
         n = len(results)
         if b.n_out < n:
             _out_buffers(abi.ffi, b, n, abi.max_rank)
-        hosts, shapes, inplace = {}, [], bool(addrs)
-        for j, r in enumerate(results):
-            if inplace and mirrorable(r):       # an MLX result (mirrorable checks)
-                hosts[j] = None
-                shapes.append(tuple(r.shape))
+        inplace = bool(addrs)
+        src = getattr(results, "source", None)      # the closure that made them: its outputs' types are fixed
+        memo = b.out_memo
+        if src is not None:
+            shapes = [r.shape for r in results]
+            if memo[0] is src and memo[1] == inplace and shapes == memo[2]:
+                host_idx = memo[3]
             else:
-                h = hosts[j] = dt.host(r)
-                shapes.append(h.shape)
+                host_idx = [j for j, r in enumerate(results) if not (inplace and mirrorable(r))]
+            hosts = dict.fromkeys(range(n))
+            for j in host_idx:
+                hosts[j] = h = dt.host(results[j])
+                if h.shape != shapes[j]:
+                    shapes[j] = h.shape
+            b.out_memo = (src, inplace, shapes, host_idx)
+        else:
+            hosts, shapes = {}, []
+            for j, r in enumerate(results):
+                if inplace and mirrorable(r):       # an MLX result (mirrorable checks)
+                    hosts[j] = None
+                    shapes.append(tuple(r.shape))
+                else:
+                    h = hosts[j] = dt.host(r)
+                    shapes.append(h.shape)
         if shapes != b.last_oshapes:
             for j, shape in enumerate(shapes):
                 self._check_rank(j, shape)
@@ -319,15 +376,15 @@ class ComputeInfo:
         abi.check(abi.get_outputs(abi.api, kctx, n, b.oall, b.ondims, b.optrs))
         if probe is not None:
             probe.fault_point("copy_out")       # testing: fail with the outputs already allocated
-        return b.optrs_np[:n], hosts           # (a view: valid until the next call on this thread)
+        return b.optrs_np[:n], hosts, shapes    # (a view: valid until the next call on this thread)
 
-    def _write_batch(self, meta, flat, starts, ptrs, results, inputs, used, prev):
+    def _write_batch(self, meta, flat, starts, ptrs, results, inputs, used, prev, shapes):
         """The batched copy-out of every hinted row (ep/kvbatch.py), or None (nothing written)."""
         kv = self.kv
         addr = self._tls.b.addr
         L = kv.layout_for(meta, ptrs, inputs, addr, used, results, self.out_types,
                           prev.layout if prev is not None else getattr(self._tls, "kv_layout", None),
-                          taken=prev is not None)
+                          taken=prev is not None, res_shapes=shapes)
         if L is None:
             return None
         kb = kv.write(L, flat, starts, results, prev)
@@ -337,7 +394,7 @@ class ComputeInfo:
         if prev is None and self.mirrors is not None:
             for i, a in zip(L.in_list, L.addrs.tolist()):
                 self.mirrors.drop(i, a)         # the batch owns these buffers' mirrors now
-        kv.put(kb)
+        kv.put(kb, self._tls.b.token)
         self.kv_copy_out["batched"] += len(L.in_list)
         return kb
 
@@ -422,6 +479,13 @@ class ComputeInfo:
             self.mirrors.store(i, addr, dst, r, rng)
         return moved
 
+    def _hint(self) -> tuple | None:
+        """What the runner may take from this thread's previous call (``CompiledSubgraph.run``'s ``hint``)."""
+        b = self._tls.b
+        if b.redo is None or not self._hint_ok:
+            return None
+        return (b.prev_token, b.token, b.redo)
+
     def copy_in(self, kctx) -> tuple[list, dict[int, int], list, dict[int, mx.array]]:
         """(ORT's inputs as numpy views, their buffer addresses, what the runner gets: device mirrors
         substituted where ORT's buffer has one, the substituted inputs)."""
@@ -439,7 +503,8 @@ class ComputeInfo:
         if self._observed:
             return self._compute_observed(kctx)
         inputs, addrs, run, used = self.copy_in(kctx)
-        results = self.runner.run(run)
+        hint = self._hint()
+        results = self.runner.run(run) if hint is None else self.runner.run(run, hint=hint)
         self.copy_out(kctx, results, None, inputs, addrs, used)
         self.calls += 1
         self.ep.stats.calls += 1
@@ -455,7 +520,9 @@ class ComputeInfo:
             probe.mark("copy_in")
             inputs, addrs, run, used = self.copy_in(kctx)
             if getattr(self.runner, "supports_probe", False):
-                results = self.runner.run(run, probe=probe)       # marks build / eval itself
+                hint = self._hint()
+                results = self.runner.run(run, probe=probe) if hint is None else \
+                    self.runner.run(run, probe=probe, hint=hint)       # marks build / eval itself
             else:
                 probe.mark("run")
                 results = self.runner.run(run)

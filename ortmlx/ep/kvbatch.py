@@ -21,6 +21,7 @@ Contract and limits are ``mirror.py``'s (batch 1 only).
 from __future__ import annotations
 
 import math
+import operator
 import threading
 
 import numpy as np
@@ -68,6 +69,19 @@ class Layout:
         self.nblocks = int(self.nblk.sum())
         self.check_lens = np.concatenate([self.rb, self.lens])               # a batch's check: row 0s, then rows
         self._c = None
+        self.out_set = frozenset(self.out_list)
+        self.in_set = frozenset(self.in_list)
+        self.out_shapes = tuple(shapes)                     # what the outputs' shapes must be (``pick_outs``)
+        #: the outputs' entries of a list, as a tuple (one C call)
+        self.pick_outs = operator.itemgetter(*self.out_list) if len(self.out_list) > 1 else \
+            (lambda xs, _j=self.out_list[0] if self.out_list else 0: (xs[_j],))
+        self._others: tuple = (-1, [])
+
+    def others(self, n: int) -> list[int]:
+        """Of ``n`` outputs, those not in the layout, in order."""
+        if self._others[0] != n:
+            self._others = (n, [j for j in range(n) if j not in self.out_set])
+        return self._others[1]
 
     def c_args(self, ffi) -> tuple:
         """The layout's constant arrays as ``ortmlx_kv_write`` takes them (made once; they keep the arrays)."""
@@ -96,10 +110,11 @@ class Layout:
 class KvBatch:
     """One call sequence's mirrored KV buffers and the blocks that vouch for them."""
 
-    __slots__ = ("layout", "arrays", "row0", "check", "keep")
+    __slots__ = ("layout", "arrays", "row0", "check", "keep", "token")
 
     def __init__(self, layout: Layout, arrays: list, row0: tuple, check: tuple, keep: tuple):
         self.layout = layout
+        self.token = None                   # the gather of the call that left it (``put``)
         self.arrays = arrays                # the device mirrors (MLX results), in layout order
         self.row0 = row0                    # (block addresses, where their row-0 copy is, lengths, the copy)
         self.check = check                  # (host, expected, lengths): uint64 arrays for one C compare
@@ -120,12 +135,16 @@ class KvBatches:
         f = self._ffi.from_buffer
         return fn(len(n), f("uint64_t[]", a), f("uint64_t[]", b), f("uint64_t[]", n))
 
-    def take(self, inputs: list, in_addr: np.ndarray) -> KvBatch | None:
+    def take(self, inputs: list, in_addr: np.ndarray, since: tuple | None = None) -> KvBatch | None:
         """The batch these inputs are, if ORT's buffers still hold what it wrote (the call owns it
-        now); a batch of these buffers that no longer holds is dropped."""
+        now); a batch of these buffers that no longer holds is dropped. ``since``: (the previous
+        gather on these inputs' buffers, the inputs whose address, dims or type may have changed since):
+        a batch left by that gather's call whose buffers are none of those is these inputs' without
+        looking at each."""
         with self._lock:
             for k, b in enumerate(self._batches):
-                if b.layout.same_buffers(inputs, in_addr):
+                if since is not None and b.token == since[0] and b.layout.in_set.isdisjoint(since[1]) or \
+                        b.layout.same_buffers(inputs, in_addr):
                     del self._batches[k]
                     break
             else:
@@ -133,7 +152,9 @@ class KvBatches:
         host, want, n = b.check
         return b if self._blocks(self._compare, host, want, n) < 0 else None
 
-    def put(self, b: KvBatch) -> None:
+    def put(self, b: KvBatch, token=None) -> None:
+        """Keep ``b`` for the next call (``token``: the gather of the call that left it)."""
+        b.token = token
         with self._lock:
             self._batches = [x for x in self._batches if x.layout.addr_set.isdisjoint(b.layout.addr_set)]
             self._batches.append(b)
@@ -156,12 +177,13 @@ class KvBatches:
 
     # ------------------------------------------------------------------ copy-out
     def layout_for(self, meta: list, ptrs: np.ndarray, inputs: list, in_addr: np.ndarray, used: dict,
-                   results: list, out_types: list, prev: Layout | None, taken: bool = False) -> Layout | None:
+                   results: list, out_types: list, prev: Layout | None, taken: bool = False,
+                   res_shapes: list | None = None) -> Layout | None:
         """The layout of a call's hinted outputs when every one qualifies (its ORT buffer is its
         input's, that input ran on a mirror, batch 1, shapes and types fit), else None.
 
         ``taken``: ``prev`` is the layout of the batch this call took at copy-in (its inputs were
-        checked to be those buffers, and every one ran on its mirror)."""
+        checked to be those buffers, and every one ran on its mirror). ``res_shapes``: the results' shapes."""
         if prev is not None and prev.meta is meta and prev.same_at(ptrs[prev.outs]) and \
                 (taken or (prev.same_buffers(inputs, in_addr) and all(i in used for i in prev.in_list))):
             L = prev
@@ -180,9 +202,10 @@ class KvBatches:
             if not meta or len(set(addrs)) != len(addrs):
                 return None
             L = Layout(meta, addrs, shapes, dtypes)
-        for j, shape in zip(L.out_list, L.shapes):
-            if tuple(results[j].shape) != shape:
-                return None
+        if res_shapes is None:
+            res_shapes = [tuple(r.shape) for r in results]
+        if L.pick_outs(res_shapes) != L.out_shapes:
+            return None
         return L
 
     def write(self, L: Layout, flat: np.ndarray, starts: np.ndarray, results: list,

@@ -60,7 +60,7 @@ def _arrays(rng):
     """A random input: None, or a NumPy or MLX array of a random small shape and type."""
     if rng.random() < 0.1:
         return None
-    shape = tuple(rng.choice([1, 2, 3]) for _ in range(rng.randrange(0, 4)))
+    shape = tuple(rng.choice([0, 1, 2, 3, 3]) for _ in range(rng.randrange(0, 4)))
     dtype = rng.choice([np.float32, np.float16, np.int64])
     a = np.zeros(shape, dtype)
     return mx.array(a) if rng.random() < 0.3 else a
@@ -86,7 +86,7 @@ def _key_runner(shapeless: bool, free, n: int):
     for i, ax in free or ():
         axes[i] = axes.get(i, frozenset()) | {ax}
     r = SimpleNamespace(config=SimpleNamespace(shapeless=shapeless), free_dims=free, _free_axes=axes,
-                        _in_types=[None] * n, _key_memo=(-1, (), ()))
+                        _in_types=[None] * n, _key_memo=(-1, (), (), frozenset()))
     r._key1 = functools.partial(core.CompiledSubgraph._key1, r)
     r._key_part = functools.partial(core.CompiledSubgraph._key_part, r)
     return r
@@ -99,7 +99,7 @@ def test_hinted_key_is_the_full_key(mode):
     n, rng = 6, random.Random(2)
     r = _key_runner(KEY_MODES[mode]["shapeless"], KEY_MODES[mode]["free"], n)
     inputs = [_arrays(rng) for _ in range(n)]
-    token, reused = 10, 0
+    token, reused, kept = 10, 0, 0
     for step in range(300):
         prev = token
         if step % 40 == 0:
@@ -113,12 +113,16 @@ def test_hinted_key_is_the_full_key(mode):
             nxt[i] = _arrays(rng) if i in redo else _same_kind(inputs[i], rng)
         reused += r._key_memo[0] == prev
         token += 1
-        call, k1 = core.CompiledSubgraph._hinted_key(r, nxt, (prev, token, redo))
+        before = r._key_memo[2]
+        call, k1, empty = core.CompiledSubgraph._hinted_key(r, nxt, (prev, token, redo))
         want_sig = core._shapes(nxt)
         assert call.sig == want_sig and call.inputs is nxt
-        assert k1 == core.CompiledSubgraph._key1(r, nxt, want_sig), (step, redo)
+        want = core.CompiledSubgraph._key1(r, nxt, want_sig)
+        assert k1 == want, (step, redo)
+        kept += k1 is before
+        assert empty == any(a is not None and a.size == 0 for a in nxt), (step, redo)
         inputs = nxt
-    assert reused > 200
+    assert reused > 200 and kept > 10
 
 
 # ---------------------------------------------------------------- the address map

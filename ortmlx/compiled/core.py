@@ -146,8 +146,11 @@ class CompiledSubgraph:
         self.released = False
         self._stopped = False               # no new keys any more (max_keys / thrashing)
         self._eval = mx.eval                # the compiled path's eval (tests inject failures here)
-        #: ``_hinted_key``'s memo: (the gather it was made for, the call's shapes, its ``_key1``)
-        self._key_memo: tuple = (-1, (), ())
+        #: ``_hinted_key``'s memo: (the gather it was made for, the call's shapes, its ``_key1``, its empty inputs)
+        self._key_memo: tuple = (-1, (), (), frozenset())
+        #: ``run``'s last lookup: (k1, its plan, host bytes, closure); an identical k1 object finds them again
+        #: (``_hinted_key`` keeps the object while no part changes; only ``_first`` and ``release`` change the maps)
+        self._last: tuple | None = None
         self._plain_prepare = type(self)._prepare is CompiledSubgraph._prepare
         self._settle = EVAL_SETTLE and self.device == "gpu"     # start it async, settle the heap meanwhile
         self.counters = {"compiled": self.label, "traces": 0, "compiled_calls": 0, "eager_calls": 0,
@@ -176,11 +179,15 @@ class CompiledSubgraph:
                 self._fallback("called off the main thread (MLX's per-thread compile cache would be torn "
                                "down without the GIL when the thread exits): eager")
                 return self._eager(inputs, probe)
-            if self.device == "gpu" and any(a is not None and getattr(a, "size", 1) == 0 for a in inputs):
+            hinted = hint is not None and self._plain_prepare
+            if self.device == "gpu" and not hinted and any(a is not None and getattr(a, "size", 1) == 0
+                                                           for a in inputs):
                 return self._eager(inputs, probe)      # MLX's CUDA compiled kernels crash (SIGFPE) on size 0
             try:
-                if hint is not None and self._plain_prepare:
-                    call, k1 = self._hinted_key(inputs, hint)
+                if hinted:
+                    call, k1, empty = self._hinted_key(inputs, hint)
+                    if empty and self.device == "gpu":
+                        return self._eager(inputs, probe)       # (as above)
                 else:
                     call = self._prepare(inputs)
                     if call is None:
@@ -189,19 +196,22 @@ class CompiledSubgraph:
             except Exception as e:  # noqa: BLE001 - an input we cannot key runs eagerly
                 self._fallback(f"cannot key inputs: {type(e).__name__}: {e}")
                 return self._eager(inputs, probe)
-            plan = self._plans.get(k1)
+            last = self._last              # (k1, its plan, host bytes, closure) of the last closure found
+            same = last is not None and last[0] is k1
+            plan = last[1] if same else self._plans.get(k1)
             if plan is None:
                 if self._stopped:
                     return self._eager(inputs, probe)
                 return self._first(k1, inputs, call, probe)
             if isinstance(plan, str):
                 return self._eager(inputs, probe)
-            key = (k1, _host_bytes(plan, call.inputs))
-            c = self._closures.get(key)
+            hb = _host_bytes(plan, call.inputs)
+            c = last[3] if same and last[2] == hb else self._closures.get((k1, hb))
             if c is None:
                 if self._stopped:
                     return self._eager(inputs, probe)
                 return self._first(k1, inputs, call, probe, plan)
+            self._last = (k1, plan, hb, c)
             if c.poisoned:
                 return self._eager(inputs, probe)
             if c.trusted or call.sig in c.verified:
@@ -218,23 +228,39 @@ class CompiledSubgraph:
         """What the closure runs on for this call (None: this call runs eagerly)."""
         return Call(inputs, _shapes(inputs))
 
-    def _hinted_key(self, inputs: list, hint: tuple) -> tuple["Call", tuple]:
-        """(``_prepare``'s call, its ``_key1``), from the previous call's shapes and key where ``hint`` says that
-        call's gather came just before this one's (only the inputs it names are worked out again)."""
+    def _hinted_key(self, inputs: list, hint: tuple) -> tuple["Call", tuple, bool]:
+        """(``_prepare``'s call, its ``_key1``, whether an input is empty), from the previous call's shapes and key
+        where ``hint`` says that call's gather came just before this one's (only the inputs it names are worked
+        out again; the key is the same object while none of their parts changes)."""
         prev, token, redo = hint
-        at, sig, k1 = self._key_memo
+        at, sig, k1, empty = self._key_memo
         if at != prev or len(inputs) != len(sig):
             sig = _shapes(inputs)
             k1 = self._key1(inputs, sig)
+            empty = frozenset(i for i, a in enumerate(inputs) if a is not None and getattr(a, "size", 1) == 0)
         elif redo:
-            sig, parts = list(sig), list(k1)
+            sig, parts, new_empty, changed = list(sig), None, set(empty), False
             for i in redo:
                 a = inputs[i]
                 sig[i] = sh = None if a is None else a.shape if type(a) in _SHAPED else np.shape(a)
-                parts[i] = self._key_part(i, a, sh)
-            sig, k1 = tuple(sig), tuple(parts)
-        self._key_memo = (token, sig, k1)
-        return Call(inputs, sig), k1
+                part = self._key_part(i, a, sh)
+                if part != k1[i]:
+                    if parts is None:
+                        parts = list(k1)
+                    parts[i] = part
+                if a is not None and getattr(a, "size", 1) == 0:
+                    changed |= i not in new_empty
+                    new_empty.add(i)
+                elif i in new_empty:
+                    new_empty.discard(i)
+                    changed = True
+            sig = tuple(sig)
+            if parts is not None:
+                k1 = tuple(parts)
+            if changed:
+                empty = frozenset(new_empty)
+        self._key_memo = (token, sig, k1, empty)
+        return Call(inputs, sig), k1, bool(empty)
 
     def parts(self) -> list["CompiledSubgraph"]:
         return [self]
@@ -249,6 +275,7 @@ class CompiledSubgraph:
     def release(self) -> None:
         """Drop every closure (a live closure at interpreter exit can abort the process)."""
         self.released = True
+        self._last = None
         with self._lock:
             for c in self._closures.values():
                 c.fn = None
@@ -258,6 +285,7 @@ class CompiledSubgraph:
     # ------------------------------------------------------------------ steps
     def _first(self, k1, inputs: list, call: "Call", probe, plan: HostPlan | None = None) -> list:
         """First call for a key: eager answer, host analysis, trace and verify."""
+        self._last = None               # (plans and closures change below)
         ref, env = self._eager_env(inputs, probe)
         if self.device == "gpu" and any(isinstance(v, mx.array) and v.size == 0 for v in env.values()):
             # a compiled kernel over a zero-size value kills the process on MLX's CUDA backend (SIGFPE,

@@ -119,6 +119,7 @@ class ComputeInfo:
         self.out_names = list(plan.outputs)
         self.out_types = [plan.value(n).dtype for n in plan.outputs]
         self.n_in = len(self.in_names)
+        self._every_input = frozenset(range(self.n_in))
         self._tls = threading.local()
         c = self.c = ffi.new("OrtNodeComputeInfo*")
         c.ort_version_supported = abi.struct_version
@@ -497,7 +498,8 @@ class ComputeInfo:
     def copy_out(self, kctx, results, probe, inputs, addrs, used) -> None:
         """Write the results into ORT's buffers and count the bytes that crossed (mirrored inputs: none)."""
         out_bytes = self.write_outputs(kctx, results, probe, inputs, addrs, used)
-        residency.add(_nbytes(a for i, a in enumerate(inputs) if i not in used), out_bytes)
+        sent = self._every_input.difference(used) if used else range(len(inputs))
+        residency.add(_nbytes(inputs[i] for i in sent), out_bytes)
 
     def compute(self, kctx) -> None:
         if self._observed:

@@ -234,7 +234,7 @@ class KvBatches:
         else:
             row0 = self._row0(L)
             src[:nb] = row0[1]
-        return KvBatch(L, [results[j] for j in L.out_list], row0, (dst, src, L.check_lens), (flat, row0[3]))
+        return KvBatch(L, list(L.pick_outs(results)), row0, (dst, src, L.check_lens), (flat, row0[3]))
 
     def _row0(self, L: Layout) -> tuple:
         """A copy of every block's row 0 as it is now: (block addresses, the copies' addresses, lengths, the copy)."""

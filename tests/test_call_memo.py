@@ -250,3 +250,43 @@ def test_take_since_trusts_only_the_previous_gather():
     assert kv.take(other, addr, (4, [])) is None                # not the previous gather's batch: looked at
     kb = left(5)
     assert kv.take(bufs, addr, (4, [0, 1])) is kb               # looked at, and they are its buffers
+
+
+# ---------------------------------------------------------------- the closure's device inputs
+@pytest.mark.parametrize("idx", [(), (2,), (0, 2, 3), (3, 1)])
+def test_picker_gives_a_tuple(idx):
+    xs = ["a", "b", "c", "d"]
+    assert core.picker(idx)(xs) == tuple(xs[i] for i in idx)
+
+
+def test_device_inputs_memo_uploads_exactly_the_host_arrays():
+    """``_device_inputs`` keeps which of a closure's inputs were host arrays while the inputs' types repeat;
+    each call's device inputs are the MLX arrays as given and the host arrays uploaded, whatever mix comes."""
+    rng = random.Random(8)
+    c = core._Closure((0, 2, 3, 5), {})
+    runner = SimpleNamespace(_in_types=[None] * 6)
+    for step in range(100):
+        inputs = []
+        for i in range(6):
+            a = np.full((1, 2), step * 10 + i, np.float32)
+            inputs.append(mx.array(a) if rng.random() < 0.5 else a)
+        got = core.CompiledSubgraph._device_inputs(runner, c, inputs)
+        assert len(got) == 4
+        for k, i in enumerate(c.dev_idx):
+            assert isinstance(got[k], mx.array)
+            if isinstance(inputs[i], mx.array):
+                assert got[k] is inputs[i]
+            np.testing.assert_array_equal(np.array(got[k]), np.asarray(inputs[i]))
+
+
+def test_layout_span_only_for_consecutive_inputs():
+    from ortmlx.ep.kvbatch import Layout
+    bufs = [np.zeros((1, 2, 9, 8), np.float16) for _ in range(3)]
+    addrs = [b.__array_interface__["data"][0] for b in bufs]
+
+    def layout(ins):
+        meta = [(j, i, (1, 2, 1, 8), 2) for j, i in enumerate(ins)]
+        return Layout(meta, addrs, [b.shape for b in bufs], [b.dtype for b in bufs])
+    assert layout([4, 5, 6]).in_span == (4, 7)
+    assert layout([4, 6, 5]).in_span is None
+    assert layout([1, 2, 4]).in_span is None

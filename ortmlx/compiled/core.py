@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import os
 import threading
 import time
@@ -83,13 +84,17 @@ class Call:
 class _Closure:
     """One compiled closure for one key: its inputs split, its counters and state."""
 
-    __slots__ = ("fn", "dev_idx", "host_vals", "traces", "calls", "verified", "trusted", "poisoned", "guarded",
+    __slots__ = ("fn", "dev_idx", "pick", "dev_kinds", "dev_up", "host_vals", "traces", "calls", "verified",
+                 "trusted", "poisoned", "guarded",
                  "guard_fails", "hoist", "hoist_prog", "trace_prog", "shapeless", "hints", "hint_starts", "sink",
                  "host_outs", "hint_at", "hoist_run")
 
     def __init__(self, dev_idx: tuple[int, ...], host_vals: dict[int, np.ndarray | None]):
         self.fn = None
         self.dev_idx = dev_idx
+        self.pick = picker(dev_idx)     # the device inputs of a call's inputs, as a tuple
+        self.dev_kinds: tuple | None = None     # their types in the last call, and which of them were host arrays
+        self.dev_up: list = []
         self.host_vals = host_vals
         self.hoist: tuple[str, ...] = ()     # values computed per call (hoist_prog) and fed as data
         self.hoist_prog = None
@@ -406,9 +411,7 @@ class CompiledSubgraph:
         stage = "inputs"
         inputs = call.inputs
         try:
-            dev = [inputs[i] if isinstance(inputs[i], mx.array) else     # a device mirror (ep/mirror.py)
-                   dt.to_mx(np.asarray(inputs[i]), self._in_types[i] or dt.onnx_type_of(inputs[i]))
-                   for i in c.dev_idx]
+            dev = self._device_inputs(c, inputs)
             if c.hoist:
                 stage = "hoisted values"
                 dev.extend(self._hoisted(c, inputs))
@@ -528,6 +531,21 @@ class CompiledSubgraph:
                 set_shapeless_trace(outer)
 
         return mx.compile(body, shapeless=shapeless)
+
+    def _device_inputs(self, c: _Closure, inputs: list) -> list:
+        """The closure's device inputs: MLX arrays as they are (device mirrors, ep/mirror.py), host arrays
+        uploaded. Which ones are host arrays is kept per closure while the inputs' types repeat."""
+        dev = list(c.pick(inputs))
+        kinds = tuple(map(type, dev))
+        if kinds == c.dev_kinds:
+            up = c.dev_up
+        else:
+            up = [k for k, a in enumerate(dev) if not isinstance(a, mx.array)]
+            c.dev_kinds, c.dev_up = kinds, up
+        for k in up:
+            a = dev[k]
+            dev[k] = dt.to_mx(np.asarray(a), self._in_types[c.dev_idx[k]] or dt.onnx_type_of(a))
+        return dev
 
     def _hoisted(self, c: _Closure, inputs: list) -> list:
         """The hoisted (shape-derived) values of this call, as MLX arrays. Integer work on host values
@@ -826,6 +844,17 @@ def _dstr(a) -> str:
         return np.asarray(a).dtype.str
     _DSTR[d] = s
     return s
+
+
+def picker(idx) -> "callable":
+    """A function giving the entries ``idx`` of a list as a tuple (one C call: ``operator.itemgetter``)."""
+    idx = tuple(idx)
+    if len(idx) > 1:
+        return operator.itemgetter(*idx)
+    if idx:
+        j = idx[0]
+        return lambda xs: (xs[j],)
+    return lambda xs: ()
 
 
 def _shapes(inputs: list) -> tuple:

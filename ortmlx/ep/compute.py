@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import threading
 
 import mlx.core as mx
@@ -29,6 +30,8 @@ WHOLE_COPY_BYTES = [1 << 20, 64 << 10]
 
 #: groups with at least this many inputs keep their input views between calls (ComputeInfo.gather)
 CACHED_VIEWS_FROM = 8
+
+_SHAPE = operator.attrgetter("shape")
 
 #: gather numbers: an input memo made at gather ``t`` serves the next gather on the same buffers, whose
 #: ``prev_token`` is ``t`` (unique in the process, so one thread's number never matches another's)
@@ -256,8 +259,13 @@ class ComputeInfo:
             kb = self.kv.take(inputs, b.addr, None if b.redo is None else (b.prev_token, b.redo))
             if kb is not None:
                 self._tls.kv = kb
-                for i, m in zip(kb.layout.in_list, kb.arrays):
-                    run[i] = used[i] = m
+                L = kb.layout
+                used = dict(zip(L.in_list, kb.arrays))
+                if L.in_span is not None:
+                    run[L.in_span[0]:L.in_span[1]] = kb.arrays
+                else:
+                    for i, m in used.items():
+                        run[i] = m
         ent = self._tls.b.addr_memo[1]           # per input: its address in ``addrs``, or None
         for i in sorted(self._aliased.difference(used)):
             addr = ent[i]
@@ -348,7 +356,7 @@ class ComputeInfo:
         src = getattr(results, "source", None)      # the closure that made them: its outputs' types are fixed
         memo = b.out_memo
         if src is not None:
-            shapes = [r.shape for r in results]
+            shapes = list(map(_SHAPE, results))
             if memo[0] is src and memo[1] == inplace and shapes == memo[2]:
                 host_idx = memo[3]
             else:

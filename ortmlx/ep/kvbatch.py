@@ -21,11 +21,11 @@ Contract and limits are ``mirror.py``'s (batch 1 only).
 from __future__ import annotations
 
 import math
-import operator
 import threading
 
 import numpy as np
 
+from ..compiled.core import picker
 from ..kernels import dtypes as dt
 
 #: batches kept per group (two generators alternating on one model each keep theirs)
@@ -72,9 +72,11 @@ class Layout:
         self.out_set = frozenset(self.out_list)
         self.in_set = frozenset(self.in_list)
         self.out_shapes = tuple(shapes)                     # what the outputs' shapes must be (``pick_outs``)
-        #: the outputs' entries of a list, as a tuple (one C call)
-        self.pick_outs = operator.itemgetter(*self.out_list) if len(self.out_list) > 1 else \
-            (lambda xs, _j=self.out_list[0] if self.out_list else 0: (xs[_j],))
+        self.pick_outs = picker(self.out_list)          # the outputs' entries of a list, as a tuple
+        #: (first, end) when the inputs are a run of consecutive indices in order (a slice assigns them)
+        lo = self.in_list[0] if self.in_list else 0
+        self.in_span = (lo, lo + len(self.in_list)) if self.in_list == list(range(lo, lo + len(self.in_list))) \
+            else None
         self._others: tuple = (-1, [])
 
     def others(self, n: int) -> list[int]:

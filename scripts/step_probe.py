@@ -39,6 +39,7 @@ STAGES = [
     ("ortmlx.ep.mirror", None, "hint_bytes", "copy_out.hint_read"),
     ("ortmlx.compiled.core", "CompiledSubgraph", "run", "run"),
     ("ortmlx.compiled.core", "CompiledSubgraph", "_key1", "run.key"),
+    ("ortmlx.compiled.core", "CompiledSubgraph", "_key_since", "run.key_since"),    # (calls _key1 on a memo miss)
     ("ortmlx.compiled.core", "CompiledSubgraph", "_apply", "run.apply"),
     ("ortmlx.compiled.core", "CompiledSubgraph", "_hoisted", "run.apply.hoisted"),
 ]

@@ -93,9 +93,9 @@ def _key_runner(shapeless: bool, free, n: int):
 
 
 @pytest.mark.parametrize("mode", sorted(KEY_MODES))
-def test_hinted_key_is_the_full_key(mode):
-    """``_hinted_key`` (the previous call's shapes and key, inputs named by the hint worked out again) gives
-    ``_prepare``'s shapes and ``_key1``'s key, whether or not the hint continues the previous call."""
+def test_key_since_is_the_full_key(mode):
+    """``_key_since`` (the previous call's shapes and key, the inputs ``since`` names worked out again) gives
+    ``_prepare``'s shapes and ``_key1``'s key, whether or not ``since`` continues the previous call."""
     n, rng = 6, random.Random(2)
     r = _key_runner(KEY_MODES[mode]["shapeless"], KEY_MODES[mode]["free"], n)
     inputs = [_arrays(rng) for _ in range(n)]
@@ -114,7 +114,7 @@ def test_hinted_key_is_the_full_key(mode):
         reused += r._key_memo[0] == prev
         token += 1
         before = r._key_memo[2]
-        call, k1, empty = core.CompiledSubgraph._hinted_key(r, nxt, (prev, token, redo))
+        call, k1, empty = core.CompiledSubgraph._key_since(r, nxt, (prev, token, redo))
         want_sig = core._shapes(nxt)
         assert call.sig == want_sig and call.inputs is nxt
         want = core.CompiledSubgraph._key1(r, nxt, want_sig)

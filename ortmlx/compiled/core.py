@@ -123,7 +123,7 @@ class CompiledSubgraph:
     """The runner Compute calls: compiled replay with an eager answer on any doubt."""
 
     supports_probe = True
-    supports_hint = True                # run(..., hint=): see run
+    supports_since = True               # run(..., since=): see run
 
     def __init__(self, program, config: CompiledConfig, stats=None, overrides: dict | None = None,
                  free_dims: frozenset | None = None, label: str | None = None):
@@ -151,10 +151,10 @@ class CompiledSubgraph:
         self.released = False
         self._stopped = False               # no new keys any more (max_keys / thrashing)
         self._eval = mx.eval                # the compiled path's eval (tests inject failures here)
-        #: ``_hinted_key``'s memo: (the gather it was made for, the call's shapes, its ``_key1``, its empty inputs)
+        #: ``_key_since``'s memo: (the gather it was made for, the call's shapes, its ``_key1``, its empty inputs)
         self._key_memo: tuple = (-1, (), (), frozenset())
         #: ``run``'s last lookup: (k1, its plan, host bytes, closure); an identical k1 object finds them again
-        #: (``_hinted_key`` keeps the object while no part changes; only ``_first`` and ``release`` change the maps)
+        #: (``_key_since`` keeps the object while no part changes; only ``_first`` and ``release`` change the maps)
         self._last: tuple | None = None
         self._plain_prepare = type(self)._prepare is CompiledSubgraph._prepare
         self._settle = EVAL_SETTLE and self.device == "gpu"     # start it async, settle the heap meanwhile
@@ -172,10 +172,10 @@ class CompiledSubgraph:
             self._fallback(self.static_reason)
 
     # ------------------------------------------------------------------ public
-    def run(self, inputs: list, probe=None, hint: tuple | None = None) -> list:
+    def run(self, inputs: list, probe=None, since: tuple | None = None) -> list:
         """Outputs for ``inputs``: compiled when trusted, else eager (same answer).
 
-        ``hint``: (the previous gather's number, this one's, the inputs whose shape or type may differ from that
+        ``since``: (the previous gather's number, this one's, the inputs whose shape or type may differ from that
         gather's), from Compute (``ep.compute.ComputeInfo.gather``): the key is worked out for those only."""
         with mx.stream(mx_device(self.device)):
             if self.released or self.static_reason:
@@ -184,13 +184,13 @@ class CompiledSubgraph:
                 self._fallback("called off the main thread (MLX's per-thread compile cache would be torn "
                                "down without the GIL when the thread exits): eager")
                 return self._eager(inputs, probe)
-            hinted = hint is not None and self._plain_prepare
-            if self.device == "gpu" and not hinted and any(a is not None and getattr(a, "size", 1) == 0
+            keyed_since = since is not None and self._plain_prepare
+            if self.device == "gpu" and not keyed_since and any(a is not None and getattr(a, "size", 1) == 0
                                                            for a in inputs):
                 return self._eager(inputs, probe)      # MLX's CUDA compiled kernels crash (SIGFPE) on size 0
             try:
-                if hinted:
-                    call, k1, empty = self._hinted_key(inputs, hint)
+                if keyed_since:
+                    call, k1, empty = self._key_since(inputs, since)
                     if empty and self.device == "gpu":
                         return self._eager(inputs, probe)       # (as above)
                 else:
@@ -233,11 +233,11 @@ class CompiledSubgraph:
         """What the closure runs on for this call (None: this call runs eagerly)."""
         return Call(inputs, _shapes(inputs))
 
-    def _hinted_key(self, inputs: list, hint: tuple) -> tuple["Call", tuple, bool]:
+    def _key_since(self, inputs: list, since: tuple) -> tuple["Call", tuple, bool]:
         """(``_prepare``'s call, its ``_key1``, whether an input is empty), from the previous call's shapes and key
-        where ``hint`` says that call's gather came just before this one's (only the inputs it names are worked
+        where ``since`` says that call's gather came just before this one's (only the inputs it names are worked
         out again; the key is the same object while none of their parts changes)."""
-        prev, token, redo = hint
+        prev, token, redo = since
         at, sig, k1, empty = self._key_memo
         if at != prev or len(inputs) != len(sig):
             sig = _shapes(inputs)

@@ -116,7 +116,7 @@ class ComputeInfo:
                                fold_swiglu=None if getattr(opts, "fold_mlp", True) else False,
                                fuse_rows=None if getattr(opts, "fuse_rows", True) else False)
         self.runner = make_runner(self.program, ep.options, ep.stats)
-        self._hint_ok = getattr(self.runner, "supports_hint", False)
+        self._since_ok = getattr(self.runner, "supports_since", False)
         self.in_names = list(plan.inputs)
         self.in_types = [plan.value(n).dtype for n in plan.inputs]
         self.out_names = list(plan.outputs)
@@ -488,10 +488,10 @@ class ComputeInfo:
             self.mirrors.store(i, addr, dst, r, rng)
         return moved
 
-    def _hint(self) -> tuple | None:
-        """What the runner may take from this thread's previous call (``CompiledSubgraph.run``'s ``hint``)."""
+    def _since(self) -> tuple | None:
+        """What the runner may take from this thread's previous call (``CompiledSubgraph.run``'s ``since``)."""
         b = self._tls.b
-        if b.redo is None or not self._hint_ok:
+        if b.redo is None or not self._since_ok:
             return None
         return (b.prev_token, b.token, b.redo)
 
@@ -513,8 +513,8 @@ class ComputeInfo:
         if self._observed:
             return self._compute_observed(kctx)
         inputs, addrs, run, used = self.copy_in(kctx)
-        hint = self._hint()
-        results = self.runner.run(run) if hint is None else self.runner.run(run, hint=hint)
+        since = self._since()
+        results = self.runner.run(run) if since is None else self.runner.run(run, since=since)
         self.copy_out(kctx, results, None, inputs, addrs, used)
         self.calls += 1
         self.ep.stats.calls += 1
@@ -530,9 +530,9 @@ class ComputeInfo:
             probe.mark("copy_in")
             inputs, addrs, run, used = self.copy_in(kctx)
             if getattr(self.runner, "supports_probe", False):
-                hint = self._hint()
-                results = self.runner.run(run, probe=probe) if hint is None else \
-                    self.runner.run(run, probe=probe, hint=hint)       # marks build / eval itself
+                since = self._since()
+                results = self.runner.run(run, probe=probe) if since is None else \
+                    self.runner.run(run, probe=probe, since=since)       # marks build / eval itself
             else:
                 probe.mark("run")
                 results = self.runner.run(run)

@@ -7,6 +7,12 @@ greedy genai generation on the MLX EP: per decode token (median of the second ha
 each stage, the MLX closure's call (graph replay) and eval, and what is left of the token outside
 Compute (genai's own step and ORT's plumbing). ``--env`` sets variables before MLX loads
 (``MLX_MAX_OPS_PER_BUFFER=50``); each ``--env`` set runs in its own process, in turn.
+
+``--tree DIR`` (repeatable) also runs another checkout's ortmlx (its shim built: ``python setup.py
+build_ext --inplace`` there), in processes alternating with this tree's, ``--rounds`` times; each run
+prints the EP's own Python per token (copy-in, key and lookup, hoisted work, copy-out) and its share
+of the token, and a last table gives each configuration's medians over the rounds. Processes of one
+configuration differ by 10-40% on a shared host: compare within rounds.
 """
 from __future__ import annotations
 
@@ -48,6 +54,9 @@ STAGES = [
 def child(model_dir: str, opts: dict, tokens: int) -> dict:
     import importlib
 
+    tree = os.environ.get("ORTMLX_PROBE_TREE")
+    if tree:
+        sys.path.insert(0, tree)        # that checkout's ortmlx (before this one's)
     import numpy as np
     import onnxruntime_genai as og
 
@@ -68,6 +77,8 @@ def child(model_dir: str, opts: dict, tokens: int) -> dict:
     for mod, cls, meth, name in STAGES:
         m = importlib.import_module(mod)
         owner = getattr(m, cls) if cls else m
+        if not hasattr(owner, meth):
+            continue                    # (a stage another checkout does not have)
         setattr(owner, meth, timed(getattr(owner, meth), name))
         if cls is None:                 # module functions are imported by name elsewhere
             for other in ("ortmlx.ep.compute",):
@@ -110,28 +121,55 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--option", action="append", default=[], help="MLX EP option key=value")
     ap.add_argument("--env", action="append", default=[], help="comma list of K=V environment settings (a run each)")
+    ap.add_argument("--tree", action="append", default=[], help="another checkout to run in alternating processes")
+    ap.add_argument("--rounds", type=int, default=1, help="runs of every configuration, in turn")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     opts = dict(o.split("=", 1) for o in args.option)
     if args.child is not None:
         print(json.dumps(child(args.model_dir, opts, args.tokens)))
         return 0
-    for spec in args.env or [""]:
-        env = dict(os.environ)
-        env.update(kv.split("=", 1) for kv in spec.split(",") if kv)
-        r = subprocess.run([sys.executable, __file__, args.model_dir, "--tokens", str(args.tokens), "--child", "1"]
-                           + [f"--option={o}" for o in args.option], capture_output=True, text=True, env=env)
-        if r.returncode != 0:
-            print(f"[{spec or 'default'}] failed rc={r.returncode}: {r.stderr[-1500:]}")
-            continue
-        res = json.loads(r.stdout.strip().splitlines()[-1])
-        ms = res["ms"]
-        print(f"[{spec or 'default'}] {os.path.basename(args.model_dir.rstrip('/'))}, options {opts}, "
-              f"median of {res['tokens']} steady tokens, ms:")
-        for k in ["token", "outside_compute"] + [s[3] for s in STAGES] + ["run.apply.closure_call", "run.apply.eval"]:
-            if k in ms:
-                print(f"  {k:<28} {ms[k]:8.3f}")
+    configs = [(spec, tree) for tree in [None] + [os.path.abspath(t) for t in args.tree] for spec in args.env or [""]]
+    seen: dict = collections.defaultdict(list)
+    for _ in range(max(1, args.rounds)):
+        for spec, tree in configs:
+            env = dict(os.environ)
+            env.update(kv.split("=", 1) for kv in spec.split(",") if kv)
+            if tree:
+                env["ORTMLX_PROBE_TREE"] = tree
+            label = f"{spec or 'default'}{f' @ {tree}' if tree else ''}"
+            r = subprocess.run([sys.executable, os.path.abspath(__file__), args.model_dir, "--tokens",
+                                str(args.tokens), "--child", "1"] + [f"--option={o}" for o in args.option],
+                               capture_output=True, text=True, env=env, cwd=tree or None)
+            if r.returncode != 0:
+                print(f"[{label}] failed rc={r.returncode}: {r.stderr[-1500:]}")
+                continue
+            res = json.loads(r.stdout.strip().splitlines()[-1])
+            ms = res["ms"]
+            own = ep_python(ms)
+            seen[label].append((ms["token"], own))
+            print(f"[{label}] {os.path.basename(args.model_dir.rstrip('/'))}, options {opts}, "
+                  f"median of {res['tokens']} steady tokens, ms:")
+            for k in ["token", "outside_compute"] + [s[3] for s in STAGES] + ["run.apply.closure_call",
+                                                                             "run.apply.eval"]:
+                if k in ms:
+                    print(f"  {k:<28} {ms[k]:8.3f}")
+            print(f"  {'EP Python':<28} {own:8.3f}   ({100 * own / ms['token']:.1f}% of the token)")
+    if len(configs) > 1 or args.rounds > 1:
+        print("\nmedians over the rounds (ms): token, EP Python, its share")
+        for label, got in seen.items():
+            tok, own = statistics.median(t for t, _ in got), statistics.median(o for _, o in got)
+            shares = ", ".join(f"{100 * o / t:.1f}%" for t, o in got)
+            print(f"  {label:<40} {tok:7.3f} {own:7.3f}  {100 * own / tok:5.1f}%  (each run: {shares})")
     return 0
+
+
+def ep_python(ms: dict) -> float:
+    """The EP's own Python in a token (ms): copy-in, the key and closure lookup (``run`` less ``run.apply``),
+    hoisted work and copy-out; MLX's closure call and eval, genai and ORT are not in it."""
+    return (sum(ms.get(k, 0.0) for k in ("copy_in.gather", "copy_in.addresses", "copy_in.mirrors",
+                                          "run.apply.hoisted", "copy_out"))
+            + ms.get("run", 0.0) - ms.get("run.apply", 0.0))
 
 
 if __name__ == "__main__":

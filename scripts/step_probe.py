@@ -154,7 +154,8 @@ def main(argv=None) -> int:
                                                                              "run.apply.eval"]:
                 if k in ms:
                     print(f"  {k:<28} {ms[k]:8.3f}")
-            print(f"  {'EP Python':<28} {own:8.3f}   ({100 * own / ms['token']:.1f}% of the token)")
+            print(f"  {'ep_python':<28} {own:8.3f}")
+            print(f"  {'ep_python_share_pct':<28} {100 * own / ms['token']:8.1f}")
     if len(configs) > 1 or args.rounds > 1:
         print("\nmedians over the rounds (ms): token, EP Python, its share")
         for label, got in seen.items():

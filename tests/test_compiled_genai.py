@@ -406,3 +406,17 @@ def test_step_probe_script_quick():
                           ("copy_out.kv_batch.write", "copy_out.kv_batch")):
         if child in ms:                 # the KV batch's stages (a run whose buffers never batched has none)
             assert 0 <= ms[child] <= ms[parent], (child, parent, ms)
+    assert 0 <= ms["ep_python"] <= ms["compute"], ms
+
+
+def test_step_probe_alternates_trees():
+    """``step_probe.py --tree DIR --rounds N`` runs DIR's ortmlx in processes alternating with this checkout's and
+    ends with each configuration's medians (here DIR is this checkout: both configurations run the same code)."""
+    path = model_dir("qwen2")
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "step_probe.py"), path, "--tokens", "8",
+                          "--tree", ROOT, "--rounds", "2"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "failed" not in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
+    heads = [line for line in res.stdout.splitlines() if line.startswith("[")]
+    assert len(heads) == 4 and sum(f"@ {ROOT}" in h for h in heads) == 2, heads
+    summary = res.stdout.split("medians over the rounds")[-1].strip().splitlines()[1:]
+    assert len(summary) == 2 and summary[1].lstrip().startswith(f"default @ {ROOT}"), summary

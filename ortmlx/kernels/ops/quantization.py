@@ -70,7 +70,6 @@ def _broadcast(p, x_shape, axis: int, block_size: int):
 def _check(quantize: bool):
     def check(view):
         a = view.attrs
-        r = view.rank(0)
         axis, bs = a.get("axis", 1), a.get("block_size", 0)
         if bs < 0:
             return f"block_size {bs} < 0"

@@ -44,6 +44,12 @@ def _copy_whole(dst: np.ndarray, r: mx.array, read: devread.Reader) -> int:
     return host.nbytes
 
 
+def _may_alias(a) -> bool:
+    """Whether an output may be written into input ``a``'s buffer (ORT's shared KV buffer: non-empty, rank >= 2,
+    batch 1)."""
+    return bool(a is not None and a.size and a.ndim >= 2 and a.shape[0] == 1)
+
+
 def _nbytes(arrays) -> int:
     """Bytes of the gathered inputs (what MLX copies onto its device)."""
     return sum(a.nbytes for a in arrays if a is not None)
@@ -232,14 +238,12 @@ class ComputeInfo:
         b = self._tls.b
         at, ent, amap = b.addr_memo
         if b.redo is None or at != b.prev_token:
-            ent = [p if a is not None and a.size and a.ndim >= 2 and a.shape[0] == 1 else None
-                   for a, p in zip(inputs, b.addr.tolist())]
+            ent = [p if _may_alias(a) else None for a, p in zip(inputs, b.addr.tolist())]
             amap = {p: i for i, p in enumerate(ent) if p is not None}
         else:
             new, dirty = list(ent), False
             for i in b.redo:
-                a = inputs[i]
-                p = int(b.addr[i]) if a is not None and a.size and a.ndim >= 2 and a.shape[0] == 1 else None
+                p = int(b.addr[i]) if _may_alias(inputs[i]) else None
                 if p != new[i]:
                     new[i], dirty = p, True
             if dirty:
@@ -353,29 +357,21 @@ class ComputeInfo:
         if b.n_out < n:
             _out_buffers(abi.ffi, b, n, abi.max_rank)
         inplace = bool(addrs)
-        src = getattr(results, "source", None)      # the closure that made them: its outputs' types are fixed
+        # the closure that made them (its outputs' types are fixed): with the same shapes, the same outputs go
+        # back in place as last call (``mirrorable``: MLX results); without one, each call classifies them
+        src = getattr(results, "source", None)
         memo = b.out_memo
-        if src is not None:
-            shapes = list(map(_SHAPE, results))
-            if memo[0] is src and memo[1] == inplace and shapes == memo[2]:
-                host_idx = memo[3]
-            else:
-                host_idx = [j for j, r in enumerate(results) if not (inplace and mirrorable(r))]
-            hosts = dict.fromkeys(range(n))
-            for j in host_idx:
-                hosts[j] = h = dt.host(results[j])
-                if h.shape != shapes[j]:
-                    shapes[j] = h.shape
-            b.out_memo = (src, inplace, shapes, host_idx)
+        shapes = list(map(_SHAPE, results))
+        if src is not None and memo[0] is src and memo[1] == inplace and shapes == memo[2]:
+            host_idx = memo[3]
         else:
-            hosts, shapes = {}, []
-            for j, r in enumerate(results):
-                if inplace and mirrorable(r):       # an MLX result (mirrorable checks)
-                    hosts[j] = None
-                    shapes.append(tuple(r.shape))
-                else:
-                    h = hosts[j] = dt.host(r)
-                    shapes.append(h.shape)
+            host_idx = [j for j, r in enumerate(results) if not (inplace and mirrorable(r))]
+        hosts = dict.fromkeys(range(n))
+        for j in host_idx:
+            hosts[j] = h = dt.host(results[j])
+            if h.shape != shapes[j]:
+                shapes[j] = h.shape
+        b.out_memo = (src, inplace, shapes, host_idx)
         if shapes != b.last_oshapes:
             for j, shape in enumerate(shapes):
                 self._check_rank(j, shape)

@@ -48,7 +48,7 @@ class Layout:
         self.addrs = np.array(addrs, np.uint64)
         self.addr_bytes = self.addrs.tobytes()             # one bytes compare per call (``same_at``)
         self.addr_set = frozenset(addrs)
-        self.shapes, self.dtypes = shapes, dtypes          # host shapes / numpy dtypes per buffer
+        self.shapes, self.dtypes = tuple(shapes), dtypes   # host shapes / numpy dtypes per buffer (the outputs' too)
         nblk = [math.prod(shape[1:-2]) for _, _, shape, _ in meta]
         rows = [shape[-2] for _, _, shape, _ in meta]
         rb = [shape[-1] * isz for _, _, shape, isz in meta]
@@ -71,7 +71,6 @@ class Layout:
         self._c = None
         self.out_set = frozenset(self.out_list)
         self.in_set = frozenset(self.in_list)
-        self.out_shapes = tuple(shapes)                     # what the outputs' shapes must be (``pick_outs``)
         self.pick_outs = picker(self.out_list)          # the outputs' entries of a list, as a tuple
         #: (first, end) when the inputs are a run of consecutive indices in order (a slice assigns them)
         lo = self.in_list[0] if self.in_list else 0
@@ -206,7 +205,7 @@ class KvBatches:
             L = Layout(meta, addrs, shapes, dtypes)
         if res_shapes is None:
             res_shapes = [tuple(r.shape) for r in results]
-        if L.pick_outs(res_shapes) != L.out_shapes:
+        if L.pick_outs(res_shapes) != L.shapes:
             return None
         return L
 

@@ -185,8 +185,7 @@ class CompiledSubgraph:
                                "down without the GIL when the thread exits): eager")
                 return self._eager(inputs, probe)
             keyed_since = since is not None and self._plain_prepare
-            if self.device == "gpu" and not keyed_since and any(a is not None and getattr(a, "size", 1) == 0
-                                                           for a in inputs):
+            if self.device == "gpu" and not keyed_since and any(map(_empty, inputs)):
                 return self._eager(inputs, probe)      # MLX's CUDA compiled kernels crash (SIGFPE) on size 0
             try:
                 if keyed_since:
@@ -242,7 +241,7 @@ class CompiledSubgraph:
         if at != prev or len(inputs) != len(sig):
             sig = _shapes(inputs)
             k1 = self._key1(inputs, sig)
-            empty = frozenset(i for i, a in enumerate(inputs) if a is not None and getattr(a, "size", 1) == 0)
+            empty = frozenset(i for i, a in enumerate(inputs) if _empty(a))
         elif redo:
             sig, parts, new_empty, changed = list(sig), None, set(empty), False
             for i in redo:
@@ -253,7 +252,7 @@ class CompiledSubgraph:
                     if parts is None:
                         parts = list(k1)
                     parts[i] = part
-                if a is not None and getattr(a, "size", 1) == 0:
+                if _empty(a):
                     changed |= i not in new_empty
                     new_empty.add(i)
                 elif i in new_empty:
@@ -607,25 +606,12 @@ class CompiledSubgraph:
             raise ValueError(f"expected {len(self._in_types)} inputs, got {len(inputs)}")
         if shapes is None:
             shapes = _shapes(inputs)
-        if self.config.shapeless:
-            free = self.free_dims
-            if free is None:
-                return tuple(None if a is None else (_dstr(a), len(sh)) for a, sh in zip(inputs, shapes))
-            axes = self._free_axes
-            key = []
-            for i, (a, shape) in enumerate(zip(inputs, shapes)):
-                if a is None:
-                    key.append(None)
-                    continue
-                fa = axes.get(i)
-                if fa:
-                    shape = tuple(-1 if ax in fa else d for ax, d in enumerate(shape))
-                key.append((_dstr(a), shape))
-            return tuple(key)
-        return tuple(None if a is None else (_dstr(a), sh) for a, sh in zip(inputs, shapes))
+        part = self._key_part
+        return tuple(part(i, a, sh) for i, (a, sh) in enumerate(zip(inputs, shapes)))
 
     def _key_part(self, i: int, a, shape: tuple | None):
-        """Input ``i``'s part of ``_key1`` (``shape``: its shape)."""
+        """Input ``i``'s part of the key (``shape``: its shape): its type, and its shape, or its rank when the
+        closure is shapeless with no dims named free, or its shape with the free dims as -1."""
         if a is None:
             return None
         if self.config.shapeless:
@@ -844,6 +830,11 @@ def _dstr(a) -> str:
         return np.asarray(a).dtype.str
     _DSTR[d] = s
     return s
+
+
+def _empty(a) -> bool:
+    """An input with no elements (MLX's CUDA compiled kernels crash on them; None: omitted, not empty)."""
+    return a is not None and getattr(a, "size", 1) == 0
 
 
 def picker(idx) -> "callable":

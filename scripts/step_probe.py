@@ -48,6 +48,7 @@ STAGES = [
     ("ortmlx.compiled.core", "CompiledSubgraph", "_key_since", "run.key_since"),    # (calls _key1 on a memo miss)
     ("ortmlx.compiled.core", "CompiledSubgraph", "_apply", "run.apply"),
     ("ortmlx.compiled.core", "CompiledSubgraph", "_hoisted", "run.apply.hoisted"),
+    ("ortmlx.kernels.cuda_driver", "Driver", "synchronize", "run.apply.spin"),      # (GPU: the polled wait)
 ]
 
 

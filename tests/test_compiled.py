@@ -182,6 +182,49 @@ def test_gpu_eval_settles_the_heap_during_an_async_eval(monkeypatch):
     assert started == [1, 1] and r.counters["compiled_calls"] >= 3 and not r.closures()[0].poisoned
 
 
+def test_gpu_polled_wait_comes_between_the_async_eval_and_the_eval(monkeypatch):
+    """With a polling CUDA context the runner waits for the GPU with the driver's synchronize after starting
+    the eval and before MLX's own wait (which then finds the work done): order and answers checked with the
+    GPU path switched on for a CPU runner."""
+    from ortmlx.compiled import core
+    m = mlp()
+    s, (r,) = compiled_session(m)
+    check(s, m, [feed(6)])                          # trusted after the first call
+    assert r._spin is None                          # a CPU runner: no driver to poll
+    order = []
+    real_async, real_eval = mx.async_eval, r._eval
+    monkeypatch.setattr(core.mx, "async_eval", lambda *a: order.append("async") or real_async(*a))
+    monkeypatch.setattr(r, "_eval", lambda *a: order.append("eval") or real_eval(*a))
+    monkeypatch.setattr(r, "_settle", True)
+    monkeypatch.setattr(r, "_spin", lambda: order.append("spin") or 0)
+    check(s, m, [feed(6), feed(6)])
+    assert order == ["async", "spin", "eval"] * 2 and r.counters["compiled_calls"] >= 3
+    assert not r.closures()[0].poisoned
+
+
+def test_spin_waiter_only_for_a_polling_context(monkeypatch):
+    from ortmlx.compiled import core
+    from ortmlx.kernels import cuda_driver
+
+    class Drv:
+        def __init__(self, spins):
+            self._spins = spins
+
+        def spins(self):
+            return self._spins
+
+        def synchronize(self):
+            return 0
+
+    monkeypatch.setattr(cuda_driver, "driver", lambda: Drv(True))
+    w = core._spin_waiter()
+    assert w is not None and w() == 0
+    monkeypatch.setattr(cuda_driver, "driver", lambda: Drv(False))
+    assert core._spin_waiter() is None               # blocking sync: MLX's wait only
+    monkeypatch.setattr(cuda_driver, "driver", lambda: None)
+    assert core._spin_waiter() is None               # no CUDA driver
+
+
 def test_trace_fault_option_falls_back():
     m = mlp()
     s, (r,) = compiled_session(m, {"fault": "trace"})

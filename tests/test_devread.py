@@ -24,9 +24,9 @@ ffi = cffi.FFI()
 class FakeDriver:
     """cuCtxGetCurrent / cuCtxSetCurrent / cuDeviceGet / cuDevicePrimaryCtxRetain / cuMemcpy over memmove."""
 
-    def __init__(self, fail: bool = False, ctx: bool = True, map_fail: bool = False):
-        self.fail, self.ctx, self.map_fail = fail, ctx, map_fail
-        self.copies, self.sets, self.retains = [], 0, 0
+    def __init__(self, fail: bool = False, ctx: bool = True, map_fail: bool = False, flags: int = 0x18):
+        self.fail, self.ctx, self.map_fail, self.flags = fail, ctx, map_fail, flags
+        self.copies, self.sets, self.retains, self.syncs = [], 0, 0, 0
         self.alive, self.freed = {}, []
 
     def cuCtxGetCurrent(self, p):
@@ -74,6 +74,16 @@ class FakeDriver:
         self.freed.append(int(ffi.cast("uintptr_t", p)))
         del self.alive[self.freed[-1]]
         return 0
+
+    def cuCtxGetFlags(self, f):
+        if self.flags is None:
+            return 201                  # CUDA_ERROR_INVALID_CONTEXT
+        f[0] = self.flags
+        return 0
+
+    def cuCtxSynchronize(self):
+        self.syncs += 1
+        return 700 if self.fail else 0
 
 
 def reader(**kw):
@@ -218,6 +228,31 @@ def test_host_buffer_errors_free_what_was_taken():
     with pytest.raises(cuda_driver.DriverError, match="cuMemHostGetDevicePointer failed with CUresult 201"):
         cuda_driver.HostBuffer(cuda_driver.Driver(d, ffi), 64)
     assert len(d.freed) == 1 and not d.alive
+
+
+@pytest.mark.parametrize("flags,spins", [
+    (0x18, True),       # CU_CTX_SCHED_AUTO with MAP_HOST | LMEM_RESIZE_TO_MAX: what MLX's context had on the H200
+    (0x01, True),       # SCHED_SPIN
+    (0x02, True),       # SCHED_YIELD
+    (0x04, False),      # SCHED_BLOCKING_SYNC: a synchronize sleeps too, no point polling
+    (0x1c, False),
+    (None, False),      # cuCtxGetFlags failed
+])
+def test_driver_spins_unless_the_context_blocks(flags, spins):
+    from ortmlx.kernels import cuda_driver
+    d = FakeDriver(ctx=False, flags=flags)
+    drv = cuda_driver.Driver(d, ffi)
+    assert drv.spins() is spins
+    assert d.sets == 1                           # a context made current first
+
+
+def test_driver_synchronize_makes_a_context_current_and_returns_the_result():
+    from ortmlx.kernels import cuda_driver
+    d = FakeDriver(ctx=False)
+    drv = cuda_driver.Driver(d, ffi)
+    assert drv.synchronize() == 0 and d.syncs == 1 and d.sets == 1
+    d.fail = True
+    assert drv.synchronize() == 700 and d.syncs == 2     # reported, not raised: MLX's eval reports the error
 
 
 def test_no_driver_without_the_cuda_backend():

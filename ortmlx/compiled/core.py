@@ -42,6 +42,12 @@ GPU_SHAPELESS = False
 #: (``ORTMLX_EVAL_SETTLE=0``: a plain eval; on the CPU the eval's threads leave no wait to hide it in)
 EVAL_SETTLE = os.environ.get("ORTMLX_EVAL_SETTLE", "1") != "0"
 
+#: on a GPU whose CUDA context waits by polling, wait for the launched work with one context synchronize
+#: before MLX's own wait: MLX waits on blocking-sync events (the thread sleeps until an interrupt wakes
+#: it, and then runs the copy-out on a cold core); after the poll its wait finds the work done
+#: (``ORTMLX_SPIN_WAIT=0``: MLX's wait only)
+SPIN_WAIT = os.environ.get("ORTMLX_SPIN_WAIT", "1") != "0"
+
 #: the hoisted integer work through its closed NumPy form (``hoist_form``) when it has one
 #: (``ORTMLX_HOIST_CLOSED_FORM=0``: the generic host runner)
 HOIST_CLOSED_FORM = os.environ.get("ORTMLX_HOIST_CLOSED_FORM", "1") != "0"
@@ -158,6 +164,7 @@ class CompiledSubgraph:
         self._last: tuple | None = None
         self._plain_prepare = type(self)._prepare is CompiledSubgraph._prepare
         self._settle = EVAL_SETTLE and self.device == "gpu"     # start it async, settle the heap meanwhile
+        self._spin = _spin_waiter() if self._settle and SPIN_WAIT else None
         self.counters = {"compiled": self.label, "traces": 0, "compiled_calls": 0, "eager_calls": 0,
                          "verify_calls": 0, "guard_fails": 0, "poisoned": "", "poisoned_closures": 0, "keys": 0,
                          "trace_ms": 0.0}
@@ -431,6 +438,8 @@ class CompiledSubgraph:
             if self._settle:
                 mx.async_eval(*outs)
                 bytearray(4096)                 # the heap's consolidation, while the GPU works
+                if self._spin is not None:
+                    self._spin()                # the GPU's work done, polled (MLX's wait below finds it so)
             self._eval(*outs)
             c.calls += 1
             if c.guarded:
@@ -791,6 +800,15 @@ def _hint_mismatch(hints: RowHints, outs: list) -> str | None:
             if not np.array_equal(present[b, ..., s0:s0 + s, :].view(np.uint8), rows[b].view(np.uint8)):
                 return f"row hints of output {j} differ from its rows {s0}..{s0 + s - 1} (batch row {b})"
     return None
+
+
+def _spin_waiter():
+    """The CUDA driver's context synchronize when it polls (``SPIN_WAIT``), else None."""
+    drv = cuda_driver.driver()
+    try:
+        return drv.synchronize if drv is not None and drv.spins() else None
+    except Exception:  # noqa: BLE001 - no driver context: MLX's wait only
+        return None
 
 
 def _guard_value(guards: list, shapeless: bool) -> mx.array:

@@ -21,7 +21,13 @@ int cuMemcpy(unsigned long long dst, unsigned long long src, size_t n);
 int cuMemHostAlloc(void** pp, size_t bytesize, unsigned int flags);
 int cuMemHostGetDevicePointer_v2(unsigned long long* pdptr, void* p, unsigned int flags);
 int cuMemFreeHost(void* p);
+int cuCtxSynchronize(void);
+int cuCtxGetFlags(unsigned int* flags);
 """
+
+#: the context's scheduling bits (``cuCtxGetFlags``): how a host thread waits for the GPU
+CTX_SCHED_MASK = 0x07
+CTX_SCHED_BLOCKING_SYNC = 0x04
 
 #: cuMemHostAlloc flags: usable from every context, mapped into the device's address space
 MEMHOSTALLOC_PORTABLE = 0x01
@@ -63,6 +69,18 @@ class Driver:
     def memcpy(self, dst: int, src: int, n: int) -> None:
         self.current()
         check(self.lib.cuMemcpy(dst, src, n), "cuMemcpy")
+
+    def spins(self) -> bool:
+        """Whether a context synchronize on this thread waits by polling (the context's scheduling is not
+        blocking sync: CUDA's default, spin or yield, with fewer active contexts than cores)."""
+        self.current()
+        f = self.ffi.new("unsigned int*")
+        return self.lib.cuCtxGetFlags(f) == 0 and (f[0] & CTX_SCHED_MASK) != CTX_SCHED_BLOCKING_SYNC
+
+    def synchronize(self) -> int:
+        """Wait for all the context's launched work (the CUresult; an error is also MLX's to report)."""
+        self.current()
+        return self.lib.cuCtxSynchronize()
 
 
 class HostBuffer:

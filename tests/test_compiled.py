@@ -198,7 +198,7 @@ def test_gpu_polled_wait_comes_between_the_async_eval_and_the_eval(monkeypatch):
     monkeypatch.setattr(r, "_settle", True)
     monkeypatch.setattr(r, "_spin", lambda: order.append("spin") or 0)
     check(s, m, [feed(6), feed(6)])
-    assert order == ["async", "spin", "eval"] * 2 and r.counters["compiled_calls"] >= 3
+    assert order == ["async", "spin", "eval"] * 2 and r.counters["compiled_calls"] == 2
     assert not r.closures()[0].poisoned
 
 

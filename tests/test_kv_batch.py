@@ -247,3 +247,108 @@ def test_write_reuses_row0_only_when_no_start_is_0():
     assert at0.row0 is not again.row0
     np.testing.assert_array_equal(at0.row0[3].view(np.float16).reshape(4, 8),
                                   np.stack([bufs[0][0, k, 0] for k in range(2)] + [bufs[1][0, k, 0] for k in range(2)]))
+
+
+# ---------------------------------------------------------------------------- outputs allocated during the eval
+def _gpu_like(att, order: list):
+    """The decode runner as on a GPU (eval started asynchronously, ``during`` called before the wait), its waits
+    recorded in ``order``."""
+    d = att.decode
+    real = d._eval
+    d._settle = True
+    d._eval = lambda *a: order.append("eval") or real(*a)
+
+
+def test_outputs_allocated_while_the_gpu_runs(monkeypatch):
+    """A steady decode call (its KV buffers on their mirrors) has ORT allocate its outputs after the closure's
+    eval started and before the wait; the copy-out allocates nothing more. Every answer stays the CPU EP's."""
+    from ortmlx.ep.compute import ComputeInfo
+    order = []
+    real_alloc, real_pre = ComputeInfo._allocate, ComputeInfo._prealloc
+    monkeypatch.setattr(ComputeInfo, "_allocate", lambda self, *a: order.append("alloc") or real_alloc(self, *a))
+    monkeypatch.setattr(ComputeInfo, "_prealloc", lambda self, *a: order.append("pre") or real_pre(self, *a))
+    mlx, cpu, att = sessions()
+    _gpu_like(att, order)
+    buf = Buffers(mlx, cpu, 6)
+    for pos in range(3, 6):
+        buf.step(pos, f"pos {pos}")
+    order.clear()
+    for pos in range(6, 10):
+        buf.step(pos, f"pos {pos}")
+    assert order == ["pre", "alloc", "eval"] * 4, order
+    assert counters(att)["batched"] >= 4 * 2 * LAYERS
+
+
+def test_a_failed_early_allocation_is_made_after_the_wait(monkeypatch):
+    """ORT refusing the allocation made while the GPU runs: the copy-out allocates (and would report) after the
+    wait, and the answers stay right."""
+    from ortmlx.ep.compute import ComputeInfo
+    order = []
+    real_alloc = ComputeInfo._allocate
+
+    def alloc(self, *a):
+        order.append("alloc")
+        if order[-2:-1] == ["pre"]:
+            raise RuntimeError("injected: ORT refused the early allocation")
+        return real_alloc(self, *a)
+    real_pre = ComputeInfo._prealloc
+    monkeypatch.setattr(ComputeInfo, "_allocate", alloc)
+    monkeypatch.setattr(ComputeInfo, "_prealloc", lambda self, *a: order.append("pre") or real_pre(self, *a))
+    mlx, cpu, att = sessions()
+    _gpu_like(att, order)
+    buf = Buffers(mlx, cpu, 7)
+    for pos in range(3, 6):
+        buf.step(pos)
+    order.clear()
+    for pos in range(6, 9):
+        buf.step(pos, f"pos {pos}")
+    assert order == ["pre", "alloc", "eval", "alloc"] * 3, order
+    assert att.decode.counters["poisoned"] == ""
+
+
+def test_results_unlike_the_early_allocation_are_an_error(monkeypatch):
+    """If the results' shapes were not those ORT allocated while the GPU ran, the call fails naming the node
+    and both shape lists (nothing is written into buffers of other shapes)."""
+    from ortmlx.compiled import core
+    mlx, cpu, att = sessions()
+    _gpu_like(att, [])
+    buf = Buffers(mlx, cpu, 8)
+    for pos in range(3, 6):
+        buf.step(pos)
+    real = core._result_shapes
+    monkeypatch.setattr(core, "_result_shapes", lambda c, outs: [(1, 2, 3)] + real(c, outs)[1:])
+    with pytest.raises(Exception, match=r"differ from those ORT allocated while the GPU ran \(\[\(1, 2, 3\)"):
+        buf.step(6)
+
+
+def test_an_early_allocation_serves_only_its_own_call(monkeypatch):
+    """A call whose early allocation was not used (its closure's answer refused: a guard) leaves nothing for the
+    next call, which allocates its own outputs; every answer stays the CPU EP's."""
+    from ortmlx.compiled import core
+    from ortmlx.ep.compute import ComputeInfo
+    order = []
+    real_alloc = ComputeInfo._allocate
+    monkeypatch.setattr(ComputeInfo, "_allocate", lambda self, *a: order.append("alloc") or real_alloc(self, *a))
+    mlx, cpu, att = sessions()
+    _gpu_like(att, order)
+    buf = Buffers(mlx, cpu, 9)
+    for pos in range(3, 6):
+        buf.step(pos)
+    real_apply = core.CompiledSubgraph._apply
+    refuse = [True]
+
+    def apply(self, c, call, probe, during=None):
+        out = real_apply(self, c, call, probe, during)
+        if refuse[0] and during is not None:
+            refuse[0] = False
+            return core.GUARD_FAILED        # the eager answer instead, as when a guard fails
+        return out
+    monkeypatch.setattr(core.CompiledSubgraph, "_apply", apply)
+    order.clear()
+    buf.step(6, "refused")
+    assert order == ["alloc", "eval"], order           # allocated early; the eager copy-out asks ORT per output
+    att.decode._settle = False                          # no early allocation on the next call
+    order.clear()
+    buf.step(7, "after")
+    assert order == ["eval", "alloc"], order
+    buf.step(8, "after")

@@ -10,8 +10,8 @@ Compute (genai's own step and ORT's plumbing). ``--env`` sets variables before M
 
 ``--tree DIR`` (repeatable) also runs another checkout's ortmlx (its shim built: ``python setup.py
 build_ext --inplace`` there), in processes alternating with this tree's, ``--rounds`` times; each run
-prints the EP's own Python per token on the token's path (copy-in, key and lookup, hoisted work,
-copy-out) and its share of the token (and, apart, what it does while the GPU runs), and a last table gives each configuration's medians over the rounds. Processes of one
+prints the EP's own Python per token (copy-in, key and lookup, hoisted work, copy-out) and its share
+of the token, and a last table gives each configuration's medians over the rounds. Processes of one
 configuration differ by 10-40% on a shared host: compare within rounds.
 """
 from __future__ import annotations
@@ -48,9 +48,6 @@ STAGES = [
     ("ortmlx.compiled.core", "CompiledSubgraph", "_key_since", "run.key_since"),    # (calls _key1 on a memo miss)
     ("ortmlx.compiled.core", "CompiledSubgraph", "_apply", "run.apply"),
     ("ortmlx.compiled.core", "CompiledSubgraph", "_hoisted", "run.apply.hoisted"),
-    # (GPU: EP work while the GPU runs, not on the token's path: ``ep_python_in_gpu_wait``)
-    ("ortmlx.compiled.core", None, "_result_shapes", "run.apply.during_shapes"),
-    ("ortmlx.ep.compute", "ComputeInfo", "_prealloc", "run.apply.during_allocate"),
     ("ortmlx.kernels.cuda_driver", "Driver", "synchronize", "run.apply.spin"),      # (GPU: the polled wait)
 ]
 
@@ -160,7 +157,6 @@ def main(argv=None) -> int:
                     print(f"  {k:<28} {ms[k]:8.3f}")
             print(f"  {'ep_python':<28} {own:8.3f}")
             print(f"  {'ep_python_share_pct':<28} {100 * own / ms['token']:8.1f}")
-            print(f"  {'ep_python_in_gpu_wait':<28} {ep_python_hidden(ms):8.3f}")
     if len(configs) > 1 or args.rounds > 1:
         print("\nmedians over the rounds (ms): token, EP Python, its share")
         for label, got in seen.items():
@@ -170,15 +166,9 @@ def main(argv=None) -> int:
     return 0
 
 
-def ep_python_hidden(ms: dict) -> float:
-    """The EP's own Python done while the GPU runs (ms): the output allocation of a steady GPU decode call."""
-    return ms.get("run.apply.during_shapes", 0.0) + ms.get("run.apply.during_allocate", 0.0)
-
-
 def ep_python(ms: dict) -> float:
-    """The EP's own Python on a token's path (ms): copy-in, the key and closure lookup (``run`` less ``run.apply``),
-    hoisted work and copy-out; MLX's closure call and eval, genai and ORT are not in it, nor what the EP does while
-    the GPU runs (``ep_python_hidden``)."""
+    """The EP's own Python in a token (ms): copy-in, the key and closure lookup (``run`` less ``run.apply``),
+    hoisted work and copy-out; MLX's closure call and eval, genai and ORT are not in it."""
     return (sum(ms.get(k, 0.0) for k in ("copy_in.gather", "copy_in.addresses", "copy_in.mirrors",
                                           "run.apply.hoisted", "copy_out"))
             + ms.get("run", 0.0) - ms.get("run.apply", 0.0))

@@ -219,7 +219,7 @@ class AttentionRunner:
                 return int(a.shape[ax])
         return None
 
-    def run(self, inputs: list, probe=None, since: tuple | None = None, during=None) -> list:
+    def run(self, inputs: list, probe=None, since: tuple | None = None) -> list:
         s = self.seq_len(inputs)
         if s == 1:
             # a path switched off runs eagerly
@@ -231,7 +231,7 @@ class AttentionRunner:
         if r is None:
             self.eager_calls += 1
             return self.program.run(inputs, probe=probe) if probe is not None else self.program.run(inputs)
-        return r.run(inputs, probe, since, during)
+        return r.run(inputs, probe, since)
 
     def release(self) -> None:
         for p in self.parts():

@@ -129,7 +129,7 @@ class CompiledSubgraph:
     """The runner Compute calls: compiled replay with an eager answer on any doubt."""
 
     supports_probe = True
-    supports_since = True               # run(..., since=, during=): see run
+    supports_since = True               # run(..., since=): see run
 
     def __init__(self, program, config: CompiledConfig, stats=None, overrides: dict | None = None,
                  free_dims: frozenset | None = None, label: str | None = None):
@@ -179,13 +179,11 @@ class CompiledSubgraph:
             self._fallback(self.static_reason)
 
     # ------------------------------------------------------------------ public
-    def run(self, inputs: list, probe=None, since: tuple | None = None, during=None) -> list:
+    def run(self, inputs: list, probe=None, since: tuple | None = None) -> list:
         """Outputs for ``inputs``: compiled when trusted, else eager (same answer).
 
         ``since``: (the previous gather's number, this one's, the inputs whose shape or type may differ from that
-        gather's), from Compute (``ep.compute.ComputeInfo.gather``): the key is worked out for those only.
-        ``during``: called with the results' shapes while the GPU runs a row-hinted closure (after its eval
-        started, before the wait; Compute allocates ORT's outputs then); it must not raise."""
+        gather's), from Compute (``ep.compute.ComputeInfo.gather``): the key is worked out for those only."""
         with mx.stream(mx_device(self.device)):
             if self.released or self.static_reason:
                 return self._eager(inputs, probe)
@@ -228,7 +226,7 @@ class CompiledSubgraph:
             if c.poisoned:
                 return self._eager(inputs, probe)
             if c.trusted or call.sig in c.verified:
-                out = self._apply(c, call, probe, during)
+                out = self._apply(c, call, probe)
                 if out is not None and out is not GUARD_FAILED:
                     self.counters["compiled_calls"] += 1
                     return out
@@ -414,8 +412,8 @@ class CompiledSubgraph:
         c.verified.add(sig)
         c.trusted = not (self.config.shapeless or call.padded) or len(c.verified) >= 2
 
-    def _apply(self, c: _Closure, call: "Call", probe, during=None) -> list | None:
-        """Host outputs of the closure, or None after poisoning it on any error (``during``: see ``run``)."""
+    def _apply(self, c: _Closure, call: "Call", probe) -> list | None:
+        """Host outputs of the closure, or None after poisoning it on any error."""
         stage = "inputs"
         inputs = call.inputs
         try:
@@ -440,8 +438,6 @@ class CompiledSubgraph:
             if self._settle:
                 mx.async_eval(*outs)
                 bytearray(4096)                 # the heap's consolidation, while the GPU works
-                if during is not None and c.hints and call.post is None:
-                    during(_result_shapes(c, outs))
                 if self._spin is not None:
                     self._spin()                # the GPU's work done, polled (MLX's wait below finds it so)
             self._eval(*outs)
@@ -806,16 +802,6 @@ def _hint_mismatch(hints: RowHints, outs: list) -> str | None:
     return None
 
 
-def _result_shapes(c: _Closure, outs: list) -> list:
-    """The shapes of the results ``_apply`` makes of a row-hinted closure's outputs ``outs`` (the last is the row
-    hints' bytes, then the guard if any): a result read from host memory has its declared shape (its output
-    here is the copy's one ordering byte)."""
-    shapes = list(map(_SHAPE, outs[:len(outs) - 1 - c.guarded]))
-    for j, _, _, shape, _ in c.host_outs:
-        shapes[j] = shape
-    return shapes
-
-
 def _spin_waiter():
     """The CUDA driver's context synchronize when it polls (``SPIN_WAIT``), else None."""
     drv = cuda_driver.driver()
@@ -887,7 +873,6 @@ def _shapes(inputs: list) -> tuple:
 
 #: types whose ``.shape`` is already a tuple of ints (``np.shape`` of anything else)
 _SHAPED = frozenset({np.ndarray, mx.array})
-_SHAPE = operator.attrgetter("shape")
 
 
 def _host_bytes(plan: HostPlan, inputs: list) -> tuple:

@@ -1,7 +1,6 @@
 """One fused group at run time: gather ORT's inputs, run, copy results out."""
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 import operator
@@ -88,8 +87,6 @@ class _Buffers:
         self.last_oshapes = None
         #: ``_output_ptrs``: (the closure whose results, in place allowed, their shapes, the host results' indices)
         self.out_memo = (None, False, None, None)
-        #: ``_prealloc``: (the gather whose outputs ORT allocated while the GPU ran, their shapes)
-        self.pre = (-1, None)
 
 
 def _out_buffers(ffi, b: _Buffers, n_out: int, max_rank: int) -> None:
@@ -355,17 +352,15 @@ class ComputeInfo:
     def _output_ptrs(self, kctx, results, probe, addrs) -> tuple[np.ndarray, dict, list]:
         """ORT's buffers for every output in one C call: (addresses, {j: host result, or None for a
         device result that may go back in place}, the results' shapes)."""
-        b = self._tls.b
+        abi, b = self.abi, self._tls.b
         n = len(results)
+        if b.n_out < n:
+            _out_buffers(abi.ffi, b, n, abi.max_rank)
         inplace = bool(addrs)
         # the closure that made them (its outputs' types are fixed): with the same shapes, the same outputs go
         # back in place as last call (``mirrorable``: MLX results); without one, each call classifies them
         src = getattr(results, "source", None)
         memo = b.out_memo
-        pre_at, pre = b.pre
-        if pre_at != b.token:
-            pre = None
-        b.pre = (-1, None)
         shapes = list(map(_SHAPE, results))
         if src is not None and memo[0] is src and memo[1] == inplace and shapes == memo[2]:
             host_idx = memo[3]
@@ -377,21 +372,6 @@ class ComputeInfo:
             if h.shape != shapes[j]:
                 shapes[j] = h.shape
         b.out_memo = (src, inplace, shapes, host_idx)
-        if pre is None:
-            self._allocate(kctx, b, shapes)
-        elif shapes != pre:                     # (ORT's buffers have those shapes: nothing is written to them)
-            raise EpError(f"the results' shapes {shapes} differ from those ORT allocated while the GPU ran ({pre})",
-                          node=self.name)
-        if probe is not None:
-            probe.fault_point("copy_out")       # testing: fail with the outputs already allocated
-        return b.optrs_np[:n], hosts, shapes    # (a view: valid until the next call on this thread)
-
-    def _allocate(self, kctx, b: _Buffers, shapes: list) -> None:
-        """ORT's buffers for outputs of ``shapes`` (all of them, one C call) into ``b.optrs``."""
-        abi = self.abi
-        n = len(shapes)
-        if b.n_out < n:
-            _out_buffers(abi.ffi, b, n, abi.max_rank)
         if shapes != b.last_oshapes:
             for j, shape in enumerate(shapes):
                 self._check_rank(j, shape)
@@ -399,18 +379,9 @@ class ComputeInfo:
                 b.ondims_np[j] = len(shape)
             b.last_oshapes = shapes
         abi.check(abi.get_outputs(abi.api, kctx, n, b.oall, b.ondims, b.optrs))
-
-    def _prealloc(self, kctx, shapes: list) -> None:
-        """ORT's output buffers for a row-hinted closure's results, allocated while the GPU runs it (the runner's
-        ``during``); ``_output_ptrs`` uses them. A failure leaves the allocation (and its report) to it."""
-        b = self._tls.b
-        if len(shapes) != len(self.out_names):
-            return
-        try:
-            self._allocate(kctx, b, shapes)
-        except Exception:  # noqa: BLE001 - reported by _output_ptrs' own allocation after the wait
-            return
-        b.pre = (b.token, shapes)
+        if probe is not None:
+            probe.fault_point("copy_out")       # testing: fail with the outputs already allocated
+        return b.optrs_np[:n], hosts, shapes    # (a view: valid until the next call on this thread)
 
     def _write_batch(self, meta, flat, starts, ptrs, results, inputs, used, prev, shapes):
         """The batched copy-out of every hinted row (ep/kvbatch.py), or None (nothing written)."""
@@ -520,20 +491,6 @@ class ComputeInfo:
             return None
         return (b.prev_token, b.token, b.redo)
 
-    def _run(self, kctx, run: list, used: dict, probe=None) -> list:
-        """The runner's results; ``since`` when the runner takes it, and ``during`` (ORT's outputs allocated
-        while the GPU runs) when this call's KV buffers ran on their mirrors (the copy-out's batched path)."""
-        kw = {}
-        if probe is not None:
-            kw["probe"] = probe
-        if self._since_ok:
-            since = self._since()
-            if since is not None:
-                kw["since"] = since
-            if used and self.kv is not None:
-                kw["during"] = functools.partial(self._prealloc, kctx)
-        return self.runner.run(run, **kw)
-
     def copy_in(self, kctx) -> tuple[list, dict[int, int], list, dict[int, mx.array]]:
         """(ORT's inputs as numpy views, their buffer addresses, what the runner gets: device mirrors
         substituted where ORT's buffer has one, the substituted inputs)."""
@@ -552,7 +509,8 @@ class ComputeInfo:
         if self._observed:
             return self._compute_observed(kctx)
         inputs, addrs, run, used = self.copy_in(kctx)
-        results = self._run(kctx, run, used)
+        since = self._since()
+        results = self.runner.run(run) if since is None else self.runner.run(run, since=since)
         self.copy_out(kctx, results, None, inputs, addrs, used)
         self.calls += 1
         self.ep.stats.calls += 1
@@ -568,7 +526,9 @@ class ComputeInfo:
             probe.mark("copy_in")
             inputs, addrs, run, used = self.copy_in(kctx)
             if getattr(self.runner, "supports_probe", False):
-                results = self._run(kctx, run, used, probe)       # marks build / eval itself
+                since = self._since()
+                results = self.runner.run(run, probe=probe) if since is None else \
+                    self.runner.run(run, probe=probe, since=since)       # marks build / eval itself
             else:
                 probe.mark("run")
                 results = self.runner.run(run)

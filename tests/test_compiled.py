@@ -174,9 +174,10 @@ def test_gpu_eval_settles_the_heap_during_an_async_eval(monkeypatch):
     started = []
     real = mx.async_eval
     monkeypatch.setattr(core.mx, "async_eval", lambda *a: started.append(len(a)) or real(*a))
-    assert not r._settle                            # a CPU runner: a plain eval
-    check(s, m, [feed(6)])
-    assert started == []
+    assert r._settle == (r.device == "gpu")         # a CPU runner: a plain eval
+    if r.device != "gpu":
+        check(s, m, [feed(6)])
+        assert started == []
     monkeypatch.setattr(r, "_settle", True)         # what a GPU runner resolves (ORTMLX_EVAL_SETTLE unset)
     check(s, m, [feed(6), feed(6)])
     assert started == [1, 1] and r.counters["compiled_calls"] >= 3 and not r.closures()[0].poisoned
@@ -190,7 +191,8 @@ def test_gpu_polled_wait_comes_between_the_async_eval_and_the_eval(monkeypatch):
     m = mlp()
     s, (r,) = compiled_session(m)
     check(s, m, [feed(6)])                          # trusted after the first call
-    assert r._spin is None                          # a CPU runner: no driver to poll
+    if r.device != "gpu":
+        assert r._spin is None                      # a CPU runner: no driver to poll
     order = []
     real_async, real_eval = mx.async_eval, r._eval
     monkeypatch.setattr(core.mx, "async_eval", lambda *a: order.append("async") or real_async(*a))
@@ -239,7 +241,15 @@ def _shapeless(runner):
     return C.CompiledSubgraph(runner.program, CompiledConfig("test", SHAPELESS))
 
 
-def test_shapeless_traces_once_and_is_trusted_after_two_lengths():
+@pytest.fixture
+def shapeless_everywhere(monkeypatch):
+    """Shapeless closures compiled on a GPU too (off there by default: ``core.GPU_SHAPELESS``), so these tests
+    check the same logic on either device."""
+    from ortmlx.compiled import core
+    monkeypatch.setattr(core, "GPU_SHAPELESS", True)
+
+
+def test_shapeless_traces_once_and_is_trusted_after_two_lengths(shapeless_everywhere):
     s, (r,) = compiled_session(mlp())
     sl = _shapeless(r)
     for n in (4, 4, 6, 9, 13, 4):
@@ -253,7 +263,7 @@ def test_shapeless_traces_once_and_is_trusted_after_two_lengths():
     assert sl.counters["compiled_calls"] == 4
 
 
-def test_shapeless_shape_baked_constant_is_caught_at_second_length():
+def test_shapeless_shape_baked_constant_is_caught_at_second_length(shapeless_everywhere):
     s, (r,) = compiled_session(mlp())
     sl = _shapeless(r)
     st = relu_step(sl)

@@ -259,3 +259,29 @@ def test_no_driver_without_the_cuda_backend():
     from ortmlx.kernels import cuda_driver
     if not (hasattr(mx, "cuda") and mx.cuda.is_available()):
         assert cuda_driver.driver() is None
+
+
+def _sources():
+    base = np.arange(24, dtype=np.float32).reshape(4, 6)
+    ro = base.copy()
+    ro.flags.writeable = False
+    return {
+        "row-major": base,
+        "transposed (not row-major)": base.T,
+        "strided rows": base[::2],
+        "read-only (a closure's host-memory result)": ro,
+        "an MLX result's host view": np.asarray(mx.arange(10).astype(mx.float16)),
+        "bool": np.array([[True, False, True]]),
+        "empty": np.zeros((0, 3), np.int64),
+    }
+
+
+@pytest.mark.parametrize("name", list(_sources()))
+def test_numpy_reader_copies_to_an_address_in_logical_order(name):
+    """``copy_to_address`` (ORT's output buffer): row-major sources in one memmove, others element by element;
+    the destination gets the values in row-major order and nothing past their bytes."""
+    src = _sources()[name]
+    raw = np.full(src.nbytes + 16, 0xAB, np.uint8)
+    devread.NUMPY.copy_to_address(ffi.cast("void*", raw.ctypes.data), src, ffi)
+    assert raw[:src.nbytes].tobytes() == np.ascontiguousarray(src).tobytes()
+    assert (raw[src.nbytes:] == 0xAB).all()

@@ -31,8 +31,12 @@ class Reader:
         np.copyto(dst, src)
 
     def copy_to_address(self, ptr, src: np.ndarray, ffi) -> None:
-        """Copy ``src`` into ``src.nbytes`` bytes of host memory at ``ptr`` (a cffi pointer: ORT's output buffer)."""
-        np.copyto(np.frombuffer(ffi.buffer(ptr, src.nbytes), src.dtype).reshape(src.shape), src)
+        """Copy ``src`` into ``src.nbytes`` bytes of host memory at ``ptr`` (a cffi pointer: ORT's output buffer):
+        one ``memmove`` when ``src`` is row-major (no view of the destination to make), else element by element."""
+        if src.flags.c_contiguous:
+            ffi.memmove(ptr, src, src.nbytes)
+        else:
+            np.copyto(np.frombuffer(ffi.buffer(ptr, src.nbytes), src.dtype).reshape(src.shape), src)
 
     def read(self, src: np.ndarray) -> np.ndarray:
         """A private host copy of ``src``."""

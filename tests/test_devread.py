@@ -285,3 +285,11 @@ def test_numpy_reader_copies_to_an_address_in_logical_order(name):
     devread.NUMPY.copy_to_address(ffi.cast("void*", raw.ctypes.data), src, ffi)
     assert raw[:src.nbytes].tobytes() == np.ascontiguousarray(src).tobytes()
     assert (raw[src.nbytes:] == 0xAB).all()
+
+
+def test_numpy_reader_never_copies_object_pointers():
+    src = np.array(["a", "b"], dtype=object)
+    raw = np.zeros(64, np.uint8)
+    with pytest.raises(ValueError):
+        devread.NUMPY.copy_to_address(ffi.cast("void*", raw.ctypes.data), src, ffi)
+    assert not raw.any()

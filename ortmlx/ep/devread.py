@@ -32,8 +32,9 @@ class Reader:
 
     def copy_to_address(self, ptr, src: np.ndarray, ffi) -> None:
         """Copy ``src`` into ``src.nbytes`` bytes of host memory at ``ptr`` (a cffi pointer: ORT's output buffer):
-        one ``memmove`` when ``src`` is row-major (no view of the destination to make), else element by element."""
-        if src.flags.c_contiguous:
+        one ``memmove`` when ``src`` is row-major plain data (no view of the destination to make), else element by
+        element (an object array, which no MLX result is, is refused there rather than its pointers copied)."""
+        if src.flags.c_contiguous and not src.dtype.hasobject:
             ffi.memmove(ptr, src, src.nbytes)
         else:
             np.copyto(np.frombuffer(ffi.buffer(ptr, src.nbytes), src.dtype).reshape(src.shape), src)

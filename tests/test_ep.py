@@ -48,6 +48,20 @@ def test_bad_option_is_a_clear_error(capfd, opts, msg):
     assert s.get_providers() == ["CPUExecutionProvider"]
 
 
+def test_options_left_empty_are_their_defaults():
+    """An empty non-switch value (``ORTMLX_COMPILE_MODE=``, ``device=""``) is the default, not an error; an empty
+    switch is off (the documented rule) and a bad value is still refused."""
+    from ortmlx.ep.options import EpOptions
+    o = EpOptions.from_sources({}, {"ORTMLX_COMPILE_MODE": "", "ORTMLX_DEVICE": " ", "ORTMLX_TRACE": ""})
+    assert (o.compile_mode, o.device, o.trace) == ("enabled", "auto", "")
+    o = EpOptions.from_sources({"device": "", "compile_mode": "no_fuse"}, {"ORTMLX_DEVICE": "cpu"})
+    assert (o.device, o.compile_mode) == ("cpu", "no_fuse")      # an empty provider option is unset: the env's
+    o = EpOptions.from_sources({"verbose": ""}, {"ORTMLX_VERBOSE": "1"})
+    assert o.verbose is False                                     # an empty switch is off (the provider's wins)
+    with pytest.raises(ValueError, match="compile_mode must be"):
+        EpOptions.from_sources({}, {"ORTMLX_COMPILE_MODE": "fast"})
+
+
 def test_device_cpu_option():
     check_against_cpu(chain_model(), [{"X": np.ones((2, 4), np.float32)}], options={"device": "cpu"})
     assert ortmlx.partition_reports()[-1].device == "cpu"

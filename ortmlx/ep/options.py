@@ -4,7 +4,8 @@ Every option can be given as a provider option (``providers=[("MLXExecutionProvi
 {"device": "cpu"})]``, which ORT hands over as session config entries
 ``ep.mlxexecutionprovider.<key>``) or as an environment variable. A provider option
 wins over the environment. For on/off switches, "" and "0" (and "false", "off")
-mean off.
+mean off; any other option left empty (``ORTMLX_DEVICE=``) is unset (the environment's,
+then the default).
 """
 from __future__ import annotations
 
@@ -113,8 +114,8 @@ class EpOptions:
         vals: dict = {}
         for key, (env_names, _) in SPEC.items():
             raw = provider.get(key)
-            if raw is None:
-                raw = next((env[e] for e in env_names if e in env), None)
+            if not _given(key, raw):
+                raw = next((env[e] for e in env_names if _given(key, env.get(e))), None)
             if raw is None:
                 continue
             vals[key] = flag(raw) if key in _BOOLS else raw.strip()
@@ -137,6 +138,12 @@ class EpOptions:
     @property
     def compile_enabled(self) -> bool:
         return not self.no_compile and self.compile_mode != "disabled"
+
+
+def _given(key: str, value: str | None) -> bool:
+    """Whether ``value`` sets option ``key``: an empty switch is off, any other option left empty
+    (``ORTMLX_DEVICE=``) is unset."""
+    return value is not None and (key in _BOOLS or bool(value.strip()))
 
 
 def option_names() -> list[str]:

@@ -41,6 +41,7 @@ GEMM = [  # (a shape, b shape, c shape or None, attrs)
     ((3, 4), (5, 4), (1, 5), {"transB": 1, "alpha": -1.5}),
     ((4, 3), (5, 4), (), {"transA": 1, "transB": 1, "beta": 0.0}),
     ((0, 4), (4, 5), (5,), {}),
+    ((3, 0), (0, 5), (5,), {}),                  # K = 0: C
 ]
 
 
@@ -59,6 +60,41 @@ def test_gemm_opsets(opset):
     m = one_node("Gemm", [("a", T.FLOAT, (3, 4)), ("b", T.FLOAT, (5, 4)), ("c", T.FLOAT, (5,))],
                  [("y", T.FLOAT, None)], {"transB": 1, "alpha": 2.0}, opset=opset)
     check(m, {"a": rand((3, 4)), "b": rand((5, 4), seed=1), "c": rand((5,), seed=2)})
+
+
+@pytest.mark.parametrize("sa,sb", [((3, 0), (0, 5)), (("M", "K"), ("K", 5))], ids=["K=0", "K unknown"])
+def test_gemm_beta_where_k_may_be_zero_is_refused(sa, sb):
+    """With K = 0 ORT's CPU kernel returns C unscaled where the spec gives beta * C: a beta other than 0 or 1 is
+    left to the CPU EP unless K is known to be positive."""
+    ins = [("a", T.FLOAT, sa), ("b", T.FLOAT, sb), ("c", T.FLOAT, (5,))]
+    stays_on_cpu(one_node("Gemm", ins, [("y", T.FLOAT, None)], {"beta": 0.5}),
+                 {"a": rand((3, 0)), "b": rand((0, 5), seed=1), "c": rand((5,), seed=2)}, "Gemm")
+
+
+def _primitives(*outs) -> list:
+    import re
+    import tempfile
+
+    import mlx.core as mx
+    with tempfile.NamedTemporaryFile("r", suffix=".dot") as f:
+        mx.export_to_dot(f.name, *outs)
+        return [lab.split()[0] for lab in re.findall(r'label ="([^"]*)"', open(f.name).read())]
+
+
+def test_gemm_bias_is_the_products_addend_on_the_cpu():
+    """On MLX's CPU backend C is the product's addend (one AddMM node: no broadcast Add for mx.compile to fuse
+    with what follows); other devices add it after the product. Same values either way."""
+    from types import SimpleNamespace
+
+    import mlx.core as mx
+
+    from ortmlx.kernels.ops.linalg import gemm
+    A, B, C = (mx.array(rand(s, seed=k)) for k, s in enumerate([(3, 4), (4, 5), (5,)]))
+    cpu = gemm(A, B, C, alpha=0.5, beta=2.0, ctx=SimpleNamespace(device="cpu"))
+    other = gemm(A, B, C, alpha=0.5, beta=2.0, ctx=SimpleNamespace(device="gpu"))   # (built, evaluated on the CPU)
+    assert "AddMM" in _primitives(cpu) and "Add" not in _primitives(cpu)
+    assert "AddMM" not in _primitives(other) and "Add" in _primitives(other)
+    np.testing.assert_allclose(np.array(cpu), np.array(other), rtol=1e-6, atol=1e-6)
 
 
 def test_gemm_bf16():

@@ -31,14 +31,24 @@ def _gemm_check(view):
         r = view.rank(i)
         if r is not None and r != 2:
             return f"input {i} has rank {r}, Gemm needs 2"
+    beta = view.attrs.get("beta", 1.0)
+    if view.has(2) and beta not in (0.0, 1.0):
+        ks = [s[k] for s, k in ((view.shape(0), 0 if view.attrs.get("transA", 0) else 1),
+                                (view.shape(1), 1 if view.attrs.get("transB", 0) else 0)) if s and len(s) == 2]
+        if not any(isinstance(k, int) and k > 0 for k in ks):
+            return (f"beta={beta} where K may be 0 (ORT's CPU kernel then returns C unscaled, the spec beta * C): "
+                    f"K is not known to be positive")
     return None
 
 
 @register("Gemm", 7, dtypes=FLOATS, check=_gemm_check)
-def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
+def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, ctx):
     """Y = alpha * A' @ B' + beta * C (C broadcast to the output, optional from opset 11).
 
-    Half types are computed in float32 and rounded once, as ORT's CPU EP does (it upcasts them).
+    Half types are computed in float32 and rounded once, as ORT's CPU EP does (it upcasts them). On MLX's
+    CPU backend C is the product's addend (``mx.addmm``: the BLAS's C, as ORT's own Gemm takes it): a
+    broadcast C added after the product is fused by ``mx.compile`` with what follows into a kernel that
+    reads it element by element (an MLP of 4 Gemm + Relu layers 1024 wide, batch 64: ~0.3 ms a layer).
     """
     if A.ndim != 2 or B.ndim != 2:
         raise ValueError(f"Gemm needs 2-D A and B, got shapes {A.shape} and {B.shape}")
@@ -47,6 +57,8 @@ def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
     b = B.astype(mx.float32) if half else B
     a = a.T if transA else a
     b = b.T if transB else b
+    if C is not None and beta != 0.0 and ctx.device == "cpu":
+        return mx.addmm(C.astype(a.dtype), a, b, alpha=alpha, beta=beta).astype(A.dtype)
     y = mx.matmul(a, b)
     if alpha != 1.0:
         y = y * mx.array(alpha, dtype=mx.float32).astype(y.dtype)

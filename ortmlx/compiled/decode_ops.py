@@ -18,7 +18,7 @@ import threading
 import mlx.core as mx
 import numpy as np
 
-from ..kernels import consts
+from ..kernels import consts, tracing
 from ..kernels.ops.contrib_attention import gqa_core, softmax_sink
 
 _GUARDS = threading.local()
@@ -62,16 +62,15 @@ def take_row_hints() -> list:
 
 
 def set_shapeless_trace(flag: bool) -> bool:
-    """Mark this thread's trace as shapeless (or not); returns the previous mark."""
-    old = getattr(_GUARDS, "shapeless", False)
-    _GUARDS.shapeless = flag
-    return old
+    """Mark this thread's trace as shapeless (or not); returns the previous mark (``kernels.tracing``, which
+    translators read)."""
+    return tracing.set_shapeless(flag)
 
 
 def shapeless_trace() -> bool:
     """Whether this thread is tracing a shapeless closure: static slices, ``split`` and
     ``mx.fast.rope`` fail there (shape-keyed traces may use them)."""
-    return getattr(_GUARDS, "shapeless", False)
+    return tracing.shapeless()
 
 
 def add_guard(ok: mx.array) -> None:

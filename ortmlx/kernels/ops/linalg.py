@@ -4,6 +4,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from .. import dtypes as dt
+from .. import tracing
 from ..registry import register
 
 FLOATS = dt.FLOATS
@@ -49,6 +50,8 @@ def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, ctx):
     CPU backend C is the product's addend (``mx.addmm``: the BLAS's C, as ORT's own Gemm takes it): a
     broadcast C added after the product is fused by ``mx.compile`` with what follows into a kernel that
     reads it element by element (an MLP of 4 Gemm + Relu layers 1024 wide, batch 64: ~0.3 ms a layer).
+    Not in a shapeless trace: replayed at another batch size, ``maximum(addmm(C, A, B), 0)`` gives wrong rows
+    past the traced ones (MLX 0.32.4; addmm alone replays right; a closure's verification caught it).
     """
     if A.ndim != 2 or B.ndim != 2:
         raise ValueError(f"Gemm needs 2-D A and B, got shapes {A.shape} and {B.shape}")
@@ -57,7 +60,7 @@ def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, ctx):
     b = B.astype(mx.float32) if half else B
     a = a.T if transA else a
     b = b.T if transB else b
-    if C is not None and beta != 0.0 and ctx.device == "cpu":
+    if C is not None and beta != 0.0 and ctx.device == "cpu" and not tracing.shapeless():
         return mx.addmm(C.astype(a.dtype), a, b, alpha=alpha, beta=beta).astype(A.dtype)
     y = mx.matmul(a, b)
     if alpha != 1.0:

@@ -25,6 +25,11 @@ CONV = [  # (x shape, w shape, bias, attrs)
     ((1, 2, 5, 5, 5), (4, 1, 3, 3, 3), False, {"group": 2, "strides": [1, 2, 2], "pads": [1, 0, 1, 1, 0, 1]}),
     ((0, 2, 5, 5), (3, 2, 3, 3), True, {}),
     ((1, 2, 5, 5), (3, 2, 3, 3), True, {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
+    # no input channels: the bias, or zeros (MLX's own conv divides by zero: SIGFPE). ORT's CPU EP hangs on
+    # such a Conv with pads, or N = 2 with stride 2: only the cases it answers are compared
+    ((1, 0, 4, 4), (2, 0, 3, 3), True, {}),
+    ((2, 0, 4, 4), (2, 0, 3, 3), False, {}),
+    ((1, 0, 4, 4), (2, 0, 3, 3), False, {"strides": [2, 2]}),
 ]
 
 
@@ -90,6 +95,8 @@ CONVT = [  # (x shape, w shape, bias, attrs)
     ((1, 2, 3, 3), (2, 3, 3, 3), True, {"pads": [2, 1, 1, 3]}),                       # crops into the output
     ((1, 4, 2, 3, 2), (4, 2, 2, 2, 2), True, {"group": 2, "strides": [2, 1, 2]}),
     ((0, 2, 4, 4), (2, 3, 3, 3), True, {"strides": [2, 2]}),
+    ((1, 0, 4, 4), (0, 2, 3, 3), True, {"strides": [2, 2]}),          # no input channels: the bias
+    ((1, 0, 4, 4), (0, 2, 3, 3), False, {}),                          # ... zeros
 ]
 
 

@@ -85,6 +85,14 @@ def _conv_general(x, w, groups, **kw):
                            for g in range(groups)], axis=-1)
 
 
+def _no_products(shape: tuple, B, dtype):
+    """A convolution's output where it sums over nothing (no input channels) or is empty: the bias broadcast
+    over each output channel, else zeros (MLX's own convolution divides by zero on no channels: SIGFPE)."""
+    if B is None or 0 in shape:
+        return mx.zeros(shape, dtype)
+    return mx.broadcast_to(B.astype(dtype).reshape(shape[1], *[1] * (len(shape) - 2)), shape)
+
+
 def _attrs(nsp, strides, dilations, pads):
     strides = list(strides) if strides is not None else [1] * nsp
     dilations = list(dilations) if dilations is not None else [1] * nsp
@@ -122,10 +130,10 @@ def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
     w = to_channels_last(W.astype(mx.float32) if half else W)
     out_sp = [(n + a + b - ((k - 1) * d + 1)) // s + 1 for n, a, b, k, d, s in
               zip(X.shape[2:], lo, hi, kernel, dilations, strides)]
-    if X.shape[0] == 0 or any(o <= 0 for o in out_sp) or W.shape[0] == 0:
+    if X.shape[0] == 0 or any(o <= 0 for o in out_sp) or W.shape[0] == 0 or X.shape[1] == 0:
         if any(o < 0 for o in out_sp):
             raise ValueError(f"kernel {list(kernel)} larger than padded input {list(X.shape[2:])}")
-        return mx.zeros((X.shape[0], W.shape[0], *out_sp), X.dtype)
+        return _no_products((X.shape[0], W.shape[0], *out_sp), B, X.dtype)
     y = _conv_general(x, w, group, stride=strides, padding=(lo, hi), kernel_dilation=dilations)
     if B is not None:
         y = y + B.astype(y.dtype)
@@ -187,10 +195,10 @@ def conv_transpose(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, 
     lo, hi, out_sp = convt_pads(X.shape[2:], kernel, strides, dilations, out_pad,
                                 pads if _s(auto_pad) != "VALID" else [0] * (2 * nsp), output_shape, _s(auto_pad))
     M = W.shape[1] * group
-    if X.shape[0] == 0 or M == 0 or any(o <= 0 for o in out_sp):
+    if X.shape[0] == 0 or M == 0 or any(o <= 0 for o in out_sp) or C == 0:
         if any(o < 0 for o in out_sp):
             raise ValueError(f"negative output size {out_sp}")
-        return mx.zeros((X.shape[0], M, *out_sp), X.dtype)
+        return _no_products((X.shape[0], M, *out_sp), B, X.dtype)
     # weight (C, M/g, k...) -> (g, C/g, M/g, k...) -> (M, k..., C/g); half types in float32
     half = X.dtype in (mx.float16, mx.bfloat16)
     Xc, W = (X.astype(mx.float32), W.astype(mx.float32)) if half else (X, W)

@@ -1,0 +1,46 @@
+"""Zero-size dims through the neural-network ops the fuzzer does not draw, against ORT's CPU EP.
+
+A zero-size case must give ORT's answer (or stay off MLX), never crash: MLX's convolution divided by zero on
+no input channels (SIGFPE) until Conv answered that case itself. Only cases ORT's CPU EP answers are here
+(it hangs on a Conv with no input channels and pads, and errs on pools over 0 channels or 0 spatial size).
+"""
+import numpy as np
+import pytest
+from onnx import TensorProto as T
+
+from _nnutil import check, one_node, rand
+
+F = T.FLOAT
+
+#: name -> (op, [(input, shape)], attrs, opset)
+CASES = {
+    "Conv no input channels, bias": ("Conv", [("x", (1, 0, 4, 4)), ("w", (2, 0, 3, 3)), ("b", (2,))], {}, 11),
+    "Conv no input channels, stride": ("Conv", [("x", (1, 0, 4, 4)), ("w", (2, 0, 3, 3))], {"strides": [2, 2]}, 11),
+    "Conv no batch": ("Conv", [("x", (0, 2, 4, 4)), ("w", (3, 2, 3, 3))], {}, 11),
+    "ConvTranspose no input channels": ("ConvTranspose", [("x", (1, 0, 4, 4)), ("w", (0, 2, 3, 3)), ("b", (2,))],
+                                        {}, 11),
+    "ConvTranspose no output channels": ("ConvTranspose", [("x", (1, 2, 4, 4)), ("w", (2, 0, 3, 3))], {}, 11),
+    "Gemm K = 0": ("Gemm", [("a", (3, 0)), ("b", (0, 5)), ("c", (5,))], {}, 13),
+    "Gemm K = 0, beta 0": ("Gemm", [("a", (3, 0)), ("b", (0, 5)), ("c", (5,))], {"beta": 0.0}, 13),
+    "MatMul K = 0, batched": ("MatMul", [("a", (2, 3, 0)), ("b", (0, 5))], {}, 13),
+    "Einsum K = 0": ("Einsum", [("a", (3, 0)), ("b", (0, 5))], {"equation": "ik,kj->ij"}, 13),
+    "BatchNormalization no channels": ("BatchNormalization", [("x", (2, 0, 3)), ("s", (0,)), ("b", (0,)),
+                                                              ("m", (0,)), ("v", (0,))], {}, 15),
+    "InstanceNormalization no channels": ("InstanceNormalization", [("x", (1, 0, 3)), ("s", (0,)), ("b", (0,))],
+                                          {}, 6),
+    "InstanceNormalization no positions": ("InstanceNormalization", [("x", (1, 2, 0)), ("s", (2,)), ("b", (2,))],
+                                           {}, 6),
+    "LayerNormalization no rows": ("LayerNormalization", [("x", (0, 3)), ("s", (3,))], {}, 17),
+    "LRN no channels": ("LRN", [("x", (1, 0, 4, 4))], {"size": 3}, 13),
+    "DepthToSpace no batch": ("DepthToSpace", [("x", (0, 4, 2, 2))], {"blocksize": 2}, 13),
+    "SpaceToDepth no rows": ("SpaceToDepth", [("x", (1, 1, 0, 4))], {"blocksize": 2}, 13),
+    "Softmax over an empty axis": ("Softmax", [("x", (3, 0))], {"axis": 1}, 13),
+    "Hardmax over an empty axis": ("Hardmax", [("x", (3, 0))], {"axis": 1}, 13),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_zero_size(name):
+    op, ins, attrs, opset = CASES[name]
+    model = one_node(op, [(n, F, s) for n, s in ins], [("y", F, None)], attrs, opset=opset)
+    check(model, {n: rand(s, seed=k) for k, (n, s) in enumerate(ins)})

@@ -4,7 +4,6 @@ A zero-size case must give ORT's answer (or stay off MLX), never crash: MLX's co
 no input channels (SIGFPE) until Conv answered that case itself. Only cases ORT's CPU EP answers are here
 (it hangs on a Conv with no input channels and pads, and errs on pools over 0 channels or 0 spatial size).
 """
-import numpy as np
 import pytest
 from onnx import TensorProto as T
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..subgraph import ir
 from ..subgraph.ir import outer_refs
-from . import consts, cuda_rows, merge, rowfold
+from . import consts, cuda_rows, merge, rowfold, tracing
 from . import cuda_kernels as ck
 from . import dtypes as dt
 from .registry import REGISTRY, Ctx, OpDef
@@ -389,8 +389,13 @@ class Program:
                 if j >= len(outs) or outs[j] is None:
                     raise KernelError(f"{st.node.label}: translator produced no output {j} ('{name}')")
                 v = env[name] = _as_type(outs[j], st.out_types[j])
-                if isinstance(v, mx.array) and v.nbytes > MAX_VALUE_BYTES:
-                    raise KernelError(too_big(st.node.label, j, name, v))
+                if isinstance(v, mx.array):
+                    if v.nbytes > MAX_VALUE_BYTES:
+                        raise KernelError(too_big(st.node.label, j, name, v))
+                    if v.size == 0 and not tracing.shapeless():
+                        # an empty value holds nothing: a fresh one cuts the graph that made it, which MLX
+                        # 0.32.4's CPU backend can hang evaluating (InstanceNormalization over no positions)
+                        env[name] = mx.zeros(v.shape, v.dtype)
         return env
 
     def host_runner(self, host_extra: dict | None = None):

@@ -19,13 +19,14 @@ import mlx.core as mx
 import numpy as np
 
 from ..kernels import cuda_driver, cuda_kernels
+from ..kernels import tracing as trace_mark
 from ..kernels import dtypes as dt
 from ..kernels.interpreter import mx_device
 from ..kernels.ops.reduction import reduce_sum_ints_host
 from . import hoist_form
 from .analysis import HostPlan, hoist_free_work, host_plan, static_reason
 from .config import CompiledConfig
-from .decode_ops import Untraceable, collect_guards, set_shapeless_trace, stop_guards, take_row_hints
+from .decode_ops import Untraceable, collect_guards, stop_guards, take_row_hints
 from .verify import mismatch
 
 #: what ``_apply`` returns when a guard computed in the graph said "not this call"
@@ -495,7 +496,7 @@ class CompiledSubgraph:
             if not shapeless and self.config.shapeless and c.traces > MAX_FIXED_TRACES:
                 raise Untraceable(f"shapes changed between calls ({c.traces} traces of a fixed-shape closure)")
             _TLS.depth = getattr(_TLS, "depth", 0) + 1
-            outer = set_shapeless_trace(shapeless)
+            outer = trace_mark.set_shapeless(shapeless)
             try:
                 if stats is not None and getattr(stats, "faults", None) is not None:
                     stats.fault("trace", name)
@@ -536,7 +537,7 @@ class CompiledSubgraph:
             finally:
                 stop_guards()
                 _TLS.depth -= 1
-                set_shapeless_trace(outer)
+                trace_mark.set_shapeless(outer)
 
         return mx.compile(body, shapeless=shapeless)
 

@@ -61,18 +61,6 @@ def take_row_hints() -> list:
     return list(getattr(_GUARDS, "hints", None) or ())
 
 
-def set_shapeless_trace(flag: bool) -> bool:
-    """Mark this thread's trace as shapeless (or not); returns the previous mark (``kernels.tracing``, which
-    translators read)."""
-    return tracing.set_shapeless(flag)
-
-
-def shapeless_trace() -> bool:
-    """Whether this thread is tracing a shapeless closure: static slices, ``split`` and
-    ``mx.fast.rope`` fail there (shape-keyed traces may use them)."""
-    return tracing.shapeless()
-
-
 def add_guard(ok: mx.array) -> None:
     """A boolean that must be true for the traced answer to be used: a scalar, or (from
     ``every``) one element."""
@@ -89,7 +77,7 @@ def every(x: mx.array) -> mx.array:
     The closure ands its one-element guards elementwise and reduces once (``core``): MLX fuses
     those compares and ands into one kernel, where an ``mx.all`` per condition ends a fusion each
     (a 0.5B decode step had ~13 guard kernels). For one element the truth is the same."""
-    if x.size == 1 and not shapeless_trace():
+    if x.size == 1 and not tracing.shapeless():
         return x
     return mx.all(x)
 
@@ -104,7 +92,7 @@ def split_packed_qkv(qkv, num_heads: int, kv_num_heads: int):
     x = qkv.reshape(b, s, heads, h)
 
     def part(lo: int, n: int):
-        if not shapeless_trace():
+        if not tracing.shapeless():
             return x[:, :, lo:lo + n].reshape(b, s, n * h)
         return mx.take(x, consts.arange(n, mx.int32, lo), axis=2).reshape(b, s, n * h)
     return part(0, num_heads), part(num_heads, kv_num_heads), part(num_heads + kv_num_heads, kv_num_heads)
@@ -124,7 +112,7 @@ def _gqa_args(args, attrs, refused: tuple, label: str, pack: bool = False):
     if x["past_key"] is None or x["past_value"] is None:
         raise Untraceable(f"{label} needs past_key/past_value")
     q, k, v = x["query"], x["key"], x["value"]
-    if k is None and pack and not shapeless_trace():
+    if k is None and pack and not tracing.shapeless():
         b, s, hidden = q.shape
         heads = a["num_heads"] + 2 * a["kv_num_heads"]
         if hidden % heads:

@@ -18,5 +18,6 @@ def set_shapeless(flag: bool) -> bool:
 
 
 def shapeless() -> bool:
-    """Whether this thread is building a shapeless trace (False in eager builds and shape-keyed traces)."""
+    """Whether this thread is building a shapeless trace (False in eager builds and shape-keyed traces): static
+    slices, ``split`` and ``mx.fast.rope`` fail there (shape-keyed traces may use them)."""
     return getattr(_STATE, "shapeless", False)

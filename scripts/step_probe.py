@@ -47,7 +47,9 @@ STAGES = [
     ("ortmlx.compiled.core", "CompiledSubgraph", "_key1", "run.key"),
     ("ortmlx.compiled.core", "CompiledSubgraph", "_key_since", "run.key_since"),    # (calls _key1 on a memo miss)
     ("ortmlx.compiled.core", "CompiledSubgraph", "_apply", "run.apply"),
-    ("ortmlx.compiled.core", "CompiledSubgraph", "_hoisted", "run.apply.hoisted"),
+    ("ortmlx.compiled.core", "CompiledSubgraph", "_hoisted_values", "run.apply.hoisted"),
+    ("ortmlx.compiled.core", "CompiledSubgraph", "_upload_hoisted", "run.apply.hoisted_upload"),
+    ("ortmlx.compiled.core", "CompiledSubgraph", "_call_ahead", "run.apply.ahead"),     # (the next call's, made now)
     ("ortmlx.kernels.cuda_driver", "Driver", "synchronize", "run.apply.spin"),      # (GPU: the polled wait)
 ]
 
@@ -168,9 +170,10 @@ def main(argv=None) -> int:
 
 def ep_python(ms: dict) -> float:
     """The EP's own Python in a token (ms): copy-in, the key and closure lookup (``run`` less ``run.apply``),
-    hoisted work and copy-out; MLX's closure call and eval, genai and ORT are not in it."""
+    hoisted work (its uploads too, counting those of the call made ahead) and copy-out; MLX's closure call
+    and eval, the call made ahead while the device runs (``run.apply.ahead``), genai and ORT are not in it."""
     return (sum(ms.get(k, 0.0) for k in ("copy_in.gather", "copy_in.addresses", "copy_in.mirrors",
-                                          "run.apply.hoisted", "copy_out"))
+                                          "run.apply.hoisted", "run.apply.hoisted_upload", "copy_out"))
             + ms.get("run", 0.0) - ms.get("run.apply", 0.0))
 
 

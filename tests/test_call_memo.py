@@ -260,7 +260,7 @@ def test_picker_gives_a_tuple(idx):
 
 
 def test_device_inputs_memo_uploads_exactly_the_host_arrays():
-    """``_device_inputs`` keeps which of a closure's inputs were host arrays while the inputs' types repeat;
+    """``_upload`` keeps which of a closure's inputs were host arrays while the inputs' types repeat;
     each call's device inputs are the MLX arrays as given and the host arrays uploaded, whatever mix comes."""
     rng = random.Random(8)
     c = core._Closure((0, 2, 3, 5), {})
@@ -270,7 +270,7 @@ def test_device_inputs_memo_uploads_exactly_the_host_arrays():
         for i in range(6):
             a = np.full((1, 2), step * 10 + i, np.float32)
             inputs.append(mx.array(a) if rng.random() < 0.5 else a)
-        got = core.CompiledSubgraph._device_inputs(runner, c, inputs)
+        got = core.CompiledSubgraph._upload(runner, c, list(c.pick(inputs)))
         assert len(got) == 4
         for k, i in enumerate(c.dev_idx):
             assert isinstance(got[k], mx.array)

@@ -23,7 +23,7 @@ from ..kernels import tracing as trace_mark
 from ..kernels import dtypes as dt
 from ..kernels.interpreter import mx_device
 from ..kernels.ops.reduction import reduce_sum_ints_host
-from . import hoist_form
+from . import ahead, hoist_form
 from .analysis import HostPlan, hoist_free_work, host_plan, static_reason
 from .config import CompiledConfig
 from .decode_ops import Untraceable, collect_guards, stop_guards, take_row_hints
@@ -52,6 +52,10 @@ SPIN_WAIT = os.environ.get("ORTMLX_SPIN_WAIT", "1") != "0"
 #: the hoisted integer work through its closed NumPy form (``hoist_form``) when it has one
 #: (``ORTMLX_HOIST_CLOSED_FORM=0``: the generic host runner)
 HOIST_CLOSED_FORM = os.environ.get("ORTMLX_HOIST_CLOSED_FORM", "1") != "0"
+
+#: make the next call's closure call while the device runs this one (``ahead.py``): "1" everywhere, "0"
+#: nowhere, else (the default) where the eval is started asynchronously (a GPU: ``EVAL_SETTLE``)
+CALL_AHEAD = os.environ.get("ORTMLX_CALL_AHEAD", "")
 
 #: MLX's trace state is process-global: one trace at a time (re-entrant for nested groups)
 TRACE_LOCK = threading.RLock()
@@ -94,7 +98,7 @@ class _Closure:
     __slots__ = ("fn", "dev_idx", "pick", "dev_kinds", "dev_up", "host_vals", "traces", "calls", "verified",
                  "trusted", "poisoned", "guarded",
                  "guard_fails", "hoist", "hoist_prog", "trace_prog", "shapeless", "hints", "hint_starts", "sink",
-                 "host_outs", "hint_at", "hoist_run")
+                 "host_outs", "hint_at", "hoist_run", "ahead_kinds", "ahead_misses", "ahead_hv")
 
     def __init__(self, dev_idx: tuple[int, ...], host_vals: dict[int, np.ndarray | None]):
         self.fn = None
@@ -124,6 +128,11 @@ class _Closure:
         #: outputs its kernels write to ``sink``: [(output j, first byte, end, shape, NumPy type)] (set while tracing)
         self.host_outs: list = []
         self.hint_at = 0                # where in ``sink`` the hints' bytes start (after the outputs')
+        #: calls made ahead (``ahead.py``): per device input, what the next call passes (None: not learnt);
+        #: made-ahead graphs in a row that did not fit; the last call's hoisted host values
+        self.ahead_kinds: tuple | None = None
+        self.ahead_misses = 0
+        self.ahead_hv: list | None = None
 
 
 class CompiledSubgraph:
@@ -166,9 +175,13 @@ class CompiledSubgraph:
         self._plain_prepare = type(self)._prepare is CompiledSubgraph._prepare
         self._settle = EVAL_SETTLE and self.device == "gpu"     # start it async, settle the heap meanwhile
         self._spin = _spin_waiter() if self._settle and SPIN_WAIT else None
+        #: calls made ahead (``ahead.py``): whether, the one made for the next call, (closure, results) of the last
+        self._ahead = CALL_AHEAD == "1" or (CALL_AHEAD != "0" and self._settle)
+        self._next: ahead.Ahead | None = None
+        self._ahead_prev: tuple | None = None
         self.counters = {"compiled": self.label, "traces": 0, "compiled_calls": 0, "eager_calls": 0,
                          "verify_calls": 0, "guard_fails": 0, "poisoned": "", "poisoned_closures": 0, "keys": 0,
-                         "trace_ms": 0.0}
+                         "trace_ms": 0.0, "ahead_calls": 0, "ahead_misses": 0}
         if stats is not None and hasattr(stats, "group"):
             g = stats.group(self.name)
             if label is None:
@@ -288,6 +301,7 @@ class CompiledSubgraph:
         """Drop every closure (a live closure at interpreter exit can abort the process)."""
         self.released = True
         self._last = None
+        self._next = self._ahead_prev = None
         with self._lock:
             for c in self._closures.values():
                 c.fn = None
@@ -417,32 +431,61 @@ class CompiledSubgraph:
         """Host outputs of the closure, or None after poisoning it on any error."""
         stage = "inputs"
         inputs = call.inputs
+        nxt, self._next = self._next, None
+        prev, self._ahead_prev = self._ahead_prev, None
         try:
-            dev = self._device_inputs(c, inputs)
+            host = list(c.pick(inputs))
+            hv = []
             if c.hoist:
                 stage = "hoisted values"
-                dev.extend(self._hoisted(c, inputs))
+                hv = self._hoisted_values(c, inputs)
+            outs = None
+            if nxt is not None:
+                outs = ahead.take(nxt, c, host, hv)
+                if outs is None:
+                    self.counters["ahead_misses"] += 1
+                    c.ahead_misses += 1
+                    c.ahead_kinds = None        # learnt again from this call
+                else:
+                    self.counters["ahead_calls"] += 1
+                    c.ahead_misses = 0
+                    dev = nxt.dev
+                del nxt
             stage = "trace" if c.traces == 0 else "apply"
             if probe is not None:
                 probe.mark("build")
-            t0 = time.perf_counter_ns()
-            fn = c.fn
-            if fn is None:
-                raise RuntimeError("closure was released")
-            with TRACE_LOCK:
-                outs = fn(*dev)
-            if stage == "trace":
-                self.counters["trace_ms"] += (time.perf_counter_ns() - t0) / 1e6
+            if outs is None:
+                stage = "inputs"
+                dev = self._upload(c, host)
+                if c.hoist:
+                    stage = "hoisted values"
+                    dev.extend(self._upload_hoisted(c, hv))
+                stage = "trace" if c.traces == 0 else "apply"
+                t0 = time.perf_counter_ns()
+                fn = c.fn
+                if fn is None:
+                    raise RuntimeError("closure was released")
+                with TRACE_LOCK:
+                    outs = fn(*dev)
+                if stage == "trace":
+                    self.counters["trace_ms"] += (time.perf_counter_ns() - t0) / 1e6
             stage = "eval"
             if probe is not None:
                 probe.mark("eval")
-            if self._settle:
+            if self._settle or self._ahead:
                 mx.async_eval(*outs)
-                bytearray(4096)                 # the heap's consolidation, while the GPU works
+                if self._settle:
+                    bytearray(4096)             # the heap's consolidation, while the GPU works
+                if self._ahead and c.trusted and call.post is None and ahead.due(c):
+                    stage = "call ahead"
+                    self._next = self._call_ahead(c, host, dev, hv, outs, prev)
+                    stage = "eval"
                 if self._spin is not None:
                     self._spin()                # the GPU's work done, polled (MLX's wait below finds it so)
             self._eval(*outs)
             c.calls += 1
+            if self._ahead and c.ahead_kinds is None and c.ahead_misses < ahead.MAX_MISSES and c.trusted:
+                self._ahead_prev = (c, outs)    # (to learn which of them the next call passes: ``_call_ahead``)
             if c.guarded:
                 stage = "guard"
                 if not bool(outs[-1].item()):
@@ -454,7 +497,8 @@ class CompiledSubgraph:
             outs = list(outs)           # evaluated MLX arrays: Compute copies them out (maybe only changed rows)
             if c.host_outs:
                 # written to host memory by the kernels: read-only views, valid until this closure's next
-                # call (on this, the main thread: ``compile_thread``), which comes after Compute copied them
+                # eval (on this, the main thread: ``compile_thread``; a call made ahead is evaluated at the
+                # next call), which comes after Compute copied them
                 for j, off, end, shape, npt in c.host_outs:
                     v = c.sink.array[off:end].view(npt).reshape(shape)
                     v.flags.writeable = False
@@ -541,10 +585,11 @@ class CompiledSubgraph:
 
         return mx.compile(body, shapeless=shapeless)
 
-    def _device_inputs(self, c: _Closure, inputs: list) -> list:
-        """The closure's device inputs: MLX arrays as they are (device mirrors, ep/mirror.py), host arrays
-        uploaded. Which ones are host arrays is kept per closure while the inputs' types repeat."""
-        dev = list(c.pick(inputs))
+    def _upload(self, c: _Closure, host: list) -> list:
+        """The closure's device inputs (``host``: its entries of a call's inputs): MLX arrays as they are
+        (device mirrors, ep/mirror.py), host arrays uploaded. Which ones are host arrays is kept per closure
+        while the inputs' types repeat."""
+        dev = list(host)
         kinds = tuple(map(type, dev))
         if kinds == c.dev_kinds:
             up = c.dev_up
@@ -556,22 +601,62 @@ class CompiledSubgraph:
             dev[k] = dt.to_mx(np.asarray(a), self._in_types[c.dev_idx[k]] or dt.onnx_type_of(a))
         return dev
 
-    def _hoisted(self, c: _Closure, inputs: list) -> list:
-        """The hoisted (shape-derived) values of this call, as MLX arrays. Integer work on host values
-        (genai's mask length: ReduceSum, Sub, Cast) runs in NumPy: a few microseconds, no kernels; through
-        the program's NumPy-only runner when it has one (the same host forms without a build's dispatch)."""
+    def _hoisted_values(self, c: _Closure, inputs: list) -> list:
+        """The hoisted (shape-derived) values of this call: host arrays, or MLX arrays where the work ran on the
+        device. Integer work on host values (genai's mask length: ReduceSum, Sub, Cast) runs in NumPy: a few
+        microseconds, no kernels; through the program's NumPy-only runner when it has one (the same host
+        forms without a build's dispatch)."""
         run = c.hoist_run
         env = run(inputs) if run is not None else None
         if env is None:             # not all host values this call (or a failure the build reports)
             env = c.hoist_prog.build(list(inputs), host_extra=_HOIST_HOST)
-        out = []
-        for n in c.hoist:
-            v = env[n]
-            if not isinstance(v, mx.array):
-                a = np.asarray(v)
-                v = dt.to_mx(a, self.program.types.get(n) or dt.onnx_type_of(a))
-            out.append(v)
-        return out
+        return [v if isinstance(v, mx.array) else np.asarray(v) for v in map(env.__getitem__, c.hoist)]
+
+    def _upload_hoisted(self, c: _Closure, values: list) -> list:
+        """``_hoisted_values`` as MLX arrays."""
+        types = self.program.types
+        return [v if isinstance(v, mx.array) else dt.to_mx(v, types.get(n) or dt.onnx_type_of(v))
+                for n, v in zip(c.hoist, values)]
+
+    def _hoisted(self, c: _Closure, inputs: list) -> list:
+        """The hoisted values of this call, as MLX arrays."""
+        return self._upload_hoisted(c, self._hoisted_values(c, inputs))
+
+    def _call_ahead(self, c: _Closure, host: list, dev: list, hv: list, outs: list, prev) -> "ahead.Ahead | None":
+        """The next call's closure call, made on this call's (lazy) results (``ahead.py``), or None. Which
+        results the next call passes is learnt from the last call's (``prev``) and this one's inputs."""
+        pred = ahead.predict(hv, c.ahead_hv)
+        c.ahead_hv = hv
+        if c.ahead_kinds is None:
+            if prev is None or prev[0] is not c:
+                return None
+            c.ahead_kinds = ahead.learn(host, prev[1])
+            if c.ahead_kinds is None:       # nothing chains from call to call: never made ahead
+                c.ahead_misses = ahead.MAX_MISSES
+                return None
+        if pred is None:
+            return None
+        made = ahead.prepare(c.ahead_kinds, host, dev, outs, [self._in_types[i] for i in c.dev_idx])
+        if made is None:
+            c.ahead_misses = ahead.MAX_MISSES
+            return None
+        nxt, views = made
+        fn, traces = c.fn, c.traces
+        if fn is None:
+            return None
+        try:
+            up = self._upload_hoisted(c, pred)
+            if any(u.shape != d.shape or u.dtype != d.dtype for u, d in zip(up, dev[len(host):])):
+                return None
+            with TRACE_LOCK:
+                res = fn(*nxt, *up)
+        except Exception as e:  # noqa: BLE001 - no call ahead (this call's own results stand)
+            self._ahead = False
+            self._fallback(f"call ahead failed ({type(e).__name__}: {e}): calls are not made ahead")
+            return None
+        if c.traces != traces:          # (its inputs' shapes and types are this call's: never expected)
+            raise RuntimeError("the call made ahead traced the closure again")
+        return ahead.Ahead(c, fn, nxt + up, c.ahead_kinds, views, pred, res)
 
     def _eager(self, inputs: list, probe) -> list:
         self.counters["eager_calls"] += 1

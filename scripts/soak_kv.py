@@ -40,22 +40,24 @@ def schedule(rng, n: int, max_length: int) -> list[dict]:
     return out
 
 
-def play(og, model, s: dict, max_length: int) -> list[list[int]]:
+def play(og, model, s: dict, max_length: int, block: int = 1) -> list[list[int]]:
+    """Both generators' streams; they take turns every ``block`` steps (1: every step)."""
     params = mg.search_options(model, max_length, 0)
     a, b = og.Generator(model, params), og.Generator(model, params)
     a.append_tokens(np.asarray(s["a"], np.int32))
     b.append_tokens(np.asarray(s["b"], np.int32))
     ta, tb = [], []
-    for k in range(s["steps"]):
-        if s["rewind"] is not None and k == s["rewind"][0]:
-            _, keep, extra = s["rewind"]
-            a.rewind_to(keep)
-            ta.append(-1)                       # marks the rewind in the stream
-            a.append_tokens(np.arange(300, 300 + extra, dtype=np.int32))
+    for k0 in range(0, s["steps"], block):
         for g, t in ((a, ta), (b, tb)):
-            if not g.is_done():
-                g.generate_next_token()
-                t.append(int(g.get_next_tokens()[0]))
+            for k in range(k0, min(k0 + block, s["steps"])):
+                if g is a and s["rewind"] is not None and k == s["rewind"][0]:
+                    _, keep, extra = s["rewind"]
+                    a.rewind_to(keep)
+                    ta.append(-1)                       # marks the rewind in the stream
+                    a.append_tokens(np.arange(300, 300 + extra, dtype=np.int32))
+                if not g.is_done():
+                    g.generate_next_token()
+                    t.append(int(g.get_next_tokens()[0]))
     return [ta, tb]
 
 
@@ -74,8 +76,13 @@ def main(argv=None) -> int:
     ap.add_argument("--reference", choices=("cpu", "mlx-no-mirror"), default="cpu",
                     help="what the streams must equal: the CPU EP, or the MLX EP with no_kv_mirror=1 (for fp16 "
                          "models, whose near-tied logits may pick other tokens than the CPU EP's fp16 kernels)")
+    ap.add_argument("--block", type=int, default=1,
+                    help="steps each generator takes before the other's turn (> 1: steady runs of one generator, "
+                         "where the next call's closure call is made ahead: ORTMLX_CALL_AHEAD)")
     args = ap.parse_args(argv)
     import mlx.core as mx
+
+    import ortmlx.compiled as C
     import onnxruntime_genai as og
     if args.force_diff:
         from ortmlx.ep import compute
@@ -89,8 +96,8 @@ def main(argv=None) -> int:
     t0 = time.time()
     wrong, tokens, warm_rss, warm_mem = 0, 0, None, None
     for i, s in enumerate(sched):
-        got = play(og, mlx_model, s, args.max_length)
-        want = play(og, cpu, s, args.max_length)
+        got = play(og, mlx_model, s, args.max_length, args.block)
+        want = play(og, cpu, s, args.max_length, args.block)
         tokens += sum(len(x) for x in got)
         if got != want:
             wrong += 1
@@ -101,7 +108,8 @@ def main(argv=None) -> int:
     growth = (end_rss - warm_rss) / warm_rss if warm_rss else 0.0
     res = {"generations": len(sched), "tokens": tokens, "wrong_generations": wrong, "seconds": round(time.time() - t0, 1),
            "rss_growth_after_warmup": round(growth, 4), "mlx_active_bytes_warm": warm_mem,
-           "mlx_active_bytes_end": end_mem, "force_diff": args.force_diff, "reference": args.reference}
+           "mlx_active_bytes_end": end_mem, "force_diff": args.force_diff, "reference": args.reference,
+           "block": args.block, "calls_made_ahead": C.stats().get("ahead_calls", 0)}
     print(json.dumps(res))
     return 1 if wrong or growth > 0.05 or end_mem > warm_mem * 1.05 + (1 << 20) else 0
 

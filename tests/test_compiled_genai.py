@@ -268,15 +268,20 @@ def test_kv_mirror_rewind_and_two_generators(monkeypatch, force_diff):
     assert len(got[True][0]) == 6 + 10 and len(got[True][1]) == 22
 
 
-def test_soak_kv_script_quick():
-    """scripts/soak_kv.py (random prompts, rewinds, two generators; CPU EP replay) on a few generations."""
+@pytest.mark.parametrize("block", [1, 5])
+def test_soak_kv_script_quick(block):
+    """scripts/soak_kv.py (random prompts, rewinds, two generators; CPU EP replay) on a few generations; with
+    turns of 5 steps, with the next call's closure call made ahead (ORTMLX_CALL_AHEAD=1: a GPU's default)."""
     path = model_dir("qwen2")
+    env = dict(os.environ, ORTMLX_CALL_AHEAD="1" if block > 1 else "0")
     res = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "soak_kv.py"), "--model", path,
-                          "--generations", "6", "--force-diff"], capture_output=True, text=True, timeout=300)
+                          "--generations", "6", "--force-diff", "--block", str(block)],
+                         capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     import json
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out["wrong_generations"] == 0 and out["tokens"] > 6 * 10, out
+    assert (out["calls_made_ahead"] > 10) == (block > 1), out
 
 
 def test_decode_closure_sees_fixed_shapes_only():

@@ -176,3 +176,54 @@ def test_decode_made_ahead_gives_the_same_logits_bit_for_bit(monkeypatch):
     missed = sum(c["ahead_misses"] for c in c_on)
     assert made >= 15 and missed >= 3, c_on              # every block's steady calls; each switch a miss
     assert not any(c["poisoned"] for c in c_on), c_on
+
+
+def _greedy_logits(model, n: int = 12) -> np.ndarray:
+    from tests.test_compiled_genai import MAX_LENGTH, mg
+    g = og.Generator(model, mg.search_options(model, MAX_LENGTH, 0))
+    g.append_tokens(np.asarray([510, 5, 17, 33, 90, 12, 7], np.int32))
+    rows = []
+    for _ in range(n):
+        g.generate_next_token()
+        lg = np.array(g.get_output("logits"))
+        rows.append(lg.reshape(-1, lg.shape[-1])[-1].copy())
+    return np.stack(rows)
+
+
+@pytest.mark.genai
+@pytest.mark.parametrize("failure", ["error", "retrace"])
+def test_a_failing_call_ahead_never_changes_an_answer(monkeypatch, failure):
+    """An error while making the call ahead turns calls ahead off for the runner (the closure stays); a call
+    ahead that traced the closure again poisons it (the trace set the closure's state): both answer as before."""
+    import ortmlx.compiled as C
+    from tests.test_compiled_genai import SHARE, mg, model_dir
+    path = model_dir("qwen2")
+    monkeypatch.setattr(core, "CALL_AHEAD", "0")
+    model, _ = mg.load_model(path, "mlx", None, SHARE)
+    want = _greedy_logits(model)
+    del model
+    real = ahead.prepare
+
+    def broken(kinds, host, dev, outs, types):
+        if failure == "error":
+            raise RuntimeError("made to fail")
+        nxt, views = real(kinds, host, dev, outs, types)
+        k = next(k for k, kind in enumerate(kinds) if kind >= 0)
+        return nxt[:k] + [nxt[k].astype(mx.float16 if nxt[k].dtype != mx.float16 else mx.float32)] + nxt[k + 1:], \
+            views
+
+    monkeypatch.setattr(ahead, "prepare", broken)
+    monkeypatch.setattr(core, "CALL_AHEAD", "1")
+    with C.capture() as rs:
+        model, _ = mg.load_model(path, "mlx", None, SHARE)
+    got = _greedy_logits(model)
+    (att,) = [r for r in rs if hasattr(r, "decode")]
+    dec = att.decode
+    poisoned, on, counters = [c.poisoned for c in dec.closures()], dec._ahead, dict(dec.counters)
+    del model
+    assert got.tobytes() == want.tobytes()
+    assert counters["ahead_calls"] == 0
+    if failure == "error":
+        assert not on and not any(poisoned), (on, poisoned)
+    else:
+        assert any(p and "traced the closure again" in p for p in poisoned), poisoned

@@ -97,8 +97,11 @@ def _slot(a, t: int | None):
     a = np.asarray(a)
     if a.nbytes > SLOT_MAX_BYTES or a.dtype.kind not in "biuf" or a.dtype.hasobject:
         return None
-    s = dt.to_mx(np.array(a, copy=True), t if t is not None else dt.onnx_type_of(a))
-    v = np.asarray(s)
+    try:
+        s = dt.to_mx(np.array(a, copy=True), t if t is not None else dt.onnx_type_of(a))
+        v = np.asarray(s)
+    except Exception:  # noqa: BLE001 - e.g. bfloat16, which NumPy cannot view: uploaded at its call as before
+        return None
     if v.dtype != a.dtype or v.shape != a.shape or not v.flags.writeable or not v.flags.c_contiguous:
         return None
     return s, v

@@ -636,27 +636,27 @@ class CompiledSubgraph:
                 return None
         if pred is None:
             return None
-        made = ahead.prepare(c.ahead_kinds, host, dev, outs, [self._in_types[i] for i in c.dev_idx])
-        if made is None:
-            c.ahead_misses = ahead.MAX_MISSES
-            return None
-        nxt, views = made
         fn, traces = c.fn, c.traces
         if fn is None:
             return None
         try:
+            made = ahead.prepare(c.ahead_kinds, host, dev, outs, [self._in_types[i] for i in c.dev_idx])
+            if made is None:
+                c.ahead_misses = ahead.MAX_MISSES
+                return None
+            nxt, views = made
             up = self._upload_hoisted(c, pred)
             if any(u.shape != d.shape or u.dtype != d.dtype for u, d in zip(up, dev[len(host):])):
                 return None
             with TRACE_LOCK:
                 res = fn(*nxt, *up)
         except Exception as e:  # noqa: BLE001 - no call ahead (this call's own results stand)
+            res = None
             self._ahead = False
             self._fallback(f"call ahead failed ({type(e).__name__}: {e}): calls are not made ahead")
-            return None
         if c.traces != traces:          # (its inputs' shapes and types are this call's: never expected)
-            raise RuntimeError("the call made ahead traced the closure again")
-        return ahead.Ahead(c, fn, nxt + up, c.ahead_kinds, views, pred, res)
+            raise RuntimeError("the call made ahead traced the closure again")     # (poisons it: state it set)
+        return None if res is None else ahead.Ahead(c, fn, nxt + up, c.ahead_kinds, views, pred, res)
 
     def _eager(self, inputs: list, probe) -> list:
         self.counters["eager_calls"] += 1

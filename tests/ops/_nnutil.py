@@ -33,6 +33,22 @@ def check(model, feeds, t=T.FLOAT, rtol=None, atol=None):
     return check_against_cpu(model, [feeds], rtol=rtol or r, atol=atol or a)
 
 
+def check_no_channels(model, feeds, bias=None):
+    """A Conv / ConvTranspose over no input channels, all on MLX, against the spec: every output is the bias
+    (or zero), a sum over nothing. ORT's CPU EP gives only the output's shape here: its float16 Conv leaves such
+    an output uninitialized (NaN and -0.0 in one CI run; non-zero values in 6 of 300 fresh sessions, float32 in
+    none)."""
+    from ortmlx.testing import unclaimed_ops
+    want = session(model, "CPUExecutionProvider", record=False).run(None, feeds)[0]
+    want = np.zeros(want.shape, want.dtype)
+    if bias is not None:
+        want += bias.reshape((1, -1) + (1,) * (want.ndim - 2)).astype(want.dtype)
+    s = session(model)
+    assert not unclaimed_ops(s), unclaimed_ops(s)
+    got = s.run(None, feeds)[0]
+    assert_close(got, want, 0.0, 0.0, what="output y")
+
+
 def stays_on_cpu(model, feeds, op, rtol=1e-5, atol=1e-6):
     """The node is refused (left to the CPU EP) and the session still answers like the CPU EP."""
     s = check_against_cpu(model, [feeds], rtol=rtol, atol=atol, all_on_mlx=False)

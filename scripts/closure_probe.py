@@ -52,7 +52,6 @@ def main(argv=None) -> int:
 
     from ortmlx import genai as mg
     from ortmlx.compiled import core
-    from ortmlx.kernels import dtypes as dt
 
     kept = {}
     apply = core.CompiledSubgraph._apply
@@ -61,10 +60,9 @@ def main(argv=None) -> int:
         # a steady decode call of a trusted closure: keep the closure and the device inputs it gets
         if c.trusted and c.calls >= 3 and "fn" not in kept and c.fn is not None:
             ins = call.inputs
-            dev = [ins[i] if isinstance(ins[i], mx.array) else
-                   dt.to_mx(np.asarray(ins[i]), self._in_types[i] or dt.onnx_type_of(ins[i])) for i in c.dev_idx]
+            dev = self._upload(c, list(c.pick(ins)))
             if c.hoist:
-                dev.extend(self._hoisted(c, ins))
+                dev.extend(self._upload_hoisted(c, self._hoisted_values(c, ins)))
             mx.eval(*dev)
             kept.update(fn=c.fn, dev=dev)
         return apply(self, c, call, probe)

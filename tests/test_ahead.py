@@ -38,7 +38,7 @@ def made_ahead(c, ids: np.ndarray, kv: mx.array, n: np.ndarray, n_prev: np.ndarr
     pred = ahead.predict([n], [n_prev])
     nxt, views = ahead.prepare(kinds, [ids, kv], dev, outs, [None, None])
     up = [mx.array(p) for p in pred]
-    return outs, ahead.Ahead(c, c.fn, nxt + up, kinds, views, pred, c.fn(*nxt, *up))
+    return outs, ahead.Ahead(c, c.fn, nxt + up, views, pred, c.fn(*nxt, *up))
 
 
 def test_learn_marks_results_passed_on_device_arrays_kept_and_host_inputs():

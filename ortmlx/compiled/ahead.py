@@ -39,10 +39,10 @@ SLOT_MAX_BYTES = 1 << 20
 class Ahead:
     """A closure call made for the next call: its inputs and lazy outputs."""
 
-    __slots__ = ("c", "fn", "dev", "kinds", "views", "hoisted", "outs")
+    __slots__ = ("c", "fn", "dev", "views", "hoisted", "outs")
 
-    def __init__(self, c, fn, dev: list, kinds: tuple, views: dict, hoisted: list, outs: list):
-        self.c, self.fn, self.kinds = c, fn, kinds
+    def __init__(self, c, fn, dev: list, views: dict, hoisted: list, outs: list):
+        self.c, self.fn = c, fn
         self.dev = dev              # the device inputs the closure was called on, then the hoisted values
         self.views = views          # slot input k -> NumPy view of its (fresh) MLX array
         self.hoisted = hoisted      # the predicted hoisted values (NumPy)

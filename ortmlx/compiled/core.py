@@ -451,7 +451,6 @@ class CompiledSubgraph:
                     c.ahead_misses = 0
                     dev = nxt.dev
                 del nxt
-            stage = "trace" if c.traces == 0 else "apply"
             if probe is not None:
                 probe.mark("build")
             if outs is None:
@@ -618,10 +617,6 @@ class CompiledSubgraph:
         return [v if isinstance(v, mx.array) else dt.to_mx(v, types.get(n) or dt.onnx_type_of(v))
                 for n, v in zip(c.hoist, values)]
 
-    def _hoisted(self, c: _Closure, inputs: list) -> list:
-        """The hoisted values of this call, as MLX arrays."""
-        return self._upload_hoisted(c, self._hoisted_values(c, inputs))
-
     def _call_ahead(self, c: _Closure, host: list, dev: list, hv: list, outs: list, prev) -> "ahead.Ahead | None":
         """The next call's closure call, made on this call's (lazy) results (``ahead.py``), or None. Which
         results the next call passes is learnt from the last call's (``prev``) and this one's inputs."""
@@ -640,7 +635,7 @@ class CompiledSubgraph:
         if fn is None:
             return None
         try:
-            made = ahead.prepare(c.ahead_kinds, host, dev, outs, [self._in_types[i] for i in c.dev_idx])
+            made = ahead.prepare(c.ahead_kinds, host, dev, outs, c.pick(self._in_types))
             if made is None:
                 c.ahead_misses = ahead.MAX_MISSES
                 return None
@@ -656,7 +651,7 @@ class CompiledSubgraph:
             self._fallback(f"call ahead failed ({type(e).__name__}: {e}): calls are not made ahead")
         if c.traces != traces:          # (its inputs' shapes and types are this call's: never expected)
             raise RuntimeError("the call made ahead traced the closure again")     # (poisons it: state it set)
-        return None if res is None else ahead.Ahead(c, fn, nxt + up, c.ahead_kinds, views, pred, res)
+        return None if res is None else ahead.Ahead(c, fn, nxt + up, views, pred, res)
 
     def _eager(self, inputs: list, probe) -> list:
         self.counters["eager_calls"] += 1

@@ -31,6 +31,42 @@ from . import blas as _blas  # noqa: E402
 # Linux CPU: bind MLX's CBLAS calls to OpenBLAS before anything imports mlx.core (ortmlx/blas.py).
 _blas.preload()
 
+#: MLX's backend packages on Linux, by the extra that installs each (``pip install "ortmlx[cpu]"``)
+BACKENDS = {"mlx-cpu": "cpu", "mlx-cuda-12": "cuda12", "mlx-cuda-13": "cuda13"}
+
+
+def mlx_backends() -> list[str]:
+    """The MLX backend distributions installed (Linux: mlx-cpu / mlx-cuda-12 / mlx-cuda-13; macOS: mlx-metal)."""
+    from importlib import metadata
+    found = []
+    for dist in (*BACKENDS, "mlx-metal"):
+        try:
+            metadata.distribution(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        found.append(dist)
+    return found
+
+
+def _check_backend() -> None:
+    """Fail at import, in one line, when MLX has no backend (plain ``pip install ortmlx`` on Linux); warn when
+    two are installed (they overwrite each other's libmlx.so: which one runs is whichever came last)."""
+    try:
+        import mlx.core  # noqa: F401
+    except ImportError as e:
+        raise ImportError(f"ortmlx: MLX cannot load ({str(e).splitlines()[0]}); on Linux install exactly one "
+                          "backend: pip install \"ortmlx[cpu]\", \"ortmlx[cuda13]\" or \"ortmlx[cuda12]\"") from None
+    if sys.platform.startswith("linux"):
+        dup = [d for d in mlx_backends() if d in BACKENDS]
+        if len(dup) > 1:
+            import warnings
+            warnings.warn(f"ortmlx: {' and '.join(dup)} are both installed and share mlx/lib/libmlx.so; keep one: "
+                          f"pip uninstall -y {' '.join(dup)} && pip install \"ortmlx[{BACKENDS[dup[-1]]}]\"",
+                          RuntimeWarning, stacklevel=2)
+
+
+_check_backend()
+
 __version__ = "0.1.0"
 EP_NAME = "MLXExecutionProvider"
 

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import glob
+import importlib.util
 import os
 import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if importlib.util.find_spec("ortmlx") is None:      # a checkout run without an installed ortmlx
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 #: the environment this process started with, before ``import ortmlx`` set its defaults (mlx-lm's own runs get it)
 START_ENV = dict(os.environ)

@@ -14,10 +14,12 @@ a test: the kernels' behaviour is tested on a GPU (``tests/test_cuda_kernels.py`
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if importlib.util.find_spec("ortmlx") is None:      # a checkout run without an installed ortmlx
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def cases():

@@ -6,6 +6,7 @@ generating through onnxruntime-genai on MLX.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
@@ -13,7 +14,9 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests"), os.path.join(ROOT, "models")]
+sys.path[:0] = [os.path.join(ROOT, "tests"), os.path.join(ROOT, "models")]
+if importlib.util.find_spec("ortmlx") is None:      # a checkout run without an installed ortmlx
+    sys.path.insert(0, ROOT)
 
 import ortmlx  # noqa: E402
 from ortmlx.testing import assignment, session  # noqa: E402

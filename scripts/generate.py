@@ -9,11 +9,13 @@ Prints the text as it is generated, then tokens/s; --report prints the MLX parti
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if importlib.util.find_spec("ortmlx") is None:      # a checkout run without an installed ortmlx
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ortmlx import genai as mg  # noqa: E402
 

@@ -13,13 +13,15 @@ Each ``--config`` is a comma-separated set of MLX EP options checked in turn (th
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import tempfile
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if importlib.util.find_spec("ortmlx") is None:      # a checkout run without an installed ortmlx
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def compare(ref: list[np.ndarray], got: list[np.ndarray]) -> dict:

@@ -9,13 +9,15 @@ Needs torch with CUDA next to MLX's CUDA backend (the benchmark host has both).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if importlib.util.find_spec("ortmlx") is None:      # a checkout run without an installed ortmlx
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def summarize(prof, label: str, n: int) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import os
 import subprocess
 import sys
@@ -17,7 +18,8 @@ import tempfile
 from collections import Counter
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+if importlib.util.find_spec("ortmlx") is None:      # a checkout run without an installed ortmlx
+    sys.path.insert(0, ROOT)
 
 ARCHS = ("llama", "qwen2", "phi3")
 PRECISIONS = ("fp32", "fp16", "int8", "int4")

@@ -1,12 +1,47 @@
-"""Command line: ``python -m ortmlx check model.onnx [--device cpu|gpu]``.
+"""Command line of ortmlx.
 
-``check`` prints the partition report: the groups MLX claims and every node left
-to the CPU EP with the reason (unsupported op / dtype / attribute / host input).
+    python -m ortmlx check MODEL.onnx [--device auto|cpu|gpu] [-o key=value ...]
+    python -m ortmlx --version
+
+check: the partition report (the groups MLX claims, every node left to the CPU EP with its reason).
+Exit status: 0 when the session was made, 1 when the model could not be loaded or the session not be made.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+
+def _version() -> str:
+    import mlx.core as mx
+    import onnxruntime as ort
+
+    from . import __version__, mlx_backends
+    return (f"ortmlx {__version__} (mlx {mx.__version__}{' ' + '+'.join(mlx_backends()) if mlx_backends() else ''}, "
+            f"onnxruntime {ort.__version__})")
+
+
+def _options(pairs: list[str], device: str | None) -> dict:
+    opts = {}
+    for p in pairs:
+        key, sep, value = p.partition("=")
+        if not sep:
+            raise SystemExit(f"ortmlx check: -o {p!r}: give key=value (e.g. -o no_compile=1)")
+        opts[key.strip()] = value.strip()
+    if device:
+        opts["device"] = device
+    return opts
+
+
+def _ort_message(text: str) -> str:
+    """ORT's exception text without its C++ source-location prefix, in one line."""
+    text = " ".join(text.split())
+    for mark in ("MLXExecutionProvider ", "[ONNXRuntimeError]"):
+        at = text.find(mark)
+        if at >= 0:
+            return text[at:]
+    return text
 
 
 def _check(args) -> int:
@@ -15,46 +50,63 @@ def _check(args) -> int:
     from . import EP_NAME, partition_reports, register
     from .ep.provider import REPORTS
 
+    if not os.path.isfile(args.model):
+        print(f"ortmlx check: no such file: {args.model}", file=sys.stderr)
+        return 1
     register(genai=False)
     REPORTS.clear()
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    opts = {"device": args.device} if args.device else {}
+    failed = None
     try:
-        ort.InferenceSession(args.model, so, providers=[(EP_NAME, opts)])
-    except Exception as e:  # noqa: BLE001 - the report is still useful when the session fails
-        print(f"session creation failed: {e}", file=sys.stderr)
+        # enable_fallback=0: an MLX EP that cannot be created is an error here, not a silent CPU-EP session
+        ort.InferenceSession(args.model, so, providers=[(EP_NAME, _options(args.option, args.device))],
+                             enable_fallback=0)
+    except Exception as e:  # noqa: BLE001 - the report (if any) is still printed
+        failed = _ort_message(str(e))
     reports = partition_reports()
-    if not reports:
-        print("the MLX EP saw no graph (did the model load?)", file=sys.stderr)
-        return 1
     total = claimed = 0
     for rep in reports:
         print(rep.format())
         total += rep.n_nodes
         claimed += rep.n_claimed
-    left = total - claimed
-    print(f"total: {claimed}/{total} nodes on MLX, {left} on the CPU EP")
-    if left:
-        counts = {}
+    if reports:
+        left = total - claimed
+        print(f"total: {claimed}/{total} nodes on MLX, {left} on the CPU EP")
+        counts: dict = {}
         for rep in reports:
             for u in rep.unclaimed:
                 counts[(u.op, u.reason)] = counts.get((u.op, u.reason), 0) + 1
-        print("left on the CPU EP by reason:")
-        for (op, reason), n in sorted(counts.items(), key=lambda kv: -kv[1]):
-            print(f"  {n:4d} x {op}: {reason}")
+        if counts:
+            print("left on the CPU EP by reason:")
+            for (op, reason), n in sorted(counts.items(), key=lambda kv: -kv[1]):
+                print(f"  {n:4d} x {op}: {reason}")
+    if failed:
+        print(f"ortmlx check: the session could not be made: {failed}", file=sys.stderr)
+        return 1
+    if not reports:
+        print("ortmlx check: the MLX EP saw no graph", file=sys.stderr)
+        return 1
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ortmlx", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("check", help="partition report of a model")
-    c.add_argument("model")
+    p = argparse.ArgumentParser(prog="python -m ortmlx",
+                                description="ortmlx: ONNX Runtime's MLX execution provider, from the command line")
+    p.add_argument("--version", action="store_true", help="print the versions of ortmlx, MLX and onnxruntime")
+    sub = p.add_subparsers(dest="cmd")
+    c = sub.add_parser("check", help="partition report of a model: what runs on MLX, what is left and why")
+    c.add_argument("model", help="an .onnx file")
     c.add_argument("--device", choices=["auto", "cpu", "gpu"], default=None)
+    c.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a provider option (repeatable), e.g. -o disable_ops=LSTM")
     args = p.parse_args(argv)
+    if args.version:
+        print(_version())
+        return 0
     if args.cmd == "check":
         return _check(args)
+    p.print_help()
     return 2
 
 

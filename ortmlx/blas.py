@@ -9,12 +9,12 @@ dependencies) and forward to scipy-openblas32's OpenBLAS (``scipy_cblas_*``, the
 OpenBLAS build NumPy and SciPy ship). LAPACK calls (inverse, QR, eig ...) stay on
 the reference library.
 
-It does nothing when: ``ORTMLX_BLAS=0`` (or ``off``/``reference``); not Linux;
+It does nothing when: ``ORTMLX_TUNING=blas=0``; not Linux;
 ``mlx.core`` was imported before ``ortmlx`` (too late to interpose: ``status()``
 says so); scipy-openblas32 or the forwarder is missing. On the CUDA backend only
 CPU-stream matmuls go through it.
 
-Threads: ``ORTMLX_BLAS_THREADS`` (or ``OPENBLAS_NUM_THREADS``) when set, else
+Threads: ``ORTMLX_TUNING=blas_threads=N`` (or ``OPENBLAS_NUM_THREADS``) when set, else
 ``max(1, min(4, cpu_count))``, with ``OPENBLAS_THREAD_TIMEOUT=4`` unless set: OpenBLAS's
 idle workers otherwise spin and take the cores from MLX's CPU thread and ORT's pool in the
 same process (measured on a 2-core box: with 2 spinning workers the CPU EP's MLP went 3.4 ->
@@ -28,6 +28,8 @@ import os
 import re
 import sys
 
+from .tuning import Tuning, TuningError
+
 #: OPENBLAS_THREAD_TIMEOUT default: workers spin ~2^4 cycles before sleeping (OpenBLAS's minimum)
 SPIN_TIMEOUT = "4"
 
@@ -35,8 +37,16 @@ _state: dict = {"active": False, "reason": "not attempted", "library": None, "th
 _fwd = None
 
 
+def _tuning() -> Tuning:
+    """The environment's tuning (a malformed ORTMLX_TUNING is reported when an EP is created, not at import)."""
+    try:
+        return Tuning.from_env()
+    except TuningError:
+        return Tuning()
+
+
 def _disabled() -> bool:
-    return os.environ.get("ORTMLX_BLAS", "").strip().lower() in ("0", "off", "false", "no", "reference", "none")
+    return not _tuning().blas
 
 
 def _prefix(sob) -> str:
@@ -54,7 +64,7 @@ def preload() -> dict:
     if _state["reason"] != "not attempted":
         return status()
     if _disabled():
-        _state["reason"] = "disabled by ORTMLX_BLAS"
+        _state["reason"] = "disabled by ORTMLX_TUNING=blas=0"
     elif not sys.platform.startswith("linux"):
         _state["reason"] = f"not needed on {sys.platform}"
     elif "mlx.core" in sys.modules:
@@ -86,10 +96,10 @@ def preload() -> dict:
 
 def _set_threads(ob, pre: str) -> int | None:
     """Apply the thread policy (module docstring); returns OpenBLAS's thread count."""
-    want = os.environ.get("ORTMLX_BLAS_THREADS", "").strip()
+    want = _tuning().blas_threads
     try:
-        if want:
-            n = int(want)
+        if want is not None:
+            n = want
         elif os.environ.get("OPENBLAS_NUM_THREADS", "").strip():
             n = None                                    # OpenBLAS read it itself
         else:

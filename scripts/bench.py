@@ -270,7 +270,7 @@ def blas_compare(rounds: int) -> None:
     got = {"on": [], "off": []}
     for _ in range(rounds):
         for k in got:
-            env = dict(os.environ, ORTMLX_BLAS="" if k == "on" else "0")
+            env = dict(os.environ, ORTMLX_TUNING="blas=1" if k == "on" else "blas=0")
             p = subprocess.run([sys.executable, "-c", BLAS_SNIPPET], capture_output=True, text=True, env=env)
             if p.returncode:
                 print(f"  blas compare failed: {p.stderr[-300:]}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import importlib.util
 import os
 import re
 import statistics
@@ -21,7 +22,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, HERE)
+if importlib.util.find_spec("ortmlx") is None:      # a checkout run without an installed ortmlx
+    sys.path.insert(0, HERE)
 
 #: primitives that make no kernel when their input is contiguous (views, metadata)
 VIEWS = {"Reshape", "Transpose", "Flatten", "Unflatten", "Slice", "Squeeze", "ExpandDims", "View",

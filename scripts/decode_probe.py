@@ -1,6 +1,6 @@
 """Per-token decode times of a genai model on the MLX EP under several option sets.
 
-    python scripts/decode_probe.py MODEL_DIR [--tokens 48] [--set default] [--set no_kv_mirror=1] ...
+    python scripts/decode_probe.py MODEL_DIR [--tokens 48] [--set default] [--set tuning=kv_mirror=0] ...
         [--profile default]
 
 Each option set runs in its own process (a fresh MLX: kernel caches and compiled closures do
@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import importlib.util
 import os
 import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, HERE)
+if importlib.util.find_spec("ortmlx") is None:      # a checkout run without an installed ortmlx
+    sys.path.insert(0, HERE)
 
 
 def child(model_dir: str, opts: dict, tokens: int, profile: bool) -> dict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import importlib.util
 import os
 import sys
 import time
@@ -19,7 +20,8 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, HERE)
+if importlib.util.find_spec("ortmlx") is None:      # a checkout run without an installed ortmlx
+    sys.path.insert(0, HERE)
 
 from ortmlx import genai as mg  # noqa: E402
 
@@ -74,11 +76,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--force-diff", action="store_true", help="diff even small buffers (exercise the row path)")
     ap.add_argument("--reference", choices=("cpu", "mlx-no-mirror"), default="cpu",
-                    help="what the streams must equal: the CPU EP, or the MLX EP with no_kv_mirror=1 (for fp16 "
+                    help="what the streams must equal: the CPU EP, or the MLX EP with tuning=kv_mirror=0 (for fp16 "
                          "models, whose near-tied logits may pick other tokens than the CPU EP's fp16 kernels)")
     ap.add_argument("--block", type=int, default=1,
                     help="steps each generator takes before the other's turn (> 1: steady runs of one generator, "
-                         "where the next call's closure call is made ahead: ORTMLX_CALL_AHEAD)")
+                         "where the next call's closure call is made ahead: ORTMLX_TUNING=call_ahead=1)")
     args = ap.parse_args(argv)
     import mlx.core as mx
 
@@ -91,7 +93,7 @@ def main(argv=None) -> int:
     if args.reference == "cpu":
         cpu, _ = mg.load_model(args.model, "cpu", None, SHARE)
     else:
-        cpu, _ = mg.load_model(args.model, "mlx", {"no_kv_mirror": "1"}, SHARE)
+        cpu, _ = mg.load_model(args.model, "mlx", {"tuning": "kv_mirror=0"}, SHARE)
     mlx_model, _ = mg.load_model(args.model, "mlx", None, SHARE)
     t0 = time.time()
     wrong, tokens, warm_rss, warm_mem = 0, 0, None, None

@@ -20,6 +20,7 @@ import argparse
 import collections
 import functools
 import json
+import importlib.util
 import os
 import statistics
 import subprocess
@@ -27,7 +28,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, HERE)
+if importlib.util.find_spec("ortmlx") is None:      # a checkout run without an installed ortmlx
+    sys.path.insert(0, HERE)
 
 #: (module, class, method, stage name): the per-call stages of Compute, outermost first
 STAGES = [

@@ -160,10 +160,9 @@ def test_decode_made_ahead_gives_the_same_logits_bit_for_bit(monkeypatch):
     path = model_dir("qwen2")
     got = {}
     for on in ("0", "1"):
-        monkeypatch.setattr(core, "CALL_AHEAD", on)         # read when a runner is made
         logits, tokens = [], []
         with C.capture() as rs:
-            model, _ = mg.load_model(path, "mlx", None, SHARE)
+            model, _ = mg.load_model(path, "mlx", {"tuning": f"call_ahead={on}"}, SHARE)
         _steps(model, logits, tokens)
         counters = [dict(p.counters) for r in rs for p in r.parts()]
         del model
@@ -198,8 +197,7 @@ def test_a_failing_call_ahead_never_changes_an_answer(monkeypatch, failure):
     import ortmlx.compiled as C
     from tests.test_compiled_genai import SHARE, mg, model_dir
     path = model_dir("qwen2")
-    monkeypatch.setattr(core, "CALL_AHEAD", "0")
-    model, _ = mg.load_model(path, "mlx", None, SHARE)
+    model, _ = mg.load_model(path, "mlx", {"tuning": "call_ahead=0"}, SHARE)
     want = _greedy_logits(model)
     del model
     real = ahead.prepare
@@ -213,9 +211,8 @@ def test_a_failing_call_ahead_never_changes_an_answer(monkeypatch, failure):
             views
 
     monkeypatch.setattr(ahead, "prepare", broken)
-    monkeypatch.setattr(core, "CALL_AHEAD", "1")
     with C.capture() as rs:
-        model, _ = mg.load_model(path, "mlx", None, SHARE)
+        model, _ = mg.load_model(path, "mlx", {"tuning": "call_ahead=1"}, SHARE)
     got = _greedy_logits(model)
     (att,) = [r for r in rs if hasattr(r, "decode")]
     dec = att.decode

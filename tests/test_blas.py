@@ -54,7 +54,7 @@ def _have_openblas() -> bool:
 @pytest.mark.skipif(not _have_openblas(), reason="scipy-openblas32 or the built forwarder is missing")
 def test_interposed_and_counted():
     """Importing ortmlx first routes MLX's sgemm/dgemm/cgemm to OpenBLAS, with the right answers."""
-    r = _probe("ortmlx-first", ORTMLX_BLAS="")
+    r = _probe("ortmlx-first", ORTMLX_TUNING="")
     assert r["status"]["active"], r["status"]
     assert "scipy_openblas" in r["status"]["library"]
     assert r["calls1"] - r["calls0"] >= 3, r           # every one of the three matmuls went through us
@@ -63,15 +63,15 @@ def test_interposed_and_counted():
 
 
 def test_disabled_by_env():
-    r = _probe("ortmlx-first", ORTMLX_BLAS="0")
-    assert not r["status"]["active"] and "ORTMLX_BLAS" in r["status"]["reason"]
+    r = _probe("ortmlx-first", ORTMLX_TUNING="blas=0")
+    assert not r["status"]["active"] and "ORTMLX_TUNING=blas=0" in r["status"]["reason"]
     assert r["calls1"] == 0
     for k, err in r["err"].items():
         assert err < 1e-5, (k, err)
 
 
 def test_mlx_imported_first_is_reported():
-    r = _probe("mlx-first", ORTMLX_BLAS="")
+    r = _probe("mlx-first", ORTMLX_TUNING="")
     assert not r["status"]["active"] and "before ortmlx" in r["status"]["reason"]
     assert r["calls1"] == 0
 
@@ -95,12 +95,12 @@ def test_ep_matmul_through_openblas_matches_cpu():
 
 @pytest.mark.skipif(not _have_openblas(), reason="scipy-openblas32 or the built forwarder is missing")
 def test_thread_policy():
-    """ORTMLX_BLAS_THREADS sets OpenBLAS's threads; the answers stay right."""
-    r = _probe("ortmlx-first", ORTMLX_BLAS="", ORTMLX_BLAS_THREADS="2", OPENBLAS_NUM_THREADS="")
+    """ORTMLX_TUNING=blas_threads=N sets OpenBLAS's threads; the answers stay right."""
+    r = _probe("ortmlx-first", ORTMLX_TUNING="blas_threads=2", OPENBLAS_NUM_THREADS="")
     assert r["status"]["active"] and r["status"]["threads"] == 2, r["status"]
     for k, err in r["err"].items():
         assert err < 1e-5, (k, err)
-    r = _probe("ortmlx-first", ORTMLX_BLAS="", ORTMLX_BLAS_THREADS="", OPENBLAS_NUM_THREADS="")
+    r = _probe("ortmlx-first", ORTMLX_TUNING="", OPENBLAS_NUM_THREADS="")
     assert r["status"]["threads"] == max(1, min(4, os.cpu_count() or 1)), r["status"]
 
 
@@ -109,7 +109,7 @@ def test_thread_policy():
 def test_spin_timeout_default(given, want):
     """OPENBLAS_THREAD_TIMEOUT defaults to 4 (idle workers stop spinning) and a user's value wins."""
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
-    env["ORTMLX_BLAS"] = ""
+    env["ORTMLX_TUNING"] = ""
     if given is not None:
         env["OPENBLAS_THREAD_TIMEOUT"] = given
     code = "import os, ortmlx, ortmlx.blas as b; print(b.status()['active'], os.environ.get('OPENBLAS_THREAD_TIMEOUT'))"

@@ -11,6 +11,7 @@ from onnx import TensorProto as T
 from onnx import helper
 
 import ortmlx.compiled as C
+from ortmlx.tuning import Tuning
 from ortmlx.compiled.config import SHAPELESS, CompiledConfig
 from ortmlx.testing import assert_close, make_model, session
 
@@ -230,7 +231,7 @@ def test_spin_waiter_only_for_a_polling_context(monkeypatch):
 
 def test_trace_fault_option_falls_back():
     m = mlp()
-    s, (r,) = compiled_session(m, {"fault": "trace"})
+    s, (r,) = compiled_session(m, {"tuning": "fault=trace"})
     check(s, m, [feed(3), feed(3)])
     (c,) = r.closures()
     assert c.poisoned and "injected fault at trace" in c.poisoned
@@ -238,16 +239,16 @@ def test_trace_fault_option_falls_back():
 
 
 # ---------------------------------------------------------------------------- shapeless core
-def _shapeless(runner):
-    return C.CompiledSubgraph(runner.program, CompiledConfig("test", SHAPELESS))
+def _shapeless(runner, gpu_shapeless: bool = False):
+    return C.CompiledSubgraph(runner.program, CompiledConfig("test", SHAPELESS), tuning=Tuning(gpu_shapeless=gpu_shapeless))
 
 
 @pytest.fixture
 def shapeless_everywhere(monkeypatch):
-    """Shapeless closures compiled on a GPU too (off there by default: ``core.GPU_SHAPELESS``), so these tests
+    """Shapeless closures compiled on a GPU too (off there by default: tuning ``gpu_shapeless``), so these tests
     check the same logic on either device."""
-    from ortmlx.compiled import core
-    monkeypatch.setattr(core, "GPU_SHAPELESS", True)
+    real = _shapeless
+    monkeypatch.setitem(globals(), "_shapeless", lambda r: real(r, gpu_shapeless=True))
 
 
 def test_shapeless_traces_once_and_is_trusted_after_two_lengths(shapeless_everywhere):
@@ -284,7 +285,7 @@ def test_shapeless_shape_baked_constant_is_caught_at_second_length(shapeless_eve
     ({}, {}, True),
     ({"no_compile": "1"}, {}, False),
     ({"no_general_compile": "1"}, {}, False),
-    ({"compile_mode": "disabled"}, {}, False),
+    ({"tuning": "compile_mode=disabled"}, {}, False),
     ({"no_decode_compile": "1", "no_prefill_compile": "1"}, {}, True),
     ({}, {"ORTMLX_NO_COMPILE": "1"}, False),
     ({}, {"ORTMLX_NO_COMPILE": "0"}, True),
@@ -295,7 +296,9 @@ def test_shapeless_shape_baked_constant_is_caught_at_second_length(shapeless_eve
     ({}, {"ONNXRUNTIME_EP_MLX_NO_GENERAL_COMPILE": "1"}, False),
     ({}, {"ORTMLX_NO_GENERAL_COMPILE": "1"}, False),
     ({}, {"MLX_EP_NO_PREFILL_COMPILE": "1", "ORTMLX_NO_DECODE_COMPILE": "1"}, True),
-    ({}, {"ORTMLX_COMPILE_MODE": "disabled"}, False),
+    ({}, {"ORTMLX_TUNING": "compile_mode=disabled"}, False),
+    ({"no_compile": "general"}, {}, False),
+    ({"no_compile": "decode,prefill"}, {}, True),
 ])
 def test_kill_switches_flip_the_general_path(monkeypatch, options, env, compiled):
     for k, v in env.items():
@@ -312,7 +315,7 @@ def test_kill_switches_flip_the_general_path(monkeypatch, options, env, compiled
 def test_compile_modes_compile_and_match(mode):
     m = mlp()
     try:
-        s, rs = compiled_session(m, {"compile_mode": mode})
+        s, rs = compiled_session(m, {"tuning": f"compile_mode={mode}"})
         check(s, m, [feed(4), feed(4)])
         assert rs and rs[0].counters["traces"] == 1 and rs[0].counters["compiled_calls"] == 1
     finally:

@@ -131,7 +131,9 @@ def test_decode_traces_once_tokens_match_eager_and_cpu(arch):
     ({}, {"ORTMLX_NO_DECODE_COMPILE": "1"}, False, True),
     ({"no_general_compile": "1"}, {}, True, True),
     ({}, {"ONNX_GENAI_MLX_NO_COMPILE": "1"}, False, False),
-    ({"compile_mode": "disabled"}, {}, False, False),
+    ({"tuning": "compile_mode=disabled"}, {}, False, False),
+    ({"no_compile": "decode"}, {}, False, True),
+    ({"no_compile": "prefill,general"}, {}, True, False),
 ])
 def test_kill_switches_flip_decode_and_prefill(monkeypatch, options, env, decode, prefill):
     path = model_dir("llama")
@@ -201,7 +203,7 @@ def test_kv_mirror_same_tokens_and_rows_only(monkeypatch):
     from ortmlx.ep import compute
     monkeypatch.setattr(compute, "WHOLE_COPY_BYTES", [0, 0])     # diff even this tiny model's buffers
     path = model_dir("llama")
-    want, _ = run(path, options={"no_kv_mirror": "1"})
+    want, _ = run(path, options={"tuning": "kv_mirror=0"})
     model, _ = mg.load_model(path, "mlx", None, SHARE)
     got = [greedy(model, p) for p in PROMPTS]
     params = mg.search_options(model, MAX_LENGTH, len(PROMPTS[0]) + N)
@@ -260,7 +262,7 @@ def test_kv_mirror_rewind_and_two_generators(monkeypatch, force_diff):
         monkeypatch.setattr(compute, "WHOLE_COPY_BYTES", [0, 0])
     path = model_dir("qwen2")
     got = {}
-    for key, provider, opts in (("cpu", "cpu", None), (False, "mlx", {"no_kv_mirror": "1"}), (True, "mlx", {})):
+    for key, provider, opts in (("cpu", "cpu", None), (False, "mlx", {"tuning": "kv_mirror=0"}), (True, "mlx", {})):
         model, _ = mg.load_model(path, provider, opts, SHARE)
         got[key] = _rewind_and_interleave(model)
         del model
@@ -271,9 +273,9 @@ def test_kv_mirror_rewind_and_two_generators(monkeypatch, force_diff):
 @pytest.mark.parametrize("block", [1, 5])
 def test_soak_kv_script_quick(block):
     """scripts/soak_kv.py (random prompts, rewinds, two generators; CPU EP replay) on a few generations; with
-    turns of 5 steps, with the next call's closure call made ahead (ORTMLX_CALL_AHEAD=1: a GPU's default)."""
+    turns of 5 steps, with the next call's closure call made ahead (ORTMLX_TUNING=call_ahead=1: a GPU's default)."""
     path = model_dir("qwen2")
-    env = dict(os.environ, ORTMLX_CALL_AHEAD="1" if block > 1 else "0")
+    env = dict(os.environ, ORTMLX_TUNING="call_ahead=1" if block > 1 else "call_ahead=0")
     res = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "soak_kv.py"), "--model", path,
                           "--generations", "6", "--force-diff", "--block", str(block)],
                          capture_output=True, text=True, timeout=300, env=env)
@@ -355,7 +357,7 @@ def test_decode_copy_out_uses_row_hints(monkeypatch):
     real = compute.changed_rows
     monkeypatch.setattr(compute, "changed_rows", lambda *a, **k: diffs.append(1) or real(*a, **k))
     path = model_dir("llama")
-    want, _ = run(path, options={"no_kv_mirror": "1"})
+    want, _ = run(path, options={"tuning": "kv_mirror=0"})
     model, _ = mg.load_model(path, "mlx", None, SHARE)
     diffs.clear()
     got = [greedy(model, p) for p in PROMPTS]
@@ -370,7 +372,7 @@ def test_eager_attention_layers_share_rotary_rows(monkeypatch):
     per run (kernels/consts.memo), not once per layer; same tokens."""
     from ortmlx.kernels.ops import contrib_attention as ca
     path = model_dir("llama")
-    want, _ = run(path, options={"no_compile": "1", "no_kv_mirror": "1"})
+    want, _ = run(path, options={"no_compile": "1", "tuning": "kv_mirror=0"})
     from ortmlx.kernels.interpreter import Program
     calls, runs = [], []
     real, real_run = ca.rotary_tables, Program.run

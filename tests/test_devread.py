@@ -168,7 +168,7 @@ def fake_driver(monkeypatch):
     return made
 
 
-@pytest.mark.parametrize("options", [None, {"no_kv_batch": "1"}, {"no_compile": "1"}],
+@pytest.mark.parametrize("options", [None, {"tuning": "kv_batch=0"}, {"no_compile": "1"}],
                          ids=["batch", "per-buffer", "eager"])
 def test_kv_decode_through_the_driver_reader(fake_driver, options):
     """The KV decode of test_kv_batch (every call checked against the CPU EP, rewinds, two buffer sets)

@@ -87,12 +87,12 @@ def test_swiglu_mlp_folded_matches_cpu(t):
     steps = [st for r in rs for st in r.program.steps]
     assert [(st.node.op_type, st.outputs) for st in steps] == [("MatMul", ["d"])], steps      # with the down product
     with C.capture() as rs:                 # fuse_rows=0: the gating's step and the down product
-        apart = session(m, options={"device": "gpu", "fuse_rows": "0"})
+        apart = session(m, options={"device": "gpu", "tuning": "fuse_rows=0"})
     assert_close(apart.run(None, feeds)[0], want, what="fuse_rows=0", **tol)
     steps = [st for r in rs for st in r.program.steps]
     assert [(st.node.op_type, st.outputs) for st in steps] == [("MatMul", ["y"]), ("MatMul", ["d"])], steps
     with C.capture() as rs:                 # fold_mlp=0: the gating stays three nodes, the same answers
-        unfolded = session(m, options={"device": "gpu", "fold_mlp": "0"})
+        unfolded = session(m, options={"device": "gpu", "tuning": "fold_mlp=0"})
     assert_close(unfolded.run(None, feeds)[0], want, what="fold_mlp=0", **tol)
     assert [st.node.op_type for r in rs for st in r.program.steps] == ["MatMul", "Sigmoid", "Mul", "Mul", "MatMul"]
 
@@ -134,7 +134,7 @@ def test_layer_rows_fused_match_cpu(t, monkeypatch):
     tol = dict(rtol=3e-2, atol=3e-2) if t == T.FLOAT16 else dict(rtol=1e-4, atol=1e-4)
     sessions = [("compiled", session(m, options={"device": "gpu"})),
                 ("eager", session(m, options={"device": "gpu", "no_compile": "1"})),
-                ("fuse_rows=0", session(m, options={"device": "gpu", "fuse_rows": "0"}))]
+                ("fuse_rows=0", session(m, options={"device": "gpu", "tuning": "fuse_rows=0"}))]
     for shape in ((1, 1, h), (1, 1, h), (1, 1, h), (2, 3, h)):
         feeds = {"x": RNG.standard_normal(shape).astype(npt), "r0": RNG.standard_normal(shape).astype(npt)}
         want = cpu.run(None, feeds)

@@ -99,7 +99,7 @@ def counters(att) -> dict:
     return dict(att.decode.stats.groups[att.name]["kv_copy_out"])
 
 
-@pytest.mark.parametrize("options", [None, {"no_kv_batch": "1"}, {"pinned_hints": "0"}],
+@pytest.mark.parametrize("options", [None, {"tuning": "kv_batch=0"}, {"tuning": "pinned_hints=0"}],
                          ids=["batch", "per-buffer", "hints-on-device"])
 def test_steady_decode_is_batched_and_right(options):
     mlx, cpu, att = sessions(options)
@@ -109,8 +109,9 @@ def test_steady_decode_is_batched_and_right(options):
     kv = counters(att)
     # on MLX's CUDA backend the hints' kernel writes page-locked host memory unless asked not to
     pinned = [c.sink is not None for c in att.decode.closures()]
-    assert any(pinned) == (CUDA and (options or {}).get("pinned_hints") != "0"), pinned
-    if options is None or "pinned_hints" in options:
+    hints_on_device = (options or {}).get("tuning") == "pinned_hints=0"
+    assert any(pinned) == (CUDA and not hints_on_device), pinned
+    if options is None or hints_on_device:
         assert kv["batched"] >= 4 * 2 * LAYERS and kv["row_hints"] <= 2 * LAYERS, kv
     else:
         assert kv["batched"] == 0 and kv["row_hints"] >= 4 * 2 * LAYERS, kv

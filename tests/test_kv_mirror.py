@@ -149,7 +149,7 @@ def test_small_buffers_copied_whole(monkeypatch, sess):
 
 
 def test_kill_switch():
-    s = session(scatter_model(), options={"no_kv_mirror": "1"})
+    s = session(scatter_model(), options={"tuning": "kv_mirror=0"})
     buf = Buffer(s, 7)
     buf.step(0)
     residency.reset()

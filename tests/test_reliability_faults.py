@@ -41,7 +41,7 @@ def check_good(s, x=X):
 
 @pytest.mark.parametrize("stage", ["compute", "copy_in", "build", "eval", "copy_out", "copyout"])
 def test_run_stage_fault_is_an_ort_error_naming_the_nodes_then_next_run_succeeds(stage):
-    s = session(model(), options={"fault": f"{stage}#2"})
+    s = session(model(), options={"tuning": f"fault={stage}#2"})
     for _ in range(2):
         with pytest.raises(Exception) as ei:
             s.run(None, {"X": X})
@@ -62,26 +62,26 @@ def test_fault_targets_one_group_by_a_node_name_inside_it():
     m = make_model(nodes, [("X", T.FLOAT, [2])], [("Y", T.FLOAT, [2])])
     x = np.ones(2, np.float32)
     for target, hit, spared in (("g1_sub", "g1_sub", "g0_add"), ("g0_add", "g0_add", "g1_sub")):
-        s = session(m, options={"disable_ops": "Mul", "fault": f"eval:{target}#1"})
+        s = session(m, options={"disable_ops": "Mul", "tuning": f"fault=eval:{target}#1"})
         with pytest.raises(Exception) as ei:
             s.run(None, {"X": x})
         assert f"Sub 'g1_sub'" in str(ei.value) if hit == "g1_sub" else "Add 'g0_add'" in str(ei.value)
         assert f"'{spared}'" not in str(ei.value)
         np.testing.assert_array_equal(s.run(None, {"X": x})[0], (x + x) * (x + x) - x)
-    s = session(m, options={"disable_ops": "Mul", "fault": "eval:no_such_node"})
+    s = session(m, options={"disable_ops": "Mul", "tuning": "fault=eval:no_such_node"})
     np.testing.assert_array_equal(s.run(None, {"X": x})[0], (x + x) * (x + x) - x)
 
 
 def test_compile_fault_fails_session_creation_naming_the_group_and_a_new_session_works():
     with pytest.raises(Exception) as ei:
-        session(model(), options={"fault": "compile"})
+        session(model(), options={"tuning": "fault=compile"})
     msg = str(ei.value)
     assert "MLXExecutionProvider Compile" in msg and "injected fault at compile" in msg
     check_good(session(model()))
 
 
 def test_getcapability_fault_leaves_every_node_to_cpu_and_answers_right(capfd):
-    s = session(model(), options={"fault": "getcapability"})
+    s = session(model(), options={"tuning": "fault=getcapability"})
     check_good(s)
     assert sum(unclaimed_ops(s).values()) == 3
     assert "injected fault at getcapability" in capfd.readouterr().err   # ORT logs our status
@@ -92,7 +92,7 @@ def test_bad_fault_spec_is_a_clear_error(capfd):
         FaultSpec("nope")
     with pytest.raises(ValueError, match="count 'x' is not an integer"):
         FaultSpec("eval#x")
-    session(model(), options={"fault": "nope"})           # ORT falls back to the CPU EP at creation ...
+    session(model(), options={"tuning": "fault=nope"})           # ORT falls back to the CPU EP at creation ...
     cap = capfd.readouterr()
     assert "stage 'nope' is not one of" in cap.out + cap.err          # ... and shows our reason
 
@@ -114,7 +114,7 @@ def test_real_mlx_error_names_the_node_and_session_survives():
 
 
 def test_faults_under_threads_do_not_disturb_other_sessions():
-    faulty = session(model(), options={"fault": "eval#40"})
+    faulty = session(model(), options={"tuning": "fault=eval#40"})
     good = session(model())
     errors, wrong = [], []
 
@@ -142,7 +142,7 @@ def test_faults_under_threads_do_not_disturb_other_sessions():
 
 
 def test_failing_calls_leak_nothing():
-    s = session(model(), options={"fault": "copy_out"})  # every call fails after allocating output 0
+    s = session(model(), options={"tuning": "fault=copy_out"})  # every call fails after allocating output 0
     for _ in range(30):
         with pytest.raises(Exception):
             s.run(None, {"X": X})
@@ -157,7 +157,7 @@ def test_failing_calls_leak_nothing():
 
 def test_trace_fault_in_the_compiled_path_falls_back_eagerly_visibly(capfd):
     """A failure while mx.compile traces is not the user's problem: right answers, and the summary says so."""
-    s = session(model(), options={"fault": "trace#1", "verbose": "1"})
+    s = session(model(), options={"tuning": "fault=trace#1", "verbose": "1"})
     for n in (2, 2, 3, 2):
         check_good(s, np.linspace(-1, 1, 4 * n, dtype=np.float32).reshape(n, 4))
     del s

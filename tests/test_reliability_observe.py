@@ -70,7 +70,7 @@ def test_trace_records_claim_compile_and_per_call_stage_split(tmp_path):
 def test_trace_from_environment_and_failed_call_recorded(tmp_path, monkeypatch):
     path = tmp_path / "env.json"
     monkeypatch.setenv("ORTMLX_TRACE", str(path))
-    s = session(two_group_model(), options={"fault": "eval#1"})
+    s = session(two_group_model(), options={"tuning": "fault=eval#1"})
     x = np.ones((1, 4), np.float32)
     with pytest.raises(Exception, match="injected fault at eval"):
         s.run(None, {"X": x})
@@ -156,11 +156,8 @@ def test_fast_path_builds_no_probe_when_off(monkeypatch):
 
 def test_fallbacks_and_compiled_facts_reach_summary_and_trace(tmp_path):
     """The interface the compiled path reports through: stats.fallback / stats.group."""
-    class Opts:
-        trace = str(tmp_path / "fb.json")
-        verbose = True
-        fault = ""
-    st = SessionStats("cpu", Opts())
+    from ortmlx.ep.options import EpOptions
+    st = SessionStats("cpu", EpOptions(trace=str(tmp_path / "fb.json"), verbose=True))
     g = st.group("grp0")
     g.update(compiled="shapeless", traces=3, poisoned="shape-dependent Reshape")
     st.fallback("grp0", "dynamic rank input")

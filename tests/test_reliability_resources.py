@@ -88,7 +88,7 @@ EXIT_ANY = textwrap.dedent("""
     m = make_model([h.make_node("Add", ["X", "X"], ["a"]), h.make_node("Relu", ["a"], ["Y"])],
                    [("X", T.FLOAT, ["n"])], [("Y", T.FLOAT, ["n"])])
     kept = [session(m, options={"verbose": "1", "trace": sys.argv[1]})]
-    bad = session(m, options={"fault": "eval"})
+    bad = session(m, options={"tuning": "fault=eval"})
     try:
         bad.run(None, {"X": np.ones(3, np.float32)})
     except Exception:

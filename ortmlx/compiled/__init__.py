@@ -32,11 +32,11 @@ def choose(program, options) -> tuple[CompiledConfig | str | None, str]:
     if reason:
         return None, reason
     if is_attention(program):
-        if options.no_decode_compile and options.no_prefill_compile:
-            return None, "decode and prefill compilation off (no_decode_compile, no_prefill_compile)"
+        if not options.compiles("decode") and not options.compiles("prefill"):
+            return None, "decode and prefill compilation off (no_compile=decode,prefill)"
         return "attention", "attention"
-    if options.no_general_compile:
-        return None, "general compilation off (no_general_compile)"
+    if not options.compiles("general"):
+        return None, "general compilation off (no_compile=general)"
     return GENERAL, "general"
 
 
@@ -44,7 +44,7 @@ def make_runner(program, options, stats=None):
     """The object a compute info calls ``run(inputs)`` on."""
     config, why = choose(program, options)
     if config is not None:
-        why = apply_compile_mode(options.compile_mode)
+        why = apply_compile_mode(options.tuning.compile_mode)
         if why:
             config = None
     if config is None:
@@ -54,7 +54,7 @@ def make_runner(program, options, stats=None):
     if config == "attention":
         runner = AttentionRunner(program, options, stats)
     else:
-        runner = CompiledSubgraph(program, config, stats, traced_overrides(program, None))
+        runner = CompiledSubgraph(program, config, stats, traced_overrides(program, None), tuning=options.tuning)
     _track(runner)
     return runner
 

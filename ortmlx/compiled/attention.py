@@ -5,6 +5,7 @@ import dataclasses
 import weakref
 
 from ..kernels.registry import MS, norm_domain
+from ..tuning import Tuning
 from .config import DECODE, PREFILL
 import numpy as np
 
@@ -57,8 +58,9 @@ class BucketedPrefill(CompiledSubgraph):
     A bucket's closure is trusted after matching eager at two different prompt lengths.
     """
 
-    def __init__(self, program, stats=None):
-        super().__init__(program, PREFILL, stats, traced_overrides(program, False, padded=True), label="prefill")
+    def __init__(self, program, stats=None, tuning: Tuning | None = None):
+        super().__init__(program, PREFILL, stats, traced_overrides(program, False, padded=True), label="prefill",
+                         tuning=tuning)
         self.seq = sorted(dims_named(program, {SEQ_DIM_NAME}))
         self.total = sorted(dims_named(program, {TOTAL_DIM_NAME}))
         self.batch = sorted(dims_named(program, {BATCH_DIM_NAME}))
@@ -175,12 +177,11 @@ class AttentionRunner:
         self.seq_dims = sorted(dims_named(program, {SEQ_DIM_NAME}))
         self.decode = None
         self.prefill = None
-        #: ``gpu_decode_compile=0`` keeps a GPU's decode step eager (compiled is the default there too)
-        decode_ok = not options.no_decode_compile and (program.device != "gpu"
-                                                       or getattr(options, "gpu_decode_compile", True))
+        tuning = options.tuning
+        decode_ok = options.compiles("decode")
         if decode_ok and self.seq_dims:
             self.decode = CompiledSubgraph(program, DECODE, stats, traced_overrides(program, True),
-                                           dims_named(program, FREE_DIM_NAMES), label="decode")
+                                           dims_named(program, FREE_DIM_NAMES), label="decode", tuning=tuning)
         self.decode_growing = None
         self.past_dims = sorted(dims_named(program, {PAST_DIM_NAME}))
         self.total_dims = sorted(dims_named(program, {TOTAL_DIM_NAME}))
@@ -188,12 +189,12 @@ class AttentionRunner:
             self.decode_growing = CompiledSubgraph(program, DECODE, stats,
                                                    traced_overrides(program, True, growing=True),
                                                    dims_named(program, GROWING_FREE_DIM_NAMES),
-                                                   label="decode_growing")
+                                                   label="decode_growing", tuning=tuning)
         self.prefill_exact = None
-        if not options.no_prefill_compile:
-            self.prefill = BucketedPrefill(program, stats)
+        if options.compiles("prefill"):
+            self.prefill = BucketedPrefill(program, stats, tuning)
             self.prefill_exact = CompiledSubgraph(program, PREFILL, stats, traced_overrides(program, False),
-                                                  label="prefill_exact")
+                                                  label="prefill_exact", tuning=tuning)
         if stats is not None and hasattr(stats, "group"):
             stats.group(self.name)["compiled"] = "+".join(p.label for p in self.parts())
         self.eager_calls = 0

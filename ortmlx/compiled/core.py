@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import math
 import operator
-import os
 import threading
 import time
 
@@ -23,6 +22,7 @@ from ..kernels import tracing as trace_mark
 from ..kernels import dtypes as dt
 from ..kernels.interpreter import mx_device
 from ..kernels.ops.reduction import reduce_sum_ints_host
+from ..tuning import Tuning
 from . import ahead, hoist_form
 from .analysis import HostPlan, hoist_free_work, host_plan, static_reason
 from .config import CompiledConfig
@@ -33,30 +33,6 @@ from .verify import mismatch
 GUARD_FAILED = object()
 #: traces a shape-keyed closure of a shapeless key may make before it is given up (shapes vary)
 MAX_FIXED_TRACES = 3
-#: whether closures that must be traced shapeless (a traced input keeps a free dim, e.g. a growing
-#: KV cache) are compiled on a GPU: measured ~3x slower than eager there (MLX 0.32.4, H200), so no
-GPU_SHAPELESS = False
-
-#: on a GPU, start the eval asynchronously and make one 4 KB allocation while the GPU runs: the first
-#: such allocation after MLX frees an evaluated graph consolidates glibc's fastbins (31-230 us measured,
-#: ``scripts/malloc_stall_probe.py``), which the copy-out's first allocation paid after the wait
-#: (``ORTMLX_EVAL_SETTLE=0``: a plain eval; on the CPU the eval's threads leave no wait to hide it in)
-EVAL_SETTLE = os.environ.get("ORTMLX_EVAL_SETTLE", "1") != "0"
-
-#: on a GPU whose CUDA context waits by polling, wait for the launched work with one context synchronize
-#: before MLX's own wait: MLX waits on blocking-sync events (the thread sleeps until an interrupt wakes
-#: it, and then runs the copy-out on a cold core); after the poll its wait finds the work done
-#: (``ORTMLX_SPIN_WAIT=0``: MLX's wait only)
-SPIN_WAIT = os.environ.get("ORTMLX_SPIN_WAIT", "1") != "0"
-
-#: the hoisted integer work through its closed NumPy form (``hoist_form``) when it has one
-#: (``ORTMLX_HOIST_CLOSED_FORM=0``: the generic host runner)
-HOIST_CLOSED_FORM = os.environ.get("ORTMLX_HOIST_CLOSED_FORM", "1") != "0"
-
-#: make the next call's closure call while the device runs this one (``ahead.py``): "1" everywhere, "0"
-#: nowhere, else (the default) where the eval is started asynchronously (a GPU: ``EVAL_SETTLE``)
-CALL_AHEAD = os.environ.get("ORTMLX_CALL_AHEAD", "")
-
 #: MLX's trace state is process-global: one trace at a time (re-entrant for nested groups)
 TRACE_LOCK = threading.RLock()
 _TLS = threading.local()
@@ -142,9 +118,12 @@ class CompiledSubgraph:
     supports_since = True               # run(..., since=): see run
 
     def __init__(self, program, config: CompiledConfig, stats=None, overrides: dict | None = None,
-                 free_dims: frozenset | None = None, label: str | None = None):
+                 free_dims: frozenset | None = None, label: str | None = None, tuning: Tuning | None = None):
         self.program = program
         self.config = config
+        #: the developer knobs this runner reads (``ortmlx/tuning.py``): eval_settle, spin_wait,
+        #: hoist_closed_form, call_ahead, gpu_shapeless
+        self.tuning = tuning = tuning or Tuning()
         self.stats = stats
         self.name = program.graph.name
         self.label = label or config.name
@@ -173,10 +152,16 @@ class CompiledSubgraph:
         #: (``_key_since`` keeps the object while no part changes; only ``_first`` and ``release`` change the maps)
         self._last: tuple | None = None
         self._plain_prepare = type(self)._prepare is CompiledSubgraph._prepare
-        self._settle = EVAL_SETTLE and self.device == "gpu"     # start it async, settle the heap meanwhile
-        self._spin = _spin_waiter() if self._settle and SPIN_WAIT else None
-        #: calls made ahead (``ahead.py``): whether, the one made for the next call, (closure, results) of the last
-        self._ahead = CALL_AHEAD == "1" or (CALL_AHEAD != "0" and self._settle)
+        # on a GPU, start the eval asynchronously and make one 4 KB allocation while the GPU runs: the first such
+        # allocation after MLX frees an evaluated graph consolidates glibc's fastbins, which the copy-out's first
+        # allocation paid after the wait otherwise (docs/performance.md)
+        self._settle = tuning.eval_settle and self.device == "gpu"
+        # MLX waits on blocking-sync CUDA events (the thread sleeps until an interrupt); polling the context first
+        # finds the work done on a hot core
+        self._spin = _spin_waiter() if self._settle and tuning.spin_wait else None
+        #: calls made ahead (``ahead.py``): whether, the one made for the next call, (closure, results) of the last;
+        #: by default where the eval is started asynchronously (a GPU)
+        self._ahead = tuning.call_ahead if tuning.call_ahead is not None else self._settle
         self._next: ahead.Ahead | None = None
         self._ahead_prev: tuple | None = None
         self.counters = {"compiled": self.label, "traces": 0, "compiled_calls": 0, "eager_calls": 0,
@@ -388,11 +373,12 @@ class CompiledSubgraph:
             c.hoist = plan.hoist
             c.hoist_prog = sub_program(self.program, plan.hoist_steps, self.program.inputs, plan.hoist)
             c.hoist_run = c.hoist_prog.host_runner(_HOIST_HOST)
-            fast = hoist_form.closed_form(c.hoist_prog) if c.hoist_run is not None and HOIST_CLOSED_FORM else None
+            fast = hoist_form.closed_form(c.hoist_prog) if c.hoist_run is not None and self.tuning.hoist_closed_form \
+                else None
             if fast is not None:
                 c.hoist_run = hoist_form.checked(fast, c.hoist_run, c.hoist, self._fallback)
         c.shapeless = self.config.shapeless and self._traces_free_dims(c)
-        if c.shapeless and self.device == "gpu" and not GPU_SHAPELESS:
+        if c.shapeless and self.device == "gpu" and not self.tuning.gpu_shapeless:
             c.poisoned = ("a shapeless closure on a GPU runs eagerly (MLX 0.32.4's CUDA backend: ~139 ms per "
                           "decode step vs ~40 ms eager on the H200, docs/performance.md)")
             self._fallback(c.poisoned)
@@ -884,7 +870,7 @@ def _hint_mismatch(hints: RowHints, outs: list) -> str | None:
 
 
 def _spin_waiter():
-    """The CUDA driver's context synchronize when it polls (``SPIN_WAIT``), else None."""
+    """The CUDA driver's context synchronize when it polls (tuning ``spin_wait``), else None."""
     drv = cuda_driver.driver()
     try:
         return drv.synchronize if drv is not None and drv.spins() else None

@@ -112,15 +112,11 @@ class ComputeInfo:
         self.label = f"{plan.name} ({len(labels)} node{'s' if len(labels) != 1 else ''}: " \
                      f"{', '.join(labels[:6])}{', ...' if len(labels) > 6 else ''})"
         self.plan = plan
-        opts = ep.options
-        self.program = Program(plan, ep.device, device_constants=getattr(opts, "device_constants", True),
-                               cuda_kernels=getattr(opts, "cuda_kernels", True),
-                               lift_weights=getattr(opts, "lift_weights", None),
-                               widen_weights=getattr(opts, "widen_weights", None),
-                               dense_nbits=getattr(opts, "dense_nbits", None),
-                               pinned_hints=getattr(opts, "pinned_hints", True),
-                               fold_swiglu=None if getattr(opts, "fold_mlp", True) else False,
-                               fuse_rows=None if getattr(opts, "fuse_rows", True) else False)
+        t = ep.options.tuning
+        self.program = Program(plan, ep.device, device_constants=t.device_constants, cuda_kernels=t.cuda_kernels,
+                               lift_weights=t.lift_weights, widen_weights=t.widen_weights, dense_nbits=t.dense_nbits,
+                               pinned_hints=t.pinned_hints, fold_swiglu=None if t.fold_mlp else False,
+                               fuse_rows=None if t.fuse_rows else False, gated_rows=t.gated_rows)
         self.runner = make_runner(self.program, ep.options, ep.stats)
         self._since_ok = getattr(self.runner, "supports_since", False)
         self.in_names = list(plan.inputs)
@@ -139,15 +135,14 @@ class ComputeInfo:
         self.calls = 0
         self._observed = ep.stats.observed
         #: device mirrors of ORT buffers an output writes in place (genai's shared KV buffer)
-        self.mirrors = None if getattr(ep.options, "no_kv_mirror", False) else MirrorSet()
+        self.mirrors = MirrorSet() if t.kv_mirror else None
         #: the steady decode state of the row-hinted KV buffers (ep/kvbatch.py); None: per-buffer path only
-        self.kv = KvBatches(abi) if self.mirrors is not None and not getattr(ep.options, "no_kv_batch", False) \
-            else None
+        self.kv = KvBatches(abi) if self.mirrors is not None and t.kv_batch else None
         self._aliased: set[int] = set()         # inputs an output was ever written into
         #: in-place outputs up to this size are copied out whole (no device diff)
         self._whole_bytes = WHOLE_COPY_BYTES[ep.device == "gpu"]
         #: how results are read to the host (ep/devread.py: the CUDA driver's copy on MLX's CUDA backend)
-        self.read = devread.reader(ep.device, getattr(ep.options, "driver_read", True))
+        self.read = devread.reader(ep.device, t.driver_read)
         #: how in-place (mirrored) outputs were written back, per buffer write (the verbose summary shows it):
         #: row hints in one batch (ep/kvbatch.py) / row hints one by one / diffed on the device / whole
         self.kv_copy_out = {"batched": 0, "row_hints": 0, "diffed": 0, "whole": 0}

@@ -8,8 +8,8 @@ from .. import __version__
 from ..kernels.interpreter import mlx_gpu_available
 from ..kernels.precision import fp32_matmul_error, fp32_matmul_exact
 from .abi import Abi
-from .errors import EP_NAME, EpError, ORT_INVALID_ARGUMENT
-from .options import EpOptions
+from .errors import EP_NAME
+from .options import EpOptions, OptionError
 
 HW_CPU, HW_GPU = 0, 1
 VENDOR = "ortmlx"
@@ -73,13 +73,14 @@ class Factory:
         if device == "auto":
             device = "gpu" if ("gpu" in kinds or not kinds) and mlx_gpu_available() else "cpu"
         elif device == "gpu" and not mlx_gpu_available():
-            raise EpError("device=gpu requested but MLX has no GPU here (mx.cuda / mx.metal unavailable)",
-                          ORT_INVALID_ARGUMENT)
+            from .. import mlx_backends
+            raise OptionError(f"option device='gpu': MLX has no GPU here (installed: {', '.join(mlx_backends()) or 'no backend'}"
+                              "; an NVIDIA GPU needs ortmlx[cuda13] or ortmlx[cuda12])")
         if device == "gpu" and not fp32_matmul_exact("gpu"):
             why = (f"float32 matmul on MLX's GPU has relative error {fp32_matmul_error('gpu'):.1e} (TF32: "
                    f"MLX_ENABLE_TF32={os.environ.get('MLX_ENABLE_TF32')!r}, or mlx.core was imported before ortmlx)")
             if options.device == "gpu":
-                raise EpError(f"device=gpu refused: {why}", ORT_INVALID_ARGUMENT)
+                raise OptionError(f"option device='gpu' refused: {why}")
             sys.stderr.write(f"MLXExecutionProvider: using the CPU device: {why}\n")
             device = "cpu"
         ep = Ep(self, options, device)

@@ -1,134 +1,147 @@
-"""Provider options and environment variables, copied out once at EP creation.
+"""Provider options and environment variables, read once at EP creation.
 
-Every option can be given as a provider option (``providers=[("MLXExecutionProvider",
-{"device": "cpu"})]``, which ORT hands over as session config entries
-``ep.mlxexecutionprovider.<key>``) or as an environment variable. A provider option
-wins over the environment. For on/off switches, "" and "0" (and "false", "off")
-mean off; any other option left empty (``ORTMLX_DEVICE=``) is unset (the environment's,
-then the default).
+Five user options, each a provider option (``providers=[("MLXExecutionProvider", {"device": "cpu"})]``, which
+ORT hands over as session config entries ``ep.mlxexecutionprovider.<key>``) or an environment variable; a
+provider option wins. ``tuning`` is the developer's (``ortmlx/tuning.py``). A bad key or value fails EP creation
+with one line naming the option and its valid values.
 """
 from __future__ import annotations
 
+import difflib
 import os
-from dataclasses import dataclass, field, fields
+import warnings
+from dataclasses import dataclass, field
+
+from ..errors import UserError
+from ..tuning import ENV as TUNING_ENV
+from ..tuning import Tuning
 
 PREFIX = "ep.mlxexecutionprovider."
-_FALSE = {"", "0", "false", "off", "no"}
+SWITCH_TRUE = ("1", "true", "on", "yes")
+SWITCH_FALSE = ("", "0", "false", "off", "no")
+#: the compiled paths ``no_compile`` can turn off one by one
+COMPILE_PATHS = ("general", "prefill", "decode")
+DEVICES = ("auto", "cpu", "gpu")
 
-#: option -> environment variables (first found wins), help text
+#: option -> (environment variables, first found wins; help)
 SPEC: dict[str, tuple[tuple[str, ...], str]] = {
     "device": (("ORTMLX_DEVICE",), "auto|cpu|gpu: where MLX runs (auto: the GPU when MLX has one)"),
     "no_compile": (("ORTMLX_NO_COMPILE", "ONNX_GENAI_MLX_NO_COMPILE", "ONNXRUNTIME_EP_MLX_NO_COMPILE"),
-                   "1: never use mx.compile, run every group eagerly"),
-    "no_general_compile": (("ORTMLX_NO_GENERAL_COMPILE", "MLX_EP_NO_GENERAL_COMPILE",
-                            "ONNXRUNTIME_EP_MLX_NO_GENERAL_COMPILE"), "1: no compiled path for groups without attention"),
-    "no_prefill_compile": (("ORTMLX_NO_PREFILL_COMPILE", "MLX_EP_NO_PREFILL_COMPILE",
-                            "ONNXRUNTIME_EP_MLX_NO_PREFILL_COMPILE"), "1: no compiled prefill path"),
-    "no_decode_compile": (("ORTMLX_NO_DECODE_COMPILE", "ONNXRUNTIME_EP_MLX_NO_DECODE_COMPILE"),
-                          "1: no compiled (shapeless) decode path"),
-    "gpu_decode_compile": (("ORTMLX_GPU_DECODE_COMPILE",), "0: run the decode step eagerly on a GPU (compiled by default: "
-                                                           "2.1-2.9x eager decode on the H200, docs/performance.md)"),
-    "no_kv_mirror": (("ORTMLX_NO_KV_MIRROR",), "1: no device mirror of buffers an output writes in place (genai's "
-                                               "shared KV buffer): every call copies them in and out whole"),
-    "no_kv_batch": (("ORTMLX_NO_KV_BATCH",), "1: write row-hinted KV buffers back one by one (ep/mirror.py) rather "
-                                             "than in one batch of C copies per call (ep/kvbatch.py)"),
-    "driver_read": (("ORTMLX_DRIVER_READ",), "0: read results to the host with numpy rather than the CUDA driver's copy "
-                                             "on MLX's CUDA backend (ep/devread.py)"),
-    "device_constants": (("ORTMLX_DEVICE_CONSTANTS",), "0: keep constants (weights) where mx.array puts them (on MLX's "
-                                                       "CUDA backend: managed memory) and MatMul weights row-major, "
-                                                       "rather than copied into device memory once, MatMul weights "
-                                                       "column-major (MLX's gemv for a decode row; GPU only)"),
-    "lift_weights": (("ORTMLX_LIFT_WEIGHTS",), "1|0: store constant MatMul weights of 3-D products [1, K, N] (one MLX "
-                                               "node per product; 2-D, MLX flattens A and unflattens the product: two "
-                                               "more per product and call) (kernels/merge.py); default: on (CPU "
-                                               "backend 1.06-1.17x decode, H200 1.00-1.10x; tokens identical)"),
-    "widen_weights": (("ORTMLX_WIDEN_WEIGHTS",), "1|0: keep float16/bfloat16 MatMul weights in float32 (widened once at "
-                                                 "load, twice the memory) so products run in the BLAS's sgemm and are "
-                                                 "rounded once; default: on with MLX's CPU backend (its half matmul is "
-                                                 "not BLAS-backed), off on a GPU (kernels/merge.py)"),
-    "dense_nbits": (("ORTMLX_DENSE_NBITS",), "1|0: dequantize constant MatMulNBits weights to float32 once at load "
-                                             "(8x an int4 weight's memory; skipped when over a quarter of the memory "
-                                             "MLX may use) so products run in the BLAS's sgemm; default: on with "
-                                             "MLX's CPU backend (its quantized matmul is a plain loop), off on a GPU"),
-    "cuda_kernels": (("ORTMLX_CUDA_KERNELS",), "0: no custom CUDA kernels (kernels/cuda_kernels.py: one-kernel decode "
-                                               "attention, fused norms, the row-hint gather; fold_mlp, "
-                                               "fuse_rows and pinned_hints need them) on MLX's CUDA backend"),
-    "fold_mlp": (("ORTMLX_FOLD_MLP",), "0: keep an MLP's SiLU gating (Sigmoid, Mul, Mul) as its own nodes after the merged "
-                                       "gate/up product, rather than one step (one custom kernel for a decode row) "
-                                       "(GPU, with cuda_kernels; kernels/merge.py)"),
-    "fuse_rows": (("ORTMLX_FUSE_ROWS",), "0: keep a decode row's norm and its MLP gating as kernels of their own "
-                                         "before the products that read them, rather than made inside those "
-                                         "products' kernels (GPU, with cuda_kernels; kernels/rowfold.py)"),
-    "pinned_hints": (("ORTMLX_PINNED_HINTS",), "0: gather a compiled decode call's new KV rows into a device buffer "
-                                               "and copy that to the host, rather than have the gather kernel write "
-                                               "them into page-locked host memory (GPU, with cuda_kernels)"),
-    "compile_mode": (("ORTMLX_COMPILE_MODE",), "enabled|no_fuse|no_simplify|disabled: mx.compile mode"),
+                   "1: run every group eagerly (no mx.compile); or a list of general,prefill,decode: "
+                   "those compiled paths off"),
     "trace": (("ORTMLX_TRACE",), "path.json: write a Chrome/Perfetto trace of the session"),
-    "verbose": (("ORTMLX_VERBOSE",), "1: print a session summary at release"),
-    "disable_ops": (("ORTMLX_DISABLE_OPS",), "comma-separated op types never claimed"),
-    "fault": (("ORTMLX_FAULT",), "testing only: stage[:node][#count] at which to raise (getcapability|compile|compute|"
-                                 "copy_in|build|eval|copy_out|trace; #N: the first N times only)"),
+    "verbose": (("ORTMLX_VERBOSE",), "1: print a session summary (groups, compiled paths, fallbacks) at release"),
+    "disable_ops": (("ORTMLX_DISABLE_OPS",), "comma-separated op types never claimed (left to the CPU EP)"),
+    "tuning": ((TUNING_ENV,), "developer: key=value,... A/B knobs (ortmlx/tuning.py)"),
 }
 
-_BOOLS = {"no_compile", "no_general_compile", "no_prefill_compile", "no_decode_compile", "gpu_decode_compile",
-          "no_kv_mirror", "no_kv_batch", "driver_read", "device_constants", "cuda_kernels", "pinned_hints", "fold_mlp",
-          "fuse_rows", "lift_weights", "widen_weights", "dense_nbits", "verbose"}
+#: the kill switches of earlier releases: each turns one compiled path off (an alias of no_compile=<path>)
+KILL_SWITCHES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "no_general_compile": ("general", ("ORTMLX_NO_GENERAL_COMPILE", "MLX_EP_NO_GENERAL_COMPILE",
+                                       "ONNXRUNTIME_EP_MLX_NO_GENERAL_COMPILE")),
+    "no_prefill_compile": ("prefill", ("ORTMLX_NO_PREFILL_COMPILE", "MLX_EP_NO_PREFILL_COMPILE",
+                                       "ONNXRUNTIME_EP_MLX_NO_PREFILL_COMPILE")),
+    "no_decode_compile": ("decode", ("ORTMLX_NO_DECODE_COMPILE", "ONNXRUNTIME_EP_MLX_NO_DECODE_COMPILE")),
+}
+
+#: environment variables of tuning knobs that ORTMLX_TUNING now carries (read no more: one warning)
+RETIRED_ENV = {
+    "ORTMLX_NO_KV_MIRROR": "ORTMLX_TUNING=kv_mirror=0",
+    "ORTMLX_NO_KV_BATCH": "ORTMLX_TUNING=kv_batch=0",
+    "ORTMLX_DRIVER_READ": "ORTMLX_TUNING=driver_read=0",
+    "ORTMLX_DEVICE_CONSTANTS": "ORTMLX_TUNING=device_constants=0",
+    "ORTMLX_CUDA_KERNELS": "ORTMLX_TUNING=cuda_kernels=0",
+    "ORTMLX_PINNED_HINTS": "ORTMLX_TUNING=pinned_hints=0",
+    "ORTMLX_FOLD_MLP": "ORTMLX_TUNING=fold_mlp=0",
+    "ORTMLX_FUSE_ROWS": "ORTMLX_TUNING=fuse_rows=0",
+    "ORTMLX_GATED_ROWS": "ORTMLX_TUNING=gated_rows=0",
+    "ORTMLX_LIFT_WEIGHTS": "ORTMLX_TUNING=lift_weights=0",
+    "ORTMLX_WIDEN_WEIGHTS": "ORTMLX_TUNING=widen_weights=0",
+    "ORTMLX_DENSE_NBITS": "ORTMLX_TUNING=dense_nbits=0",
+    "ORTMLX_COMPILE_MODE": "ORTMLX_TUNING=compile_mode=no_fuse",
+    "ORTMLX_EVAL_SETTLE": "ORTMLX_TUNING=eval_settle=0",
+    "ORTMLX_SPIN_WAIT": "ORTMLX_TUNING=spin_wait=0",
+    "ORTMLX_HOIST_CLOSED_FORM": "ORTMLX_TUNING=hoist_closed_form=0",
+    "ORTMLX_CALL_AHEAD": "ORTMLX_TUNING=call_ahead=1",
+    "ORTMLX_FAULT": "ORTMLX_TUNING=fault=compute",
+    "ORTMLX_BLAS": "ORTMLX_TUNING=blas=0",
+    "ORTMLX_BLAS_THREADS": "ORTMLX_TUNING=blas_threads=2",
+    "ORTMLX_GPU_DECODE_COMPILE": "ORTMLX_NO_COMPILE=decode",
+}
+_warned: set[str] = set()
+
+
+class OptionError(UserError):
+    """A bad provider option or environment variable (one line: the option, its value, the valid values)."""
+
+
+def switch(name: str, value: str | None) -> bool:
+    """An on/off value: 1/true/on/yes or 0/false/off/no/empty; anything else is an ``OptionError``."""
+    v = (value or "").strip().lower()
+    if v in SWITCH_TRUE:
+        return True
+    if v in SWITCH_FALSE:
+        return False
+    raise OptionError(f"option {name}={value!r}: valid values are 1, true, on, yes or 0, false, off, no, empty")
 
 
 def flag(value: str | None) -> bool:
-    return value is not None and value.strip().lower() not in _FALSE
+    """A lenient on/off reading (anything but 0/false/off/no/empty is on), for scripts' own variables."""
+    return value is not None and value.strip().lower() not in SWITCH_FALSE
 
 
 @dataclass(frozen=True)
 class EpOptions:
     device: str = "auto"
-    no_compile: bool = False
-    no_general_compile: bool = False
-    no_prefill_compile: bool = False
-    no_decode_compile: bool = False
-    gpu_decode_compile: bool = True
-    no_kv_mirror: bool = False
-    no_kv_batch: bool = False
-    driver_read: bool = True
-    device_constants: bool = True
-    cuda_kernels: bool = True
-    pinned_hints: bool = True
-    fold_mlp: bool = True
-    fuse_rows: bool = True
-    lift_weights: bool | None = None          # None: the Program's default (on)
-    widen_weights: bool | None = None         # None: by device (Program)
-    dense_nbits: bool | None = None           # None: by device (Program)
-    compile_mode: str = "enabled"
+    #: compiled paths turned off (a subset of COMPILE_PATHS)
+    no_compile: frozenset = frozenset()
     trace: str = ""
     verbose: bool = False
     disable_ops: frozenset = field(default_factory=frozenset)
-    fault: str = ""
+    tuning: Tuning = field(default_factory=Tuning)
     raw: dict = field(default_factory=dict)
 
     @classmethod
-    def from_sources(cls, provider: dict[str, str], env: dict[str, str] | None = None) -> "EpOptions":
+    def from_sources(cls, provider: dict[str, str], env: dict[str, str] | None = None,
+                     known_ops: frozenset | None = None) -> "EpOptions":
+        """Options from provider options (``provider``) over the environment (``env``); ``known_ops``: the op
+        types ``disable_ops`` may name (default: every op type the registry has a translator for)."""
         env = os.environ if env is None else env
-        unknown = sorted(set(provider) - set(SPEC))
+        unknown = sorted(set(provider) - set(SPEC) - set(KILL_SWITCHES))
         if unknown:
-            raise ValueError(f"unknown MLXExecutionProvider option(s) {unknown}; known: {sorted(SPEC)}")
+            key = unknown[0]
+            hint = " (a tuning knob: tuning=\"" + key + "=...\")" if key in _TUNING_KEYS else _close(key, SPEC)
+            raise OptionError(f"unknown option {key!r}{hint}; options: {', '.join(SPEC)}")
+        _warn_retired(env)
+
+        def pick(key: str) -> str | None:
+            if key in provider and provider[key] is not None:
+                return provider[key]
+            names = SPEC[key][0] if key in SPEC else KILL_SWITCHES[key][1]
+            return next((env[e] for e in names if env.get(e) is not None), None)
+
         vals: dict = {}
-        for key, (env_names, _) in SPEC.items():
-            raw = provider.get(key)
-            if not _given(key, raw):
-                raw = next((env[e] for e in env_names if _given(key, env.get(e))), None)
-            if raw is None:
-                continue
-            vals[key] = flag(raw) if key in _BOOLS else raw.strip()
-        if "disable_ops" in vals:
-            vals["disable_ops"] = frozenset(o.strip() for o in vals["disable_ops"].split(",") if o.strip())
-        dev = vals.get("device", "auto").lower()
-        if dev not in ("auto", "cpu", "gpu"):
-            raise ValueError(f"device must be auto, cpu or gpu, got {dev!r}")
+        dev = (pick("device") or "").strip().lower() or "auto"
+        if dev not in DEVICES:
+            raise OptionError(f"option device={dev!r}: valid values are {', '.join(DEVICES)}")
         vals["device"] = dev
-        mode = vals.get("compile_mode", "enabled").lower()
-        if mode not in ("enabled", "no_fuse", "no_simplify", "disabled"):
-            raise ValueError(f"compile_mode must be enabled|no_fuse|no_simplify|disabled, got {mode!r}")
-        vals["compile_mode"] = mode
+        off = set(_paths(pick("no_compile")))
+        for key, (path, _) in KILL_SWITCHES.items():
+            if switch(key, pick(key)):
+                off.add(path)
+        vals["no_compile"] = frozenset(off)
+        vals["trace"] = (pick("trace") or "").strip()
+        vals["verbose"] = switch("verbose", pick("verbose"))
+        ops = frozenset(o.strip() for o in (pick("disable_ops") or "").split(",") if o.strip())
+        if ops:
+            known = _known_ops() if known_ops is None else known_ops
+            bad = sorted(ops - known)
+            if bad:
+                raise OptionError(f"option disable_ops: {bad[0]!r} is not an op type the MLX EP runs"
+                                  f"{_close(bad[0], known)} (list: docs/operators.md)")
+        vals["disable_ops"] = ops
+        base = Tuning.parse(env.get(TUNING_ENV), where=TUNING_ENV)
+        vals["tuning"] = Tuning.parse(provider.get("tuning"), base, where="option tuning")
         return cls(**vals, raw=dict(provider))
 
     @classmethod
@@ -137,14 +150,49 @@ class EpOptions:
 
     @property
     def compile_enabled(self) -> bool:
-        return not self.no_compile and self.compile_mode != "disabled"
+        """Whether any group may be compiled."""
+        return set(COMPILE_PATHS) - self.no_compile != set() and self.tuning.compile_mode != "disabled"
+
+    def compiles(self, path: str) -> bool:
+        """Whether the compiled ``path`` (general / prefill / decode) is on."""
+        return path not in self.no_compile and self.tuning.compile_mode != "disabled"
 
 
-def _given(key: str, value: str | None) -> bool:
-    """Whether ``value`` sets option ``key``: an empty switch is off, any other option left empty
-    (``ORTMLX_DEVICE=``) is unset."""
-    return value is not None and (key in _BOOLS or bool(value.strip()))
+_TUNING_KEYS = frozenset(Tuning.__dataclass_fields__)
+
+
+def _paths(value: str | None) -> list[str]:
+    """``no_compile``'s value as compiled paths: a switch (1: all of them) or a list of path names."""
+    v = (value or "").strip().lower()
+    if v in SWITCH_FALSE:
+        return []
+    if v in SWITCH_TRUE or v == "all":
+        return list(COMPILE_PATHS)
+    parts = [p.strip() for p in v.split(",") if p.strip()]
+    bad = [p for p in parts if p not in COMPILE_PATHS]
+    if bad:
+        raise OptionError(f"option no_compile={value!r}: valid values are 1 (all), 0, or a list of "
+                          f"{', '.join(COMPILE_PATHS)}")
+    return parts
+
+
+def _close(word: str, choices) -> str:
+    m = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {m[0]!r}?)" if m else ""
+
+
+def _known_ops() -> frozenset:
+    from ..kernels import REGISTRY
+    return frozenset(REGISTRY.op_types(None))
+
+
+def _warn_retired(env) -> None:
+    for name, knob in RETIRED_ENV.items():
+        if env.get(name) is not None and name not in _warned:
+            _warned.add(name)
+            warnings.warn(f"{name} is no longer read: use {knob} (docs/performance.md)",
+                          RuntimeWarning, stacklevel=3)
 
 
 def option_names() -> list[str]:
-    return [f.name for f in fields(EpOptions) if f.name != "raw"]
+    return list(SPEC)

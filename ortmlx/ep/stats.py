@@ -80,14 +80,14 @@ class SessionStats:
         self.group_nodes: dict[str, frozenset] = {}     # fused group name -> names of its nodes
         self.tracer = None
         self.faults: FaultSpec | None = None
-        fault = getattr(options, "fault", "") if options is not None else ""
+        fault = options.tuning.fault if options is not None else ""
         if fault:
             self.faults = FaultSpec(fault)
-        trace_path = getattr(options, "trace", "") if options is not None else ""
+        trace_path = options.trace if options is not None else ""
         if trace_path:
             from ..trace import Tracer
             self.tracer = Tracer(trace_path, f"MLXExecutionProvider ({device})")
-        self.verbose = bool(getattr(options, "verbose", False)) if options is not None else False
+        self.verbose = options.verbose if options is not None else False
         #: whether Compute takes the observed (timed) path
         self.observed = bool(self.tracer is not None or self.verbose
                              or (self.faults is not None and self.faults.stage in CALL_STAGES))
@@ -230,6 +230,6 @@ class SessionStats:
                 self.tracer.flush()
             except Exception as e:  # noqa: BLE001 - a trace file we cannot write must not fail the release
                 sys.stderr.write(f"MLXExecutionProvider: cannot write trace {self.tracer.path}: {e}\n")
-        verbose = self.verbose if options is None else bool(getattr(options, "verbose", False))
+        verbose = self.verbose if options is None else options.verbose
         if verbose:
             sys.stderr.write(self.summary() + "\n")

@@ -16,6 +16,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from ..errors import KernelError
 from ..subgraph import ir
 from ..subgraph.ir import outer_refs
 from . import consts, cuda_rows, merge, rowfold, tracing
@@ -52,10 +53,6 @@ MAX_VALUE_BYTES = _memory_cap()
 def too_big(label: str, j: int, name: str, v) -> str:
     return (f"{label}: output {j} ('{name}') of shape {tuple(v.shape)} {v.dtype} would take "
             f"{v.nbytes / 2**30:.1f} GiB, more than the {MAX_VALUE_BYTES / 2**30:.1f} GiB MLX may allocate here")
-
-
-class KernelError(RuntimeError):
-    """A translator failed on a node; the message names the node."""
 
 
 def host_evaluable(opdef: OpDef, out_types: list[int | None], inputs_host: list[bool]) -> bool:
@@ -136,7 +133,7 @@ class Program:
                  device_constants: bool = False, cuda_kernels: bool = False, merge_matmuls: bool | None = None,
                  fold_qkv_bias: bool | None = None, lift_weights: bool | None = None,
                  widen_weights: bool | None = None, dense_nbits: bool | None = None, pinned_hints: bool = True,
-                 fold_swiglu: bool | None = None, fuse_rows: bool | None = None):
+                 fold_swiglu: bool | None = None, fuse_rows: bool | None = None, gated_rows: bool = True):
         self.graph = graph
         self.device = device
         #: builds may use ``kernels/cuda_kernels.py`` (on a GPU of MLX's CUDA backend)
@@ -249,7 +246,7 @@ class Program:
                 fuse_rows = self.cuda_kernels
             if fuse_rows:
                 weights = (set(graph.constants) | set(merged_np)) - set(self.inputs)
-                self.steps = rowfold.swiglu_down_folds(graph, self.steps, weights)
+                self.steps = rowfold.swiglu_down_folds(graph, self.steps, weights, gated_rows)
                 self.steps = rowfold.norm_folds(graph, self.steps, weights)
             with mx.stream(mx_device(device)):
                 constants_mx = {k: dt.to_mx(v.reshape((1,) + v.shape) if k in lifted else v,

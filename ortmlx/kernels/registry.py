@@ -151,8 +151,9 @@ class Registry:
             for a, b in zip(lst, lst[1:] + [None]):
                 yield OpDef(**{**a.__dict__, "until": b.since - 1 if b else None})
 
-    def op_types(self, domain: str = ONNX) -> set[str]:
-        return {op for (d, op) in self._ops if d == norm_domain(domain)}
+    def op_types(self, domain: str | None = ONNX) -> set[str]:
+        """Op types with a translator in ``domain`` (None: in any domain)."""
+        return {op for (d, op) in self._ops if domain is None or d == norm_domain(domain)}
 
 
 REGISTRY = Registry()

@@ -17,14 +17,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 
 from . import cuda_kernels, cuda_rows, merge
 
 MS = "com.microsoft"
-#: a decode row's gating made by its gate/up product's kernel where a norm folds into it (``ORTMLX_GATED_ROWS=0``:
-#: by the down product's kernel, every block making the whole gated row)
-GATED_ROWS = os.environ.get("ORTMLX_GATED_ROWS", "1") != "0"
 
 
 def _via_mm(A, W, *, base, mm=None):
@@ -32,11 +28,12 @@ def _via_mm(A, W, *, base, mm=None):
     return base(A, W) if mm is None else mm(A, W, base)
 
 
-def swiglu_down(A, W, W_down, *, width: int, gate_first: bool, down, mm=None):
+def swiglu_down(A, W, W_down, *, width: int, gate_first: bool, down, mm=None, gated_rows: bool = True):
     """``down(gating(A @ W), W_down)``: ``merge.merged_swiglu`` then the down projection's own function.
-    For a decode row: the gate/up product's kernel makes the gating when ``mm`` can (``norm_product``'s),
-    then one kernel multiplies that row (``cuda_rows.gemv``); else the down product's kernel makes it."""
-    if mm is not None and GATED_ROWS and cuda_kernels.enabled():
+    For a decode row: the gate/up product's kernel makes the gating when ``mm`` can (``norm_product``'s) and
+    ``gated_rows``, then one kernel multiplies that row (``cuda_rows.gemv``); else the down product's kernel
+    makes it (every block making the whole gated row)."""
+    if mm is not None and gated_rows and cuda_kernels.enabled():
         gated = mm(A, W, gating=(width, gate_first))
         if gated is not None:
             if cuda_rows.row_reason(gated, W_down, width) is None:
@@ -123,9 +120,10 @@ def _fused(steps, k: int, p: int, fn, inputs: list, outputs: list, out_types: li
     return [new if j == k else s for j, s in enumerate(steps) if j != p]
 
 
-def swiglu_down_folds(graph, steps, weights: set) -> list:
+def swiglu_down_folds(graph, steps, weights: set, gated_rows: bool = True) -> list:
     """``steps`` with each merged SiLU-gating step and the down product that alone reads it (its weight in
-    ``weights``, the constants) made one ``swiglu_down`` step, in the gating step's place."""
+    ``weights``, the constants) made one ``swiglu_down`` step, in the gating step's place (``gated_rows``:
+    ``swiglu_down``'s)."""
     k = 0
     while k < len(steps):
         st = steps[k]
@@ -137,7 +135,7 @@ def swiglu_down_folds(graph, steps, weights: set) -> list:
         if down is not None and isinstance(down, functools.partial) and down.func is _via_mm \
                 and steps[p].inputs[1] in weights:
             f = functools.partial(swiglu_down, width=fn.keywords["width"], gate_first=fn.keywords["gate_first"],
-                                  down=down.keywords["base"])
+                                  down=down.keywords["base"], gated_rows=gated_rows)
             steps = _fused(steps, k, p, f, st.inputs + [steps[p].inputs[1]], list(steps[p].outputs),
                            list(steps[p].out_types))
         k += 1

@@ -531,11 +531,11 @@ def test_sequence_read_inside_unclaimed_if_stays_on_cpu():
 def test_sequence_groups_are_never_compiled():
     plain = make_model([nd("Neg", ["x"], ["y"])], [X34], [Y])
     with C.capture() as rs:
-        session(plain, options={"compile_mode": "enabled"})
+        session(plain, options={"tuning": "compile_mode=enabled"})
     assert rs, "control: a tensor-only group should get a compiled runner"
     model, feeds = build(insert_case(i64(1), erase=i64(0)))
     with C.capture() as rs:
-        s = session(model, options={"compile_mode": "enabled"})
+        s = session(model, options={"tuning": "compile_mode=enabled"})
     assert not unclaimed_ops(s) and rs == [], (assignment(s), rs)
     cpu = session(model, "CPUExecutionProvider", record=False)
     for _ in range(2):

@@ -1,0 +1,138 @@
+"""Developer tuning knobs: one variable, parsed here and nowhere else.
+
+    ORTMLX_TUNING="cuda_kernels=0,call_ahead=1"      # or the provider option tuning="..."
+
+Each knob switches one optimisation for A/B measurement (docs/performance.md, "How to measure").
+Users never need them: the defaults are the measured best per device. A provider option wins over
+the environment, key by key. ``blas`` and ``blas_threads`` act when ``ortmlx`` is imported (before
+MLX loads), so only the environment sets them.
+
+Imports only ``ortmlx.errors``: every layer may read a ``Tuning``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+from .errors import UserError
+
+ENV = "ORTMLX_TUNING"
+_TRUE = {"1", "true", "on", "yes"}
+_FALSE = {"0", "false", "off", "no"}
+COMPILE_MODES = ("enabled", "no_fuse", "no_simplify", "disabled")
+
+
+class TuningError(UserError):
+    """A malformed tuning string (one line, naming the key and the valid values)."""
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """What each knob does; ``None``: decided by the device (the documented default)."""
+    #: device mirrors of ORT buffers an output writes in place (genai's shared KV buffer)
+    kv_mirror: bool = True
+    #: row-hinted KV buffers written back in one batch of C copies per call (ep/kvbatch.py)
+    kv_batch: bool = True
+    #: results read with the CUDA driver's copy on MLX's CUDA backend (ep/devread.py), not NumPy
+    driver_read: bool = True
+    #: constants copied into device memory once, MatMul weights column-major (GPU)
+    device_constants: bool = True
+    #: the custom CUDA kernels (kernels/cuda_kernels.py); fold_mlp, fuse_rows, pinned_hints need them
+    cuda_kernels: bool = True
+    #: a compiled decode's new KV rows written by the gather kernel into page-locked host memory
+    pinned_hints: bool = True
+    #: an MLP's SiLU gating as one step after the merged gate/up product (GPU, with cuda_kernels)
+    fold_mlp: bool = True
+    #: a decode row's norm and gating made inside the next product's kernel (GPU, with cuda_kernels)
+    fuse_rows: bool = True
+    #: fuse_rows also folds the MLP's gating into the down product
+    gated_rows: bool = True
+    #: constant MatMul weights of 3-D products stored [1, K, N] (None: on)
+    lift_weights: bool | None = None
+    #: half-precision MatMul weights widened to float32 once (None: on with MLX's CPU backend)
+    widen_weights: bool | None = None
+    #: MatMulNBits weights dequantized to float32 once (None: on with MLX's CPU backend)
+    dense_nbits: bool | None = None
+    #: mx.compile's mode
+    compile_mode: str = "enabled"
+    #: a GPU eval started asynchronously with the heap settled meanwhile (compiled/core.py)
+    eval_settle: bool = True
+    #: the GPU's work waited for by polling the CUDA context before MLX's own wait
+    spin_wait: bool = True
+    #: hoisted integer work through its closed NumPy form (compiled/hoist_form.py)
+    hoist_closed_form: bool = True
+    #: the next decode call's closure call made while the device runs this one (None: on a GPU)
+    call_ahead: bool | None = None
+    #: shapeless closures compiled on a GPU too (off: MLX 0.32.4's CUDA backend ran them ~3x slower)
+    gpu_shapeless: bool = False
+    #: testing only: stage[:node][#count] at which to raise (see ep/stats.py)
+    fault: str = ""
+    #: process-wide, environment only: OpenBLAS under MLX's Linux CPU backend (ortmlx/blas.py)
+    blas: bool = True
+    #: process-wide, environment only: OpenBLAS threads (None: min(4, cores))
+    blas_threads: int | None = None
+
+    @classmethod
+    def parse(cls, text: str | None, base: "Tuning | None" = None, where: str = ENV) -> "Tuning":
+        """``base`` (default: all defaults) with the ``key=value`` pairs of ``text`` applied."""
+        base = base or cls()
+        if not text or not text.strip():
+            return base
+        kinds = {f.name: f.type for f in dataclasses.fields(cls)}
+        vals = {}
+        for item in text.split(","):
+            item = item.strip()
+            if not item:
+                continue
+            key, sep, raw = item.partition("=")
+            key, raw = key.strip(), raw.strip()
+            if key not in kinds:
+                raise TuningError(f"{where}: unknown key {key!r}; keys: {', '.join(kinds)}")
+            if not sep:
+                raise TuningError(f"{where}: {key!r} needs a value ({key}=...)")
+            vals[key] = _value(where, key, kinds[key], raw)
+        return dataclasses.replace(base, **vals)
+
+    @classmethod
+    def from_env(cls, env: dict | None = None) -> "Tuning":
+        env = os.environ if env is None else env
+        return cls.parse(env.get(ENV))
+
+    def describe(self) -> str:
+        """The knobs that differ from the defaults, as a tuning string ("" when none)."""
+        d = Tuning()
+        return ",".join(f"{f.name}={_show(getattr(self, f.name))}" for f in dataclasses.fields(self)
+                        if getattr(self, f.name) != getattr(d, f.name))
+
+
+def _value(where: str, key: str, kind: str, raw: str):
+    low = raw.lower()
+    if kind in ("bool", "bool | None"):
+        if kind == "bool | None" and low in ("", "auto"):
+            return None
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        extra = ", auto" if kind == "bool | None" else ""
+        raise TuningError(f"{where}: {key}={raw!r}: valid values are 0, 1 (or off/on, false/true){extra}")
+    if kind == "int | None":
+        if low in ("", "auto"):
+            return None
+        try:
+            n = int(raw)
+        except ValueError:
+            n = -1
+        if n < 1:
+            raise TuningError(f"{where}: {key}={raw!r}: a positive integer or auto")
+        return n
+    if key == "compile_mode":
+        if low not in COMPILE_MODES:
+            raise TuningError(f"{where}: compile_mode={raw!r}: valid values are {', '.join(COMPILE_MODES)}")
+        return low
+    return raw
+
+
+def _show(v) -> str:
+    return "auto" if v is None else ("1" if v is True else "0" if v is False else str(v))

@@ -63,9 +63,10 @@ def test_general_traces_once_per_shape_and_matches_cpu():
     assert len(rs) == 1 and rs[0].config.name == "general"
     r = rs[0]
     check(s, m, [feed(4), feed(4), feed(4), feed(7), feed(7), feed(4)])
+    # a key's first call is eager only (``eager_calls_before_trace``); its second traces and verifies
     assert r.trace_counts() == [1, 1]
     assert r.counters["verify_calls"] == 2
-    assert r.counters["compiled_calls"] == 4
+    assert r.counters["compiled_calls"] == 2 and r.counters["eager_calls"] == 4
     assert r.counters["poisoned_closures"] == 0
 
 
@@ -74,11 +75,13 @@ def test_host_read_input_is_part_of_the_key():
     m = make_model(nodes, [("x", T.FLOAT, [2, 6]), ("shape", T.INT64, [2])], [("y", T.FLOAT, None)])
     s, rs = compiled_session(m)
     x = RNG.standard_normal((2, 6)).astype(np.float32)
-    feeds = [{"x": x, "shape": np.array(v, np.int64)} for v in ([3, 4], [4, 3], [3, 4], [4, 3], [6, 2])]
+    feeds = [{"x": x, "shape": np.array(v, np.int64)} for v in ([3, 4], [4, 3], [3, 4], [4, 3], [6, 2], [6, 2],
+                                                                 [3, 4], [4, 3])]
     check(s, m, feeds)
     r = rs[0]
     assert r.trace_counts() == [1, 1, 1]           # one closure per shape value, each traced once
-    assert r.counters["compiled_calls"] == 2
+    # the eager first call is per shape key (the host value [3, 4] only): [4, 3] traces at once
+    assert r.counters["compiled_calls"] == 4 and r.counters["eager_calls"] == 4
 
 
 def test_host_computed_op_is_never_traced():
@@ -152,7 +155,7 @@ def test_wrong_closure_output_is_caught_and_never_called_again():
 def test_eval_failure_falls_back_to_eager():
     m = mlp()
     s, (r,) = compiled_session(m)
-    check(s, m, [feed(6)])                          # trusted after the first call
+    check(s, m, [feed(6), feed(6)])                 # trusted after the key's second call
     (c,) = r.closures()
     assert c.trusted
 
@@ -171,7 +174,7 @@ def test_gpu_eval_settles_the_heap_during_an_async_eval(monkeypatch):
     from ortmlx.compiled import core
     m = mlp()
     s, (r,) = compiled_session(m)
-    check(s, m, [feed(6)])                          # trusted after the first call
+    check(s, m, [feed(6), feed(6)])                 # trusted after the key's second call
     started = []
     real = mx.async_eval
     monkeypatch.setattr(core.mx, "async_eval", lambda *a: started.append(len(a)) or real(*a))
@@ -192,7 +195,7 @@ def test_gpu_polled_wait_comes_between_the_async_eval_and_the_eval(monkeypatch):
     from ortmlx.compiled import core
     m = mlp()
     s, (r,) = compiled_session(m)
-    check(s, m, [feed(6)])                          # trusted after the first call
+    check(s, m, [feed(6), feed(6)])                 # trusted after the key's second call
     if r.device != "gpu":
         assert r._spin is None                      # a CPU runner: no driver to poll
     order = []
@@ -316,7 +319,7 @@ def test_compile_modes_compile_and_match(mode):
     m = mlp()
     try:
         s, rs = compiled_session(m, {"tuning": f"compile_mode={mode}"})
-        check(s, m, [feed(4), feed(4)])
+        check(s, m, [feed(4), feed(4), feed(4)])
         assert rs and rs[0].counters["traces"] == 1 and rs[0].counters["compiled_calls"] == 1
     finally:
         from ortmlx.compiled.mode import apply_compile_mode
@@ -326,7 +329,7 @@ def test_compile_modes_compile_and_match(mode):
 def test_release_all_drops_closures_and_keeps_answering():
     m = mlp()
     s, (r,) = compiled_session(m)
-    check(s, m, [feed(4)])
+    check(s, m, [feed(4), feed(4)])
     assert r.closures()
     C.release_all()
     assert r.closures() == [] and r.released
@@ -336,6 +339,7 @@ def test_release_all_drops_closures_and_keeps_answering():
 
 def test_stats_are_visible():
     s, (r,) = compiled_session(mlp())
+    s.run(None, feed(2))
     s.run(None, feed(2))
     total = C.stats()
     assert total["runners"] >= 1 and total["traces"] >= 1
@@ -347,8 +351,11 @@ def test_shapes_changing_every_call_stop_tracing():
     m = mlp()
     s, (r,) = compiled_session(m)
     check(s, m, [feed(n) for n in range(1, 12)])
-    assert r.counters["traces"] == r.config.thrash_keys       # then new keys run eagerly, untraced
+    assert r.counters["traces"] == 0                          # no key came back: none was traced
     assert r.counters["compiled_calls"] == 0 and r.counters["eager_calls"] == 11
+    check(s, m, [feed(n) for n in range(1, 12)])              # each key's second call, never a third
+    assert r.counters["traces"] == r.config.thrash_keys       # then new keys run eagerly, untraced
+    assert r.counters["compiled_calls"] == 0
 
 
 def test_fixed_shape_closure_of_a_shapeless_key_gives_up_when_shapes_vary():

@@ -34,6 +34,9 @@ class CompiledConfig:
     max_keys: int = 16
     #: stop tracing new keys once this many exist and none was ever replayed
     thrash_keys: int = 4
+    #: calls of a key answered eagerly before it is traced: a key met once (a one-shot session, a shape that never
+    #: comes back) then never pays the trace and its kernels' build
+    eager_calls_before_trace: int = 0
 
     def __post_init__(self):
         if self.shape_mode not in (SHAPELESS, SHAPE_KEYED):
@@ -44,6 +47,6 @@ class CompiledConfig:
         return self.shape_mode == SHAPELESS
 
 
-GENERAL = CompiledConfig("general", SHAPE_KEYED, contiguous_outputs=True)
+GENERAL = CompiledConfig("general", SHAPE_KEYED, contiguous_outputs=True, eager_calls_before_trace=1)
 PREFILL = CompiledConfig("prefill", SHAPE_KEYED, kv_alias=True, rope_as_data=True, delta_copyout=True)
 DECODE = CompiledConfig("decode", SHAPELESS, kv_alias=True, rope_as_data=True, delta_copyout=True, max_keys=4)

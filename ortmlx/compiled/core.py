@@ -33,6 +33,8 @@ from .verify import mismatch
 GUARD_FAILED = object()
 #: traces a shape-keyed closure of a shapeless key may make before it is given up (shapes vary)
 MAX_FIXED_TRACES = 3
+#: keys remembered while they wait for their trace (``CompiledConfig.eager_calls_before_trace``)
+SEEN_KEYS = 256
 #: MLX's trace state is process-global: one trace at a time (re-entrant for nested groups)
 TRACE_LOCK = threading.RLock()
 _TLS = threading.local()
@@ -141,6 +143,7 @@ class CompiledSubgraph:
         self._bf16 = frozenset(j for j, t in enumerate(self._out_types) if t == dt.BFLOAT16)
         self._plans: dict = {}              # key1 -> HostPlan | str (why not)
         self._closures: dict = {}           # full key -> _Closure
+        self._seen: dict = {}               # key1 -> eager calls made before its trace
         self._lock = threading.Lock()
         self._said: set[str] = set()
         self.released = False
@@ -210,7 +213,7 @@ class CompiledSubgraph:
             same = last is not None and last[0] is k1
             plan = last[1] if same else self._plans.get(k1)
             if plan is None:
-                if self._stopped:
+                if self._stopped or self._not_yet(k1):
                     return self._eager(inputs, probe)
                 return self._first(k1, inputs, call, probe)
             if isinstance(plan, str):
@@ -233,6 +236,19 @@ class CompiledSubgraph:
             ref, _ = self._eager_env(inputs, probe)
             self._verify(c, call, ref)
             return ref
+
+    def _not_yet(self, k1) -> bool:
+        """Whether key ``k1`` is still answered eagerly before its trace (``eager_calls_before_trace``)."""
+        wait = self.config.eager_calls_before_trace
+        if wait <= 0:
+            return False
+        n = self._seen.get(k1, 0)
+        if n >= wait:
+            return False
+        if len(self._seen) >= SEEN_KEYS:
+            self._seen.clear()          # shapes that never repeat: forget them
+        self._seen[k1] = n + 1
+        return True
 
     def _prepare(self, inputs: list) -> "Call | None":
         """What the closure runs on for this call (None: this call runs eagerly)."""
@@ -292,6 +308,7 @@ class CompiledSubgraph:
                 c.fn = None
             self._closures.clear()
             self._plans.clear()
+            self._seen.clear()
 
     # ------------------------------------------------------------------ steps
     def _first(self, k1, inputs: list, call: "Call", probe, plan: HostPlan | None = None) -> list:

@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 from onnx import TensorProto as T  # noqa: E402
 from onnx import helper  # noqa: E402
 
-from ortmlx import residency  # noqa: E402
+from ortmlx.runtime import residency  # noqa: E402
 from ortmlx.testing import make_model, session  # noqa: E402
 
 RNG = np.random.default_rng(0)

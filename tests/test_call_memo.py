@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import random
+import threading
 from types import SimpleNamespace
 
 import mlx.core as mx
@@ -13,7 +14,9 @@ import numpy as np
 import pytest
 
 from ortmlx.compiled import core
+from ortmlx.compiled.result import RunResult
 from ortmlx.ep import _shim, compute
+from ortmlx.runtime.group import Group
 
 FFI, LIB = _shim.ffi, _shim.lib
 R = 16                                          # dims per input (the shim's ORTMLX_MAX_RANK)
@@ -126,9 +129,8 @@ def test_key_since_is_the_full_key(mode):
 
 
 # ---------------------------------------------------------------- the address map
-def _info(n: int, mirrors=True):
+def _info(n: int):
     ci = object.__new__(compute.ComputeInfo)
-    ci.mirrors = object() if mirrors else None
     ci._tls = SimpleNamespace(b=SimpleNamespace(addr=np.zeros(n, np.uint64), redo=None, token=0, prev_token=-1,
                                                 addr_memo=(-1, None, None)))
     return ci
@@ -170,29 +172,24 @@ def test_addresses_memo_is_the_full_map():
         changed_maps += got != last
         last = dict(got)
     assert changed_maps > 50
-    assert _info(3, mirrors=False).addresses([None] * 3) == {}
 
 
 # ---------------------------------------------------------------- the outputs' shapes and kinds
-class _Abi(SimpleNamespace):
+class _Sink:
+    """ORT's output buffers as the runtime asks for them (``runtime.group.OutputSink``): records the shapes."""
+
     def __init__(self):
-        super().__init__(ffi=FFI, max_rank=R, api=None, calls=[])
+        self.calls = []
 
-    def check(self, status):
-        assert status is None
-
-    def get_outputs(self, api, kctx, n, oall, ondims, optrs):
-        self.calls.append([tuple(oall[j * R:j * R + ondims[j]]) for j in range(n)])
-        for j in range(n):
-            optrs[j] = 4096 * (j + 1)
+    def allocate(self, shapes):
+        self.calls.append([tuple(s) for s in shapes])
+        return np.array([4096 * (j + 1) for j in range(len(shapes))], np.uint64)
 
 
-def _out_info(n_in: int = 1):
-    ci = object.__new__(compute.ComputeInfo)
-    ci.abi = _Abi()
-    ci.out_names = [f"y{j}" for j in range(8)]
-    ci._tls = SimpleNamespace(b=compute._Buffers(FFI, n_in, R))
-    return ci
+def _group():
+    g = object.__new__(Group)
+    g._tls = threading.local()
+    return g
 
 
 def test_output_ptrs_memo_is_the_plain_classification():
@@ -201,7 +198,8 @@ def test_output_ptrs_memo_is_the_plain_classification():
     copies, and the shapes ORT allocates."""
     rng = random.Random(4)
     kinds = {"A": [mx.float16, np.float32, mx.float32, mx.int32], "B": [np.float16, mx.float16, mx.float16]}
-    memo, plain = _out_info(), _out_info()
+    memo, plain = _group(), _group()
+    ms, ps = _Sink(), _Sink()
     for step in range(200):
         src = rng.choice(sorted(kinds))
         res = []
@@ -210,18 +208,17 @@ def test_output_ptrs_memo_is_the_plain_classification():
             a = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape) + step
             res.append(mx.array(a).astype(k) if isinstance(k, mx.Dtype) else a.astype(k))
         addrs = {4096: 0} if rng.random() < 0.8 else {}
-        hinted = core.HintedResults(res)
-        hinted.source = kinds[src]          # the same object for every result list of this "closure"
-        p1, h1, s1 = compute.ComputeInfo._output_ptrs(memo, None, hinted, None, addrs)
-        p2, h2, s2 = compute.ComputeInfo._output_ptrs(plain, None, list(res), None, addrs)
+        # the same source object for every result list of this "closure"
+        p1, h1, s1 = memo._output_ptrs(RunResult(res, source=kinds[src]), ms, None, addrs)
+        p2, h2, s2 = plain._output_ptrs(RunResult(list(res)), ps, None, addrs)
         assert s1 == s2 and p1.tolist() == p2.tolist(), step
-        assert memo.abi.calls[-1] == plain.abi.calls[-1]
+        assert ms.calls[-1] == ps.calls[-1]
         assert sorted(h1) == sorted(h2) == list(range(len(res)))
         for j in h2:
             assert (h1[j] is None) == (h2[j] is None), (step, j)
             if h2[j] is not None:
                 np.testing.assert_array_equal(h1[j], h2[j])
-    assert memo._tls.b.out_memo[0] is not None
+    assert memo._tls.out_memo[0] is not None
 
 
 # ---------------------------------------------------------------- the KV batch a call takes
@@ -280,7 +277,7 @@ def test_device_inputs_memo_uploads_exactly_the_host_arrays():
 
 
 def test_layout_span_only_for_consecutive_inputs():
-    from ortmlx.ep.kvbatch import Layout
+    from ortmlx.runtime.kvbatch import Layout
     bufs = [np.zeros((1, 2, 9, 8), np.float16) for _ in range(3)]
     addrs = [b.__array_interface__["data"][0] for b in bufs]
 

@@ -199,9 +199,9 @@ def test_decode_fault_falls_back_with_same_tokens(fault):
 def test_kv_mirror_same_tokens_and_rows_only(monkeypatch):
     """The shared KV buffer stays on the device (ep/mirror.py): tokens equal the no-mirror run's,
     and a decode call moves the same few bytes at every context length (O(new tokens))."""
-    from ortmlx import residency
-    from ortmlx.ep import compute
-    monkeypatch.setattr(compute, "WHOLE_COPY_BYTES", [0, 0])     # diff even this tiny model's buffers
+    from ortmlx.runtime import residency
+    from ortmlx.runtime import group
+    monkeypatch.setattr(group, "WHOLE_COPY_BYTES", [0, 0])     # diff even this tiny model's buffers
     path = model_dir("llama")
     want, _ = run(path, options={"tuning": "kv_mirror=0"})
     model, _ = mg.load_model(path, "mlx", None, SHARE)
@@ -257,9 +257,9 @@ def _rewind_and_interleave(model) -> list[list[int]]:
 def test_kv_mirror_rewind_and_two_generators(monkeypatch, force_diff):
     """genai rewind_to and two live generators: the same tokens with and without the mirror, and
     as the CPU EP's."""
-    from ortmlx.ep import compute
+    from ortmlx.runtime import group
     if force_diff:
-        monkeypatch.setattr(compute, "WHOLE_COPY_BYTES", [0, 0])
+        monkeypatch.setattr(group, "WHOLE_COPY_BYTES", [0, 0])
     path = model_dir("qwen2")
     got = {}
     for key, provider, opts in (("cpu", "cpu", None), (False, "mlx", {"tuning": "kv_mirror=0"}), (True, "mlx", {})):
@@ -351,11 +351,11 @@ def test_hoisted_mask_work_runs_in_numpy():
 def test_decode_copy_out_uses_row_hints(monkeypatch):
     """A trusted decode closure declares the one row each K/V buffer gets (decode_ops.add_row_hint):
     copy-out writes it without diffing; only the eager/verifying calls diff. Same tokens."""
-    from ortmlx.ep import compute
-    monkeypatch.setattr(compute, "WHOLE_COPY_BYTES", [0, 0])
+    from ortmlx.runtime import group
+    monkeypatch.setattr(group, "WHOLE_COPY_BYTES", [0, 0])
     diffs = []
-    real = compute.changed_rows
-    monkeypatch.setattr(compute, "changed_rows", lambda *a, **k: diffs.append(1) or real(*a, **k))
+    real = group.changed_rows
+    monkeypatch.setattr(group, "changed_rows", lambda *a, **k: diffs.append(1) or real(*a, **k))
     path = model_dir("llama")
     want, _ = run(path, options={"tuning": "kv_mirror=0"})
     model, _ = mg.load_model(path, "mlx", None, SHARE)

@@ -455,7 +455,7 @@ def test_hint_arrays_one_kernel_wiring(monkeypatch):
     # the kernel's buffer is padded to a size of its own (core.HINT_ROOM); the used bytes are the same
     assert sizes == [core._hint_room(want.size)] and got.size == sizes[0] > want.size + core.HINT_ROOM - (1 << 14)
     assert np.array(got)[:want.size].tobytes() == np.array(want).tobytes() and list(gi) == list(wi)
-    from ortmlx.ep.mirror import hint_bytes
+    from ortmlx.runtime.mirror import hint_bytes
     kept = [m for m in meta if m is not None]
     flat, st = hint_bytes(core.RowHints(kept, got, gi))          # reads past the rows and starts: nothing
     wflat, wst = hint_bytes(core.RowHints(kept, want, wi))

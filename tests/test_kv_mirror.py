@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper
 
-from ortmlx import residency
+from ortmlx.runtime import residency
 from ortmlx.testing import assignment, make_model, session
 
 H, S, D = 2, 16, 8
@@ -57,8 +57,8 @@ class Buffer:
 @pytest.fixture(autouse=True)
 def always_diff(monkeypatch):
     """Diff even these small buffers (by default they are copied out whole)."""
-    from ortmlx.ep import compute
-    monkeypatch.setattr(compute, "WHOLE_COPY_BYTES", [0, 0])
+    from ortmlx.runtime import group
+    monkeypatch.setattr(group, "WHOLE_COPY_BYTES", [0, 0])
 
 
 @pytest.fixture
@@ -135,8 +135,8 @@ def test_not_aliased_is_a_plain_copy(sess):
 
 def test_small_buffers_copied_whole(monkeypatch, sess):
     """Under the size threshold the buffer is copied out whole (mirror still used for input)."""
-    from ortmlx.ep import compute
-    monkeypatch.setattr(compute, "WHOLE_COPY_BYTES", [1 << 20, 1 << 20])
+    from ortmlx.runtime import group
+    monkeypatch.setattr(group, "WHOLE_COPY_BYTES", [1 << 20, 1 << 20])
     s = session(scatter_model())
     buf = Buffer(s, 8)
     buf.step(0)
@@ -162,7 +162,7 @@ def test_changed_rows_matches_numpy(compiled):
     """The device diff's row ranges equal NumPy's over random edits (bit patterns: -0.0 != 0.0)."""
     import mlx.core as mx
 
-    from ortmlx.ep.mirror import changed_rows
+    from ortmlx.runtime.mirror import changed_rows
     rng = np.random.default_rng(1)
     for _ in range(60):
         shape = (1, int(rng.integers(1, 4)), int(rng.integers(1, 9)), int(rng.integers(1, 5)))
@@ -186,10 +186,10 @@ def test_changed_rows_matches_numpy(compiled):
 def test_decode_steps_take_one_round_trip(sess, monkeypatch):
     """Rows written one after another: the diff brings the predicted next row along, so the
     second gather (write_rows) runs only when the prediction misses (a rewind)."""
-    from ortmlx.ep import compute
+    from ortmlx.runtime import group
     calls = []
-    real = compute.write_rows
-    monkeypatch.setattr(compute, "write_rows", lambda *a: calls.append(1) or real(*a))
+    real = group.write_rows
+    monkeypatch.setattr(group, "write_rows", lambda *a: calls.append(1) or real(*a))
     buf = Buffer(sess, 6)
     for pos in range(5):
         buf.step(pos)

@@ -9,7 +9,7 @@ from onnx import TensorProto as T
 
 from ortmlx.kernels import dtypes as dt
 from ortmlx.kernels.interpreter import Program
-from ortmlx.subgraph.ir import Graph, Node, ValueInfo
+from ortmlx.ir import Graph, Node, ValueInfo
 
 K = 48
 

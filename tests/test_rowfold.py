@@ -12,7 +12,7 @@ from onnx import TensorProto as T
 from ortmlx.kernels import cuda_kernels, cuda_rows, rowfold
 from ortmlx.kernels import dtypes as dt
 from ortmlx.kernels.interpreter import Program
-from ortmlx.subgraph.ir import Graph, Node, ValueInfo
+from ortmlx.ir import Graph, Node, ValueInfo
 from tests.test_cuda_kernels import reference_rms_norm, reference_swiglu
 
 H, F, V = 64, 96, 80            # hidden, MLP width, head width

@@ -10,6 +10,7 @@ from .config import DECODE, PREFILL
 import numpy as np
 
 from .core import Call, CompiledSubgraph
+from .result import RunResult
 from .decode_ops import (gather_block_quantized_traced, gather_traced, gqa_growing_traced, gqa_traced,
                          prepack_nbits, rotary_traced)
 
@@ -168,9 +169,6 @@ def dims_named(program, names) -> frozenset:
 class AttentionRunner:
     """Decode (S == 1: shapeless) and prefill (shape-keyed) closures over one attention group."""
 
-    supports_probe = True
-    supports_since = True
-
     def __init__(self, program, options, stats=None):
         self.program = program
         self.name = program.graph.name
@@ -195,7 +193,7 @@ class AttentionRunner:
             self.prefill = BucketedPrefill(program, stats, tuning)
             self.prefill_exact = CompiledSubgraph(program, PREFILL, stats, traced_overrides(program, False),
                                                   label="prefill_exact", tuning=tuning)
-        if stats is not None and hasattr(stats, "group"):
+        if stats is not None:
             stats.group(self.name)["compiled"] = "+".join(p.label for p in self.parts())
         self.eager_calls = 0
 
@@ -220,7 +218,7 @@ class AttentionRunner:
                 return int(a.shape[ax])
         return None
 
-    def run(self, inputs: list, probe=None, since: tuple | None = None) -> list:
+    def run(self, inputs: list, probe=None, since: tuple | None = None) -> RunResult:
         s = self.seq_len(inputs)
         if s == 1:
             # a path switched off runs eagerly
@@ -231,7 +229,7 @@ class AttentionRunner:
             r = self.prefill_exact
         if r is None:
             self.eager_calls += 1
-            return self.program.run(inputs, probe=probe) if probe is not None else self.program.run(inputs)
+            return RunResult(self.program.run(inputs, probe=probe))
         return r.run(inputs, probe, since)
 
     def release(self) -> None:

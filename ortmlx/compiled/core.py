@@ -8,6 +8,8 @@ poisons the closure (dropped, never called again) and the call answers from eage
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 import math
 import operator
@@ -27,6 +29,7 @@ from . import ahead, hoist_form
 from .analysis import HostPlan, hoist_free_work, host_plan, static_reason
 from .config import CompiledConfig
 from .decode_ops import Untraceable, collect_guards, stop_guards, take_row_hints
+from .result import RowHints, RunResult
 from .verify import mismatch
 
 #: what ``_apply`` returns when a guard computed in the graph said "not this call"
@@ -116,9 +119,6 @@ class _Closure:
 class CompiledSubgraph:
     """The runner Compute calls: compiled replay with an eager answer on any doubt."""
 
-    supports_probe = True
-    supports_since = True               # run(..., since=): see run
-
     def __init__(self, program, config: CompiledConfig, stats=None, overrides: dict | None = None,
                  free_dims: frozenset | None = None, label: str | None = None, tuning: Tuning | None = None):
         self.program = program
@@ -170,7 +170,7 @@ class CompiledSubgraph:
         self.counters = {"compiled": self.label, "traces": 0, "compiled_calls": 0, "eager_calls": 0,
                          "verify_calls": 0, "guard_fails": 0, "poisoned": "", "poisoned_closures": 0, "keys": 0,
                          "trace_ms": 0.0, "ahead_calls": 0, "ahead_misses": 0}
-        if stats is not None and hasattr(stats, "group"):
+        if stats is not None:
             g = stats.group(self.name)
             if label is None:
                 g.update(self.counters)
@@ -181,11 +181,15 @@ class CompiledSubgraph:
             self._fallback(self.static_reason)
 
     # ------------------------------------------------------------------ public
-    def run(self, inputs: list, probe=None, since: tuple | None = None) -> list:
+    def run(self, inputs: list, probe=None, since: tuple | None = None) -> RunResult:
         """Outputs for ``inputs``: compiled when trusted, else eager (same answer).
 
         ``since``: (the previous gather's number, this one's, the inputs whose shape or type may differ from that
         gather's), from Compute (``ep.compute.ComputeInfo.gather``): the key is worked out for those only."""
+        out = self._run(inputs, probe, since)
+        return out if type(out) is RunResult else RunResult(out)
+
+    def _run(self, inputs: list, probe, since: tuple | None) -> "list | RunResult":
         with mx.stream(mx_device(self.device)):
             if self.released or self.static_reason:
                 return self._eager(inputs, probe)
@@ -416,10 +420,9 @@ class CompiledSubgraph:
             return
         try:
             want = [dt.host(r) for r in ref]
-            why = mismatch([dt.host(g) for g in got], want, self._bf16)
-            hints = getattr(got, "row_hints", None)
-            if not why and hints is not None:
-                why = _hint_mismatch(hints, got)
+            why = mismatch([dt.host(g) for g in got.outputs], want, self._bf16)
+            if not why and got.row_hints is not None:
+                why = _hint_mismatch(got.row_hints, got.outputs)
         except Exception as e:  # noqa: BLE001
             why = f"comparison failed: {type(e).__name__}: {e}"
         if why:
@@ -430,7 +433,7 @@ class CompiledSubgraph:
         c.verified.add(sig)
         c.trusted = not (self.config.shapeless or call.padded) or len(c.verified) >= 2
 
-    def _apply(self, c: _Closure, call: "Call", probe) -> list | None:
+    def _apply(self, c: _Closure, call: "Call", probe) -> RunResult | None:
         """Host outputs of the closure, or None after poisoning it on any error."""
         stage = "inputs"
         inputs = call.inputs
@@ -513,12 +516,9 @@ class CompiledSubgraph:
                     # the main thread: ``compile_thread``) rewrites it, so the call keeps a copy
                     hints.data = c.sink.array[c.hint_at:c.hint_at + hints.nbytes].copy()
                 outs = outs[:-1]
-            outs = call.post(outs) if call.post is not None else outs
-            if hints is not None and call.post is None:
-                outs = HintedResults(outs)
-                outs.row_hints = hints
-                outs.source = c
-            return outs
+            if call.post is not None:
+                return RunResult(call.post(outs))
+            return RunResult(outs) if hints is None else RunResult(outs, hints, c)
         except Exception as e:  # noqa: BLE001 - any failure: poison and answer eagerly
             self._poison(c, f"{stage}: {type(e).__name__}: {e}")
             return None
@@ -532,9 +532,9 @@ class CompiledSubgraph:
 
         shapeless = c.shapeless
         #: the row hints' bytes gathered by one custom kernel (not one copy kernel per piece)
-        one_kernel = getattr(program, "cuda_kernels", False) and cuda_kernels.usable()
+        one_kernel = program.cuda_kernels and cuda_kernels.usable()
         #: ... straight into page-locked host memory (read after the eval: no device buffer, no copy call)
-        to_host = one_kernel and getattr(program, "pinned_hints", False)
+        to_host = one_kernel and program.pinned_hints
 
         def body(*dev):
             c.traces += 1                       # a Python side effect: runs only while tracing
@@ -544,7 +544,7 @@ class CompiledSubgraph:
             _TLS.depth = getattr(_TLS, "depth", 0) + 1
             outer = trace_mark.set_shapeless(shapeless)
             try:
-                if stats is not None and getattr(stats, "faults", None) is not None:
+                if stats is not None and stats.faults is not None:
                     stats.fault("trace", name)
                 inputs: list = [None] * n
                 for i, a in zip(dev_idx, dev):
@@ -690,7 +690,7 @@ class CompiledSubgraph:
             if why in self._said:
                 return
             self._said.add(why)
-        if self.stats is not None and hasattr(self.stats, "fallback"):
+        if self.stats is not None:
             self.stats.fallback(self.name, why[:500])
 
     def _key1(self, inputs: list, shapes: tuple | None = None) -> tuple:
@@ -714,65 +714,6 @@ class CompiledSubgraph:
             if fa:
                 shape = tuple(-1 if ax in fa else d for ax, d in enumerate(shape))
         return (_dstr(a), shape)
-
-
-class RowHints:
-    """What a trace declared about its aliased outputs (``decode_ops.add_row_hint``), evaluated:
-    ``meta`` [(output j, input i, row shape, item size)] and ``data``: one flat byte array of the rows, then
-    the distinct start arrays (int32 bytes, ``n_starts`` values); ``starts`` indexes those values for each
-    hint's batch rows in turn (hints sharing one start array share its bytes): one round trip. ``data`` is
-    an MLX array, or (written to host memory by the kernel) a NumPy array of the call's own."""
-
-    __slots__ = ("meta", "data", "n_starts", "starts", "nbytes")
-
-    #: (meta, starts, n_starts, nbytes) of the last hints built, matched by identity: a closure's meta and
-    #: starts stay the same objects from its trace on, so the counts are worked out once, not per call
-    _sizes: tuple = (None, None, 0, 0)
-
-    def __init__(self, meta: list, data: mx.array, starts: np.ndarray):
-        self.meta = meta
-        self.data = data
-        self.starts = starts
-        last = RowHints._sizes
-        if last[0] is meta and last[1] is starts:
-            self.n_starts, self.nbytes = last[2], last[3]
-            return
-        self.n_starts = int(starts.max()) + 1 if starts.size else 0
-        #: the bytes of ``data`` that hold rows and starts (``data`` may be longer: ``HINT_ROOM``)
-        self.nbytes = sum(math.prod(m[2]) * m[3] for m in meta) + 4 * self.n_starts
-        RowHints._sizes = (meta, starts, self.n_starts, self.nbytes)
-
-    def host_data(self, read=np.array) -> np.ndarray:
-        """``data`` on the host: itself when the kernel wrote it to host memory, else ``read`` (a private copy)
-        of its first ``nbytes`` (the rows and starts; the device buffer may be longer)."""
-        raw = self.data
-        return raw if isinstance(raw, np.ndarray) else read(np.asarray(raw)[:self.nbytes])
-
-    def split(self, data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(the rows as flat bytes, each hinted batch row's start) from ``data`` on the host (at least
-        ``nbytes``; any bytes past them are not read)."""
-        data = data[:self.nbytes]
-        k = data.nbytes - 4 * self.n_starts
-        return data[:k], data[k:].view(np.int32)[self.starts]
-
-    def per_output(self, flat: np.ndarray, starts: np.ndarray) -> dict[int, tuple[int, np.ndarray, np.ndarray, tuple]]:
-        """Per output (``flat``/``starts`` from ``split``): output j -> (input i, start row per batch row, the
-        rows' bytes, the rows' shape (B, ..., S, H))."""
-        out, at, sat = {}, 0, 0
-        for j, i, shape, itemsize in self.meta:
-            n = math.prod(shape) * itemsize
-            out[j] = (i, starts[sat:sat + shape[0]], flat[at:at + n], shape)
-            sat += shape[0]
-            at += n
-        return out
-
-
-class HintedResults(list):
-    """A runner's results carrying ``row_hints`` (a ``RowHints``) for Compute's copy-out, and ``source``: the
-    closure that made them (its outputs' types and kinds are fixed)."""
-
-    row_hints = None
-    source = None
 
 
 def _hinted_outputs(hints: list, outs: list, inputs: dict) -> list:
@@ -977,8 +918,6 @@ def with_overrides(program, overrides: dict):
     """A shallow copy of ``program`` whose steps ``i`` use ``overrides[i]`` (an OpDef)."""
     if not overrides:
         return program
-    import copy
-    import dataclasses
     p = copy.copy(program)
     p.steps = [dataclasses.replace(st, opdef=overrides[i]) if i in overrides else st
                for i, st in enumerate(program.steps)]
@@ -987,7 +926,6 @@ def with_overrides(program, overrides: dict):
 
 def sub_program(program, steps, inputs: list, outputs):
     """A shallow copy of ``program`` keeping ``steps`` (indices), with new inputs and outputs."""
-    import copy
     keep = set(steps)
     p = copy.copy(program)
     p.steps = [st for k, st in enumerate(program.steps) if k in keep]

@@ -17,8 +17,8 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import KernelError
-from ..subgraph import ir
-from ..subgraph.ir import outer_refs
+from .. import ir
+from ..ir import outer_refs
 from . import consts, cuda_rows, merge, rowfold, tracing
 from . import cuda_kernels as ck
 from . import dtypes as dt
@@ -279,9 +279,6 @@ class Program:
                          and n.inputs[1] in graph.constants and np.ndim(graph.constants[n.inputs[1]]) == 2)
 
     # ------------------------------------------------------------------ per call
-    #: ``run`` accepts ``probe`` (``ortmlx.trace.Probe``): it marks the build and eval stages
-    supports_probe = True
-
     def run(self, inputs: list[np.ndarray | None], probe=None) -> list[Any]:
         """Evaluate the group on host inputs; returns evaluated mx arrays or numpy arrays.
 

@@ -68,11 +68,13 @@ class Runner:
         self.parts = [Snap(p) for p in r.parts()]
 
 
-def run(path: str, provider: str = "mlx", options: dict | None = None, overlay: dict | None = None):
-    """(greedy tokens for every prompt, snapshots of the compiled runners the session made)."""
+def run(path: str, provider: str = "mlx", options: dict | None = None, overlay: dict | None = None,
+        twice: bool = False):
+    """(greedy tokens for every prompt, snapshots of the compiled runners the session made); ``twice``: every
+    prompt is generated twice in a row (the tokens of the second generation are returned)."""
     with C.capture() as rs:
         model, _ = mg.load_model(path, provider, options, overlay or SHARE)
-    toks = [greedy(model, p) for p in PROMPTS]
+    toks = [(greedy(model, p), greedy(model, p))[-1] if twice else greedy(model, p) for p in PROMPTS]
     snaps = [Runner(r) for r in rs]
     del model
     return toks, snaps

@@ -115,16 +115,22 @@ def test_growing_kv_guard_answers_eagerly():
 
 
 def test_fp16_prefill_compiles_decode_eager():
-    """fp16 (RotaryEmbedding + MultiHeadAttention, growing KV): prefill compiles per prompt length
-    (RotaryEmbedding traced with positions as data); decode stays eager (repeat_kv and the mask are
-    built from shapes of computed tensors: see docs/compiled.md). Tokens are eager's."""
+    """fp16 (RotaryEmbedding + MultiHeadAttention, growing KV): no bucket takes this prefill, so it is traced
+    only when a prompt length comes back (RotaryEmbedding traced with positions as data); decode stays eager
+    (repeat_kv and the mask are built from shapes of computed tensors: see docs/compiled.md). Tokens are
+    eager's."""
     path = base.model_dir("llama", "fp16")
     eager, _ = base.run(path, options={"no_compile": "1"}, overlay=base.NOSHARE)
     got, rs = base.run(path, overlay=base.NOSHARE)
+    assert got == eager
+    att = base.attention_parts(rs)
+    assert att.prefill_exact.trace_counts == [], att.prefill_exact.counters   # four lengths, each met once
+    assert att.prefill_exact.counters["eager_calls"] == len(base.PROMPTS)
+    got, rs = base.run(path, overlay=base.NOSHARE, twice=True)            # each length again: traced there
     assert got == eager
     att = base.attention_parts(rs)
     assert att.prefill_exact.trace_counts == [1] * len(base.PROMPTS), att.prefill_exact.counters
     assert att.prefill_exact.counters["verify_calls"] == len(base.PROMPTS)
     assert base.no_poison(rs) == []
     grow = next(p for p in att.parts if p.counters["compiled"] == "decode_growing")
-    assert grow.n_closures == 0 and grow.counters["eager_calls"] == DECODE_CALLS, grow.counters
+    assert grow.n_closures == 0 and grow.counters["eager_calls"] == 2 * DECODE_CALLS, grow.counters

@@ -47,12 +47,12 @@ def test_matmul_nbits_prepacked_replays_and_matches_cpu(dense, fn, short, monkey
         from ortmlx.kernels import interpreter
         monkeypatch.setattr(interpreter, "MAX_VALUE_BYTES", 1024)
     m = mnb_model()
-    s, rs = compiled_session(m, {"dense_nbits": dense})
+    s, rs = compiled_session(m, {"tuning": f"dense_nbits={dense}"})
     cpu = session(m, "CPUExecutionProvider", record=False)
     (r,) = rs
     step = next(st for st in r.trace_program.steps if st.node.op_type == "MatMulNBits")
     assert step.opdef.fn.__name__ == fn
-    for _ in range(3):
+    for _ in range(4):          # eager, traced and verified, then replayed twice
         f = {"a": RNG.standard_normal((5, 64)).astype(np.float32)}
         assert_close(s.run(None, f)[0], cpu.run(None, f)[0], what="mlx vs cpu")
     assert r.trace_counts() == [1] and r.counters["compiled_calls"] == 2, r.counters

@@ -6,7 +6,7 @@ import weakref
 
 from ..kernels.registry import MS, norm_domain
 from ..tuning import Tuning
-from .config import DECODE, PREFILL
+from .config import DECODE, PREFILL, PREFILL_EXACT
 import numpy as np
 
 from .core import Call, CompiledSubgraph
@@ -191,7 +191,7 @@ class AttentionRunner:
         self.prefill_exact = None
         if options.compiles("prefill"):
             self.prefill = BucketedPrefill(program, stats, tuning)
-            self.prefill_exact = CompiledSubgraph(program, PREFILL, stats, traced_overrides(program, False),
+            self.prefill_exact = CompiledSubgraph(program, PREFILL_EXACT, stats, traced_overrides(program, False),
                                                   label="prefill_exact", tuning=tuning)
         if stats is not None:
             stats.group(self.name)["compiled"] = "+".join(p.label for p in self.parts())

@@ -16,7 +16,7 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper
 
-from ortmlx.kernels import consts, cuda_kernels
+from ortmlx.kernels import build, cuda_kernels
 from ortmlx.kernels import dtypes as dt
 from ortmlx.kernels.ops.contrib_attention import gqa_core, softmax_sink
 from ortmlx.testing import assert_close, make_model, session
@@ -134,7 +134,7 @@ def _gqa(case: str, packed: bool, rotary: bool, first: bool, fused: bool, bias: 
         args = (qkv[:, :, :n].reshape(b, 1, n * h), qkv[:, :, n:n + kvn].reshape(b, 1, kvn * h),
                 qkv[:, :, n + kvn:].reshape(b, 1, kvn * h))
     dev = mx.gpu if fused and CUDA else mx.cpu
-    with mx.stream(dev), consts.build_scope(cuda_kernels=fused):
+    with mx.stream(dev), build.active(build.BuildContext(cuda_kernels=fused)):
         out = gqa_core(*args, past[0], past[1], sl, packed=packed, **kw)
         mx.eval(*out)
     return [np.array(o.astype(mx.float32)) if o.dtype == mx.bfloat16 else np.array(o) for o in out]
@@ -353,7 +353,7 @@ def _norm_translators(case: str, fused: bool):
     from ortmlx.kernels.ops.contrib_norm import simplified_layer_norm, skip_simplified_layer_norm
     x, gamma, eps, skip, bias = _norm_inputs(case)
     dev = mx.gpu if fused and CUDA else mx.cpu
-    with mx.stream(dev), consts.build_scope(cuda_kernels=fused):
+    with mx.stream(dev), build.active(build.BuildContext(cuda_kernels=fused)):
         if skip is not None:
             ctx = SimpleNamespace(n_outputs=4, node=SimpleNamespace(outputs=["y", "", "", "sum"]))
             out = skip_simplified_layer_norm(x, skip, gamma, bias, epsilon=eps, ctx=ctx)

@@ -20,7 +20,8 @@ import mlx.core as mx
 import numpy as np
 
 from ..kernels import cuda_driver, cuda_kernels
-from ..kernels import tracing as trace_mark
+from ..kernels import build
+from ..kernels.build import BuildContext
 from ..kernels import dtypes as dt
 from ..kernels.interpreter import mx_device
 from ..kernels.ops.reduction import reduce_sum_ints_host
@@ -28,7 +29,7 @@ from ..tuning import Tuning
 from . import ahead, hoist_form
 from .analysis import HostPlan, hoist_free_work, host_plan, static_reason
 from .config import CompiledConfig
-from .decode_ops import Untraceable, collect_guards, stop_guards, take_row_hints
+from .decode_ops import Untraceable
 from .result import RowHints, RunResult
 from .verify import mismatch
 
@@ -40,7 +41,6 @@ MAX_FIXED_TRACES = 3
 SEEN_KEYS = 256
 #: MLX's trace state is process-global: one trace at a time (re-entrant for nested groups)
 TRACE_LOCK = threading.RLock()
-_TLS = threading.local()
 
 
 def compile_thread() -> bool:
@@ -57,7 +57,7 @@ def compile_thread() -> bool:
 
 def tracing() -> bool:
     """True while this thread is inside a compiled closure's traced body."""
-    return getattr(_TLS, "depth", 0) > 0
+    return build.tracing()
 
 
 class Call:
@@ -541,20 +541,19 @@ class CompiledSubgraph:
             counters["traces"] += 1
             if not shapeless and self.config.shapeless and c.traces > MAX_FIXED_TRACES:
                 raise Untraceable(f"shapes changed between calls ({c.traces} traces of a fixed-shape closure)")
-            _TLS.depth = getattr(_TLS, "depth", 0) + 1
-            outer = trace_mark.set_shapeless(shapeless)
-            try:
-                if stats is not None and stats.faults is not None:
-                    stats.fault("trace", name)
-                inputs: list = [None] * n
-                for i, a in zip(dev_idx, dev):
-                    inputs[i] = a
-                for i, v in host_vals.items():
-                    inputs[i] = v
-                guards = collect_guards()
-                env = program.build(inputs)
+            if stats is not None and stats.faults is not None:
+                stats.fault("trace", name)
+            inputs: list = [None] * n
+            for i, a in zip(dev_idx, dev):
+                inputs[i] = a
+            for i, v in host_vals.items():
+                inputs[i] = v
+            ctx = BuildContext(cuda_kernels=program.cuda_kernels and cuda_kernels.usable(), shapeless=shapeless,
+                               tracing=True, guards=[], hints=[])
+            with build.active(ctx):
+                env = program.build(inputs, ctx=ctx)
                 outs = [_device_output(env[o], t, contiguous) for o, t in zip(program.outputs, out_types)]
-                hints = take_row_hints()
+                guards, hints = ctx.guards, list(ctx.hints)
                 meta = _hinted_outputs(hints, outs, {id(inputs[i]): i for i in dev_idx})
                 c.hints = [m for m in meta if m is not None]
                 if to_host and c.sink is not None:
@@ -580,10 +579,6 @@ class CompiledSubgraph:
                 if guards:
                     outs.append(_guard_value(guards, shapeless))
                 return outs
-            finally:
-                stop_guards()
-                _TLS.depth -= 1
-                trace_mark.set_shapeless(outer)
 
         return mx.compile(body, shapeless=shapeless)
 

@@ -13,16 +13,12 @@ The attention math itself is the eager translator's ``gqa_core``.
 """
 from __future__ import annotations
 
-import threading
 
 import mlx.core as mx
 import numpy as np
 
-from ..kernels import consts, tracing
+from ..kernels import build, consts
 from ..kernels.ops.contrib_attention import gqa_core, softmax_sink
-
-_GUARDS = threading.local()
-
 
 class Untraceable(RuntimeError):
     """A traced form does not cover this case: the trace fails and the call answers from eager."""
@@ -35,36 +31,20 @@ _GQA_DEFAULTS = dict(scale=0.0, softcap=0.0, do_rotary=0, rotary_interleaved=0, 
                      v_quant_type="NONE", sliding_window_cache=0, qk_norm_epsilon=1e-6)
 
 
-def collect_guards() -> list:
-    """Start collecting guards (and row hints) on this thread (inside a traced body); returns the guards."""
-    _GUARDS.items = []
-    _GUARDS.hints = []
-    return _GUARDS.items
-
-
-def stop_guards() -> None:
-    _GUARDS.items = None
-    _GUARDS.hints = None
-
-
 def add_row_hint(present: mx.array, past: mx.array, start: mx.array, rows: mx.array) -> None:
     """Declare, inside a trace, that ``present`` equals ``past`` bit for bit except rows
     ``start[b] .. start[b] + S`` (axis -2) of batch row b, which hold ``rows`` (B, ..., S, H).
-    The copy-out of an aliased KV buffer then writes those rows without diffing (``ep/mirror.py``)."""
-    hints = getattr(_GUARDS, "hints", None)
-    if hints is not None:
-        hints.append((present, past, start, rows))
-
-
-def take_row_hints() -> list:
-    """The row hints declared in this trace so far."""
-    return list(getattr(_GUARDS, "hints", None) or ())
+    The copy-out of an aliased KV buffer then writes those rows without diffing (``runtime/mirror.py``)."""
+    b = build.current()
+    if b is not None and b.hints is not None:
+        b.hints.append((present, past, start, rows))
 
 
 def add_guard(ok: mx.array) -> None:
     """A boolean that must be true for the traced answer to be used: a scalar, or (from
     ``every``) one element."""
-    items = getattr(_GUARDS, "items", None)
+    b = build.current()
+    items = b.guards if b is not None else None
     if items is None:
         raise RuntimeError("a guarded traced op ran outside a compiled trace")
     if not any(g is ok for g in items):
@@ -77,7 +57,7 @@ def every(x: mx.array) -> mx.array:
     The closure ands its one-element guards elementwise and reduces once (``core``): MLX fuses
     those compares and ands into one kernel, where an ``mx.all`` per condition ends a fusion each
     (a 0.5B decode step had ~13 guard kernels). For one element the truth is the same."""
-    if x.size == 1 and not tracing.shapeless():
+    if x.size == 1 and not build.shapeless():
         return x
     return mx.all(x)
 
@@ -92,7 +72,7 @@ def split_packed_qkv(qkv, num_heads: int, kv_num_heads: int):
     x = qkv.reshape(b, s, heads, h)
 
     def part(lo: int, n: int):
-        if not tracing.shapeless():
+        if not build.shapeless():
             return x[:, :, lo:lo + n].reshape(b, s, n * h)
         return mx.take(x, consts.arange(n, mx.int32, lo), axis=2).reshape(b, s, n * h)
     return part(0, num_heads), part(num_heads, kv_num_heads), part(num_heads + kv_num_heads, kv_num_heads)
@@ -112,7 +92,7 @@ def _gqa_args(args, attrs, refused: tuple, label: str, pack: bool = False):
     if x["past_key"] is None or x["past_value"] is None:
         raise Untraceable(f"{label} needs past_key/past_value")
     q, k, v = x["query"], x["key"], x["value"]
-    if k is None and pack and not tracing.shapeless():
+    if k is None and pack and not build.shapeless():
         b, s, hidden = q.shape
         heads = a["num_heads"] + 2 * a["kv_num_heads"]
         if hidden % heads:
@@ -179,7 +159,7 @@ def gqa_traced(decode: bool, padded: bool = False):
         # one int32 form per build for every layer (a group input: alive to the build's end): one start
         # array for all their row hints
         sk = x["seqlens_k"]
-        seqlens = consts.memo(("gqa_seqlens", id(sk)), lambda: sk.reshape(-1).astype(mx.int32))
+        seqlens = build.memo(("gqa_seqlens", id(sk)), lambda: sk.reshape(-1).astype(mx.int32))
         total = x["total_sequence_length"]
         if decode:
             if s != 1 or x["position_ids"] is not None or x["attention_bias"] is not None:
@@ -204,7 +184,7 @@ def gqa_traced(decode: bool, padded: bool = False):
                 raise ValueError(f"position {s - 1} is beyond the rotary cache ({rows} rows)")
         # every layer's guard is the same: one per build (a closure ands each guard object once)
         tkey = ("id", id(total)) if isinstance(total, mx.array) else ("host", np.asarray(total).tolist())
-        add_guard(consts.memo(("gqa_guard", id(sk), tkey, decode, s, p, present_len, first_prompt, rows),
+        add_guard(build.memo(("gqa_guard", id(sk), tkey, decode, s, p, present_len, first_prompt, rows),
                               lambda: _gqa_guard(seqlens, total, decode, s, p, present_len, first_prompt, rows)))
         if x["attention_bias"] is not None:
             ab = x["attention_bias"].shape

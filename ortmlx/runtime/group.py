@@ -24,6 +24,7 @@ from ..compiled.core import compile_thread
 from ..errors import KernelError
 from ..kernels import dtypes as dt
 from ..kernels.interpreter import Program
+from ..kernels.passes import BuildConfig
 from . import devread, residency
 from .kvbatch import KvBatches
 from .mirror import (MirrorSet, changed_rows, hint_bytes, mirrorable, predicted_rows, write_hinted, write_predicted,
@@ -91,10 +92,7 @@ class Group:
         self.stats = stats
         self.ffi = abi.ffi
         t = options.tuning
-        self.program = Program(plan, device, device_constants=t.device_constants, cuda_kernels=t.cuda_kernels,
-                               lift_weights=t.lift_weights, widen_weights=t.widen_weights, dense_nbits=t.dense_nbits,
-                               pinned_hints=t.pinned_hints, fold_swiglu=None if t.fold_mlp else False,
-                               fuse_rows=None if t.fuse_rows else False, gated_rows=t.gated_rows)
+        self.program = Program(plan, device, BuildConfig.for_device(device, t))
         self.runner = make_runner(self.program, options, stats)
         self.out_names = list(plan.outputs)
         self.out_types = [plan.value(n).dtype for n in plan.outputs]

@@ -12,7 +12,7 @@ import math
 import mlx.core as mx
 import numpy as np
 
-from .. import consts, cuda_kernels
+from .. import build, consts, cuda_kernels
 from .. import dtypes as dt
 from ..registry import MS, register
 
@@ -204,7 +204,7 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
         # rotation, the presents and the attention of the decode row in one kernel
         c = sn = None
         if cos_cache is not None:
-            c, sn = consts.memo(table_key, tables)
+            c, sn = build.memo(table_key, tables)
             c, sn = c.reshape(b, h), sn.reshape(b, h)
         out, pk, pv, k_new, v_new = cuda_kernels.decode_rope_attention(
             flat, k, v, c, sn, past_key, past_value, past_len, total_len, num_heads=num_heads,
@@ -219,7 +219,7 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
     else:
         q, k, v = _bnsh(q, num_heads), _bnsh(k, kv_num_heads), _bnsh(v, kv_num_heads)
     if cos_cache is not None:
-        c, sn = consts.memo(table_key, tables)
+        c, sn = build.memo(table_key, tables)
         if packed:
             qk = apply_rotary(qk, c, sn, rd, rotary_interleaved)
         else:
@@ -242,7 +242,7 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
                                                 local_window_size=local_window_size, sink=sink)
             out = out.reshape(b, 1, num_heads * h)
             return (out, pk, pv, k, v) if in_place else (out, pk, pv)
-    mask = consts.memo(("gqa_mask", id(seqlens_k), first_prompt, b, s, present_len, local_window_size),
+    mask = build.memo(("gqa_mask", id(seqlens_k), first_prompt, b, s, present_len, local_window_size),
                        lambda: gqa_mask(past_len, total_len, s, present_len, local_window_size))
     group = num_heads // kv_num_heads
     qf = qf.reshape(b, kv_num_heads, group * s, h)

@@ -56,8 +56,10 @@ STAGES = [
     ("ortmlx.runtime.mirror", None, "hint_bytes", "copy_out.hint_read"),
     ("ortmlx.ep.mirror", None, "hint_bytes", "copy_out.hint_read"),
     ("ortmlx.compiled.core", "CompiledSubgraph", "run", "run"),
+    ("ortmlx.compiled.keys", "Keys", "key", "run.key"),
     ("ortmlx.compiled.core", "CompiledSubgraph", "_key1", "run.key"),
-    ("ortmlx.compiled.core", "CompiledSubgraph", "_key_since", "run.key_since"),    # (calls _key1 on a memo miss)
+    ("ortmlx.compiled.keys", "Keys", "since", "run.key_since"),                       # (calls key on a memo miss)
+    ("ortmlx.compiled.core", "CompiledSubgraph", "_key_since", "run.key_since"),
     ("ortmlx.compiled.core", "CompiledSubgraph", "_apply", "run.apply"),
     ("ortmlx.compiled.core", "CompiledSubgraph", "_hoisted_values", "run.apply.hoisted"),
     ("ortmlx.compiled.core", "CompiledSubgraph", "_upload_hoisted", "run.apply.hoisted_upload"),

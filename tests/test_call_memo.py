@@ -4,7 +4,6 @@ address, dims or type changed since the previous call (``ep/compute.py``, ``comp
 """
 from __future__ import annotations
 
-import functools
 import random
 import threading
 from types import SimpleNamespace
@@ -13,7 +12,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from ortmlx.compiled import core
+from ortmlx.compiled import core, keys
 from ortmlx.compiled.result import RunResult
 from ortmlx.ep import _shim, compute
 from ortmlx.runtime.group import Group
@@ -73,7 +72,7 @@ def _same_kind(a, rng):
     """Another object of ``a``'s shape and type (a mirror standing in for a host buffer, or a new view)."""
     if a is None:
         return None
-    host = np.zeros(a.shape, np.dtype(core._dstr(a)))
+    host = np.zeros(a.shape, np.dtype(keys.dstr(a)))
     return mx.array(host) if rng.random() < 0.5 else host
 
 
@@ -85,20 +84,13 @@ KEY_MODES = {
 
 
 def _key_runner(shapeless: bool, free, n: int):
-    axes: dict = {}
-    for i, ax in free or ():
-        axes[i] = axes.get(i, frozenset()) | {ax}
-    r = SimpleNamespace(config=SimpleNamespace(shapeless=shapeless), free_dims=free, _free_axes=axes,
-                        _in_types=[None] * n, _key_memo=(-1, (), (), frozenset()))
-    r._key1 = functools.partial(core.CompiledSubgraph._key1, r)
-    r._key_part = functools.partial(core.CompiledSubgraph._key_part, r)
-    return r
+    return keys.Keys(n, shapeless, free)
 
 
 @pytest.mark.parametrize("mode", sorted(KEY_MODES))
 def test_key_since_is_the_full_key(mode):
-    """``_key_since`` (the previous call's shapes and key, the inputs ``since`` names worked out again) gives
-    ``_prepare``'s shapes and ``_key1``'s key, whether or not ``since`` continues the previous call."""
+    """``Keys.since`` (the previous call's shapes and key, the inputs ``since`` names worked out again) gives
+    the call's shapes and ``Keys.key``'s key, whether or not ``since`` continues the previous call."""
     n, rng = 6, random.Random(2)
     r = _key_runner(KEY_MODES[mode]["shapeless"], KEY_MODES[mode]["free"], n)
     inputs = [_arrays(rng) for _ in range(n)]
@@ -114,13 +106,13 @@ def test_key_since_is_the_full_key(mode):
         nxt = list(inputs)
         for i in range(n):
             nxt[i] = _arrays(rng) if i in redo else _same_kind(inputs[i], rng)
-        reused += r._key_memo[0] == prev
+        reused += r.memo[0] == prev
         token += 1
-        before = r._key_memo[2]
-        call, k1, empty = core.CompiledSubgraph._key_since(r, nxt, (prev, token, redo))
-        want_sig = core._shapes(nxt)
-        assert call.sig == want_sig and call.inputs is nxt
-        want = core.CompiledSubgraph._key1(r, nxt, want_sig)
+        before = r.memo[2]
+        sig, k1, empty = r.since(nxt, (prev, token, redo))
+        want_sig = keys.shapes_of(nxt)
+        assert sig == want_sig
+        want = r.key(nxt, want_sig)
         assert k1 == want, (step, redo)
         kept += k1 is before
         assert empty == any(a is not None and a.size == 0 for a in nxt), (step, redo)

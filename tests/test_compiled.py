@@ -379,7 +379,7 @@ def test_fixed_shape_closure_of_a_shapeless_key_gives_up_when_shapes_vary():
     (c,) = sl.closures()
     assert c.hoist and c.shapeless is False, (c.hoist, c.shapeless)
     assert c.poisoned and "shapes changed between calls" in c.poisoned, c.poisoned
-    assert c.traces == C.core.MAX_FIXED_TRACES + 1, c.traces
+    assert c.traces == C.trace.MAX_FIXED_TRACES + 1, c.traces
 
 
 def test_shapeless_closures_stay_eager_on_a_gpu(monkeypatch):
@@ -401,7 +401,8 @@ def test_shapeless_closures_stay_eager_on_a_gpu(monkeypatch):
 
 def test_row_hints_share_start_bytes():
     """Hints with the same start array carry its bytes once; each hint still reads its own starts."""
-    from ortmlx.compiled.core import RowHints, _hint_arrays
+    from ortmlx.compiled.result import RowHints
+    from ortmlx.compiled.trace import _hint_arrays
     from ortmlx.runtime.mirror import hint_bytes
     pasts = [mx.zeros((2, 2, 8, 4), mx.float16) for _ in range(3)]
     s1, s2 = mx.array([3, 5], mx.int64), mx.array([1, 2], mx.int32)
@@ -418,7 +419,7 @@ def test_row_hints_share_start_bytes():
 def test_row_hints_kept_only_for_group_outputs_over_traced_inputs():
     """A hint counts only when its present is a group output and its past a traced input (by identity);
     a dropped hint does not disturb the ones after it, and one output is hinted once."""
-    from ortmlx.compiled.core import _hint_arrays, _hinted_outputs
+    from ortmlx.compiled.trace import _hint_arrays, _hinted_outputs
     past = mx.zeros((1, 2, 8, 4), mx.float16)
     present, other = past + 1, past + 2
     start, rows = mx.array([3], mx.int32), mx.ones((1, 2, 1, 4), mx.float16)
@@ -429,7 +430,7 @@ def test_row_hints_kept_only_for_group_outputs_over_traced_inputs():
     meta = _hinted_outputs(hints, [mx.zeros((1,)), present], {id(past): 5})
     assert meta == [None, None, (1, 5, (1, 2, 1, 4), 2), None], meta
     data, idx = _hint_arrays(hints, meta)
-    from ortmlx.compiled.core import RowHints
+    from ortmlx.compiled.result import RowHints
     from ortmlx.runtime.mirror import hint_bytes
     flat, starts = hint_bytes(RowHints([m for m in meta if m is not None], data, idx))
     assert data.dtype == mx.uint8 and flat.size == 16 and starts.tolist() == [3]

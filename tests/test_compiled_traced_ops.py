@@ -153,10 +153,10 @@ def test_layers_share_one_guard_and_a_false_one_answers_eagerly(monkeypatch):
     """Every decode layer's guard on the same seqlens_k is one object: the closure ands it once
     (one fused kernel with the other one-element guards). A step outside the buffer fails it:
     that call answers from eager, the closure stays trusted."""
-    from ortmlx.compiled import core
+    from ortmlx.compiled import trace
     seen = []
-    real = core._guard_value
-    monkeypatch.setattr(core, "_guard_value", lambda guards, shapeless: seen.append(len(guards)) or
+    real = trace._guard_value
+    monkeypatch.setattr(trace, "_guard_value", lambda guards, shapeless: seen.append(len(guards)) or
                         real(guards, shapeless))
     n, kvn, h, P = 4, 2, 16, 12
     m = gqa_two_layer_model(n, kvn, h)
@@ -192,10 +192,10 @@ def test_layers_share_one_guard_and_a_false_one_answers_eagerly(monkeypatch):
 
 
 def test_guard_value_ands_every_guard():
-    """``core._guard_value``: false when any guard has a false element, one-element guards and
+    """``trace._guard_value``: false when any guard has a false element, one-element guards and
     larger ones mixed, and in a shapeless trace (each reduced there)."""
     import mlx.core as mx
-    from ortmlx.compiled.core import _guard_value
+    from ortmlx.compiled.trace import _guard_value
     t1, f1 = mx.array([True]), mx.array([[False]])
     big_t, big_f = mx.array([True, True, True]), mx.array([True, False, True])
     cases = [([t1], True), ([f1], False), ([t1, mx.array(True)], True), ([t1, f1, t1], False),

@@ -155,13 +155,13 @@ def test_rewind_and_two_buffer_sets():
 def test_wrong_row_hints_poison_the_closure(monkeypatch):
     """Compute writes back only the hinted rows, so a verified call checks them against its presents:
     hints whose first byte is off poison the closure, and every answer (buffers included) stays right."""
-    from ortmlx.compiled import core
-    real = core._hint_arrays
+    from ortmlx.compiled import trace
+    real = trace._hint_arrays
 
     def off_by_one(hints, meta, *a, **k):       # the first hint's rows, before they are gathered
         hints = [(p, q, s, r + 1 if n == 0 else r) for n, (p, q, s, r) in enumerate(hints)]
         return real(hints, meta, *a, **k)
-    monkeypatch.setattr(core, "_hint_arrays", off_by_one)
+    monkeypatch.setattr(trace, "_hint_arrays", off_by_one)
     mlx, cpu, att = sessions()
     buf = Buffers(mlx, cpu, 5)
     for pos in range(3, 8):

@@ -18,7 +18,13 @@ import mlx.core as mx
 import numpy as np
 
 from ..kernels import build, consts
-from ..kernels.ops.contrib_attention import gqa_core, softmax_sink
+from ..kernels.interpreter import mx_device
+from ..kernels.ops import contrib_quant as q
+from ..kernels.ops.contrib_attention import (_bnsh, apply_rotary, attention_probs_softmax, gqa_core, rope_layout,
+                                             rotary_tables, softmax_sink)
+from ..kernels.ops.contrib_quant import dequantize_gathered, gbq_layout
+from ..kernels.ops.shape import norm_axis
+
 
 class Untraceable(RuntimeError):
     """A traced form does not cover this case: the trace fails and the call answers from eager."""
@@ -221,7 +227,6 @@ def gqa_growing_traced(*args, **attrs):
     those conditions are guards, with the key length read from the data shape (a sum of ones
     over the score row, shapeless) rather than baked. The op sequence is ``gqa_core``'s.
     """
-    from ..kernels.ops.contrib_attention import _bnsh, apply_rotary, attention_probs_softmax, rotary_tables
     import math
     a, x, q, k, v = _gqa_args(args, attrs, ("position_ids", "attention_bias"),
                               "traced growing-KV GroupQueryAttention")
@@ -281,7 +286,6 @@ def gqa_growing_traced(*args, **attrs):
 
 def gather_traced(data, indices, *, axis=0):
     """Gather with the indices as data: out-of-range indices fail a guard (eager raises)."""
-    from ..kernels.ops.shape import norm_axis
     a = norm_axis(axis, data.ndim)
     n = data.shape[a]
     idx = indices if isinstance(indices, mx.array) else mx.array(np.asarray(indices))
@@ -297,7 +301,6 @@ def rotary_traced(input, position_ids, cos_cache, sin_cache, *, interleaved=0, i
     """com.microsoft RotaryEmbedding with ``position_ids`` as data (the eager translator reads
     them on the host). Eager's range check becomes a guard; the math is eager's
     (``rotary_tables`` + ``apply_rotary``)."""
-    from ..kernels.ops.contrib_attention import apply_rotary, rope_layout, rotary_tables
     if is_packed_batching or scale != 1.0:
         raise Untraceable("traced RotaryEmbedding: is_packed_batching / scale")
     x, b, n, s, h, rd = rope_layout(input, cos_cache, sin_cache, num_heads, rotary_embedding_dim)
@@ -327,7 +330,6 @@ def prepack_nbits(program, st):
     """MatMulNBits with constant weights, packed for ``mx.quantized_matmul`` once (the eager
     translator's uint32 ``view`` of B has no shapeless form). None: not prepackable here (the
     eager translator is used, and a shapeless trace of it fails and runs eagerly)."""
-    from ..kernels.ops import contrib_quant as q
     a = {**{k: v for k, v in st.opdef.attrs.items() if v is not inspect_empty()}, **st.attrs}
     K, N, bs, bits = a.get("K"), a.get("N"), a.get("block_size"), a.get("bits", 4)
     if None in (K, N, bs) or K % bs or bs not in q._MLX_GROUPS or a.get("weight_prepacked", 0):
@@ -348,7 +350,6 @@ def prepack_nbits(program, st):
         want = N * (-(-kb * bits // 8)) if zp.dtype == mx.uint8 else N * kb
         if zp.size != want:
             return None
-    from ..kernels.interpreter import mx_device
     with mx.stream(mx_device(program.device)):
         # exactly the eager translator's operands: A is computed in float32 there
         w = B.reshape(N, kb * bs * bits // 8).view(mx.uint32)
@@ -381,7 +382,6 @@ def gather_block_quantized_traced(data, indices, scales, zero_points=None, *, bi
                                   quantize_axis=1, gather_axis=0):
     """GatherBlockQuantized with the indices as data (eager reads them on the host): out-of-range
     indices fail a guard; the dequantization is eager's (``dequantize_gathered``)."""
-    from ..kernels.ops.contrib_quant import dequantize_gathered, gbq_layout
     ga, cols, kb = gbq_layout(data, scales, bits, block_size, gather_axis)
     if kb * block_size != cols:
         raise Untraceable("traced GatherBlockQuantized: blocks that do not tile the row")

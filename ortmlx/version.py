@@ -1,6 +1,9 @@
 """Versions: ortmlx's, the MLX backend installed, the onnxruntime that loaded the EP (imports nothing of ortmlx)."""
 from __future__ import annotations
 
+import os
+import tempfile
+
 __version__ = "0.1.0"
 
 #: MLX's backend packages on Linux, by the extra that installs each (``pip install "ortmlx[cpu]"``)
@@ -30,3 +33,8 @@ def set_loaded_ort(version: str) -> None:
 def loaded_ort_version() -> str | None:
     """The version string of the onnxruntime that loaded this EP (None before it did)."""
     return _LOADED[0]
+
+
+def mlx_cache_dir() -> str:
+    """Where MLX keeps the kernels it builds (CPU: g++ libraries; CUDA: PTX/CUBIN, ``MLX_PTX_CACHE_DIR`` if set)."""
+    return os.environ.get("MLX_PTX_CACHE_DIR") or os.path.join(tempfile.gettempdir(), "mlx")

@@ -110,16 +110,28 @@ def child(model_dir: str, opts: dict, tokens: int) -> dict:
                     continue
                 if getattr(om, meth, None) is not None:
                     setattr(om, meth, getattr(owner, meth))
-    # the closure call itself: wrap each closure's fn when it is made
+    # the closure call itself: wrap each closure's fn when it is made, and each runner's eval
     from ortmlx.compiled import core
-    make = core.CompiledSubgraph._compile
+    if hasattr(core, "compile_closure"):
+        make_fn, init = core.compile_closure, core.CompiledSubgraph.__init__
 
-    def compile_timed(self, c):
-        if not getattr(self._eval, "_timed", False):        # an instance attribute (mx.eval)
-            self._eval = timed(self._eval, "run.apply.eval")
-            self._eval._timed = True
-        return timed(make(self, c), "run.apply.closure_call")
-    core.CompiledSubgraph._compile = compile_timed
+        def compile_fn_timed(*a, **k):
+            return timed(make_fn(*a, **k), "run.apply.closure_call")
+
+        def init_timed(self, *a, **k):
+            init(self, *a, **k)
+            self._eval = timed(self._eval, "run.apply.eval")      # an instance attribute (mx.eval)
+        core.compile_closure = compile_fn_timed
+        core.CompiledSubgraph.__init__ = init_timed
+    else:                               # a checkout from before compiled/trace.py (--tree)
+        make = core.CompiledSubgraph._compile
+
+        def compile_timed(self, c):
+            if not getattr(self._eval, "_timed", False):
+                self._eval = timed(self._eval, "run.apply.eval")
+                self._eval._timed = True
+            return timed(make(self, c), "run.apply.closure_call")
+        core.CompiledSubgraph._compile = compile_timed
 
     model, _ = mg.load_model(model_dir, "mlx", opts)
     ids = np.arange(100, 107, dtype=np.int32)

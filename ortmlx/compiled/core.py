@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import operator
+import sys
 import threading
 import time
 
@@ -22,6 +23,7 @@ from ..kernels import dtypes as dt
 from ..kernels.interpreter import mx_device
 from ..kernels.ops.reduction import reduce_sum_ints_host
 from ..tuning import Tuning
+from ..version import mlx_cache_dir
 from . import ahead, hoist_form
 from .analysis import HostPlan, hoist_free_work, host_plan, static_reason
 from .config import CompiledConfig
@@ -34,6 +36,9 @@ from .verify import mismatch
 GUARD_FAILED = object()
 #: keys remembered while they wait for their trace (``CompiledConfig.eager_calls_before_trace``)
 SEEN_KEYS = 256
+#: a closure's first call longer than this (seconds) is said on the console, once per process
+BUILD_NOTICE_S = 1.0
+_NOTICED: list = []
 #: MLX's trace state is process-global: one trace at a time (re-entrant for nested groups)
 TRACE_LOCK = threading.RLock()
 
@@ -159,7 +164,7 @@ class CompiledSubgraph:
         self._ahead_prev: tuple | None = None
         self.counters = {"compiled": self.label, "traces": 0, "compiled_calls": 0, "eager_calls": 0,
                          "verify_calls": 0, "guard_fails": 0, "poisoned": "", "poisoned_closures": 0, "keys": 0,
-                         "trace_ms": 0.0, "ahead_calls": 0, "ahead_misses": 0}
+                         "trace_ms": 0.0, "build_s": 0.0, "ahead_calls": 0, "ahead_misses": 0}
         if stats is not None:
             g = stats.group(self.name)
             if label is None:
@@ -367,7 +372,10 @@ class CompiledSubgraph:
         """Run the closure next to an eager answer; trust, or poison on any difference."""
         self.counters["verify_calls"] += 1
         sig = call.sig
+        first, t0 = c.calls == 0, time.perf_counter()
         got = self._apply(c, call, None)
+        if first:
+            self._built(time.perf_counter() - t0)
         if got is None or got is GUARD_FAILED:
             return
         try:
@@ -565,6 +573,17 @@ class CompiledSubgraph:
         return res, env
 
     # ------------------------------------------------------------------ bookkeeping
+    def _built(self, seconds: float) -> None:
+        """A closure's first call took ``seconds`` (its trace and kernel builds): counted, and said on the console
+        once per process when over ``BUILD_NOTICE_S`` (a user otherwise sees a frozen program)."""
+        self.counters["build_s"] = round(self.counters.get("build_s", 0.0) + seconds, 3)
+        if seconds > BUILD_NOTICE_S and not _NOTICED:
+            _NOTICED.append(seconds)
+            sys.stderr.write(f"MLXExecutionProvider: the first {self.label} call at new shapes (group {self.name}) took "
+                             f"{seconds:.1f} s tracing and building MLX kernels (kept under {mlx_cache_dir()}); later "
+                             "calls replay it. `python -m ortmlx warmup MODEL_DIR` prepares a genai model's prompt "
+                             "sizes ahead.\n")
+
     def _poison(self, c: _Closure, why: str) -> None:
         c.poisoned = why
         c.fn = None

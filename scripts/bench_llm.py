@@ -1025,9 +1025,11 @@ def print_table(b: Bench, M: dict) -> None:
             "first mismatch", "d")
         add(f"tokens == fp32 ref (of {N})", [_mm(ac.get(e, {}), "first_mismatch_vs_ref", N) for e in engines],
             "first mismatch", "d")
-        add(f"max |logit - fp32| ({b.cfg['acc_steps']} steps)", [ac.get(e, {}).get("max_abs_err") for e in engines],
+        K1 = b.cfg["acc_steps"] + 1
+        add(f"max |logit - fp32| ({K1} steps)", [ac.get(e, {}).get("max_abs_err") for e in engines],
             "abs, lower", ".3g")
-        add("top-1 == fp32 (steps)", [ac.get(e, {}).get("top1_equal") for e in engines], "", "d")
+        add("  (fp32 max |logit|)", [ac.get(e, {}).get("ref_max_abs_logit") for e in engines], "abs", ".3g")
+        add(f"top-1 == fp32 (of {K1} steps)", [ac.get(e, {}).get("top1_equal") for e in engines], "", "d")
         add("max |logit - CUDA EP|", [ac.get(e, {}).get("max_abs_vs_cuda") for e in engines], "abs", ".3g")
     h = M.get("host")
     if h:

@@ -25,6 +25,12 @@ PRECISIONS = ("fp32", "fp16", "int8", "int4")
 MARKER = ".ortmlx_build.json"
 #: bump when the recipe changes so cached builds are redone
 RECIPE = 3
+#: the benchmark sizes' own recipe on top of RECIPE (bump it to redo only their builds): their residual
+#: branches' output projections (o_proj, down_proj) scaled by 1/sqrt(2 * layers) as GPT-2 initializes them,
+#: so a deep random model's residual stream stays inside float16, and a context of 8,192 positions (a 4,096-token
+#: prompt plus the tokens generated after it). Largest |residual| over a 32-token prompt in float32: 1.5B 67,832
+#: unscaled (past float16's 65,504: its float16 forward gives inf/NaN logits), 9,182 scaled; 0.5B 28,454 / 4,316
+BENCH_RECIPE = 1
 
 #: special tokens, appended after the BPE vocabulary; ids are vocab_size - len(SPECIALS) + k
 SPECIALS = ("<|endoftext|>", "<|bos|>", "<|pad|>")
@@ -39,14 +45,23 @@ SIZES: dict[str, dict] = {
     # tiny width at Qwen2.5-0.5B's depth (24 layers: 48 KV buffers): the EP's per-call overhead
     # with almost no compute (scripts/decode_probe.py)
     "deep": {a: {**_TINY, "num_hidden_layers": 24, "tie_word_embeddings": a == "qwen2"} for a in ARCHS},
-    # Qwen2.5-0.5B / 1.5B shapes (random weights, benchmarks only)
+    # Qwen2.5-0.5B / 1.5B shapes (random weights, benchmarks only; BENCH_RECIPE)
     "0.5b": {a: dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                     num_key_value_heads=2, vocab_size=151936, max_position_embeddings=4096,
+                     num_key_value_heads=2, vocab_size=151936, max_position_embeddings=8192,
                      tie_word_embeddings=True) for a in ARCHS},
     "1.5b": {a: dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                     num_key_value_heads=2, vocab_size=151936, max_position_embeddings=4096,
+                     num_key_value_heads=2, vocab_size=151936, max_position_embeddings=8192,
                      tie_word_embeddings=True) for a in ARCHS},
 }
+#: sizes built with BENCH_RECIPE
+BENCH_SIZES = ("0.5b", "1.5b")
+#: the weights BENCH_RECIPE scales by 1/sqrt(2 * layers): each residual branch's last projection
+SCALED_PROJ = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
+
+
+def recipe(size: str):
+    """The recipe a build of ``size`` is marked with (cached builds of another recipe are redone)."""
+    return f"{RECIPE}.{BENCH_RECIPE}" if size in BENCH_SIZES else RECIPE
 
 
 def model_name(arch: str, size: str, precision: str) -> str:
@@ -153,12 +168,26 @@ def hf_config(arch: str, size: str, special: dict[str, int]):
 
 def build_hf(arch: str, size: str, directory: str, seed: int = 0) -> None:
     """Random-weight checkpoint + tokenizer in ``directory`` (save_pretrained layout)."""
-    import torch
     import transformers
 
     os.makedirs(directory, exist_ok=True)
     vocab_size = SIZES[size][arch]["vocab_size"]
     special = build_tokenizer(directory, vocab_size)
+    model = init_model(arch, size, special, seed)
+    config = model.config
+    model.save_pretrained(directory, safe_serialization=True)
+    transformers.GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+                                  pad_token_id=config.pad_token_id, do_sample=False).save_pretrained(directory)
+
+
+def init_model(arch: str, size: str, special: dict[str, int], seed: int = 0, scale_proj: bool | None = None):
+    """The random-weight float32 model of ``build_hf`` (``scale_proj``: BENCH_RECIPE's scaled output
+    projections; default: for the benchmark sizes)."""
+    import math
+
+    import torch
+    import transformers
+
     config = hf_config(arch, size, special)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -171,10 +200,14 @@ def build_hf(arch: str, size: str, directory: str, seed: int = 0) -> None:
             elif "norm" in name:
                 # RMSNorm weights start at 1: perturb them so the scale is exercised
                 p.copy_(1.0 + torch.randn(p.shape, generator=g) * 0.1)
-    model.eval()
-    model.save_pretrained(directory, safe_serialization=True)
-    transformers.GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
-                                  pad_token_id=config.pad_token_id, do_sample=False).save_pretrained(directory)
+        if scale_proj is None:
+            scale_proj = size in BENCH_SIZES
+        if scale_proj:
+            f = 1.0 / math.sqrt(2 * config.num_hidden_layers)
+            for name, p in model.named_parameters():
+                if name.endswith(SCALED_PROJ):
+                    p.mul_(f)
+    return model.eval()
 
 
 # --------------------------------------------------------------------------- ONNX via genai's builder
@@ -208,40 +241,50 @@ def build(arch: str, precision: str, size: str = "tiny", root: str = OUT_ROOT, f
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; known: {sorted(SIZES)}")
     out = out_dir(arch, size, precision, root)
-    if not force and _is_built(out):
+    if not force and _is_built(out, size):
         return out
     os.makedirs(root, exist_ok=True)
     with open(os.path.join(root, ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)          # another process may be building the same model
-        if not force and _is_built(out):
+        if not force and _is_built(out, size):
             return out
         return _build_locked(arch, precision, size, root, out, force, verbose)
 
 
-def _is_built(out: str) -> bool:
+def _is_built(out: str, size: str) -> bool:
     try:
         with open(os.path.join(out, MARKER)) as f:
-            return json.load(f).get("recipe") == RECIPE
+            return json.load(f).get("recipe") == recipe(size)
     except (OSError, ValueError):
         return False
 
 
-def _build_locked(arch, precision, size, root, out, force, verbose) -> str:
-    t0 = time.perf_counter()
+def ensure_hf(arch: str, size: str, root: str = OUT_ROOT, force: bool = False) -> str:
+    """The random-weight checkpoint <root>/hf/<arch>-<size>, built unless cached at this recipe."""
     hf_dir = os.path.join(root, "hf", f"{arch}-{size}")
     hf_marker = os.path.join(hf_dir, MARKER)
-    if force or not os.path.exists(hf_marker) or json.load(open(hf_marker)).get("recipe") != RECIPE:
+    try:
+        cached = not force and json.load(open(hf_marker)).get("recipe") == recipe(size)
+    except (OSError, ValueError):
+        cached = False
+    if not cached:
         shutil.rmtree(hf_dir, ignore_errors=True)
         build_hf(arch, size, hf_dir)
         with open(hf_marker, "w") as f:
-            json.dump({"recipe": RECIPE}, f)
+            json.dump({"recipe": recipe(size)}, f)
+    return hf_dir
+
+
+def _build_locked(arch, precision, size, root, out, force, verbose) -> str:
+    t0 = time.perf_counter()
+    hf_dir = ensure_hf(arch, size, root, force)
     shutil.rmtree(out, ignore_errors=True)
     tmp = out + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     run_builder(hf_dir, tmp, precision, os.path.join(root, "cache", f"{arch}-{size}-{precision}"))
     shutil.rmtree(os.path.join(root, "cache", f"{arch}-{size}-{precision}"), ignore_errors=True)
     with open(os.path.join(tmp, MARKER), "w") as f:
-        json.dump({"recipe": RECIPE, "arch": arch, "size": size, "precision": precision,
+        json.dump({"recipe": recipe(size), "arch": arch, "size": size, "precision": precision,
                    "seconds": round(time.perf_counter() - t0, 2)}, f)
     os.replace(tmp, out)
     if verbose:

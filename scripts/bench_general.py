@@ -623,7 +623,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2, help="warm-up calls after the first (default 2)")
     ap.add_argument("--time-budget", type=float, default=None,
-                    help="seconds of timed calls per case (default 3 on cpu, 2 on gpu)")
+                    help="seconds of timed calls per case (default 2)")
     ap.add_argument("--max-seconds", type=float, default=0, help="start no new case after this wall time (0: none)")
     ap.add_argument("--eager", action="store_true", help="also the MLX EP with no_compile=1")
     ap.add_argument("--no-cuda", action="store_true", help="no CUDA EP column on the GPU")
@@ -645,7 +645,7 @@ def main(argv=None) -> int:
     args.simulate_gpu = os.environ.get("BENCH_GENERAL_SIMULATE_GPU", "") == "1"
     args.t_start = time.perf_counter()
     args.preset = args.preset or ("full" if args.device == "gpu" else "small")
-    args.time_budget = args.time_budget if args.time_budget is not None else (2.0 if args.device == "gpu" else 3.0)
+    args.time_budget = args.time_budget if args.time_budget is not None else 2.0
     args.batches = [int(b) for b in args.batches.split(",") if b.strip()]
     spec = args.models if args.models is not None else ("" if args.ops else "models")
     names = B.select(spec) + (B.select(args.ops) if args.ops else [])

@@ -429,3 +429,36 @@ def test_step_probe_alternates_trees():
     assert len(heads) == 4 and sum(f"@ {ROOT}" in h for h in heads) == 2, heads
     summary = res.stdout.split("medians over the rounds")[-1].strip().splitlines()[1:]
     assert len(summary) == 2 and summary[1].lstrip().startswith(f"default @ {ROOT}"), summary
+
+
+def _batch_greedy(model, prompts: list[list[int]], n: int) -> list[list[int]]:
+    """Static batching: the prompts right-padded to one length (genai's pad token), n new tokens each."""
+    width = max(map(len, prompts))
+    ids = np.full((len(prompts), width), 0, np.int32)
+    for k, p in enumerate(prompts):
+        ids[k, :len(p)] = p
+    params = mg.search_options(model, MAX_LENGTH, width + n)
+    params.set_search_options(batch_size=len(prompts))
+    g = og.Generator(model, params)
+    g.append_tokens(ids)
+    for _ in range(n):
+        g.generate_next_token()
+    return [list(g.get_sequence(k))[width:] for k in range(len(prompts))]
+
+
+def test_batched_decode_on_mirrors_matches_the_cpu_ep():
+    """Batch 3 of equal-length prompts (genai's static batching, the shared KV buffer): the decode steps run on
+    device mirrors of the batch's buffers, the tokens are the CPU EP's and the unmirrored EP's."""
+    path = model_dir("qwen2")
+    prompts = [PROMPTS[0], [510] + list(range(100, 115)), [510] + list(range(200, 215))]
+    toks = {}
+    for key, provider, opts in (("cpu", "cpu", None), ("plain", "mlx", {"tuning": "kv_mirror=0"}), ("mirror", "mlx", {})):
+        with C.capture() as rs:
+            model, _ = mg.load_model(path, provider, opts, SHARE)
+        toks[key] = _batch_greedy(model, prompts, 24)
+        if key == "mirror":
+            (att,) = [r for r in rs if hasattr(r, "decode")]
+            kv = dict(att.decode.stats.groups[att.name]["kv_copy_out"])
+        del model
+    assert toks["mirror"] == toks["plain"] == toks["cpu"], toks
+    assert kv["row_hints"] + kv["diffed"] > 4 * kv["whole"], kv      # the steady calls wrote rows, not buffers

@@ -72,9 +72,8 @@ class OutputSink(Protocol):
 
 
 def may_alias(a) -> bool:
-    """Whether an output may be written into input ``a``'s buffer (ORT's shared KV buffer: non-empty, rank >= 2,
-    batch 1)."""
-    return bool(a is not None and a.size and a.ndim >= 2 and a.shape[0] == 1)
+    """Whether an output may be written into input ``a``'s buffer (ORT's shared KV buffer: non-empty, rank >= 2)."""
+    return bool(a is not None and a.size and a.ndim >= 2)
 
 
 def _copy_whole(dst: np.ndarray, r: mx.array, read: devread.Reader) -> int:

@@ -10,7 +10,7 @@ import mlx.core as mx
 import numpy as np
 
 from .. import dtypes as dt
-from .. import tracing
+from .. import build
 from ..registry import register
 
 CONV_TYPES = frozenset({dt.FLOAT, dt.FLOAT16, dt.BFLOAT16})
@@ -227,7 +227,7 @@ def conv_transpose(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, 
         return _no_products((X.shape[0], M, *out_sp), B, X.dtype)
     if (ctx is not None and ctx.device == "cpu" and group == 1 and list(strides) == list(kernel)
             and not any(d != 1 for d in dilations) and not any(lo) and not any(hi) and not any(out_pad)
-            and list(out_sp) == [i * s for i, s in zip(X.shape[2:], strides)] and not tracing.shapeless()):
+            and list(out_sp) == [i * s for i, s in zip(X.shape[2:], strides)] and not build.shapeless()):
         return _tiled_convt(X, W, B, kernel)
     # weight (C, M/g, k...) -> (g, C/g, M/g, k...) -> (M, k..., C/g); half types in float32
     half = X.dtype in (mx.float16, mx.bfloat16)

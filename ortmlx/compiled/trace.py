@@ -52,8 +52,9 @@ def compile_closure(c, n_group_inputs: int, out_types: list, config: CompiledCon
             inputs[i] = a
         for i, v in host_vals.items():
             inputs[i] = v
-        ctx = BuildContext(cuda_kernels=program.cuda_kernels and cuda_kernels.usable(), shapeless=shapeless,
-                           tracing=True, guards=[], hints=[])
+        ctx = BuildContext(cuda_kernels=program.cuda_kernels and cuda_kernels.usable(),
+                           fused_attention=program.config.fused_attention, shapeless=shapeless, tracing=True,
+                           guards=[], hints=[])
         with build.active(ctx):
             env = program.build(inputs, ctx=ctx)
             outs = [device_output(env[o], t, contiguous) for o, t in zip(program.outputs, out_types)]

@@ -5,6 +5,7 @@ A build is an eager run of a group's program or a compiled closure's trace. Its 
 (a trace passes its own down), and translators and their helpers read it with ``current()``:
 
 - ``cuda_kernels``: whether the custom CUDA kernels may be used (``cuda_kernels.enabled``);
+- ``fused_attention``: whether a half-precision prompt's attention may run as MLX's fused kernel;
 - ``shapeless``/``tracing``: inside a (shapeless) ``mx.compile`` trace: a shapeless trace replays its graph for
   other shapes, so a translator choosing between equivalent forms picks one MLX replays right at any shape
   (static slices, ``split`` and ``mx.fast.rope`` fail there);
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 @dataclass
 class BuildContext:
     cuda_kernels: bool = False
+    fused_attention: bool = False
     shapeless: bool = False
     tracing: bool = False
     memo: dict = field(default_factory=dict)
@@ -53,6 +55,12 @@ def shapeless() -> bool:
     """Whether this thread is building a shapeless trace (False in eager builds and shape-keyed traces)."""
     b = _CURRENT.get()
     return b is not None and b.shapeless
+
+
+def fused_attention() -> bool:
+    """Whether the build in progress may run a prompt's attention as MLX's fused kernel."""
+    b = _CURRENT.get()
+    return b is not None and b.fused_attention
 
 
 def tracing() -> bool:

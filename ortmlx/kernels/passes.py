@@ -88,6 +88,8 @@ class BuildConfig:
     gated_rows: bool = True
     #: a compiled decode's row hints written by their kernel into page-locked host memory (compiled/core.py)
     pinned_hints: bool = False
+    #: a half-precision prompt's attention through MLX's fused kernel (``BuildContext.fused_attention``)
+    fused_attention: bool = False
 
     @classmethod
     def for_device(cls, device: str, tuning: Tuning | None = None, **overrides) -> "BuildConfig":
@@ -112,7 +114,8 @@ class BuildConfig:
                    dense_nbits=pick("dense_nbits", t.dense_nbits, device == "cpu"),
                    fuse_rows=pick("fuse_rows", None if t.fuse_rows else False, kernels),
                    gated_rows=pick("gated_rows", t.gated_rows, True),
-                   pinned_hints=bool(overrides.get("pinned_hints", t.pinned_hints)) and kernels)
+                   pinned_hints=bool(overrides.get("pinned_hints", t.pinned_hints)) and kernels,
+                   fused_attention=pick("fused_attention", t.fused_attention, gpu))
 
 
 @dataclass

@@ -150,6 +150,49 @@ def softmax_sink(head_sink, smooth_softmax: int, num_heads: int):
     return consts.zeros((num_heads,), mx.float32) if smooth_softmax == 1 else None
 
 
+_HALVES = (mx.float16, mx.bfloat16)
+
+
+def fused_prompt_reason(q, k, softcap: float, attention_bias) -> str | None:
+    """Why a prompt's attention does not run as MLX's fused kernel (None: it does): half precision, a head size
+    that is a multiple of 8 up to 128 (cuDNN's), no softcap or bias (the kernel has neither)."""
+    h = q.shape[-1]
+    if q.dtype not in _HALVES or k.dtype != q.dtype:
+        return "not half precision"
+    if h % 8 or h > 128:
+        return f"head size {h}"
+    if softcap > 0.0 or attention_bias is not None:
+        return "softcap or attention bias"
+    return None
+
+
+def prompt_attention(q, k, v, qf, seqlens_k, past_len, total_len, *, alpha: float, softcap: float,
+                     local_window_size: int, sink, attention_bias):
+    """A first prompt's attention over its own keys: q (B,N,S,H), k, v (B,Nkv,S,H) after rotation; ``qf``: q in
+    float32. Row b's query s sees keys t <= s, t < total_len[b] (and the local window) as ORT's CPU kernel.
+
+    softmax(q k^T * alpha) v: MLX's fused kernel (``mx.fast.scaled_dot_product_attention``: cuDNN's on CUDA, the
+    softmax in float32) where the build allows it (``build.fused_attention``: a GPU by default) and
+    ``fused_prompt_reason`` has none, else scores, softmax and P @ V in float32."""
+    b, n, s, h = q.shape
+    kvn = k.shape[1]
+    mask = build.memo(("gqa_mask", id(seqlens_k), True, b, s, s, local_window_size),
+                      lambda: gqa_mask(past_len, total_len, s, s, local_window_size))
+    if build.fused_attention() and fused_prompt_reason(q, k, softcap, attention_bias) is None:
+        sinks = None if sink is None else sink.astype(q.dtype)
+        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=alpha, mask=mask, sinks=sinks)
+        return out.transpose(0, 2, 1, 3).reshape(b, s, n * h)
+    group = n // kvn
+    scores = (qf.reshape(b, kvn, group * s, h) @ k.astype(mx.float32).swapaxes(-1, -2)).reshape(b, n, s, s) * alpha
+    if softcap > 0.0:
+        scores = softcap * mx.tanh(scores / softcap)
+    if attention_bias is not None:          # (B|1, N|1, S, total_sequence_length == S)
+        scores = scores + attention_bias.astype(mx.float32)[..., :s]
+    probs = attention_probs_softmax(scores, mask, sink)
+    out = probs.reshape(b, kvn, group * s, s) @ v.astype(mx.float32)
+    return out.reshape(b, n, s, h).transpose(0, 2, 1, 3).reshape(b, s, n * h).astype(q.dtype)
+
+
 def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length: int, num_heads: int,
              kv_num_heads: int, first_prompt: bool, scale: float = 0.0, softcap: float = 0.0,
              local_window_size: int = -1, cos_cache=None, sin_cache=None, position_ids=None,
@@ -242,6 +285,11 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
                                                 local_window_size=local_window_size, sink=sink)
             out = out.reshape(b, 1, num_heads * h)
             return (out, pk, pv, k, v) if in_place else (out, pk, pv)
+    if first_prompt and s > 1:
+        # a first prompt sees only its own S keys: no scores over the rest of the KV buffer
+        out = prompt_attention(q, k, v, qf, seqlens_k, past_len, total_len, alpha=alpha, softcap=softcap,
+                               local_window_size=local_window_size, sink=sink, attention_bias=attention_bias)
+        return (out, pk, pv, k, v) if in_place else (out, pk, pv)
     mask = build.memo(("gqa_mask", id(seqlens_k), first_prompt, b, s, present_len, local_window_size),
                        lambda: gqa_mask(past_len, total_len, s, present_len, local_window_size))
     group = num_heads // kv_num_heads

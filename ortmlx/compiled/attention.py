@@ -64,13 +64,17 @@ class BucketedPrefill(CompiledSubgraph):
         self.batch = sorted(dims_named(program, {BATCH_DIM_NAME}))
         self.past = sorted(dims_named(program, {PAST_DIM_NAME}))
         self.rows = rope_rows(program)
+        #: a windowed KV cache (GroupQueryAttention sliding_window_cache=1) needs seqlens_k + 1 >= S, which
+        #: a padded prompt breaks (ORT rejects it): such groups prefill shape-keyed (``prefill_exact``)
+        self.windowed = any(st.node.op_type == "GroupQueryAttention" and st.attrs.get("sliding_window_cache", 0)
+                            for st in program.steps)
         g = program.graph
         self.out_seq = [(j, ax) for j, n in enumerate(program.outputs)
                         for ax, d in enumerate(g.value(n).shape or ()) if d == SEQ_DIM_NAME]
 
     def bucket(self, inputs: list) -> tuple[int, int] | None:
         """(prompt length, bucket) when this call can be padded, else None."""
-        if not (self.seq and self.total and self.past) or self.rows is None:
+        if not (self.seq and self.total and self.past) or self.rows is None or self.windowed:
             return None
         size = {(i, ax): inputs[i].shape[ax] for i, ax in self.seq + self.total + self.batch + self.past
                 if inputs[i] is not None and inputs[i].ndim > ax}

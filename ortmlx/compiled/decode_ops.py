@@ -19,7 +19,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..kernels import consts, tracing
-from ..kernels.ops.contrib_attention import gqa_core, softmax_sink
+from ..kernels.ops.contrib_attention import gqa_core, gqa_window_core, head_rms_norm, softmax_sink
 
 _GUARDS = threading.local()
 
@@ -99,20 +99,24 @@ def split_packed_qkv(qkv, num_heads: int, kv_num_heads: int):
 
 
 def _gqa_args(args, attrs, refused: tuple, label: str, pack: bool = False):
-    """Attributes with defaults, inputs by name, and (q, k, v) with packed QKV split; raises
-    Untraceable for inputs the traced forms do not cover (quantized KV, qk norms, ``refused``).
+    """Attributes with defaults, inputs by name, and (q, k, v) with packed QKV split and the q/k norms
+    (``q/k_norm_weight``) applied; raises Untraceable for inputs the traced forms do not cover (quantized
+    KV, ``refused``).
 
-    ``pack``: outside shapeless traces, packed QKV comes back as it is, q (B,S,(N+2Nkv)*H), with k, v None
-    (``gqa_core(packed=True)``)."""
+    ``pack``: outside shapeless traces, packed QKV without q/k norms comes back as it is, q (B,S,(N+2Nkv)*H),
+    with k, v None (``gqa_core(packed=True)``)."""
     a = {**_GQA_DEFAULTS, **attrs}
     x = dict(zip(_GQA_INPUTS, list(args) + [None] * (len(_GQA_INPUTS) - len(args))))
-    for k in ("k_scale", "v_scale", "q_norm_weight", "k_norm_weight") + refused:
+    for k in ("k_scale", "v_scale") + refused:
         if x[k] is not None:
             raise Untraceable(f"{label}: input {k}")
     if x["past_key"] is None or x["past_value"] is None:
         raise Untraceable(f"{label} needs past_key/past_value")
     q, k, v = x["query"], x["key"], x["value"]
-    if k is None and pack and not tracing.shapeless():
+    norms = x["q_norm_weight"] is not None
+    if norms and x["k_norm_weight"] is None:
+        raise ValueError("q_norm_weight and k_norm_weight must both be given")
+    if k is None and pack and not norms and not a["sliding_window_cache"] and not tracing.shapeless():
         b, s, hidden = q.shape
         heads = a["num_heads"] + 2 * a["kv_num_heads"]
         if hidden % heads:
@@ -124,7 +128,56 @@ def _gqa_args(args, attrs, refused: tuple, label: str, pack: bool = False):
             q = q + x["qkv_bias"]
             x["qkv_bias"] = None
         q, k, v = split_packed_qkv(q, a["num_heads"], a["kv_num_heads"])
+    if norms:
+        q = head_rms_norm(q, x["q_norm_weight"], a["qk_norm_epsilon"], a["num_heads"])
+        k = head_rms_norm(k, x["k_norm_weight"], a["qk_norm_epsilon"], a["kv_num_heads"])
     return a, x, q, k, v
+
+
+def gqa_window_traced(a, x, q, k, v, decode: bool, padded: bool = False):
+    """GroupQueryAttention over a windowed KV cache (``sliding_window_cache=1``) in a trace: the eager
+    translator's ``gqa_window_core`` with its host checks on ``seqlens_k`` as a guard. The capacity C
+    (the past's rows) is a shape, the same for every call of a closure; decode (S == 1) replays
+    shapeless (its present is C rows whatever the total length). A padded (bucketed) prefill is not
+    traced: the op needs seqlens_k + 1 >= S, which a padded prompt breaks (ORT rejects it)."""
+    if padded:
+        raise Untraceable("windowed KV cache (sliding_window_cache=1): a padded prompt has seqlens_k + 1 < S")
+    nh, kvh = a["num_heads"], a["kv_num_heads"]
+    b, s, hidden = q.shape
+    h = hidden // nh
+    past_k, past_v = x["past_key"], x["past_value"]
+    cap, w = past_k.shape[2], a["local_window_size"]
+    if past_k.shape != (b, kvh, cap, h) or past_v.shape != past_k.shape or k.shape != (b, s, kvh * h):
+        raise ValueError(f"traced GroupQueryAttention: shapes q {q.shape} k {k.shape} past {past_k.shape}")
+    if cap < w:
+        raise ValueError(f"sliding_window_cache: KV cache capacity ({cap}) must be at least local_window_size ({w})")
+    if decode and s != 1:
+        raise Untraceable("traced decode GroupQueryAttention: S == 1")
+    if not decode and s > 1 and b > 1:
+        tot = int(np.asarray(x["total_sequence_length"]).reshape(-1)[0])
+        if s != tot:
+            raise ValueError(f"batch_size must be 1 when sequence_length > 1 and past context is given (B={b}, S={s})")
+    sk = x["seqlens_k"]
+    seqlens = consts.memo(("gqa_seqlens", id(sk)), lambda: sk.reshape(-1).astype(mx.int32))
+    rows = None
+    if a["do_rotary"]:
+        cos = x["cos_cache"]
+        if cos is None or x["sin_cache"] is None:
+            raise ValueError("do_rotary=1 needs cos_cache and sin_cache")
+        if h % 16 or cos.shape[-1] * 2 > h or cos.shape[-1] % 8:
+            raise ValueError(f"rotary: head_size {h}, cos_cache {cos.shape}")
+        rows = cos.shape[0]
+
+    def guard():
+        ok = every(seqlens + 1 >= s)
+        return ok & every(seqlens < rows) if rows is not None else ok
+    add_guard(consts.memo(("gqa_window_guard", id(sk), s, rows), guard))
+    return gqa_window_core(q, k, v, past_k, past_v, seqlens, num_heads=nh, kv_num_heads=kvh, window=w,
+                           scale=a["scale"], softcap=a["softcap"],
+                           cos_cache=x["cos_cache"] if a["do_rotary"] else None,
+                           sin_cache=x["sin_cache"] if a["do_rotary"] else None,
+                           rotary_interleaved=bool(a["rotary_interleaved"]),
+                           sink=softmax_sink(x["head_sink"], a["smooth_softmax"], nh))
 
 
 def _gqa_guard(seqlens, total, decode: bool, s: int, p: int, present_len: int, first_prompt: bool,
@@ -156,7 +209,7 @@ def gqa_traced(decode: bool, padded: bool = False):
     """
     def gqa(*args, **attrs):
         out = _gqa(*args, **attrs)
-        if not padded:
+        if not padded or attrs.get("sliding_window_cache", 0):
             return out
         o, pk, pv = out
         seqlens = args[5].reshape(-1).astype(mx.int32)
@@ -167,6 +220,8 @@ def gqa_traced(decode: bool, padded: bool = False):
 
     def _gqa(*args, **attrs):
         a, x, q, k, v = _gqa_args(args, attrs, (), "traced GroupQueryAttention", pack=True)
+        if a["sliding_window_cache"]:
+            return gqa_window_traced(a, x, q, k, v, decode, padded)
         nh, kvh = a["num_heads"], a["kv_num_heads"]
         packed = k is None
         b, s, hidden = q.shape
@@ -245,6 +300,9 @@ def gqa_growing_traced(*args, **attrs):
     import math
     a, x, q, k, v = _gqa_args(args, attrs, ("position_ids", "attention_bias"),
                               "traced growing-KV GroupQueryAttention")
+    if a["sliding_window_cache"]:
+        # its buffer is the window's capacity, whatever the other layers' past length: the windowed form
+        return gqa_window_traced(a, x, q, k, v, True)
     nh, kvh = a["num_heads"], a["kv_num_heads"]
     b, s, hidden = q.shape
     h = hidden // nh

@@ -150,6 +150,97 @@ def softmax_sink(head_sink, smooth_softmax: int, num_heads: int):
     return consts.zeros((num_heads,), mx.float32) if smooth_softmax == 1 else None
 
 
+def split_qkv(qkv, num_heads: int, kv_num_heads: int, qkv_bias=None):
+    """A packed (B,S,(N+2Nkv)*H) query as q, k, v (slices); ``qkv_bias`` (an Add folded into the node) is
+    added first, in the query's type."""
+    b, s, hidden = qkv.shape
+    heads = num_heads + 2 * kv_num_heads
+    h = hidden // heads
+    if h * heads != hidden:
+        raise ValueError(f"packed QKV hidden {hidden} not divisible into {num_heads}+2*{kv_num_heads} heads")
+    if qkv_bias is not None:
+        if qkv_bias.shape != (hidden,):
+            raise ValueError(f"qkv_bias {qkv_bias.shape} needs a packed QKV of {hidden} features")
+        qkv = qkv + qkv_bias
+    x = qkv.reshape(b, s, heads, h)
+    return (x[:, :, :num_heads].reshape(b, s, num_heads * h),
+            x[:, :, num_heads:num_heads + kv_num_heads].reshape(b, s, kv_num_heads * h),
+            x[:, :, num_heads + kv_num_heads:].reshape(b, s, kv_num_heads * h))
+
+
+def head_rms_norm(x, weight, epsilon: float, n: int):
+    """The per-head RMS norm GroupQueryAttention applies to Q and K with ``q/k_norm_weight`` (before any
+    rotary): x (B,S,n*H) normed over each head's H features in float32, times ``weight`` (H,), rounded
+    to x's type. That is the Reshape -> SimplifiedLayerNormalization -> Reshape the builder fuses into
+    the inputs (ORT's CPU EP refuses the inputs, so tests compare with that decomposed graph)."""
+    b, s, hidden = x.shape
+    h = hidden // n
+    if h * n != hidden or weight.shape != (h,):
+        raise ValueError(f"norm weight {weight.shape} does not fit {n} heads of a {hidden}-wide input")
+    y = mx.fast.rms_norm(x.reshape(b, s, n, h).astype(mx.float32), weight.astype(mx.float32), epsilon)
+    return y.astype(x.dtype).reshape(b, s, hidden)
+
+
+def window_resident(t, capacity: int, window: int):
+    """Rows of a windowed KV cache (``sliding_window_cache=1``) resident after ``t`` tokens (int array):
+    L(T) = T while T <= C, else T - G * ceil((T - C) / G) with G = C - W + 1 (ORT's contract)."""
+    g = capacity - window + 1
+    return mx.where(t <= capacity, t, t - g * ((t - capacity + g - 1) // g))
+
+
+def gqa_window_core(q, k, v, past_key, past_value, seqlens_k, *, num_heads: int, kv_num_heads: int, window: int,
+                    scale: float = 0.0, softcap: float = 0.0, cos_cache=None, sin_cache=None,
+                    rotary_interleaved: bool = False, sink=None):
+    """GroupQueryAttention over a windowed KV cache (``sliding_window_cache=1``), as ORT's CPU kernel
+    computes it; pure MLX ops of the shapes only (traceable, shapeless too).
+
+    past_key/value (B,Nkv,C,H) hold, for row b, the L(T - S) most recent positions at rows [0, L(T - S)),
+    T = seqlens_k[b] + 1 (every row has T >= S: no first-prompt special case). The new S rows sit at
+    positions T - S .. T - 1; a query at position p sees keys p - W < t <= p. present rows [0, L(T)) hold
+    the L(T) most recent positions; rows [L(T), C) (unspecified by the op) keep the past's. Scores are
+    computed over the C past rows plus the S new rows, unresident ones masked.
+    Returns (out (B,S,N*H), present_key, present_value)."""
+    b, s = q.shape[:2]
+    h = q.shape[2] // num_heads
+    cap = past_key.shape[2]
+    t_all = seqlens_k.reshape(-1).astype(mx.int32) + 1                       # (B,)
+    tp = t_all - s
+    lp = window_resident(tp, cap, window)
+    q, k, v = _bnsh(q, num_heads), _bnsh(k, kv_num_heads), _bnsh(v, kv_num_heads)
+    qpos = tp.reshape(b, 1) + consts.arange(s).reshape(1, s)                 # (B,S) absolute positions
+    if cos_cache is not None:
+        c, sn = rotary_tables(cos_cache, sin_cache, qpos, h, rotary_interleaved)
+        c, sn = c.reshape(b, 1, s, h), sn.reshape(b, 1, s, h)
+        rd = 2 * cos_cache.shape[-1]
+        q = apply_rotary(q, c, sn, rd, rotary_interleaved)
+        k = apply_rotary(k, c, sn, rd, rotary_interleaved)
+    keys = mx.concatenate([past_key, k.astype(past_key.dtype)], axis=2)       # (B,Nkv,C+S,H)
+    vals = mx.concatenate([past_value, v.astype(past_value.dtype)], axis=2)
+    r = consts.arange(cap + s).reshape(1, cap + s)
+    lp2, tp2 = lp.reshape(b, 1), tp.reshape(b, 1)
+    kpos = mx.where(r < cap, tp2 - lp2 + r, tp2 + r - cap)                   # (B,C+S)
+    kvalid = (r >= cap) | (r < lp2)
+    kp, qp = kpos.reshape(b, 1, 1, cap + s), qpos.reshape(b, 1, s, 1)
+    mask = kvalid.reshape(b, 1, 1, cap + s) & (kp <= qp) & (kp > qp - window)
+    alpha = scale if scale != 0.0 else 1.0 / math.sqrt(h)
+    group = num_heads // kv_num_heads
+    qf = q.astype(mx.float32).reshape(b, kv_num_heads, group * s, h)
+    scores = (qf @ keys.astype(mx.float32).swapaxes(-1, -2)).reshape(b, num_heads, s, cap + s) * alpha
+    if softcap > 0.0:
+        scores = softcap * mx.tanh(scores / softcap)
+    probs = attention_probs_softmax(scores, mask, sink)
+    out = probs.reshape(b, kv_num_heads, group * s, cap + s) @ vals.astype(mx.float32)
+    out = out.reshape(b, num_heads, s, h).transpose(0, 2, 1, 3).reshape(b, s, num_heads * h)
+    lt = window_resident(t_all, cap, window).reshape(b, 1)
+    i = consts.arange(cap).reshape(1, cap)
+    j = lp2 + s - lt + i                                                      # index into past[:lp] ++ new
+    src = mx.where(i < lt, mx.where(j < lp2, j, cap + j - lp2), i)
+    src = mx.broadcast_to(src.reshape(b, 1, cap, 1), (b, kv_num_heads, cap, h))
+    pk = mx.take_along_axis(keys, src, axis=2)
+    pv = mx.take_along_axis(vals, src, axis=2)
+    return out.astype(q.dtype), pk, pv
+
+
 def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length: int, num_heads: int,
              kv_num_heads: int, first_prompt: bool, scale: float = 0.0, softcap: float = 0.0,
              local_window_size: int = -1, cos_cache=None, sin_cache=None, position_ids=None,
@@ -271,9 +362,16 @@ def _gqa_check(v) -> str | None:
     for i in (3, 4):
         if v.has(i) and v.dtype(i) != t:
             return f"quantized/mismatched KV cache dtype {dt.name(v.dtype(i))}"
-    for i, what in ((12, "k_scale"), (13, "v_scale"), (14, "q_norm_weight"), (15, "k_norm_weight")):
+    for i, what in ((12, "k_scale"), (13, "v_scale")):
         if v.has(i):
-            return f"input {what} not supported"
+            return f"input {what} not supported (quantized KV cache)"
+    if v.has(14) != v.has(15):
+        return "q_norm_weight and k_norm_weight must both be given"
+    for i in (14, 15):
+        if v.has(i) and v.dtype(i) != t:
+            return f"input {i} (q/k norm weight) is {dt.name(v.dtype(i))}, query {dt.name(t)}"
+        if v.has(i) and v.rank(i) not in (None, 1):
+            return f"input {i} (q/k norm weight) rank {v.rank(i)} (1D only)"
     if len(v.node.outputs) > 3 and v.node.outputs[3]:
         return "output_qk not supported"
     if a.get("qk_output", 0) != 0:
@@ -281,8 +379,17 @@ def _gqa_check(v) -> str | None:
     if a.get("kv_cache_bit_width", 0) != 0 or a.get("k_quant_type", "NONE") not in ("NONE", b"NONE") \
             or a.get("v_quant_type", "NONE") not in ("NONE", b"NONE"):
         return "quantized KV cache not supported"
-    if a.get("sliding_window_cache", 0) != 0:
-        return "sliding_window_cache=1 not supported"
+    swc = a.get("sliding_window_cache", 0)
+    if swc not in (0, 1):
+        return f"sliding_window_cache={swc}"
+    if swc == 1:
+        if a.get("local_window_size", -1) <= 0:
+            return "sliding_window_cache=1 needs local_window_size > 0 (ORT rejects it)"
+        if not (v.has(3) and v.has(4)):
+            return "sliding_window_cache=1 needs past_key and past_value (ORT rejects it)"
+        for i, what in ((9, "position_ids"), (10, "attention_bias")):
+            if v.has(i):
+                return f"input {what} with sliding_window_cache=1 not supported"
     if a.get("causal", 1) != 1:
         return f"causal={a['causal']} not supported"
     nh, kvh = a["num_heads"], a["kv_num_heads"]
@@ -308,6 +415,23 @@ def _gqa_check(v) -> str | None:
     if lws == 0 or lws < -1:
         return f"local_window_size={lws} not supported"
     return None
+
+
+def validate_window(seqlens: np.ndarray, b: int, s: int, total: int, capacity: int, window: int,
+                    cache_rows: int | None) -> None:
+    """ORT's run-time checks of a windowed-KV-cache GroupQueryAttention (each raises there too)."""
+    if seqlens.size != b:
+        raise ValueError(f"seqlens_k has {seqlens.size} elements, expected ({b},)")
+    if capacity < window:
+        raise ValueError(f"sliding_window_cache: KV cache capacity ({capacity}) must be at least "
+                         f"local_window_size ({window})")
+    if s > 1 and b > 1 and s != total:
+        raise ValueError(f"batch_size must be 1 when sequence_length > 1 and past context is given (B={b}, S={s})")
+    for i, sl in enumerate(seqlens):
+        if sl + 1 < s:
+            raise ValueError(f"seqlens_k[{i}] = {sl} is too small for sequence_length {s}")
+    if cache_rows is not None and int(seqlens.max()) >= cache_rows:
+        raise ValueError(f"position {int(seqlens.max())} is beyond the rotary cache ({cache_rows} rows)")
 
 
 def _int_scalar(x, what: str) -> int:
@@ -373,6 +497,25 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
         if past_key.shape != want or past_value.shape != want:
             raise ValueError(f"past_key {past_key.shape} / past_value {past_value.shape}, expected {want}")
         p = past_key.shape[2]
+    if q_norm_weight is not None:
+        if key is None:
+            query, key, value = split_qkv(query, num_heads, kv_num_heads, qkv_bias)
+            qkv_bias = None
+        query = head_rms_norm(query, q_norm_weight, qk_norm_epsilon, num_heads)
+        key = head_rms_norm(key, k_norm_weight, qk_norm_epsilon, kv_num_heads)
+    if do_rotary and (h % 16 or cos_cache.shape[-1] * 2 > h or cos_cache.shape[-1] % 8):
+        raise ValueError(f"rotary needs head_size % 16 == 0 and cos_cache dim 1 <= head_size/2, a multiple of 8; "
+                         f"got head_size {h}, cos_cache {cos_cache.shape}")
+    if sliding_window_cache:
+        seqlens = _host_ints(seqlens_k).reshape(-1)
+        validate_window(seqlens, b, s, total, p, local_window_size, cos_cache.shape[0] if do_rotary else None)
+        if key is None:
+            query, key, value = split_qkv(query, num_heads, kv_num_heads, qkv_bias)
+        return gqa_window_core(query, key, value, past_key, past_value, seqlens_k, num_heads=num_heads,
+                               kv_num_heads=kv_num_heads, window=local_window_size, scale=scale, softcap=softcap,
+                               cos_cache=cos_cache if do_rotary else None, sin_cache=sin_cache if do_rotary else None,
+                               rotary_interleaved=bool(rotary_interleaved),
+                               sink=softmax_sink(head_sink, smooth_softmax, num_heads))
     first_prompt = s == total
     present_len = max(total, p)
     seqlens = _host_ints(seqlens_k).reshape(-1)
@@ -388,9 +531,6 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
                 raise ValueError("position_ids must be non-negative")
     _validate_gqa(seqlens, b, s, total, p, present_len, first_prompt,
                   cos_cache.shape[0] if do_rotary else None, pos_max)
-    if do_rotary and (h % 16 or cos_cache.shape[-1] * 2 > h or cos_cache.shape[-1] % 8):
-        raise ValueError(f"rotary needs head_size % 16 == 0 and cos_cache dim 1 <= head_size/2, a multiple of 8; "
-                         f"got head_size {h}, cos_cache {cos_cache.shape}")
     if attention_bias is not None:
         ab = attention_bias.shape
         if len(ab) != 4 or ab[0] not in (1, b) or ab[1] not in (1, num_heads) or ab[2] != s or ab[3] != total:

@@ -10,7 +10,7 @@ import numpy as np
 
 from .core import Call, CompiledSubgraph
 from .decode_ops import (gather_block_quantized_traced, gather_traced, gqa_growing_traced, gqa_traced,
-                         prepack_nbits, rotary_traced)
+                         prepack_nbits, prepack_qmoe, rotary_traced)
 
 #: symbolic dims a decode key leaves free: the growing attention-mask length. The past
 #: length stays in the key: with genai's shared buffer it is the buffer size (fixed for a
@@ -122,7 +122,7 @@ class BucketedPrefill(CompiledSubgraph):
 
 def traced_overrides(program, decode: bool | None, padded: bool = False, growing: bool = False) -> dict:
     """Step index -> OpDef with a trace-friendly translator: Gather, GatherBlockQuantized (indices as
-    data), RotaryEmbedding (positions as data), MatMulNBits (weights prepacked) and, for attention
+    data), RotaryEmbedding (positions as data), MatMulNBits and QMoE (weights prepacked) and, for attention
     closures, GroupQueryAttention (``decode``: total length as data too; ``growing``: a decode whose
     past length grows, present = past + the new row)."""
     out = {}
@@ -135,7 +135,7 @@ def traced_overrides(program, decode: bool | None, padded: bool = False, growing
         elif st.node.op_type == "GatherBlockQuantized" and dom == MS:
             out[i] = dataclasses.replace(st.opdef, fn=gather_block_quantized_traced, const_inputs=frozenset(),
                                          wants_ctx=False)
-        elif st.node.op_type == "MatMulNBits" and dom == MS:
+        elif st.node.op_type in ("MatMulNBits", "QMoE") and dom == MS:
             fn = _prepacked(program, i)
             if fn is not None:
                 out[i] = dataclasses.replace(st.opdef, fn=fn, wants_ctx=False)
@@ -150,11 +150,12 @@ _PREPACKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _prepacked(program, i: int):
-    """The prepacked MatMulNBits translator of step ``i`` (shared by a program's closures)."""
+    """The prepacked MatMulNBits / QMoE translator of step ``i`` (shared by a program's closures)."""
     per = _PREPACKED.setdefault(program, {})
     if i not in per:
         try:
-            per[i] = prepack_nbits(program, program.steps[i])
+            st = program.steps[i]
+            per[i] = (prepack_qmoe if st.node.op_type == "QMoE" else prepack_nbits)(program, st)
         except Exception:  # noqa: BLE001 - not prepackable: the eager translator is traced (and may fail)
             per[i] = None
     return per[i]

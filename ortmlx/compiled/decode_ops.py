@@ -471,3 +471,30 @@ def gather_block_quantized_traced(data, indices, scales, zero_points=None, *, bi
     w = dequantize_gathered(data, scales, zero_points, flat, ga, cols, kb, block_size, bits)
     out_shape = data.shape[:ga] + tuple(idx.shape) + data.shape[ga + 1:-1] + (cols,)
     return w.reshape(out_shape)
+
+
+# ---------------------------------------------------------------------------- QMoE
+def prepack_qmoe(program, st):
+    """QMoE with constant expert weights, packed for ``mx.gather_qmm`` once (the eager translator's uint32
+    ``view`` of the weights has no shapeless form). None: not prepackable (the eager translator is used)."""
+    from ..kernels.interpreter import mx_device
+    from ..kernels.ops import contrib_moe as m
+    a = {**{k: v for k, v in st.opdef.attrs.items() if v is not inspect_empty()}, **st.attrs}
+    names = list(st.inputs) + [""] * (13 - len(st.inputs))
+    consts = program.constants
+    parts = []
+    for w, s, z in ((names[2], names[3], names[11]), (names[5], names[6], names[12])):
+        arrs = [consts.get(n) if n else None for n in (w, s, z)]
+        if arrs[0] is None or arrs[1] is None or (z and arrs[2] is None):
+            return None
+        parts.append(arrs)
+    bits, bs = a.get("expert_weight_bits", 4), a.get("block_size", 0)
+    with mx.stream(mx_device(program.device)):
+        fcs = [m.quantized_fc(w, s, z, bits, bs) for w, s, z in parts]
+        packed = [mx.contiguous(o) for fc in fcs for o in fc.operands]
+        mx.eval(*packed)        # evaluated now: the closures capture them as constants
+    fc1, fc2 = fcs
+
+    def qmoe_packed(*args, **attrs):
+        return m.qmoe(*args, **attrs, fc1=fc1, fc2=fc2)
+    return qmoe_packed

@@ -369,6 +369,45 @@ def gather_traced(data, indices, *, axis=0):
     return mx.take(data, idx.astype(mx.int32) if n < 2**31 else idx, axis=a)
 
 
+def _traced_indices(indices, n: int):
+    """Indices as an int array in [0, n): out-of-range ones fail a guard (eager raises), negatives wrap."""
+    idx = indices if isinstance(indices, mx.array) else mx.array(np.asarray(indices))
+    idx = idx.astype(mx.int64)
+    add_guard(every((idx >= -n) & (idx < n)))
+    idx = mx.where(idx < 0, idx + n, idx)
+    return mx.clip(idx, 0, max(n - 1, 0)).astype(mx.int32)
+
+
+def gather_elements_traced(data, indices, *, axis=0):
+    """GatherElements with the indices as data (the eager translator range-checks them on the host)."""
+    from ..kernels.ops.shape import norm_axis
+    a = norm_axis(axis, data.ndim)
+    if indices.ndim != data.ndim or any(i > d for k, (i, d) in enumerate(zip(indices.shape, data.shape)) if k != a):
+        raise ValueError(f"GatherElements: indices shape {indices.shape} does not fit data {data.shape} at axis {a}")
+    if indices.size == 0:
+        raise Untraceable("traced GatherElements: empty indices")
+    sl = tuple(slice(None) if k == a else slice(0, i) for k, i in enumerate(indices.shape))
+    d = data[sl] if any(i != dd for k, (i, dd) in enumerate(zip(indices.shape, data.shape)) if k != a) else data
+    return mx.take_along_axis(d, _traced_indices(indices, data.shape[a]), axis=a)
+
+
+def scatter_elements_traced(data, indices, updates, *, axis=0, reduction="none"):
+    """ScatterElements (reduction none) with the indices as data. Eager writes duplicates in order (the
+    last wins); here positions along the axis must be distinct in each row, a guard (else eager answers)."""
+    from ..kernels.ops.shape import norm_axis
+    if reduction != "none":
+        raise Untraceable(f"traced ScatterElements: reduction {reduction!r}")
+    a = norm_axis(axis, data.ndim)
+    if indices.shape != updates.shape or indices.ndim != data.ndim:
+        raise ValueError(f"ScatterElements: indices {indices.shape} / updates {updates.shape} / data {data.shape}")
+    if any(i != d for k, (i, d) in enumerate(zip(indices.shape, data.shape)) if k != a) or indices.size == 0:
+        raise Untraceable("traced ScatterElements: indices narrower than the data off the axis")
+    idx = _traced_indices(indices, data.shape[a])
+    t = mx.moveaxis(idx, a, -1)
+    add_guard(every(mx.sum((t[..., :, None] == t[..., None, :]).astype(mx.int32), axis=-1) == 1))
+    return mx.put_along_axis(data, idx, updates.astype(data.dtype), axis=a)
+
+
 # ---------------------------------------------------------------------------- RotaryEmbedding
 def rotary_traced(input, position_ids, cos_cache, sin_cache, *, interleaved=0, is_packed_batching=0,
                   num_heads=0, rotary_embedding_dim=0, scale=1.0):

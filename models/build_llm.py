@@ -134,13 +134,16 @@ ARCHS: dict[str, Arch] = {
                          layer_types=["conv", "full_attention"], norm_eps=1e-5),
                     what="short-conv layers, MoE with expert bias"),
     "nemotron": Arch("NemotronForCausalLM", "NemotronConfig",
-                     dict(head_dim=16, hidden_act="relu2", norm_eps=1e-5,
+                     # heads of 32: a partial rotary of 16 (GQA's fused rotary needs cos_cache dim 1 a multiple of 8
+                     # on both EPs; heads of 16 would give 4)
+                     dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32, hidden_act="relu2", norm_eps=1e-5,
                           rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5)),
                      what="relu2 MLP, LayerNorm1P, partial rotary"),
     "olmo": Arch("OlmoForCausalLM", "OlmoConfig", what="non-parametric LayerNorm"),
     "olmo2": Arch("Olmo2ForCausalLM", "Olmo2Config", what="q/k norms, post-norms"),
     "phi": Arch("PhiForCausalLM", "PhiConfig",
-                dict(num_key_value_heads=4, hidden_act="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
+                dict(num_attention_heads=2, num_key_value_heads=2, hidden_act="gelu_new", resid_pdrop=0.0,
+                     embd_pdrop=0.0,
                      rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5)),
                 what="Phi-2: LayerNorm, FastGelu, parallel attention/MLP, partial rotary"),
     "phi3-longrope": Arch("Phi3ForCausalLM", "Phi3Config",
@@ -175,7 +178,8 @@ ARCHS: dict[str, Arch] = {
     "ernie": Arch("Ernie4_5ForCausalLM", "Ernie4_5Config", dict(head_dim=16), what="interleaved rotary"),
     # stand-ins: a Llama checkpoint under the name the builder dispatches on (the real ones need remote code);
     # the builder makes the arch's graph (ChatGLM: half, interleaved rotary) from its weights
-    "chatglm": Arch("ChatGLMModel", "LlamaConfig", dict(attention_bias=False), hub=dict(architectures=["ChatGLMModel"]),
+    "chatglm": Arch("ChatGLMModel", "LlamaConfig", dict(attention_bias=False, num_attention_heads=2, num_key_value_heads=1),
+                    hub=dict(architectures=["ChatGLMModel"]),
                     what="stand-in: Llama weights, ChatGLM's partial interleaved rotary"),
     "internlm2": Arch("InternLM2ForCausalLM", "LlamaConfig", hub=dict(architectures=["InternLM2ForCausalLM"]),
                       what="stand-in: Llama weights through the InternLM2 builder"),

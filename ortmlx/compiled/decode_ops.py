@@ -534,6 +534,14 @@ def prepack_qmoe(program, st):
         mx.eval(*packed)        # evaluated now: the closures capture them as constants
     fc1, fc2 = fcs
 
-    def qmoe_packed(*args, **attrs):
-        return m.qmoe(*args, **attrs, fc1=fc1, fc2=fc2)
+    def qmoe_packed(input, router_probs, fc1_experts_weights, fc1_scales=None, fc1_experts_bias=None,
+                    fc2_experts_weights=None, fc2_scales=None, fc2_experts_bias=None, *rest, k=1,
+                    activation_type="relu", normalize_routing_weights=0, activation_alpha=1.0, activation_beta=0.0,
+                    swiglu_limit=None, expert_weight_bits=4, **_checked):
+        # (the rest: fc3 / zero points / scales the check refused or packed above; attributes it checked)
+        return m.qmoe_with(fc1, fc2, input, router_probs, fc1_experts_weights, fc1_experts_bias, fc2_experts_weights,
+                           fc2_experts_bias, k=k, activation_type=activation_type,
+                           normalize_routing_weights=normalize_routing_weights, activation_alpha=activation_alpha,
+                           activation_beta=activation_beta, swiglu_limit=swiglu_limit,
+                           expert_weight_bits=expert_weight_bits)
     return qmoe_packed

@@ -361,10 +361,11 @@ def _gqa_check(v) -> str | None:
         return f"dtype {dt.name(t)} (float, float16, bfloat16 only)"
     for i in (3, 4):
         if v.has(i) and v.dtype(i) != t:
-            return f"quantized/mismatched KV cache dtype {dt.name(v.dtype(i))}"
+            return (f"quantized/mismatched KV cache dtype {dt.name(v.dtype(i))} (quantized KV caches are not "
+                    "implemented on MLX; ORT's CPU EP runs int8/int4 ones)")
     for i, what in ((12, "k_scale"), (13, "v_scale")):
         if v.has(i):
-            return f"input {what} not supported (quantized KV cache)"
+            return f"input {what} not supported (quantized KV caches are not implemented on MLX)"
     if v.has(14) != v.has(15):
         return "q_norm_weight and k_norm_weight must both be given"
     for i in (14, 15):
@@ -378,7 +379,7 @@ def _gqa_check(v) -> str | None:
         return f"qk_output={a['qk_output']} not supported"
     if a.get("kv_cache_bit_width", 0) != 0 or a.get("k_quant_type", "NONE") not in ("NONE", b"NONE") \
             or a.get("v_quant_type", "NONE") not in ("NONE", b"NONE"):
-        return "quantized KV cache not supported"
+        return "quantized KV cache not supported (not implemented on MLX; ORT's CPU EP runs int8/int4 caches)"
     swc = a.get("sliding_window_cache", 0)
     if swc not in (0, 1):
         return f"sliding_window_cache={swc}"

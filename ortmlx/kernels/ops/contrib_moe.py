@@ -278,16 +278,22 @@ def qmoe(input, router_probs, fc1_experts_weights, fc1_scales=None, fc1_experts_
          normalize_routing_weights=0, use_sparse_mixer=0, swiglu_fusion=0, activation_alpha=1.0,
          activation_beta=0.0, swiglu_limit=None, expert_weight_bits=4, block_size=0, quant_type="int",
          accuracy_level=0, weights_prepacked=-1, fc1_expert_weight_bits=None, fc2_expert_weight_bits=None,
-         fc3_expert_weight_bits=None, fc1=None, fc2=None):
-    """Mixture of experts with int4/int8 block-quantized experts (see the module docstring).
+         fc3_expert_weight_bits=None):
+    """Mixture of experts with int4/int8 block-quantized experts (see the module docstring)."""
+    fc1 = quantized_fc(fc1_experts_weights, fc1_scales, fc1_zero_points, expert_weight_bits, block_size)
+    fc2 = quantized_fc(fc2_experts_weights, fc2_scales, fc2_zero_points, expert_weight_bits, block_size)
+    return qmoe_with(fc1, fc2, input, router_probs, fc1_experts_weights, fc1_experts_bias, fc2_experts_weights,
+                     fc2_experts_bias, k=k, activation_type=activation_type,
+                     normalize_routing_weights=normalize_routing_weights, activation_alpha=activation_alpha,
+                     activation_beta=activation_beta, swiglu_limit=swiglu_limit, expert_weight_bits=expert_weight_bits)
 
-    ``fc1`` / ``fc2`` (not ONNX attributes): the projections already packed (``prepack_qmoe``)."""
+
+def qmoe_with(fc1, fc2, input, router_probs, fc1_experts_weights, fc1_experts_bias, fc2_experts_weights,
+              fc2_experts_bias, *, k, activation_type, normalize_routing_weights, activation_alpha, activation_beta,
+              swiglu_limit, expert_weight_bits):
+    """QMoE with its two projections given (``quantized_fc``, or packed once: ``prepack_qmoe``)."""
     act = _s(activation_type)
     bits = expert_weight_bits
-    if fc1 is None:
-        fc1 = quantized_fc(fc1_experts_weights, fc1_scales, fc1_zero_points, bits, block_size)
-    if fc2 is None:
-        fc2 = quantized_fc(fc2_experts_weights, fc2_scales, fc2_zero_points, bits, block_size)
     e, n1, kp = fc1_experts_weights.shape
     h = kp * 8 // bits
     inter = n1 // 2 if act == "swiglu" else n1

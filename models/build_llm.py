@@ -140,7 +140,8 @@ ARCHS: dict[str, Arch] = {
                           rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5)),
                      what="relu2 MLP, LayerNorm1P, partial rotary"),
     "olmo": Arch("OlmoForCausalLM", "OlmoConfig", what="non-parametric LayerNorm"),
-    "olmo2": Arch("Olmo2ForCausalLM", "Olmo2Config", what="q/k norms, post-norms"),
+    "olmo2": Arch("Olmo2ForCausalLM", "Olmo2Config", what="q/k norms, post-norms",
+                  known="builder 0.18 has no OLMo 2 class: its dispatch knows OlmoForCausalLM only"),
     "phi": Arch("PhiForCausalLM", "PhiConfig",
                 dict(num_attention_heads=2, num_key_value_heads=2, hidden_act="gelu_new", resid_pdrop=0.0,
                      embd_pdrop=0.0,
@@ -168,7 +169,9 @@ ARCHS: dict[str, Arch] = {
                          linear_num_key_heads=2, linear_num_value_heads=4,
                          layer_types=["linear_attention", "full_attention"],
                          rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5)),
-                    what="gated DeltaNet linear attention + gated full attention"),
+                    what="gated DeltaNet linear attention + gated full attention",
+                    known="builder 0.18 dispatches Qwen3.5 only as Qwen3_5ForConditionalGeneration (the VLM "
+                          "checkpoint, with its vision tower), not the text-only Qwen3_5ForCausalLM"),
     "smollm3": Arch("SmolLM3ForCausalLM", "SmolLM3Config", dict(no_rope_layers=[1, 0], no_rope_layer_interval=2),
                     what="no-RoPE layers",
                     known="builder 0.18's SmolLM3 no-RoPE layer clears use_rope_in_attn instead of rope, so it asks "
@@ -477,7 +480,8 @@ def build(arch: str, precision: str, size: str = "tiny", root: str = OUT_ROOT, f
             _record_failure(out, str(e), fp)
             raise
         except Exception as e:  # noqa: BLE001 - the builder's own errors: recorded as one line
-            msg = f"{arch} {target} {precision}: {_one_line(e)}"
+            # (paths inside the output root are named from it: the reason goes into docs)
+            msg = f"{arch} {target} {precision}: {_one_line(e)}".replace(os.path.abspath(root) + os.sep, "")
             if ARCHS[arch].known:
                 msg += f" [{ARCHS[arch].known}]"
             _record_failure(out, msg, fp)
@@ -521,7 +525,7 @@ def _is_built(out: str, fp: str | None = None) -> bool:
 def fingerprint(arch: str, size: str) -> str:
     """What the checkpoint and the builder's input depend on: a change rebuilds both."""
     a = ARCHS[arch]
-    return json.dumps([config_kwargs(arch, size), a.hub, a.shim, a.model, a.builder, a.mxfp4], sort_keys=True, default=str)
+    return json.dumps([config_kwargs(arch, size), a.hub, a.shim, a.model, a.builder, a.mxfp4, a.known], sort_keys=True, default=str)
 
 
 def _build_locked(arch, precision, size, root, out, force, verbose, target="cpu") -> str:

@@ -19,7 +19,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..kernels import consts, tracing
-from ..kernels.ops.contrib_attention import gqa_core, gqa_window_core, head_rms_norm, softmax_sink
+from ..kernels.ops.contrib_attention import KVQuant, gqa_core, gqa_window_core, head_rms_norm, softmax_sink
 
 _GUARDS = threading.local()
 
@@ -107,7 +107,7 @@ def _gqa_args(args, attrs, refused: tuple, label: str, pack: bool = False):
     with k, v None (``gqa_core(packed=True)``)."""
     a = {**_GQA_DEFAULTS, **attrs}
     x = dict(zip(_GQA_INPUTS, list(args) + [None] * (len(_GQA_INPUTS) - len(args))))
-    for k in ("k_scale", "v_scale") + refused:
+    for k in refused:
         if x[k] is not None:
             raise Untraceable(f"{label}: input {k}")
     if x["past_key"] is None or x["past_value"] is None:
@@ -228,7 +228,9 @@ def gqa_traced(decode: bool, padded: bool = False):
         h = hidden // (nh + 2 * kvh) if packed else hidden // nh
         past_k, past_v = x["past_key"], x["past_value"]
         p = past_k.shape[2]
-        if past_k.shape != (b, kvh, p, h) or past_v.shape != past_k.shape or \
+        kvq = KVQuant(a["kv_cache_bit_width"], x["k_scale"], x["v_scale"]) if a["kv_cache_bit_width"] else None
+        hp = h if kvq is None or kvq.bits == 8 else h // 2          # a 4-bit cache packs two values a byte
+        if past_k.shape != (b, kvh, p, hp) or past_v.shape != past_k.shape or \
                 (not packed and k.shape != (b, s, kvh * h)):
             raise ValueError(f"traced GroupQueryAttention: shapes q {q.shape} k {None if packed else k.shape} past {past_k.shape}")
         # one int32 form per build for every layer (a group input: alive to the build's end): one start
@@ -273,7 +275,7 @@ def gqa_traced(decode: bool, padded: bool = False):
                        sin_cache=x["sin_cache"] if a["do_rotary"] else None,
                        rotary_interleaved=bool(a["rotary_interleaved"]), position_ids=None,
                        attention_bias=x["attention_bias"], sink=sink, in_place=decode, packed=packed,
-                       qkv_bias=x["qkv_bias"])
+                       qkv_bias=x["qkv_bias"], kv_quant=kvq)
         if not decode:
             return res
         # decode writes row seqlens_k (= past length, S == 1) into the buffer and leaves the others
@@ -298,7 +300,7 @@ def gqa_growing_traced(*args, **attrs):
     """
     from ..kernels.ops.contrib_attention import _bnsh, apply_rotary, attention_probs_softmax, rotary_tables
     import math
-    a, x, q, k, v = _gqa_args(args, attrs, ("position_ids", "attention_bias"),
+    a, x, q, k, v = _gqa_args(args, attrs, ("position_ids", "attention_bias", "k_scale", "v_scale"),
                               "traced growing-KV GroupQueryAttention")
     if a["sliding_window_cache"]:
         # its buffer is the window's capacity, whatever the other layers' past length: the windowed form

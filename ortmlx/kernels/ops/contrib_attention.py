@@ -241,11 +241,56 @@ def gqa_window_core(q, k, v, past_key, past_value, seqlens_k, *, num_heads: int,
     return out.astype(q.dtype), pk, pv
 
 
+class KVQuant:
+    """A quantized KV cache as ORT's CPU kernel keeps it (``kv_cache_bit_width`` 8: int8 values; 4: uint8
+    bytes of two values, low nibble first, each value + 8): q = clamp(rint(x * (1 / scale)), range), round
+    half to even, and x = q * scale. Scales (float32) broadcast over (B, Nkv, T, H): per tensor (1,) or per
+    channel (1, Nkv, 1, H)."""
+
+    def __init__(self, bits: int, k_scale, v_scale):
+        if bits not in (4, 8):
+            raise ValueError(f"kv_cache_bit_width={bits!r} (4 or 8)")
+        self.bits = bits
+        self.k_scale, self.v_scale = k_scale.astype(mx.float32), v_scale.astype(mx.float32)
+
+    def _scale(self, s, x_heads: int):
+        return s.reshape(()) if s.size == 1 else s.reshape(1, s.shape[-3], 1, s.shape[-1])
+
+    def _quantize(self, x, s):
+        s = self._scale(s, x.shape[1])
+        lo, hi = (-128, 127) if self.bits == 8 else (-8, 7)
+        q = mx.clip(mx.round(x.astype(mx.float32) * (1.0 / s)), lo, hi)
+        if self.bits == 8:
+            return q.astype(mx.int8)
+        u = (q + 8).astype(mx.uint8)
+        return u[..., 0::2] | (u[..., 1::2] << mx.array(4, mx.uint8))
+
+    def _dequantize(self, q, s):
+        s = self._scale(s, q.shape[1])
+        if self.bits == 8:
+            return q.astype(mx.float32) * s
+        lo, hi = q & mx.array(15, mx.uint8), q >> mx.array(4, mx.uint8)
+        vals = mx.stack([lo, hi], axis=-1).reshape(*q.shape[:-1], 2 * q.shape[-1]).astype(mx.float32) - 8.0
+        return vals * s
+
+    def quantize_k(self, x):
+        return self._quantize(x, self.k_scale)
+
+    def quantize_v(self, x):
+        return self._quantize(x, self.v_scale)
+
+    def dequantize_k(self, q):
+        return self._dequantize(q, self.k_scale)
+
+    def dequantize_v(self, q):
+        return self._dequantize(q, self.v_scale)
+
+
 def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length: int, num_heads: int,
              kv_num_heads: int, first_prompt: bool, scale: float = 0.0, softcap: float = 0.0,
              local_window_size: int = -1, cos_cache=None, sin_cache=None, position_ids=None,
              rotary_interleaved: bool = False, attention_bias=None, sink=None, in_place: bool = False,
-             packed: bool = False, qkv_bias=None):
+             packed: bool = False, qkv_bias=None, kv_quant=None):
     """GroupQueryAttention on MLX arrays, as ORT's CPU kernel computes it.
 
     q (B,S,N*H); k, v (B,S,Nkv*H); or ``packed``: q is the packed QKV ((B,S,(N+2*Nkv)*H) or its
@@ -257,6 +302,8 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
     ``in_place`` (decode into a shared buffer, see ``_present``) adds the new K and V rows
     (B,Nkv,S,H): the only rows where the presents differ from the pasts. ``qkv_bias`` ((N+2*Nkv)*H,),
     packed only: added to the packed QKV first (in its type, as the Add node it replaces).
+    ``kv_quant`` (a quantized KV cache, ``KVQuant``): past_key/value hold the quantized cache; the new rows
+    are quantized into the presents and attention reads the dequantized presents (as ORT's CPU kernel).
     """
     nq = num_heads + kv_num_heads
     flat = q
@@ -288,7 +335,7 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
     table_key = ("gqa_rotary", id(cos_cache), id(sin_cache), id(seqlens_k), id(position_ids), first_prompt, b, s, h,
                  rotary_interleaved)
     rd = 2 * cos_cache.shape[-1] if cos_cache is not None else 0
-    if s == 1 and in_place and cuda_kernels.enabled() and past_key is not None and \
+    if s == 1 and in_place and kv_quant is None and cuda_kernels.enabled() and past_key is not None and \
             past_key.shape[2] == max(total_sequence_length, past_key.shape[2]) and \
             cuda_kernels.decode_rope_attention_reason(flat, k, v, past_key, past_value, num_heads, kv_num_heads, rd,
                                                       attention_bias) is None:
@@ -323,9 +370,12 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
     else:
         qf = q.astype(mx.float32)
     present_len = max(total_sequence_length, past_key.shape[2] if past_key is not None else 0)
+    if kv_quant is not None:          # the cache holds quantized rows; attention reads them dequantized
+        k, v = kv_quant.quantize_k(k), kv_quant.quantize_v(v)
     pk = _present(past_key, k, past_len, present_len, in_place)
     pv = _present(past_value, v, past_len, present_len, in_place)
-    if s == 1 and cuda_kernels.enabled():
+    pkf, pvf = (pk, pv) if kv_quant is None else (kv_quant.dequantize_k(pk), kv_quant.dequantize_v(pv))
+    if s == 1 and kv_quant is None and cuda_kernels.enabled():
         qsrc = qk if packed else q
         if cuda_kernels.decode_attention_reason(qsrc, pk, pv, num_heads, kv_num_heads, attention_bias) is None:
             out = cuda_kernels.decode_attention(qsrc, pk, pv, past_len, total_len, num_heads=num_heads,
@@ -337,7 +387,7 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
                        lambda: gqa_mask(past_len, total_len, s, present_len, local_window_size))
     group = num_heads // kv_num_heads
     qf = qf.reshape(b, kv_num_heads, group * s, h)
-    scores = (qf @ pk.astype(mx.float32).swapaxes(-1, -2)).reshape(b, num_heads, s, present_len) * alpha
+    scores = (qf @ pkf.astype(mx.float32).swapaxes(-1, -2)).reshape(b, num_heads, s, present_len) * alpha
     if softcap > 0.0:
         scores = softcap * mx.tanh(scores / softcap)
     if attention_bias is not None:          # (B|1, N|1, S, total_sequence_length)
@@ -347,11 +397,57 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
             bias = mx.concatenate([bias, mx.zeros(bias.shape[:-1] + (extra,), mx.float32)], axis=-1)
         scores = scores + bias
     probs = attention_probs_softmax(scores, mask, sink)
-    out = probs.reshape(b, kv_num_heads, group * s, present_len) @ pv.astype(mx.float32)
+    out = probs.reshape(b, kv_num_heads, group * s, present_len) @ pvf.astype(mx.float32)
     out = out.reshape(b, num_heads, s, h).transpose(0, 2, 1, 3).reshape(b, s, num_heads * h)
     if in_place:
         return out.astype(q.dtype), pk, pv, k, v
     return out.astype(q.dtype), pk, pv
+
+
+def _qt(x) -> str:
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+
+def _kv_quant_check(v) -> str | None:
+    """A quantized KV cache is claimed where ORT's CPU EP runs it: float32 queries, int8 (8 bits) or uint8
+    (4 bits, two a byte) caches, per-tensor or per-channel constant positive float32 scales for both K and V."""
+    a = v.attrs
+    t = v.dtype(0)
+    bits = a.get("kv_cache_bit_width", 0)
+    kq, vq = _qt(a.get("k_quant_type", "NONE")), _qt(a.get("v_quant_type", "NONE"))
+    quant = bits != 0 or kq != "NONE" or vq != "NONE" or v.has(12) or v.has(13)
+    if not quant:
+        for i in (3, 4):
+            if v.has(i) and v.dtype(i) != t:
+                return f"KV cache dtype {dt.name(v.dtype(i))} differs from the query's without quantization attributes"
+        return None
+    if kq not in ("PER_TENSOR", "PER_CHANNEL") or vq not in ("PER_TENSOR", "PER_CHANNEL"):
+        return f"quantized KV cache with k_quant_type={kq!r}, v_quant_type={vq!r} (both PER_TENSOR/PER_CHANNEL only)"
+    if kq != vq:
+        return f"k_quant_type={kq!r} differs from v_quant_type={vq!r} (ORT's CPU kernel rejects it)"
+    want = {8: dt.INT8, 4: dt.UINT8}.get(bits)
+    if want is None:
+        return f"kv_cache_bit_width={bits} (8 and 4 only)"
+    if t != dt.FLOAT:
+        return f"quantized KV cache with {dt.name(t)} queries (float32 only: what ORT's CPU EP runs)"
+    if not (v.has(3) and v.has(4)):
+        return "quantized KV cache without past_key/past_value"
+    for i in (3, 4):
+        if v.dtype(i) != want:
+            return f"{bits}-bit KV cache of dtype {dt.name(v.dtype(i))} (expected {dt.name(want)})"
+    if a.get("sliding_window_cache", 0):
+        return "quantized KV cache with sliding_window_cache=1 not supported"
+    for i, what, qt in ((12, "k_scale", kq), (13, "v_scale", vq)):
+        if not v.has(i) or v.dtype(i) != dt.FLOAT:
+            return f"quantized KV cache needs a float32 {what}"
+        c = v.const(i)
+        if c is None:
+            return f"{what} is not a constant initializer"
+        if not np.all(np.isfinite(c)) or not np.all(c > np.finfo(np.float32).tiny):
+            return f"{what} has non-positive or non-finite values"
+        if (qt == "PER_TENSOR" and c.size != 1) or (qt == "PER_CHANNEL" and c.ndim != 4):
+            return f"{what} shape {c.shape} for {qt}"
+    return None
 
 
 def _gqa_check(v) -> str | None:
@@ -359,13 +455,9 @@ def _gqa_check(v) -> str | None:
     t = v.dtype(0)
     if t not in _FLOATS:
         return f"dtype {dt.name(t)} (float, float16, bfloat16 only)"
-    for i in (3, 4):
-        if v.has(i) and v.dtype(i) != t:
-            return (f"quantized/mismatched KV cache dtype {dt.name(v.dtype(i))} (quantized KV caches are not "
-                    "implemented on MLX; ORT's CPU EP runs int8/int4 ones)")
-    for i, what in ((12, "k_scale"), (13, "v_scale")):
-        if v.has(i):
-            return f"input {what} not supported (quantized KV caches are not implemented on MLX)"
+    r = _kv_quant_check(v)
+    if r:
+        return r
     if v.has(14) != v.has(15):
         return "q_norm_weight and k_norm_weight must both be given"
     for i in (14, 15):
@@ -377,9 +469,6 @@ def _gqa_check(v) -> str | None:
         return "output_qk not supported"
     if a.get("qk_output", 0) != 0:
         return f"qk_output={a['qk_output']} not supported"
-    if a.get("kv_cache_bit_width", 0) != 0 or a.get("k_quant_type", "NONE") not in ("NONE", b"NONE") \
-            or a.get("v_quant_type", "NONE") not in ("NONE", b"NONE"):
-        return "quantized KV cache not supported (not implemented on MLX; ORT's CPU EP runs int8/int4 caches)"
     swc = a.get("sliding_window_cache", 0)
     if swc not in (0, 1):
         return f"sliding_window_cache={swc}"
@@ -493,11 +582,16 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
                              f"num_heads={num_heads}, kv_num_heads={kv_num_heads}")
     total = _int_scalar(total_sequence_length, "total_sequence_length")
     p = 0
+    kvq = KVQuant(kv_cache_bit_width, k_scale, v_scale) if kv_cache_bit_width else None
     if past_key is not None:
-        want = (b, kv_num_heads, past_key.shape[2], h)
+        want = (b, kv_num_heads, past_key.shape[2], h if kvq is None or kvq.bits == 8 else h // 2)
         if past_key.shape != want or past_value.shape != want:
             raise ValueError(f"past_key {past_key.shape} / past_value {past_value.shape}, expected {want}")
         p = past_key.shape[2]
+    if kvq is not None:
+        for name, sc in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if sc.size != 1 and tuple(sc.shape) != (1, kv_num_heads, 1, h):
+                raise ValueError(f"{name} shape {sc.shape}, expected (1,) or (1, {kv_num_heads}, 1, {h})")
     if q_norm_weight is not None:
         if key is None:
             query, key, value = split_qkv(query, num_heads, kv_num_heads, qkv_bias)
@@ -542,7 +636,7 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
                     softcap=softcap, local_window_size=local_window_size,
                     cos_cache=cos_cache if do_rotary else None, sin_cache=sin_cache if do_rotary else None,
                     rotary_interleaved=bool(rotary_interleaved), position_ids=position_ids, attention_bias=attention_bias, sink=sink,
-                    packed=key is None, qkv_bias=qkv_bias)
+                    packed=key is None, qkv_bias=qkv_bias, kv_quant=kvq)
 
 
 # ---------------------------------------------------------------------------- RotaryEmbedding

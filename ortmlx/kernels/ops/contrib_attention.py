@@ -253,11 +253,12 @@ class KVQuant:
         self.bits = bits
         self.k_scale, self.v_scale = k_scale.astype(mx.float32), v_scale.astype(mx.float32)
 
-    def _scale(self, s, x_heads: int):
+    @staticmethod
+    def _scale(s):
         return s.reshape(()) if s.size == 1 else s.reshape(1, s.shape[-3], 1, s.shape[-1])
 
     def _quantize(self, x, s):
-        s = self._scale(s, x.shape[1])
+        s = self._scale(s)
         lo, hi = (-128, 127) if self.bits == 8 else (-8, 7)
         q = mx.clip(mx.round(x.astype(mx.float32) * (1.0 / s)), lo, hi)
         if self.bits == 8:
@@ -266,7 +267,7 @@ class KVQuant:
         return u[..., 0::2] | (u[..., 1::2] << mx.array(4, mx.uint8))
 
     def _dequantize(self, q, s):
-        s = self._scale(s, q.shape[1])
+        s = self._scale(s)
         if self.bits == 8:
             return q.astype(mx.float32) * s
         lo, hi = q & mx.array(15, mx.uint8), q >> mx.array(4, mx.uint8)

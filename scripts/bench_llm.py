@@ -604,7 +604,7 @@ class Bench:
                           "--size", size]))
         ok = True
         for what, d, cmd in jobs:
-            if B._is_built(d, size):                        # cached: no process (its imports take seconds)
+            if B._is_built(d, B.fingerprint("qwen2", size)):                        # cached: no process (its imports take seconds)
                 M["build"][what] = self.built(M, what, d, 0.0, True)
                 continue
             lim = self.budget.limit(LIMITS["build"])
@@ -613,7 +613,7 @@ class Bench:
                 ok = ok and what != "model"
                 continue
             rc, out, secs = run_limited(cmd, lim, self.log, self.env)
-            if rc != 0 or not B._is_built(d, size):
+            if rc != 0 or not B._is_built(d, B.fingerprint("qwen2", size)):
                 self.fail(M, f"build {what}", f"rc={rc} after {secs:.0f} s (see {self.log_path})")
                 ok = ok and what != "model"
                 continue

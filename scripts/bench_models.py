@@ -8,7 +8,7 @@ replaced at load time (ortmlx.genai.make_config).
 
 Output: <out>/qwen2-<size>-<precision>-gqa/ and the checkpoint <out>/hf/qwen2-<size>/. Builds are
 cached (a marker file with build_llm's recipe: the benchmark sizes' scaled output projections and
-8,192-position context, build_llm.BENCH_RECIPE); ``--force`` rebuilds. The last line printed per
+8,192-position context: build_llm.BENCH_SIZES, part of the build's fingerprint); ``--force`` rebuilds. The last line printed per
 build is ``<dir>: <seconds> s`` (0.0 when cached) for scripts/bench_llm.py.
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ def gqa_dir(size: str, precision: str, arch: str = "qwen2", root: str = B.OUT_RO
 def build(size: str, precision: str, arch: str = "qwen2", root: str = B.OUT_ROOT, force: bool = False) -> str:
     """Build (or reuse) <root>/<arch>-<size>-<precision>-gqa; return its directory."""
     out = gqa_dir(size, precision, arch, root)
-    if not force and B._is_built(out, size):
+    if not force and B._is_built(out, B.fingerprint(arch, size)):
         return out
     t0 = time.perf_counter()
     hf = B.ensure_hf(arch, size, root, force)
@@ -49,7 +49,7 @@ def build(size: str, precision: str, arch: str = "qwen2", root: str = B.OUT_ROOT
     b.create_model(None, hf, tmp, precision, "cuda", cache, **opts)
     shutil.rmtree(cache, ignore_errors=True)
     with open(os.path.join(tmp, B.MARKER), "w") as f:
-        json.dump({"recipe": B.recipe(size), "arch": arch, "size": size, "precision": precision,
+        json.dump({"recipe": B.RECIPE, "config": B.fingerprint(arch, size), "arch": arch, "size": size, "precision": precision,
                    "execution_provider": "cuda", "seconds": round(time.perf_counter() - t0, 2)}, f)
     os.replace(tmp, out)
     return out

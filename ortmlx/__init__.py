@@ -51,6 +51,20 @@ def _check_backend() -> None:
 
 _check_backend()
 
+
+def _kernel_cache() -> None:
+    """MLX's CUDA backend keeps the kernels it builds (NVRTC) under $TMPDIR/mlx/<version>/ptx, which a reboot
+    empties; point it at the user's cache folder instead, so a model's first generation after a reboot finds
+    them (a MLX_PTX_CACHE_DIR set first wins; MLX reads it at its first kernel build)."""
+    if "MLX_PTX_CACHE_DIR" in os.environ or not any(d.startswith("mlx-cuda") for d in mlx_backends()):
+        return
+    import mlx.core as mx
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    os.environ["MLX_PTX_CACHE_DIR"] = os.path.join(base, "ortmlx", f"mlx-{mx.__version__}-ptx")
+
+
+_kernel_cache()
+
 EP_NAME = "MLXExecutionProvider"
 
 _lock = threading.Lock()

@@ -18,7 +18,11 @@ CASES = [
     ("MLX_ENABLE_CACHE_THRASHING_CHECK", None, "0" if LINUX else None,
      "no exception from MLX's CUDA graph cache after 800 misses in a process; untouched elsewhere"),
     ("MLX_ENABLE_CACHE_THRASHING_CHECK", "1", "1", "the user's choice is kept"),
+    ("MLX_PTX_CACHE_DIR", "/tmp/elsewhere", "/tmp/elsewhere", "the user's choice is kept"),
 ]
+_CUDA = any(d.startswith("mlx-cuda") for d in __import__("ortmlx").mlx_backends())
+if not _CUDA:
+    CASES.append(("MLX_PTX_CACHE_DIR", None, None, "MLX's CPU backend builds no CUDA kernels: left unset"))
 
 
 @pytest.mark.parametrize("var,given,want,why", CASES, ids=[f"{c[0]}={c[1]}" for c in CASES])
@@ -30,3 +34,13 @@ def test_import_sets_defaults_only(var, given, want, why):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.split()[-1] == (want if want is not None else "unset"), why
+
+
+@pytest.mark.skipif(not _CUDA, reason="MLX's CUDA backend only (its NVRTC kernel cache)")
+def test_cuda_kernel_cache_is_kept_across_reboots(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "MLX_PTX_CACHE_DIR"}
+    env["XDG_CACHE_HOME"] = str(tmp_path)
+    code = "import os, ortmlx, mlx.core as mx; print(os.environ['MLX_PTX_CACHE_DIR'], mx.__version__)"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    path, version = p.stdout.split()
+    assert path == str(tmp_path / "ortmlx" / f"mlx-{version}-ptx"), p.stdout

@@ -27,26 +27,10 @@ if sys.platform == "linux":
     os.environ.setdefault("MLX_ENABLE_CACHE_THRASHING_CHECK", "0")
 
 from . import blas as _blas  # noqa: E402
+from .version import BACKENDS, __version__, mlx_backends  # noqa: E402,F401
 
 # Linux CPU: bind MLX's CBLAS calls to OpenBLAS before anything imports mlx.core (ortmlx/blas.py).
 _blas.preload()
-
-#: MLX's backend packages on Linux, by the extra that installs each (``pip install "ortmlx[cpu]"``)
-BACKENDS = {"mlx-cpu": "cpu", "mlx-cuda-12": "cuda12", "mlx-cuda-13": "cuda13"}
-
-
-def mlx_backends() -> list[str]:
-    """The MLX backend distributions installed (Linux: mlx-cpu / mlx-cuda-12 / mlx-cuda-13; macOS: mlx-metal)."""
-    from importlib import metadata
-    found = []
-    for dist in (*BACKENDS, "mlx-metal"):
-        try:
-            metadata.distribution(dist)
-        except metadata.PackageNotFoundError:
-            continue
-        found.append(dist)
-    return found
-
 
 def _check_backend() -> None:
     """Fail at import, in one line, when MLX has no backend (plain ``pip install ortmlx`` on Linux); warn when
@@ -67,7 +51,6 @@ def _check_backend() -> None:
 
 _check_backend()
 
-__version__ = "0.1.0"
 EP_NAME = "MLXExecutionProvider"
 
 _lock = threading.Lock()

@@ -1,6 +1,7 @@
 """Command line of ortmlx.
 
     python -m ortmlx check MODEL.onnx [--device auto|cpu|gpu] [-o key=value ...]
+    python -m ortmlx warmup MODEL_DIR [--max-length N] [--up-to L] [--device ...] [-o key=value ...]
     python -m ortmlx --version
 
 check: the partition report (the groups MLX claims, every node left to the CPU EP with its reason).
@@ -100,12 +101,23 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--device", choices=["auto", "cpu", "gpu"], default=None)
     c.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
                    help="a provider option (repeatable), e.g. -o disable_ops=LSTM")
+    w = sub.add_parser("warmup", help="build a genai model's compiled prompts and kernels ahead (MLX's kernel cache)")
+    w.add_argument("model_dir", help="an onnxruntime-genai model folder (genai_config.json)")
+    w.add_argument("--max-length", type=int, default=0,
+                   help="the KV buffer length the application uses (default: genai_config's search.max_length)")
+    w.add_argument("--up-to", type=int, default=4096, help="the longest prompt to prepare (default 4096)")
+    w.add_argument("--device", choices=["auto", "cpu", "gpu"], default=None)
+    w.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE", help="a provider option")
     args = p.parse_args(argv)
     if args.version:
         print(_version())
         return 0
     if args.cmd == "check":
         return _check(args)
+    if args.cmd == "warmup":
+        from . import warmup
+        args.options = _options(args.option, None)
+        return warmup.main(args)
     p.print_help()
     return 2
 

@@ -18,3 +18,11 @@ class UserError(ValueError):
 
 class KernelError(RuntimeError):
     """A translator failed on a node; the message names the node."""
+
+
+class InjectedFault(RuntimeError):
+    """A failure the ``fault`` tuning knob asked for (testing): reported like a node's failure."""
+
+    def __init__(self, msg: str, node: str | None = None):
+        super().__init__(msg)
+        self.node = node

@@ -64,6 +64,9 @@ class Tuning:
     hoist_closed_form: bool = True
     #: the next decode call's closure call made while the device runs this one (None: on a GPU)
     call_ahead: bool | None = None
+    #: a prompt's attention through MLX's fused kernel (mx.fast.scaled_dot_product_attention; cuDNN on CUDA) in
+    #: half precision (None: on a GPU); off: scores, softmax and P @ V as separate float32 ops
+    fused_attention: bool | None = None
     #: shapeless closures compiled on a GPU too (off: MLX 0.32.4's CUDA backend ran them ~3x slower)
     gpu_shapeless: bool = False
     #: testing only: stage[:node][#count] at which to raise (see ep/stats.py)

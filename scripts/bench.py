@@ -11,6 +11,10 @@ batch 1, exactly --new-tokens tokens): prefill TTFT (append_tokens + first token
 tokens/s; eager and compiled MLX must give the same tokens (else it stops). Host<->device bytes
 per decode token are the EP's own counters (ortmlx.residency). The limit is weight bytes /
 --bw-gbs per token (default 4300 GB/s, one H200's HBM, with --device gpu).
+
+The GPU comparison with ORT's CUDA EP (genai's default config and with CUDA graphs) on the same model and loop,
+prefill at several lengths, first-call stalls, static batching and accuracy against an fp32 reference, is
+scripts/bench_llm.py (``--smoke`` runs it on a CPU box).
 """
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ import numpy as np  # noqa: E402
 from onnx import TensorProto as T  # noqa: E402
 from onnx import helper  # noqa: E402
 
-from ortmlx import residency  # noqa: E402
+from ortmlx.runtime import residency  # noqa: E402
 from ortmlx.testing import make_model, session  # noqa: E402
 
 RNG = np.random.default_rng(0)

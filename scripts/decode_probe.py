@@ -27,7 +27,7 @@ def child(model_dir: str, opts: dict, tokens: int, profile: bool) -> dict:
     import onnxruntime_genai as og
 
     from ortmlx import genai as mg
-    from ortmlx import residency
+    from ortmlx.runtime import residency
     t0 = time.perf_counter()
     model, _ = mg.load_model(model_dir, "mlx", opts)
     load = time.perf_counter() - t0

@@ -103,7 +103,7 @@ def main() -> None:
     print("upload 1 small array + eval: %.1f us" % median_us(up1))
     print("upload 3 small arrays + eval: %.1f us" % median_us(up3))
     print("one tiny kernel + eval: %.1f us" % median_us(kernel))
-    from ortmlx.ep import devread
+    from ortmlx.runtime import devread
     drv = devread.reader("gpu") if mx.default_device() == mx.gpu else devread.NUMPY
     for name, a in (("24 KB", x24), ("300 KB", x300), ("324 KB", x324)):
         print(f"kernel + eval + host read {name}: %.1f us" % median_us(read_after_kernel(a)))

@@ -87,8 +87,8 @@ def main(argv=None) -> int:
     import ortmlx.compiled as C
     import onnxruntime_genai as og
     if args.force_diff:
-        from ortmlx.ep import compute
-        compute.WHOLE_COPY_BYTES[:] = [0, 0]
+        from ortmlx.runtime import group
+        group.WHOLE_COPY_BYTES[:] = [0, 0]
     sched = schedule(np.random.default_rng(args.seed), args.generations, args.max_length)
     if args.reference == "cpu":
         cpu, _ = mg.load_model(args.model, "cpu", None, SHARE)

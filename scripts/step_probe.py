@@ -31,29 +31,43 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if importlib.util.find_spec("ortmlx") is None:      # a checkout run without an installed ortmlx
     sys.path.insert(0, HERE)
 
-#: (module, class, method, stage name): the per-call stages of Compute, outermost first
+#: (module, class, method, stage name): the per-call stages of Compute, outermost first (the layout since the
+#: runtime layer; a checkout from before it, run with ``--tree``, finds its own under the same names)
 STAGES = [
     ("ortmlx.ep.compute", "ComputeInfo", "compute", "compute"),
     ("ortmlx.ep.compute", "ComputeInfo", "gather", "copy_in.gather"),
     ("ortmlx.ep.compute", "ComputeInfo", "addresses", "copy_in.addresses"),
+    ("ortmlx.runtime.group", "Group", "use_mirrors", "copy_in.mirrors"),
     ("ortmlx.ep.compute", "ComputeInfo", "use_mirrors", "copy_in.mirrors"),
+    ("ortmlx.runtime.kvbatch", "KvBatches", "take", "copy_in.mirrors.kv_take"),
     ("ortmlx.ep.kvbatch", "KvBatches", "take", "copy_in.mirrors.kv_take"),
+    ("ortmlx.runtime.group", "Group", "write_outputs", "copy_out"),
     ("ortmlx.ep.compute", "ComputeInfo", "write_outputs", "copy_out"),
+    ("ortmlx.runtime.group", "Group", "_output_ptrs", "copy_out.output_ptrs"),
     ("ortmlx.ep.compute", "ComputeInfo", "_output_ptrs", "copy_out.output_ptrs"),
+    ("ortmlx.runtime.group", "Group", "_write_batch", "copy_out.kv_batch"),
     ("ortmlx.ep.compute", "ComputeInfo", "_write_batch", "copy_out.kv_batch"),
+    ("ortmlx.runtime.kvbatch", "KvBatches", "layout_for", "copy_out.kv_batch.layout"),
     ("ortmlx.ep.kvbatch", "KvBatches", "layout_for", "copy_out.kv_batch.layout"),
+    ("ortmlx.runtime.kvbatch", "KvBatches", "write", "copy_out.kv_batch.write"),
     ("ortmlx.ep.kvbatch", "KvBatches", "write", "copy_out.kv_batch.write"),
+    ("ortmlx.runtime.group", "Group", "_copy", "copy_out.host_outputs"),
     ("ortmlx.ep.compute", "ComputeInfo", "_copy", "copy_out.host_outputs"),
+    ("ortmlx.runtime.mirror", None, "hint_bytes", "copy_out.hint_read"),
     ("ortmlx.ep.mirror", None, "hint_bytes", "copy_out.hint_read"),
     ("ortmlx.compiled.core", "CompiledSubgraph", "run", "run"),
+    ("ortmlx.compiled.keys", "Keys", "key", "run.key"),
     ("ortmlx.compiled.core", "CompiledSubgraph", "_key1", "run.key"),
-    ("ortmlx.compiled.core", "CompiledSubgraph", "_key_since", "run.key_since"),    # (calls _key1 on a memo miss)
+    ("ortmlx.compiled.keys", "Keys", "since", "run.key_since"),                       # (calls key on a memo miss)
+    ("ortmlx.compiled.core", "CompiledSubgraph", "_key_since", "run.key_since"),
     ("ortmlx.compiled.core", "CompiledSubgraph", "_apply", "run.apply"),
     ("ortmlx.compiled.core", "CompiledSubgraph", "_hoisted_values", "run.apply.hoisted"),
     ("ortmlx.compiled.core", "CompiledSubgraph", "_upload_hoisted", "run.apply.hoisted_upload"),
     ("ortmlx.compiled.core", "CompiledSubgraph", "_call_ahead", "run.apply.ahead"),     # (the next call's, made now)
     ("ortmlx.kernels.cuda_driver", "Driver", "synchronize", "run.apply.spin"),      # (GPU: the polled wait)
 ]
+#: modules that import the module functions above by name (their references are wrapped too)
+IMPORTERS = ("ortmlx.runtime.group", "ortmlx.ep.compute")
 
 
 def child(model_dir: str, opts: dict, tokens: int) -> dict:
@@ -80,26 +94,44 @@ def child(model_dir: str, opts: dict, tokens: int) -> dict:
         return w
 
     for mod, cls, meth, name in STAGES:
-        m = importlib.import_module(mod)
-        owner = getattr(m, cls) if cls else m
-        if not hasattr(owner, meth):
+        try:
+            m = importlib.import_module(mod)
+        except ImportError:
+            continue                    # (a module another checkout does not have)
+        owner = getattr(m, cls, None) if cls else m
+        if owner is None or not hasattr(owner, meth):
             continue                    # (a stage another checkout does not have)
         setattr(owner, meth, timed(getattr(owner, meth), name))
         if cls is None:                 # module functions are imported by name elsewhere
-            for other in ("ortmlx.ep.compute",):
-                om = importlib.import_module(other)
+            for other in IMPORTERS:
+                try:
+                    om = importlib.import_module(other)
+                except ImportError:
+                    continue
                 if getattr(om, meth, None) is not None:
                     setattr(om, meth, getattr(owner, meth))
-    # the closure call itself: wrap each closure's fn when it is made
+    # the closure call itself: wrap each closure's fn when it is made, and each runner's eval
     from ortmlx.compiled import core
-    make = core.CompiledSubgraph._compile
+    if hasattr(core, "compile_closure"):
+        make_fn, init = core.compile_closure, core.CompiledSubgraph.__init__
 
-    def compile_timed(self, c):
-        if not getattr(self._eval, "_timed", False):        # an instance attribute (mx.eval)
-            self._eval = timed(self._eval, "run.apply.eval")
-            self._eval._timed = True
-        return timed(make(self, c), "run.apply.closure_call")
-    core.CompiledSubgraph._compile = compile_timed
+        def compile_fn_timed(*a, **k):
+            return timed(make_fn(*a, **k), "run.apply.closure_call")
+
+        def init_timed(self, *a, **k):
+            init(self, *a, **k)
+            self._eval = timed(self._eval, "run.apply.eval")      # an instance attribute (mx.eval)
+        core.compile_closure = compile_fn_timed
+        core.CompiledSubgraph.__init__ = init_timed
+    else:                               # a checkout from before compiled/trace.py (--tree)
+        make = core.CompiledSubgraph._compile
+
+        def compile_timed(self, c):
+            if not getattr(self._eval, "_timed", False):
+                self._eval = timed(self._eval, "run.apply.eval")
+                self._eval._timed = True
+            return timed(make(self, c), "run.apply.closure_call")
+        core.CompiledSubgraph._compile = compile_timed
 
     model, _ = mg.load_model(model_dir, "mlx", opts)
     ids = np.arange(100, 107, dtype=np.int32)
@@ -155,7 +187,7 @@ def main(argv=None) -> int:
             seen[label].append((ms["token"], own))
             print(f"[{label}] {os.path.basename(args.model_dir.rstrip('/'))}, options {opts}, "
                   f"median of {res['tokens']} steady tokens, ms:")
-            for k in ["token", "outside_compute"] + [s[3] for s in STAGES] + ["run.apply.closure_call",
+            for k in ["token", "outside_compute"] + list(dict.fromkeys(s[3] for s in STAGES)) + ["run.apply.closure_call",
                                                                              "run.apply.eval"]:
                 if k in ms:
                     print(f"  {k:<28} {ms[k]:8.3f}")

@@ -4,16 +4,18 @@ address, dims or type changed since the previous call (``ep/compute.py``, ``comp
 """
 from __future__ import annotations
 
-import functools
 import random
+import threading
 from types import SimpleNamespace
 
 import mlx.core as mx
 import numpy as np
 import pytest
 
-from ortmlx.compiled import core
+from ortmlx.compiled import core, keys
+from ortmlx.compiled.result import RunResult
 from ortmlx.ep import _shim, compute
+from ortmlx.runtime.group import Group
 
 FFI, LIB = _shim.ffi, _shim.lib
 R = 16                                          # dims per input (the shim's ORTMLX_MAX_RANK)
@@ -70,7 +72,7 @@ def _same_kind(a, rng):
     """Another object of ``a``'s shape and type (a mirror standing in for a host buffer, or a new view)."""
     if a is None:
         return None
-    host = np.zeros(a.shape, np.dtype(core._dstr(a)))
+    host = np.zeros(a.shape, np.dtype(keys.dstr(a)))
     return mx.array(host) if rng.random() < 0.5 else host
 
 
@@ -82,20 +84,13 @@ KEY_MODES = {
 
 
 def _key_runner(shapeless: bool, free, n: int):
-    axes: dict = {}
-    for i, ax in free or ():
-        axes[i] = axes.get(i, frozenset()) | {ax}
-    r = SimpleNamespace(config=SimpleNamespace(shapeless=shapeless), free_dims=free, _free_axes=axes,
-                        _in_types=[None] * n, _key_memo=(-1, (), (), frozenset()))
-    r._key1 = functools.partial(core.CompiledSubgraph._key1, r)
-    r._key_part = functools.partial(core.CompiledSubgraph._key_part, r)
-    return r
+    return keys.Keys(n, shapeless, free)
 
 
 @pytest.mark.parametrize("mode", sorted(KEY_MODES))
 def test_key_since_is_the_full_key(mode):
-    """``_key_since`` (the previous call's shapes and key, the inputs ``since`` names worked out again) gives
-    ``_prepare``'s shapes and ``_key1``'s key, whether or not ``since`` continues the previous call."""
+    """``Keys.since`` (the previous call's shapes and key, the inputs ``since`` names worked out again) gives
+    the call's shapes and ``Keys.key``'s key, whether or not ``since`` continues the previous call."""
     n, rng = 6, random.Random(2)
     r = _key_runner(KEY_MODES[mode]["shapeless"], KEY_MODES[mode]["free"], n)
     inputs = [_arrays(rng) for _ in range(n)]
@@ -111,13 +106,13 @@ def test_key_since_is_the_full_key(mode):
         nxt = list(inputs)
         for i in range(n):
             nxt[i] = _arrays(rng) if i in redo else _same_kind(inputs[i], rng)
-        reused += r._key_memo[0] == prev
+        reused += r.memo[0] == prev
         token += 1
-        before = r._key_memo[2]
-        call, k1, empty = core.CompiledSubgraph._key_since(r, nxt, (prev, token, redo))
-        want_sig = core._shapes(nxt)
-        assert call.sig == want_sig and call.inputs is nxt
-        want = core.CompiledSubgraph._key1(r, nxt, want_sig)
+        before = r.memo[2]
+        sig, k1, empty = r.since(nxt, (prev, token, redo))
+        want_sig = keys.shapes_of(nxt)
+        assert sig == want_sig
+        want = r.key(nxt, want_sig)
         assert k1 == want, (step, redo)
         kept += k1 is before
         assert empty == any(a is not None and a.size == 0 for a in nxt), (step, redo)
@@ -126,9 +121,8 @@ def test_key_since_is_the_full_key(mode):
 
 
 # ---------------------------------------------------------------- the address map
-def _info(n: int, mirrors=True):
+def _info(n: int):
     ci = object.__new__(compute.ComputeInfo)
-    ci.mirrors = object() if mirrors else None
     ci._tls = SimpleNamespace(b=SimpleNamespace(addr=np.zeros(n, np.uint64), redo=None, token=0, prev_token=-1,
                                                 addr_memo=(-1, None, None)))
     return ci
@@ -165,34 +159,29 @@ def test_addresses_memo_is_the_full_map():
         b.redo = None if step % 30 == 0 else redo              # a full gather now and then
         got = ci.addresses(inputs)
         want = {p: i for i, (a, p) in enumerate(zip(inputs, addr))
-                if a is not None and a.size and a.ndim >= 2 and a.shape[0] == 1}
+                if a is not None and a.size and a.ndim >= 2}
         assert got == want, (step, redo)
         changed_maps += got != last
         last = dict(got)
     assert changed_maps > 50
-    assert _info(3, mirrors=False).addresses([None] * 3) == {}
 
 
 # ---------------------------------------------------------------- the outputs' shapes and kinds
-class _Abi(SimpleNamespace):
+class _Sink:
+    """ORT's output buffers as the runtime asks for them (``runtime.group.OutputSink``): records the shapes."""
+
     def __init__(self):
-        super().__init__(ffi=FFI, max_rank=R, api=None, calls=[])
+        self.calls = []
 
-    def check(self, status):
-        assert status is None
-
-    def get_outputs(self, api, kctx, n, oall, ondims, optrs):
-        self.calls.append([tuple(oall[j * R:j * R + ondims[j]]) for j in range(n)])
-        for j in range(n):
-            optrs[j] = 4096 * (j + 1)
+    def allocate(self, shapes):
+        self.calls.append([tuple(s) for s in shapes])
+        return np.array([4096 * (j + 1) for j in range(len(shapes))], np.uint64)
 
 
-def _out_info(n_in: int = 1):
-    ci = object.__new__(compute.ComputeInfo)
-    ci.abi = _Abi()
-    ci.out_names = [f"y{j}" for j in range(8)]
-    ci._tls = SimpleNamespace(b=compute._Buffers(FFI, n_in, R))
-    return ci
+def _group():
+    g = object.__new__(Group)
+    g._tls = threading.local()
+    return g
 
 
 def test_output_ptrs_memo_is_the_plain_classification():
@@ -201,7 +190,8 @@ def test_output_ptrs_memo_is_the_plain_classification():
     copies, and the shapes ORT allocates."""
     rng = random.Random(4)
     kinds = {"A": [mx.float16, np.float32, mx.float32, mx.int32], "B": [np.float16, mx.float16, mx.float16]}
-    memo, plain = _out_info(), _out_info()
+    memo, plain = _group(), _group()
+    ms, ps = _Sink(), _Sink()
     for step in range(200):
         src = rng.choice(sorted(kinds))
         res = []
@@ -210,18 +200,17 @@ def test_output_ptrs_memo_is_the_plain_classification():
             a = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape) + step
             res.append(mx.array(a).astype(k) if isinstance(k, mx.Dtype) else a.astype(k))
         addrs = {4096: 0} if rng.random() < 0.8 else {}
-        hinted = core.HintedResults(res)
-        hinted.source = kinds[src]          # the same object for every result list of this "closure"
-        p1, h1, s1 = compute.ComputeInfo._output_ptrs(memo, None, hinted, None, addrs)
-        p2, h2, s2 = compute.ComputeInfo._output_ptrs(plain, None, list(res), None, addrs)
+        # the same source object for every result list of this "closure"
+        p1, h1, s1 = memo._output_ptrs(RunResult(res, source=kinds[src]), ms, None, addrs)
+        p2, h2, s2 = plain._output_ptrs(RunResult(list(res)), ps, None, addrs)
         assert s1 == s2 and p1.tolist() == p2.tolist(), step
-        assert memo.abi.calls[-1] == plain.abi.calls[-1]
+        assert ms.calls[-1] == ps.calls[-1]
         assert sorted(h1) == sorted(h2) == list(range(len(res)))
         for j in h2:
             assert (h1[j] is None) == (h2[j] is None), (step, j)
             if h2[j] is not None:
                 np.testing.assert_array_equal(h1[j], h2[j])
-    assert memo._tls.b.out_memo[0] is not None
+    assert memo._tls.out_memo[0] is not None
 
 
 # ---------------------------------------------------------------- the KV batch a call takes
@@ -280,7 +269,7 @@ def test_device_inputs_memo_uploads_exactly_the_host_arrays():
 
 
 def test_layout_span_only_for_consecutive_inputs():
-    from ortmlx.ep.kvbatch import Layout
+    from ortmlx.runtime.kvbatch import Layout
     bufs = [np.zeros((1, 2, 9, 8), np.float16) for _ in range(3)]
     addrs = [b.__array_interface__["data"][0] for b in bufs]
 

@@ -259,7 +259,7 @@ def test_shapeless_traces_once_and_is_trusted_after_two_lengths(shapeless_everyw
     sl = _shapeless(r)
     for n in (4, 4, 6, 9, 13, 4):
         x = feed(n)["x"]
-        got = sl.run([x])
+        got = sl.run([x]).outputs
         want = r.program.run([x])
         assert_close(np.asarray(got[0]), np.asarray(want[0]), what=f"n={n}")
     (c,) = sl.closures()
@@ -276,7 +276,7 @@ def test_shapeless_shape_baked_constant_is_caught_at_second_length(shapeless_eve
     swap(st, lambda x: orig(x) / x.shape[0])         # the divisor is baked by a shapeless trace
     for n in (4, 6, 6):
         x = feed(n)["x"]
-        assert_close(np.asarray(sl.run([x])[0]), np.asarray(sl.program.run([x])[0]), what=f"n={n}")
+        assert_close(np.asarray(sl.run([x]).outputs[0]), np.asarray(sl.program.run([x])[0]), what=f"n={n}")
     (c,) = sl.closures()
     assert c.poisoned and "differ from eager" in c.poisoned
     assert c.traces == 1 and c.calls == 2          # verified at 4, caught at 6, not called at the second 6
@@ -374,12 +374,12 @@ def test_fixed_shape_closure_of_a_shapeless_key_gives_up_when_shapes_vary():
     b = np.array([0.5], np.float32)
     for t in range(2, 10):
         a = np.arange(t, dtype=np.int64).reshape(1, t)
-        got = np.asarray(sl.run([a, b])[0])
+        got = np.asarray(sl.run([a, b]).outputs[0])
         assert got.tolist() == [float(np.arange(t).sum()) + 0.5], (t, got)
     (c,) = sl.closures()
     assert c.hoist and c.shapeless is False, (c.hoist, c.shapeless)
     assert c.poisoned and "shapes changed between calls" in c.poisoned, c.poisoned
-    assert c.traces == C.core.MAX_FIXED_TRACES + 1, c.traces
+    assert c.traces == C.trace.MAX_FIXED_TRACES + 1, c.traces
 
 
 def test_shapeless_closures_stay_eager_on_a_gpu(monkeypatch):
@@ -392,7 +392,7 @@ def test_shapeless_closures_stay_eager_on_a_gpu(monkeypatch):
         sl.device = device
         for n in (4, 6, 9):
             x = feed(n)["x"]
-            assert_close(np.asarray(sl.run([x])[0]), np.asarray(r.program.run([x])[0]), what=f"{device} n={n}")
+            assert_close(np.asarray(sl.run([x]).outputs[0]), np.asarray(r.program.run([x])[0]), what=f"{device} n={n}")
         (c,) = sl.closures()
         assert (c.fn is not None) == compiled and (sl.counters["compiled_calls"] > 0) == compiled, device
         if not compiled:
@@ -401,8 +401,9 @@ def test_shapeless_closures_stay_eager_on_a_gpu(monkeypatch):
 
 def test_row_hints_share_start_bytes():
     """Hints with the same start array carry its bytes once; each hint still reads its own starts."""
-    from ortmlx.compiled.core import RowHints, _hint_arrays
-    from ortmlx.ep.mirror import hint_bytes
+    from ortmlx.compiled.result import RowHints
+    from ortmlx.compiled.trace import _hint_arrays
+    from ortmlx.runtime.mirror import hint_bytes
     pasts = [mx.zeros((2, 2, 8, 4), mx.float16) for _ in range(3)]
     s1, s2 = mx.array([3, 5], mx.int64), mx.array([1, 2], mx.int32)
     rows = [mx.full((2, 2, 1, 4), k, mx.float16) for k in range(3)]
@@ -418,7 +419,7 @@ def test_row_hints_share_start_bytes():
 def test_row_hints_kept_only_for_group_outputs_over_traced_inputs():
     """A hint counts only when its present is a group output and its past a traced input (by identity);
     a dropped hint does not disturb the ones after it, and one output is hinted once."""
-    from ortmlx.compiled.core import _hint_arrays, _hinted_outputs
+    from ortmlx.compiled.trace import _hint_arrays, _hinted_outputs
     past = mx.zeros((1, 2, 8, 4), mx.float16)
     present, other = past + 1, past + 2
     start, rows = mx.array([3], mx.int32), mx.ones((1, 2, 1, 4), mx.float16)
@@ -429,8 +430,8 @@ def test_row_hints_kept_only_for_group_outputs_over_traced_inputs():
     meta = _hinted_outputs(hints, [mx.zeros((1,)), present], {id(past): 5})
     assert meta == [None, None, (1, 5, (1, 2, 1, 4), 2), None], meta
     data, idx = _hint_arrays(hints, meta)
-    from ortmlx.compiled.core import RowHints
-    from ortmlx.ep.mirror import hint_bytes
+    from ortmlx.compiled.result import RowHints
+    from ortmlx.runtime.mirror import hint_bytes
     flat, starts = hint_bytes(RowHints([m for m in meta if m is not None], data, idx))
     assert data.dtype == mx.uint8 and flat.size == 16 and starts.tolist() == [3]
     assert flat.view(np.float16).tolist() == [1.0] * 8

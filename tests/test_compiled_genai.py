@@ -68,11 +68,13 @@ class Runner:
         self.parts = [Snap(p) for p in r.parts()]
 
 
-def run(path: str, provider: str = "mlx", options: dict | None = None, overlay: dict | None = None):
-    """(greedy tokens for every prompt, snapshots of the compiled runners the session made)."""
+def run(path: str, provider: str = "mlx", options: dict | None = None, overlay: dict | None = None,
+        twice: bool = False):
+    """(greedy tokens for every prompt, snapshots of the compiled runners the session made); ``twice``: every
+    prompt is generated twice in a row (the tokens of the second generation are returned)."""
     with C.capture() as rs:
         model, _ = mg.load_model(path, provider, options, overlay or SHARE)
-    toks = [greedy(model, p) for p in PROMPTS]
+    toks = [(greedy(model, p), greedy(model, p))[-1] if twice else greedy(model, p) for p in PROMPTS]
     snaps = [Runner(r) for r in rs]
     del model
     return toks, snaps
@@ -199,9 +201,9 @@ def test_decode_fault_falls_back_with_same_tokens(fault):
 def test_kv_mirror_same_tokens_and_rows_only(monkeypatch):
     """The shared KV buffer stays on the device (ep/mirror.py): tokens equal the no-mirror run's,
     and a decode call moves the same few bytes at every context length (O(new tokens))."""
-    from ortmlx import residency
-    from ortmlx.ep import compute
-    monkeypatch.setattr(compute, "WHOLE_COPY_BYTES", [0, 0])     # diff even this tiny model's buffers
+    from ortmlx.runtime import residency
+    from ortmlx.runtime import group
+    monkeypatch.setattr(group, "WHOLE_COPY_BYTES", [0, 0])     # diff even this tiny model's buffers
     path = model_dir("llama")
     want, _ = run(path, options={"tuning": "kv_mirror=0"})
     model, _ = mg.load_model(path, "mlx", None, SHARE)
@@ -257,9 +259,9 @@ def _rewind_and_interleave(model) -> list[list[int]]:
 def test_kv_mirror_rewind_and_two_generators(monkeypatch, force_diff):
     """genai rewind_to and two live generators: the same tokens with and without the mirror, and
     as the CPU EP's."""
-    from ortmlx.ep import compute
+    from ortmlx.runtime import group
     if force_diff:
-        monkeypatch.setattr(compute, "WHOLE_COPY_BYTES", [0, 0])
+        monkeypatch.setattr(group, "WHOLE_COPY_BYTES", [0, 0])
     path = model_dir("qwen2")
     got = {}
     for key, provider, opts in (("cpu", "cpu", None), (False, "mlx", {"tuning": "kv_mirror=0"}), (True, "mlx", {})):
@@ -351,11 +353,11 @@ def test_hoisted_mask_work_runs_in_numpy():
 def test_decode_copy_out_uses_row_hints(monkeypatch):
     """A trusted decode closure declares the one row each K/V buffer gets (decode_ops.add_row_hint):
     copy-out writes it without diffing; only the eager/verifying calls diff. Same tokens."""
-    from ortmlx.ep import compute
-    monkeypatch.setattr(compute, "WHOLE_COPY_BYTES", [0, 0])
+    from ortmlx.runtime import group
+    monkeypatch.setattr(group, "WHOLE_COPY_BYTES", [0, 0])
     diffs = []
-    real = compute.changed_rows
-    monkeypatch.setattr(compute, "changed_rows", lambda *a, **k: diffs.append(1) or real(*a, **k))
+    real = group.changed_rows
+    monkeypatch.setattr(group, "changed_rows", lambda *a, **k: diffs.append(1) or real(*a, **k))
     path = model_dir("llama")
     want, _ = run(path, options={"tuning": "kv_mirror=0"})
     model, _ = mg.load_model(path, "mlx", None, SHARE)
@@ -427,3 +429,36 @@ def test_step_probe_alternates_trees():
     assert len(heads) == 4 and sum(f"@ {ROOT}" in h for h in heads) == 2, heads
     summary = res.stdout.split("medians over the rounds")[-1].strip().splitlines()[1:]
     assert len(summary) == 2 and summary[1].lstrip().startswith(f"default @ {ROOT}"), summary
+
+
+def _batch_greedy(model, prompts: list[list[int]], n: int) -> list[list[int]]:
+    """Static batching: the prompts right-padded to one length (genai's pad token), n new tokens each."""
+    width = max(map(len, prompts))
+    ids = np.full((len(prompts), width), 0, np.int32)
+    for k, p in enumerate(prompts):
+        ids[k, :len(p)] = p
+    params = mg.search_options(model, MAX_LENGTH, width + n)
+    params.set_search_options(batch_size=len(prompts))
+    g = og.Generator(model, params)
+    g.append_tokens(ids)
+    for _ in range(n):
+        g.generate_next_token()
+    return [list(g.get_sequence(k))[width:] for k in range(len(prompts))]
+
+
+def test_batched_decode_on_mirrors_matches_the_cpu_ep():
+    """Batch 3 of equal-length prompts (genai's static batching, the shared KV buffer): the decode steps run on
+    device mirrors of the batch's buffers, the tokens are the CPU EP's and the unmirrored EP's."""
+    path = model_dir("qwen2")
+    prompts = [PROMPTS[0], [510] + list(range(100, 115)), [510] + list(range(200, 215))]
+    toks = {}
+    for key, provider, opts in (("cpu", "cpu", None), ("plain", "mlx", {"tuning": "kv_mirror=0"}), ("mirror", "mlx", {})):
+        with C.capture() as rs:
+            model, _ = mg.load_model(path, provider, opts, SHARE)
+        toks[key] = _batch_greedy(model, prompts, 24)
+        if key == "mirror":
+            (att,) = [r for r in rs if hasattr(r, "decode")]
+            kv = dict(att.decode.stats.groups[att.name]["kv_copy_out"])
+        del model
+    assert toks["mirror"] == toks["plain"] == toks["cpu"], toks
+    assert kv["row_hints"] + kv["diffed"] > 4 * kv["whole"], kv      # the steady calls wrote rows, not buffers

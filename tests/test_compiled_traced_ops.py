@@ -47,12 +47,12 @@ def test_matmul_nbits_prepacked_replays_and_matches_cpu(dense, fn, short, monkey
         from ortmlx.kernels import interpreter
         monkeypatch.setattr(interpreter, "MAX_VALUE_BYTES", 1024)
     m = mnb_model()
-    s, rs = compiled_session(m, {"dense_nbits": dense})
+    s, rs = compiled_session(m, {"tuning": f"dense_nbits={dense}"})
     cpu = session(m, "CPUExecutionProvider", record=False)
     (r,) = rs
     step = next(st for st in r.trace_program.steps if st.node.op_type == "MatMulNBits")
     assert step.opdef.fn.__name__ == fn
-    for _ in range(3):
+    for _ in range(4):          # eager, traced and verified, then replayed twice
         f = {"a": RNG.standard_normal((5, 64)).astype(np.float32)}
         assert_close(s.run(None, f)[0], cpu.run(None, f)[0], what="mlx vs cpu")
     assert r.trace_counts() == [1] and r.counters["compiled_calls"] == 2, r.counters
@@ -75,7 +75,7 @@ def test_rotary_positions_as_data_replay_and_guard():
     ref = session(m, options={"no_compile": "1"})
     cpu = session(m, "CPUExecutionProvider", record=False)
     x = RNG.standard_normal((1, 3, 64)).astype(np.float32)
-    for start in (0, 4, 9, 13):
+    for start in (0, 2, 4, 9, 13):      # the shape's first call is eager, its second traces and verifies
         f = {"x": x, "pos": np.arange(start, start + 3, dtype=np.int64).reshape(1, 3)}
         assert_close(s.run(None, f)[0], cpu.run(None, f)[0], what="mlx vs cpu")
     (p,) = [p for p in parts(rs) if p.trace_counts()]
@@ -153,10 +153,10 @@ def test_layers_share_one_guard_and_a_false_one_answers_eagerly(monkeypatch):
     """Every decode layer's guard on the same seqlens_k is one object: the closure ands it once
     (one fused kernel with the other one-element guards). A step outside the buffer fails it:
     that call answers from eager, the closure stays trusted."""
-    from ortmlx.compiled import core
+    from ortmlx.compiled import trace
     seen = []
-    real = core._guard_value
-    monkeypatch.setattr(core, "_guard_value", lambda guards, shapeless: seen.append(len(guards)) or
+    real = trace._guard_value
+    monkeypatch.setattr(trace, "_guard_value", lambda guards, shapeless: seen.append(len(guards)) or
                         real(guards, shapeless))
     n, kvn, h, P = 4, 2, 16, 12
     m = gqa_two_layer_model(n, kvn, h)
@@ -192,10 +192,10 @@ def test_layers_share_one_guard_and_a_false_one_answers_eagerly(monkeypatch):
 
 
 def test_guard_value_ands_every_guard():
-    """``core._guard_value``: false when any guard has a false element, one-element guards and
+    """``trace._guard_value``: false when any guard has a false element, one-element guards and
     larger ones mixed, and in a shapeless trace (each reduced there)."""
     import mlx.core as mx
-    from ortmlx.compiled.core import _guard_value
+    from ortmlx.compiled.trace import _guard_value
     t1, f1 = mx.array([True]), mx.array([[False]])
     big_t, big_f = mx.array([True, True, True]), mx.array([True, False, True])
     cases = [([t1], True), ([f1], False), ([t1, mx.array(True)], True), ([t1, f1, t1], False),

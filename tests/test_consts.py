@@ -7,7 +7,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from ortmlx.kernels import consts
+from ortmlx.kernels import build, consts
 
 
 def test_arange_is_cached_and_right():
@@ -96,11 +96,11 @@ def test_memo_is_scoped_to_one_build():
     def make():
         calls.append(1)
         return len(calls)
-    assert consts.memo(("k",), make) == 1 and consts.memo(("k",), make) == 2     # no build: every time
-    with consts.build_scope():
-        assert consts.memo(("k",), make) == 3 and consts.memo(("k",), make) == 3
-        with consts.build_scope():                                             # a nested body's build
-            assert consts.memo(("k",), make) == 4
-        assert consts.memo(("k",), make) == 3
-    assert consts.memo(("k",), make) == 5
+    assert build.memo(("k",), make) == 1 and build.memo(("k",), make) == 2       # no build: every time
+    with build.active(build.BuildContext()):
+        assert build.memo(("k",), make) == 3 and build.memo(("k",), make) == 3
+        with build.active(build.BuildContext()):                               # a nested body's build
+            assert build.memo(("k",), make) == 4
+        assert build.memo(("k",), make) == 3
+    assert build.memo(("k",), make) == 5
 

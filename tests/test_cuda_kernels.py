@@ -16,7 +16,7 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper
 
-from ortmlx.kernels import consts, cuda_kernels
+from ortmlx.kernels import build, cuda_kernels
 from ortmlx.kernels import dtypes as dt
 from ortmlx.kernels.ops.contrib_attention import gqa_core, softmax_sink
 from ortmlx.testing import assert_close, make_model, session
@@ -134,7 +134,7 @@ def _gqa(case: str, packed: bool, rotary: bool, first: bool, fused: bool, bias: 
         args = (qkv[:, :, :n].reshape(b, 1, n * h), qkv[:, :, n:n + kvn].reshape(b, 1, kvn * h),
                 qkv[:, :, n + kvn:].reshape(b, 1, kvn * h))
     dev = mx.gpu if fused and CUDA else mx.cpu
-    with mx.stream(dev), consts.build_scope(cuda_kernels=fused):
+    with mx.stream(dev), build.active(build.BuildContext(cuda_kernels=fused)):
         out = gqa_core(*args, past[0], past[1], sl, packed=packed, **kw)
         mx.eval(*out)
     return [np.array(o.astype(mx.float32)) if o.dtype == mx.bfloat16 else np.array(o) for o in out]
@@ -353,7 +353,7 @@ def _norm_translators(case: str, fused: bool):
     from ortmlx.kernels.ops.contrib_norm import simplified_layer_norm, skip_simplified_layer_norm
     x, gamma, eps, skip, bias = _norm_inputs(case)
     dev = mx.gpu if fused and CUDA else mx.cpu
-    with mx.stream(dev), consts.build_scope(cuda_kernels=fused):
+    with mx.stream(dev), build.active(build.BuildContext(cuda_kernels=fused)):
         if skip is not None:
             ctx = SimpleNamespace(n_outputs=4, node=SimpleNamespace(outputs=["y", "", "", "sum"]))
             out = skip_simplified_layer_norm(x, skip, gamma, bias, epsilon=eps, ctx=ctx)
@@ -435,7 +435,7 @@ def test_ep_norms_match_cpu_ep(t, monkeypatch):
 def test_hint_arrays_one_kernel_wiring(monkeypatch):
     """Everywhere: the row hints handed to ``gather_bytes`` as they are (no reshapes or views) give the bytes
     the per-piece concatenate gives (the kernel's contract: each array's row-major bytes in turn)."""
-    from ortmlx.compiled import core
+    from ortmlx.compiled import core, trace
     sizes = []
 
     def fake(arrays, size=None):        # the contract, padded with 0xEE bytes nobody may read
@@ -450,12 +450,12 @@ def test_hint_arrays_one_kernel_wiring(monkeypatch):
         rows = mx.array(rng.standard_normal((2, 2, 1, 8)).astype(np.float32)).astype(mx.float16)
         hints.append((None, None, starts[i % 2], rows))
     meta = [(i, i, (2, 2, 1, 8), 2) if i != 2 else None for i in range(5)]     # hint 2 not kept
-    got, gi = core._hint_arrays(hints, meta, one_kernel=True)
-    want, wi = core._hint_arrays(hints, meta, one_kernel=False)
-    # the kernel's buffer is padded to a size of its own (core.HINT_ROOM); the used bytes are the same
-    assert sizes == [core._hint_room(want.size)] and got.size == sizes[0] > want.size + core.HINT_ROOM - (1 << 14)
+    got, gi = trace._hint_arrays(hints, meta, one_kernel=True)
+    want, wi = trace._hint_arrays(hints, meta, one_kernel=False)
+    # the kernel's buffer is padded to a size of its own (trace.HINT_ROOM); the used bytes are the same
+    assert sizes == [trace._hint_room(want.size)] and got.size == sizes[0] > want.size + trace.HINT_ROOM - (1 << 14)
     assert np.array(got)[:want.size].tobytes() == np.array(want).tobytes() and list(gi) == list(wi)
-    from ortmlx.ep.mirror import hint_bytes
+    from ortmlx.runtime.mirror import hint_bytes
     kept = [m for m in meta if m is not None]
     flat, st = hint_bytes(core.RowHints(kept, got, gi))          # reads past the rows and starts: nothing
     wflat, wst = hint_bytes(core.RowHints(kept, want, wi))
@@ -465,7 +465,7 @@ def test_hint_arrays_one_kernel_wiring(monkeypatch):
 def test_hint_arrays_to_host_wiring(monkeypatch):
     """Everywhere: with a sink the gather gets the sink's address array and its one-byte output is the
     hints' output; a sink that declines (no driver) leaves the padded device buffer."""
-    from ortmlx.compiled import core
+    from ortmlx.compiled import trace
     seen = []
 
     def fake(arrays, size=None, to_host=None):
@@ -477,16 +477,16 @@ def test_hint_arrays_to_host_wiring(monkeypatch):
     meta = [(i, i, (1, 2, 1, 8), 2) for i in range(3)]
     used = 3 * 32 + 3 * 4
     asked, address = [], mx.array([0xABC000], mx.uint64)
-    out, _ = core._hint_arrays(hints, meta, one_kernel=True, sink=lambda n: asked.append(n) or address)
+    out, _ = trace._hint_arrays(hints, meta, one_kernel=True, sink=lambda n: asked.append(n) or address)
     assert asked == [used] and out.shape == (1,) and seen[-1] == (6, None, address)
-    out, _ = core._hint_arrays(hints, meta, one_kernel=True, sink=lambda n: None)   # no driver
-    assert out.shape == (core._hint_room(used),) and seen[-1] == (6, core._hint_room(used), None)
+    out, _ = trace._hint_arrays(hints, meta, one_kernel=True, sink=lambda n: None)   # no driver
+    assert out.shape == (trace._hint_room(used),) and seen[-1] == (6, trace._hint_room(used), None)
 
 
 def test_sink_made_once_and_never_outgrown(monkeypatch):
     """Everywhere: a closure's host buffer is made at its trace (page-rounded) for the offset and bytes
     asked, later asks within it reuse it, one past it is refused; no driver: no buffer."""
-    from ortmlx.compiled import core
+    from ortmlx.compiled import core, trace
     from ortmlx.compiled.decode_ops import Untraceable
     from ortmlx.kernels import cuda_driver
     made = []
@@ -498,25 +498,25 @@ def test_sink_made_once_and_never_outgrown(monkeypatch):
     monkeypatch.setattr(cuda_driver, "HostBuffer", Buf)
     monkeypatch.setattr(cuda_driver, "driver", lambda: None)
     c = core._Closure((), {})
-    assert core._sink_address(c, 0, 100) is None and c.sink is None
+    assert trace._sink_address(c, 0, 100) is None and c.sink is None
     monkeypatch.setattr(cuda_driver, "driver", lambda: object())
-    a = core._sink_address(c, 512, 5000)
+    a = trace._sink_address(c, 512, 5000)
     assert made == [8192] and a.dtype == mx.uint64 and a.tolist() == [0x7F0000001000 + 512]
-    assert core._sink_address(c, 0, 8192).tolist() == [0x7F0000001000] and made == [8192]
+    assert trace._sink_address(c, 0, 8192).tolist() == [0x7F0000001000] and made == [8192]
     with pytest.raises(Untraceable, match="outgrew"):
-        core._sink_address(c, 4096, 4097)
+        trace._sink_address(c, 4096, 4097)
 
 
 def test_host_outputs_picked():
     """Everywhere: which outputs a closure sends to host memory: not hinted presents, nothing shaped like a
     traced input (a buffer kept as a device mirror), no bfloat16, nothing of one element, a byte cap."""
-    from ortmlx.compiled import core
+    from ortmlx.compiled import trace
     logits, present, other_present = mx.zeros((1, 1, 50)), mx.zeros((1, 2, 8, 4)), mx.zeros((1, 2, 9, 4))
     bf, one, past = mx.zeros((1, 1, 50), mx.bfloat16), mx.zeros((1,)), mx.zeros((1, 2, 9, 4))
     hints = [(present, None, None, None)]
-    assert core._host_outputs([logits, present, other_present, bf, one], hints, [past, None]) == [0]
-    big = mx.zeros((core.HOST_OUT_MAX // 4,))
-    assert core._host_outputs([big, logits], [], []) == [0]          # the second would pass the cap
+    assert trace._host_outputs([logits, present, other_present, bf, one], hints, [past, None]) == [0]
+    big = mx.zeros((trace.HOST_OUT_MAX // 4,))
+    assert trace._host_outputs([big, logits], [], []) == [0]          # the second would pass the cap
 
 
 @gpu_only

@@ -15,7 +15,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from ortmlx.ep import devread
+from ortmlx.runtime import devread
 from ortmlx.kernels.cuda_driver import Driver
 
 ffi = cffi.FFI()
@@ -187,11 +187,11 @@ def test_kv_decode_through_the_driver_reader(fake_driver, options):
 
 def test_device_diff_through_the_driver_reader(fake_driver, monkeypatch):
     """The device diff path (changed rows found on the device, written row by row) reading through it."""
-    from ortmlx.ep import compute
+    from ortmlx.runtime import group
     from test_kv_mirror import Buffer, scatter_model
 
     from ortmlx.testing import session
-    monkeypatch.setattr(compute, "WHOLE_COPY_BYTES", [0, 0])
+    monkeypatch.setattr(group, "WHOLE_COPY_BYTES", [0, 0])
     buf = Buffer(session(scatter_model()), seed=3)
     for pos in (0, 1, 2, 1, 5, 5, 15):
         buf.step(pos)

@@ -9,7 +9,7 @@ from onnx import TensorProto as T
 
 from ortmlx.compiled import core, hoist_form
 from ortmlx.kernels.interpreter import Program
-from ortmlx.subgraph.ir import Graph, Node, ValueInfo
+from ortmlx.ir import Graph, Node, ValueInfo
 
 MASK = "attention_mask"
 

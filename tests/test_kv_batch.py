@@ -155,13 +155,13 @@ def test_rewind_and_two_buffer_sets():
 def test_wrong_row_hints_poison_the_closure(monkeypatch):
     """Compute writes back only the hinted rows, so a verified call checks them against its presents:
     hints whose first byte is off poison the closure, and every answer (buffers included) stays right."""
-    from ortmlx.compiled import core
-    real = core._hint_arrays
+    from ortmlx.compiled import trace
+    real = trace._hint_arrays
 
     def off_by_one(hints, meta, *a, **k):       # the first hint's rows, before they are gathered
         hints = [(p, q, s, r + 1 if n == 0 else r) for n, (p, q, s, r) in enumerate(hints)]
         return real(hints, meta, *a, **k)
-    monkeypatch.setattr(core, "_hint_arrays", off_by_one)
+    monkeypatch.setattr(trace, "_hint_arrays", off_by_one)
     mlx, cpu, att = sessions()
     buf = Buffers(mlx, cpu, 5)
     for pos in range(3, 8):
@@ -173,7 +173,7 @@ def test_wrong_row_hints_poison_the_closure(monkeypatch):
 
 def _layout_and_buffers(rng, dtype=np.float16, kvh=2, p=9, h=8):
     """Two buffers (K, V) [1, kvh, p, h] and the Layout of their one-row hints (meta as RowHints makes it)."""
-    from ortmlx.ep.kvbatch import Layout
+    from ortmlx.runtime.kvbatch import Layout
     bufs = [rng.standard_normal((1, kvh, p, h)).astype(dtype) for _ in range(2)]
     meta = [(j, j, (1, kvh, 1, h), np.dtype(dtype).itemsize) for j in range(2)]
     L = Layout(meta, [b.__array_interface__["data"][0] for b in bufs], [b.shape for b in bufs],
@@ -185,7 +185,7 @@ def _kv_batches():
     from types import SimpleNamespace
 
     from ortmlx.ep import _shim
-    from ortmlx.ep.kvbatch import KvBatches
+    from ortmlx.runtime.kvbatch import KvBatches
     lib = _shim.lib                             # only the block helpers: no ORT API needed
     return KvBatches(SimpleNamespace(ffi=_shim.ffi, copy_blocks=lib.ortmlx_copy_blocks,
                                      compare_blocks=lib.ortmlx_compare_blocks, kv_write=lib.ortmlx_kv_write))

@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper
 
-from ortmlx import residency
+from ortmlx.runtime import residency
 from ortmlx.testing import assignment, make_model, session
 
 H, S, D = 2, 16, 8
@@ -57,8 +57,8 @@ class Buffer:
 @pytest.fixture(autouse=True)
 def always_diff(monkeypatch):
     """Diff even these small buffers (by default they are copied out whole)."""
-    from ortmlx.ep import compute
-    monkeypatch.setattr(compute, "WHOLE_COPY_BYTES", [0, 0])
+    from ortmlx.runtime import group
+    monkeypatch.setattr(group, "WHOLE_COPY_BYTES", [0, 0])
 
 
 @pytest.fixture
@@ -135,8 +135,8 @@ def test_not_aliased_is_a_plain_copy(sess):
 
 def test_small_buffers_copied_whole(monkeypatch, sess):
     """Under the size threshold the buffer is copied out whole (mirror still used for input)."""
-    from ortmlx.ep import compute
-    monkeypatch.setattr(compute, "WHOLE_COPY_BYTES", [1 << 20, 1 << 20])
+    from ortmlx.runtime import group
+    monkeypatch.setattr(group, "WHOLE_COPY_BYTES", [1 << 20, 1 << 20])
     s = session(scatter_model())
     buf = Buffer(s, 8)
     buf.step(0)
@@ -162,7 +162,7 @@ def test_changed_rows_matches_numpy(compiled):
     """The device diff's row ranges equal NumPy's over random edits (bit patterns: -0.0 != 0.0)."""
     import mlx.core as mx
 
-    from ortmlx.ep.mirror import changed_rows
+    from ortmlx.runtime.mirror import changed_rows
     rng = np.random.default_rng(1)
     for _ in range(60):
         shape = (1, int(rng.integers(1, 4)), int(rng.integers(1, 9)), int(rng.integers(1, 5)))
@@ -186,10 +186,10 @@ def test_changed_rows_matches_numpy(compiled):
 def test_decode_steps_take_one_round_trip(sess, monkeypatch):
     """Rows written one after another: the diff brings the predicted next row along, so the
     second gather (write_rows) runs only when the prediction misses (a rewind)."""
-    from ortmlx.ep import compute
+    from ortmlx.runtime import group
     calls = []
-    real = compute.write_rows
-    monkeypatch.setattr(compute, "write_rows", lambda *a: calls.append(1) or real(*a))
+    real = group.write_rows
+    monkeypatch.setattr(group, "write_rows", lambda *a: calls.append(1) or real(*a))
     buf = Buffer(sess, 6)
     for pos in range(5):
         buf.step(pos)
@@ -198,3 +198,56 @@ def test_decode_steps_take_one_round_trip(sess, monkeypatch):
     assert calls == [1, 1], calls
     buf.step(2)                              # back in step
     assert calls == [1, 1], calls
+
+
+B = 3
+
+
+def batched_model():
+    """The scatter model over a batch of B rows: each call writes one row per (batch row, head)."""
+    nodes = [helper.make_node("ScatterND", ["past", "idx", "upd"], ["present"]),
+             helper.make_node("ReduceSum", ["present"], ["y"], keepdims=0)]
+    return make_model(nodes, [("past", T.FLOAT, [B, H, S, D]), ("idx", T.INT64, [B, H, 3]),
+                              ("upd", T.FLOAT, [B, H, D])],
+                      [("present", T.FLOAT, [B, H, S, D]), ("y", T.FLOAT, [])])
+
+
+def _batched_step(sess, val, host, truth, rng, pos: list[int]):
+    upd = rng.standard_normal((B, H, D)).astype(np.float32)
+    idx = np.array([[[b, h, pos[b]] for h in range(H)] for b in range(B)], np.int64)
+    io = sess.io_binding()
+    io.bind_ortvalue_input("past", val)
+    io.bind_cpu_input("idx", idx)
+    io.bind_cpu_input("upd", upd)
+    io.bind_ortvalue_output("present", val)
+    io.bind_output("y")
+    sess.run_with_iobinding(io)
+    for b in range(B):
+        truth[b, :, pos[b], :] = upd[b]
+    np.testing.assert_array_equal(host, truth)
+
+
+def test_a_batch_buffer_is_mirrored_and_checked_per_row():
+    """A batch's shared buffer (genai's static batching: rows at their own positions) runs on its mirror with
+    only the changed rows written back, and a host write into any batch row's checked rows is seen."""
+    s = session(batched_model())
+    rng = np.random.default_rng(7)
+    host = rng.standard_normal((B, H, S, D)).astype(np.float32)
+    truth = host.copy()
+    val = ort.OrtValue.ortvalue_from_numpy(host)
+    pos = [2, 5, 0]
+    _batched_step(s, val, host, truth, rng, pos)                  # first call: whole buffer, mirror kept
+    residency.reset()
+    for _ in range(4):
+        pos = [p + 1 for p in pos]
+        _batched_step(s, val, host, truth, rng, pos)
+    got = residency.snapshot()
+    assert got["h2d_bytes"] == 4 * (B * H * 3 * 8 + B * H * D * 4), got     # idx and upd only: the mirror
+    assert got["d2h_bytes"] == 4 * (B * H * D * 4 + 4), got                 # one row per (batch row, head)
+    for b, row in ((2, pos[2]), (1, 0)):         # the row batch row 2 got last; then row 0 of batch row 1
+        host[b, 1, row, :] += 1.0
+        truth[b, 1, row, :] += 1.0
+        residency.reset()
+        pos = [p + 1 for p in pos]
+        _batched_step(s, val, host, truth, rng, pos)
+        assert residency.snapshot()["h2d_bytes"] >= host.nbytes        # re-uploaded whole

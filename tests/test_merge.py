@@ -9,7 +9,7 @@ from onnx import TensorProto as T
 
 from ortmlx.kernels import dtypes as dt
 from ortmlx.kernels.interpreter import Program
-from ortmlx.subgraph.ir import Graph, Node, ValueInfo
+from ortmlx.ir import Graph, Node, ValueInfo
 
 K = 48
 
@@ -251,8 +251,8 @@ def test_swiglu_folded_answers_the_same(t, gate_first, swap_muls, shape):
     translators over the product's slices, bit for bit the merged program's answer)."""
     from ortmlx.kernels import merge
     g, npt = _mlp_graph(t, gate_first, swap_muls)
-    folded = Program(g, merge_matmuls=True, fold_swiglu=True)
-    merged = Program(g, merge_matmuls=True, fold_swiglu=False)
+    folded = Program(g, merge_matmuls=True, fold_mlp=True)
+    merged = Program(g, merge_matmuls=True, fold_mlp=False)
     plain = Program(g, merge_matmuls=False)
     assert [(st.node.name, st.outputs) for st in folded.steps] == [("gate" if gate_first else "up", ["y"])]
     assert len(merged.steps) == 4 and len(plain.steps) == 5
@@ -285,7 +285,7 @@ def test_swiglu_not_folded(case):
     g, npt = _mlp_graph(kw.pop("t", T.FLOAT16), **kw)
     groups = merge.sibling_groups(g)
     assert len(groups) == 1 and merge.swiglu_folds(g, groups) == {}, case
-    p = Program(g, merge_matmuls=True, fold_swiglu=True)
+    p = Program(g, merge_matmuls=True, fold_mlp=True)
     assert "sig" in [st.node.name for st in p.steps], case
 
 

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
 
-from ortmlx.ep.stats import FaultSpec
+from ortmlx.stats import FaultSpec
 from ortmlx.testing import make_model, session, unclaimed_ops
 
 
@@ -164,4 +164,4 @@ def test_trace_fault_in_the_compiled_path_falls_back_eagerly_visibly(capfd):
     gc.collect()
     err = capfd.readouterr().err
     assert "injected faults (trace): 1" in err
-    assert "poisoned: trace: EpError: injected fault at trace" in err and "eager fallbacks: 1" in err
+    assert "poisoned: trace: InjectedFault: injected fault at trace" in err and "eager fallbacks: 1" in err

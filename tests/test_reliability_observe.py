@@ -12,7 +12,7 @@ from onnx import helper as h
 
 import ortmlx.ep.compute as compute_mod
 from ortmlx import trace as trace_mod
-from ortmlx.ep.stats import SessionStats
+from ortmlx.stats import SessionStats
 from ortmlx.testing import make_model, session
 
 STAGES = ("copy_in", "build", "eval", "copy_out")
@@ -156,8 +156,7 @@ def test_fast_path_builds_no_probe_when_off(monkeypatch):
 
 def test_fallbacks_and_compiled_facts_reach_summary_and_trace(tmp_path):
     """The interface the compiled path reports through: stats.fallback / stats.group."""
-    from ortmlx.ep.options import EpOptions
-    st = SessionStats("cpu", EpOptions(trace=str(tmp_path / "fb.json"), verbose=True))
+    st = SessionStats("cpu", trace=str(tmp_path / "fb.json"), verbose=True)
     g = st.group("grp0")
     g.update(compiled="shapeless", traces=3, poisoned="shape-dependent Reshape")
     st.fallback("grp0", "dynamic rank input")

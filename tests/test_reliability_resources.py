@@ -43,8 +43,8 @@ def test_session_release_frees_constants_programs_and_compute_infos():
     assert held >= BIG * 4, f"the constant should live in MLX while the session does ({held} bytes)"
     mine = [o for o in live_infos() if id(o) not in before_infos]
     assert mine
-    refs = [weakref.ref(o) for o in mine] + [weakref.ref(o.program) for o in mine]
-    refs += [weakref.ref(o.runner) for o in mine if o.runner is not o.program]    # compiled closures' owner
+    refs = [weakref.ref(o) for o in mine] + [weakref.ref(o.group) for o in mine]
+    refs += [weakref.ref(o.group.program) for o in mine] + [weakref.ref(o.group.runner) for o in mine]
     del s, mine
     gc.collect()
     assert all(r() is None for r in refs), "compute infos / programs survive session release"

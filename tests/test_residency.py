@@ -3,7 +3,7 @@ import numpy as np
 from onnx import TensorProto as T
 from onnx import helper
 
-from ortmlx import residency
+from ortmlx.runtime import residency
 from ortmlx.testing import make_model, session
 
 

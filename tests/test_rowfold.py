@@ -12,7 +12,7 @@ from onnx import TensorProto as T
 from ortmlx.kernels import cuda_kernels, cuda_rows, rowfold
 from ortmlx.kernels import dtypes as dt
 from ortmlx.kernels.interpreter import Program
-from ortmlx.subgraph.ir import Graph, Node, ValueInfo
+from ortmlx.ir import Graph, Node, ValueInfo
 from tests.test_cuda_kernels import reference_rms_norm, reference_swiglu
 
 H, F, V = 64, 96, 80            # hidden, MLP width, head width
@@ -69,7 +69,7 @@ def _layer(t, *, stats=False, norm_out=False, two_readers=False, gamma_input=Fal
 
 def _programs(g, **kw):
     """(folded, unfolded) programs made as on a GPU (merged products, the gating folded, half weights kept)."""
-    return tuple(Program(g, merge_matmuls=True, fold_swiglu=True, widen_weights=False, fuse_rows=f, **kw)
+    return tuple(Program(g, merge_matmuls=True, fold_mlp=True, widen_weights=False, fuse_rows=f, **kw)
                  for f in (True, False))
 
 
@@ -123,7 +123,7 @@ def test_norm_not_folded(case):
 
 def test_not_folded_by_default_on_the_cpu():
     g, _ = _layer(T.FLOAT16)
-    names = [st.node.name for st in Program(g, merge_matmuls=True, fold_swiglu=True).steps]
+    names = [st.node.name for st in Program(g, merge_matmuls=True, fold_mlp=True).steps]
     assert {"ln1", "ln2", "ln3", "down"} <= set(names), names
 
 
@@ -251,6 +251,7 @@ def test_genai_models_fold_and_answer_the_same(arch, monkeypatch):
     """The tiny genai LLMs' graphs, their programs made as on a GPU with and without the folds (on the CPU
     the folded steps run the nodes' own functions): every layer's two norms fold into their products, the
     final norm into the LM head, and the greedy tokens are the same."""
+    import dataclasses
     import functools
     import json
 
@@ -264,10 +265,11 @@ def test_genai_models_fold_and_answer_the_same(arch, monkeypatch):
     for fuse in (True, False):
         folds = []
 
-        def init(self, graph, *a, _fuse=fuse, _folds=folds, **k):
-            if k.get("constants_mx") is None and len(a) <= 1:       # (graph, device): a group, not a body
-                k.update(merge_matmuls=True, fold_swiglu=True, widen_weights=False, fuse_rows=_fuse)
-            orig(self, graph, *a, **k)
+        def init(self, graph, device="cpu", config=None, _fuse=fuse, _folds=folds, **k):
+            if config is not None:          # a group's program (a control-flow body's gets none)
+                config = dataclasses.replace(config, merge_matmuls=True, fold_mlp=True, widen_weights=False,
+                                             fuse_rows=_fuse)
+            orig(self, graph, device, config, **k)
             _folds.append(sum(isinstance(st.opdef.fn, functools.partial) and
                               st.opdef.fn.func is rowfold.norm_product for st in self.steps))
         monkeypatch.setattr(interpreter.Program, "__init__", init)

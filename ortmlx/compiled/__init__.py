@@ -1,8 +1,9 @@
 """Compiled fast paths (``mx.compile``) over whole claimed subgraphs.
 
-``make_runner(program, options, stats)`` returns what Compute calls ``run(inputs)`` on:
-a ``CompiledSubgraph`` (general strategy) or, when compilation is off or the group
-cannot use a strategy, the eager ``Program`` itself. See docs/compiled.md.
+``make_runner(program, options, stats)`` returns the group's ``Runner`` (``result.py``): a
+``CompiledSubgraph`` (general strategy), an ``AttentionRunner`` (decode and prefill) or, when
+compilation is off or no strategy takes the group, the eager program (``EagerRunner``). See
+docs/compiled.md.
 """
 from __future__ import annotations
 
@@ -15,9 +16,12 @@ from .attention import AttentionRunner, traced_overrides
 from .config import DECODE, GENERAL, PREFILL, SHAPE_KEYED, SHAPELESS, CompiledConfig
 from .core import TRACE_LOCK, CompiledSubgraph, tracing
 from .mode import apply_compile_mode
+from .result import EagerRunner, RowHints, Runner, RunResult
+from ..stats import SessionStats
 
 __all__ = ["make_runner", "release_all", "runners", "capture", "stats", "tracing", "CompiledSubgraph",
-           "CompiledConfig", "GENERAL", "PREFILL", "DECODE", "SHAPELESS", "SHAPE_KEYED", "TRACE_LOCK"]
+           "CompiledConfig", "GENERAL", "PREFILL", "DECODE", "SHAPELESS", "SHAPE_KEYED", "TRACE_LOCK", "Runner",
+           "RunResult", "RowHints", "EagerRunner"]
 
 _LOCK = threading.Lock()
 _RUNNERS: "weakref.WeakSet" = weakref.WeakSet()
@@ -40,17 +44,17 @@ def choose(program, options) -> tuple[CompiledConfig | str | None, str]:
     return GENERAL, "general"
 
 
-def make_runner(program, options, stats=None):
-    """The object a compute info calls ``run(inputs)`` on."""
+def make_runner(program, options, stats: SessionStats | None = None) -> Runner:
+    """The runner of one group."""
     config, why = choose(program, options)
     if config is not None:
         why = apply_compile_mode(options.tuning.compile_mode)
         if why:
             config = None
     if config is None:
-        if stats is not None and hasattr(stats, "group"):
+        if stats is not None:
             stats.group(program.graph.name)["compiled"] = f"no ({why})"
-        return program
+        return EagerRunner(program)
     if config == "attention":
         runner = AttentionRunner(program, options, stats)
     else:
@@ -99,7 +103,7 @@ def stats() -> dict:
 
 def parts() -> list[CompiledSubgraph]:
     """Every live CompiledSubgraph (an attention runner's decode and prefill closures separately)."""
-    return [p for r in runners() for p in (r.parts() if hasattr(r, "parts") else [r])]
+    return [p for r in runners() for p in r.parts()]
 
 
 def release_all() -> None:

@@ -6,12 +6,13 @@ import weakref
 
 from ..kernels.registry import MS, norm_domain
 from ..tuning import Tuning
-from .config import DECODE, PREFILL
+from .config import DECODE, PREFILL, PREFILL_EXACT
 import numpy as np
 
 from .core import Call, CompiledSubgraph
-from .decode_ops import (gather_block_quantized_traced, gather_traced, gqa_growing_traced, gqa_traced,
-                         prepack_nbits, rotary_traced)
+from .result import RunResult
+from .decode_ops import (gather_block_quantized_traced, gather_elements_traced, gather_traced, gqa_growing_traced,
+                         gqa_traced, prepack_nbits, prepack_qmoe, rotary_traced, scatter_elements_traced)
 
 #: symbolic dims a decode key leaves free: the growing attention-mask length. The past
 #: length stays in the key: with genai's shared buffer it is the buffer size (fixed for a
@@ -23,6 +24,8 @@ SEQ_DIM_NAME = "sequence_length"
 TOTAL_DIM_NAME = "total_sequence_length"
 PAST_DIM_NAME = "past_sequence_length"
 BATCH_DIM_NAME = "batch_size"
+#: ops whose outputs a prompt padded at its end changes (their state is the sequence's tail)
+UNPADDABLE = frozenset({"CausalConvWithState"})
 #: prefill buckets: 16, 32, 64, ... (capped by the KV buffer and the rotary cache)
 BUCKET_MIN = 16
 
@@ -66,13 +69,18 @@ class BucketedPrefill(CompiledSubgraph):
         self.batch = sorted(dims_named(program, {BATCH_DIM_NAME}))
         self.past = sorted(dims_named(program, {PAST_DIM_NAME}))
         self.rows = rope_rows(program)
+        #: steps a padded prompt changes: a windowed KV cache (GroupQueryAttention sliding_window_cache=1)
+        #: needs seqlens_k + 1 >= S (ORT rejects a padded prompt); a causal convolution's present state is
+        #: the input's last positions (the padding's). Such groups prefill shape-keyed (``prefill_exact``)
+        self.windowed = any((st.node.op_type == "GroupQueryAttention" and st.attrs.get("sliding_window_cache", 0))
+                            or st.node.op_type in UNPADDABLE for st in program.steps)
         g = program.graph
         self.out_seq = [(j, ax) for j, n in enumerate(program.outputs)
                         for ax, d in enumerate(g.value(n).shape or ()) if d == SEQ_DIM_NAME]
 
     def bucket(self, inputs: list) -> tuple[int, int] | None:
         """(prompt length, bucket) when this call can be padded, else None."""
-        if not (self.seq and self.total and self.past) or self.rows is None:
+        if not (self.seq and self.total and self.past) or self.rows is None or self.windowed:
             return None
         size = {(i, ax): inputs[i].shape[ax] for i, ax in self.seq + self.total + self.batch + self.past
                 if inputs[i] is not None and inputs[i].ndim > ax}
@@ -119,8 +127,8 @@ class BucketedPrefill(CompiledSubgraph):
 
 
 def traced_overrides(program, decode: bool | None, padded: bool = False, growing: bool = False) -> dict:
-    """Step index -> OpDef with a trace-friendly translator: Gather, GatherBlockQuantized (indices as
-    data), RotaryEmbedding (positions as data), MatMulNBits (weights prepacked) and, for attention
+    """Step index -> OpDef with a trace-friendly translator: Gather, GatherElements, ScatterElements,
+    GatherBlockQuantized (indices as data), RotaryEmbedding (positions as data), MatMulNBits and QMoE (weights prepacked) and, for attention
     closures, GroupQueryAttention (``decode``: total length as data too; ``growing``: a decode whose
     past length grows, present = past + the new row)."""
     out = {}
@@ -128,12 +136,15 @@ def traced_overrides(program, decode: bool | None, padded: bool = False, growing
         dom = norm_domain(st.node.domain)
         if st.node.op_type == "Gather" and dom == "":
             out[i] = dataclasses.replace(st.opdef, fn=gather_traced, const_inputs=frozenset(), wants_ctx=False)
+        elif st.node.op_type in ("GatherElements", "ScatterElements") and dom == "" and st.node.since_version >= 11:
+            fn = gather_elements_traced if st.node.op_type == "GatherElements" else scatter_elements_traced
+            out[i] = dataclasses.replace(st.opdef, fn=fn, const_inputs=frozenset(), wants_ctx=False)
         elif st.node.op_type == "RotaryEmbedding" and dom == MS:
             out[i] = dataclasses.replace(st.opdef, fn=rotary_traced, const_inputs=frozenset(), wants_ctx=False)
         elif st.node.op_type == "GatherBlockQuantized" and dom == MS:
             out[i] = dataclasses.replace(st.opdef, fn=gather_block_quantized_traced, const_inputs=frozenset(),
                                          wants_ctx=False)
-        elif st.node.op_type == "MatMulNBits" and dom == MS:
+        elif st.node.op_type in ("MatMulNBits", "QMoE") and dom == MS:
             fn = _prepacked(program, i)
             if fn is not None:
                 out[i] = dataclasses.replace(st.opdef, fn=fn, wants_ctx=False)
@@ -148,11 +159,12 @@ _PREPACKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _prepacked(program, i: int):
-    """The prepacked MatMulNBits translator of step ``i`` (shared by a program's closures)."""
+    """The prepacked MatMulNBits / QMoE translator of step ``i`` (shared by a program's closures)."""
     per = _PREPACKED.setdefault(program, {})
     if i not in per:
         try:
-            per[i] = prepack_nbits(program, program.steps[i])
+            st = program.steps[i]
+            per[i] = (prepack_qmoe if st.node.op_type == "QMoE" else prepack_nbits)(program, st)
         except Exception:  # noqa: BLE001 - not prepackable: the eager translator is traced (and may fail)
             per[i] = None
     return per[i]
@@ -167,9 +179,6 @@ def dims_named(program, names) -> frozenset:
 
 class AttentionRunner:
     """Decode (S == 1: shapeless) and prefill (shape-keyed) closures over one attention group."""
-
-    supports_probe = True
-    supports_since = True
 
     def __init__(self, program, options, stats=None):
         self.program = program
@@ -193,9 +202,9 @@ class AttentionRunner:
         self.prefill_exact = None
         if options.compiles("prefill"):
             self.prefill = BucketedPrefill(program, stats, tuning)
-            self.prefill_exact = CompiledSubgraph(program, PREFILL, stats, traced_overrides(program, False),
+            self.prefill_exact = CompiledSubgraph(program, PREFILL_EXACT, stats, traced_overrides(program, False),
                                                   label="prefill_exact", tuning=tuning)
-        if stats is not None and hasattr(stats, "group"):
+        if stats is not None:
             stats.group(self.name)["compiled"] = "+".join(p.label for p in self.parts())
         self.eager_calls = 0
 
@@ -220,7 +229,7 @@ class AttentionRunner:
                 return int(a.shape[ax])
         return None
 
-    def run(self, inputs: list, probe=None, since: tuple | None = None) -> list:
+    def run(self, inputs: list, probe=None, since: tuple | None = None) -> RunResult:
         s = self.seq_len(inputs)
         if s == 1:
             # a path switched off runs eagerly
@@ -231,7 +240,7 @@ class AttentionRunner:
             r = self.prefill_exact
         if r is None:
             self.eager_calls += 1
-            return self.program.run(inputs, probe=probe) if probe is not None else self.program.run(inputs)
+            return RunResult(self.program.run(inputs, probe=probe))
         return r.run(inputs, probe, since)
 
     def release(self) -> None:

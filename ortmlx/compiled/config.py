@@ -1,6 +1,7 @@
 """What a compiled subgraph does: one core, three strategies as configurations."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 SHAPELESS = "shapeless"
@@ -49,4 +50,6 @@ class CompiledConfig:
 
 GENERAL = CompiledConfig("general", SHAPE_KEYED, contiguous_outputs=True, eager_calls_before_trace=1)
 PREFILL = CompiledConfig("prefill", SHAPE_KEYED, kv_alias=True, rope_as_data=True, delta_copyout=True)
+#: a prefill no bucket takes (a batch, a chunk after a past): traced only when its exact shapes come back
+PREFILL_EXACT = dataclasses.replace(PREFILL, eager_calls_before_trace=1)
 DECODE = CompiledConfig("decode", SHAPELESS, kv_alias=True, rope_as_data=True, delta_copyout=True, max_keys=4)

@@ -8,36 +8,39 @@ poisons the closure (dropped, never called again) and the call answers from eage
 """
 from __future__ import annotations
 
-import functools
-import math
+import copy
+import dataclasses
 import operator
+import sys
 import threading
 import time
 
 import mlx.core as mx
 import numpy as np
 
-from ..kernels import cuda_driver, cuda_kernels
-from ..kernels import tracing as trace_mark
+from ..kernels import build, cuda_driver
 from ..kernels import dtypes as dt
 from ..kernels.interpreter import mx_device
 from ..kernels.ops.reduction import reduce_sum_ints_host
 from ..tuning import Tuning
+from ..version import mlx_cache_dir
 from . import ahead, hoist_form
 from .analysis import HostPlan, hoist_free_work, host_plan, static_reason
 from .config import CompiledConfig
-from .decode_ops import Untraceable, collect_guards, stop_guards, take_row_hints
+from .keys import Keys, is_empty, shapes_of
+from .trace import compile_closure
+from .result import RowHints, RunResult
 from .verify import mismatch
 
 #: what ``_apply`` returns when a guard computed in the graph said "not this call"
 GUARD_FAILED = object()
-#: traces a shape-keyed closure of a shapeless key may make before it is given up (shapes vary)
-MAX_FIXED_TRACES = 3
 #: keys remembered while they wait for their trace (``CompiledConfig.eager_calls_before_trace``)
 SEEN_KEYS = 256
+#: a closure's first call longer than this (seconds) is said on the console, once per process
+BUILD_NOTICE_S = 1.0
+_NOTICED: list = []
 #: MLX's trace state is process-global: one trace at a time (re-entrant for nested groups)
 TRACE_LOCK = threading.RLock()
-_TLS = threading.local()
 
 
 def compile_thread() -> bool:
@@ -54,7 +57,7 @@ def compile_thread() -> bool:
 
 def tracing() -> bool:
     """True while this thread is inside a compiled closure's traced body."""
-    return getattr(_TLS, "depth", 0) > 0
+    return build.tracing()
 
 
 class Call:
@@ -116,9 +119,6 @@ class _Closure:
 class CompiledSubgraph:
     """The runner Compute calls: compiled replay with an eager answer on any doubt."""
 
-    supports_probe = True
-    supports_since = True               # run(..., since=): see run
-
     def __init__(self, program, config: CompiledConfig, stats=None, overrides: dict | None = None,
                  free_dims: frozenset | None = None, label: str | None = None, tuning: Tuning | None = None):
         self.program = program
@@ -131,11 +131,8 @@ class CompiledSubgraph:
         self.label = label or config.name
         #: the program the traces build: steps whose translator is replaced by a traced form
         self.trace_program = with_overrides(program, overrides or {})
-        #: (input, axis) dims a shapeless key leaves free (None: every dim, the key is ranks only)
-        self.free_dims = None if free_dims is None else frozenset(free_dims)
-        self._free_axes: dict[int, frozenset] = {}          # input -> its free axes (keys)
-        for i, ax in self.free_dims or ():
-            self._free_axes[i] = self._free_axes.get(i, frozenset()) | {ax}
+        #: the calls' shape keys (``keys.py``)
+        self.keys = Keys(len(program.inputs), config.shapeless, free_dims)
         self.device = program.device
         self.static_reason = static_reason(program)
         self._in_types = [program.types.get(n) for n in program.inputs]
@@ -149,10 +146,8 @@ class CompiledSubgraph:
         self.released = False
         self._stopped = False               # no new keys any more (max_keys / thrashing)
         self._eval = mx.eval                # the compiled path's eval (tests inject failures here)
-        #: ``_key_since``'s memo: (the gather it was made for, the call's shapes, its ``_key1``, its empty inputs)
-        self._key_memo: tuple = (-1, (), (), frozenset())
         #: ``run``'s last lookup: (k1, its plan, host bytes, closure); an identical k1 object finds them again
-        #: (``_key_since`` keeps the object while no part changes; only ``_first`` and ``release`` change the maps)
+        #: (``Keys.since`` keeps the object while no part changes; only ``_first`` and ``release`` change the maps)
         self._last: tuple | None = None
         self._plain_prepare = type(self)._prepare is CompiledSubgraph._prepare
         # on a GPU, start the eval asynchronously and make one 4 KB allocation while the GPU runs: the first such
@@ -169,8 +164,8 @@ class CompiledSubgraph:
         self._ahead_prev: tuple | None = None
         self.counters = {"compiled": self.label, "traces": 0, "compiled_calls": 0, "eager_calls": 0,
                          "verify_calls": 0, "guard_fails": 0, "poisoned": "", "poisoned_closures": 0, "keys": 0,
-                         "trace_ms": 0.0, "ahead_calls": 0, "ahead_misses": 0}
-        if stats is not None and hasattr(stats, "group"):
+                         "trace_ms": 0.0, "build_s": 0.0, "ahead_calls": 0, "ahead_misses": 0}
+        if stats is not None:
             g = stats.group(self.name)
             if label is None:
                 g.update(self.counters)
@@ -181,11 +176,15 @@ class CompiledSubgraph:
             self._fallback(self.static_reason)
 
     # ------------------------------------------------------------------ public
-    def run(self, inputs: list, probe=None, since: tuple | None = None) -> list:
+    def run(self, inputs: list, probe=None, since: tuple | None = None) -> RunResult:
         """Outputs for ``inputs``: compiled when trusted, else eager (same answer).
 
         ``since``: (the previous gather's number, this one's, the inputs whose shape or type may differ from that
         gather's), from Compute (``ep.compute.ComputeInfo.gather``): the key is worked out for those only."""
+        out = self._run(inputs, probe, since)
+        return out if type(out) is RunResult else RunResult(out)
+
+    def _run(self, inputs: list, probe, since: tuple | None) -> "list | RunResult":
         with mx.stream(mx_device(self.device)):
             if self.released or self.static_reason:
                 return self._eager(inputs, probe)
@@ -194,18 +193,19 @@ class CompiledSubgraph:
                                "down without the GIL when the thread exits): eager")
                 return self._eager(inputs, probe)
             keyed_since = since is not None and self._plain_prepare
-            if self.device == "gpu" and not keyed_since and any(map(_empty, inputs)):
+            if self.device == "gpu" and not keyed_since and any(map(is_empty, inputs)):
                 return self._eager(inputs, probe)      # MLX's CUDA compiled kernels crash (SIGFPE) on size 0
             try:
                 if keyed_since:
-                    call, k1, empty = self._key_since(inputs, since)
+                    sig, k1, empty = self.keys.since(inputs, since)
+                    call = Call(inputs, sig)
                     if empty and self.device == "gpu":
                         return self._eager(inputs, probe)       # (as above)
                 else:
                     call = self._prepare(inputs)
                     if call is None:
                         return self._eager(inputs, probe)
-                    k1 = self._key1(call.inputs, None if call.padded else call.sig)
+                    k1 = self.keys.key(call.inputs, None if call.padded else call.sig)
             except Exception as e:  # noqa: BLE001 - an input we cannot key runs eagerly
                 self._fallback(f"cannot key inputs: {type(e).__name__}: {e}")
                 return self._eager(inputs, probe)
@@ -252,41 +252,7 @@ class CompiledSubgraph:
 
     def _prepare(self, inputs: list) -> "Call | None":
         """What the closure runs on for this call (None: this call runs eagerly)."""
-        return Call(inputs, _shapes(inputs))
-
-    def _key_since(self, inputs: list, since: tuple) -> tuple["Call", tuple, bool]:
-        """(``_prepare``'s call, its ``_key1``, whether an input is empty), from the previous call's shapes and key
-        where ``since`` says that call's gather came just before this one's (only the inputs it names are worked
-        out again; the key is the same object while none of their parts changes)."""
-        prev, token, redo = since
-        at, sig, k1, empty = self._key_memo
-        if at != prev or len(inputs) != len(sig):
-            sig = _shapes(inputs)
-            k1 = self._key1(inputs, sig)
-            empty = frozenset(i for i, a in enumerate(inputs) if _empty(a))
-        elif redo:
-            sig, parts, new_empty, changed = list(sig), None, set(empty), False
-            for i in redo:
-                a = inputs[i]
-                sig[i] = sh = None if a is None else a.shape if type(a) in _SHAPED else np.shape(a)
-                part = self._key_part(i, a, sh)
-                if part != k1[i]:
-                    if parts is None:
-                        parts = list(k1)
-                    parts[i] = part
-                if _empty(a):
-                    changed |= i not in new_empty
-                    new_empty.add(i)
-                elif i in new_empty:
-                    new_empty.discard(i)
-                    changed = True
-            sig = tuple(sig)
-            if parts is not None:
-                k1 = tuple(parts)
-            if changed:
-                empty = frozenset(new_empty)
-        self._key_memo = (token, sig, k1, empty)
-        return Call(inputs, sig), k1, bool(empty)
+        return Call(inputs, shapes_of(inputs))
 
     def parts(self) -> list["CompiledSubgraph"]:
         return [self]
@@ -324,7 +290,7 @@ class CompiledSubgraph:
         try:
             new = host_plan(self.trace_program, env, hoist=self.config.shapeless)
             if self.config.shapeless and not new.shapeless_reason():
-                new = hoist_free_work(self.trace_program, env, new, self._free_inputs())
+                new = hoist_free_work(self.trace_program, env, new, self.keys.free_inputs())
         except Exception as e:  # noqa: BLE001
             new = HostPlan(frozenset(), (), frozenset(), f"host analysis failed: {type(e).__name__}: {e}")
         reason = new.shapeless_reason() if self.config.shapeless else new.reason
@@ -359,16 +325,10 @@ class CompiledSubgraph:
         group input with a free dim. When none does (genai's decode once the growing attention
         mask is hoisted out), the closure is traced shape-keyed instead: MLX retraces on any new
         input shape (hoisted values included), so nothing baked from a shape can go stale, and
-        slices, ``split`` and ``mx.fast`` kernels are allowed. More than ``MAX_FIXED_TRACES``
+        slices, ``split`` and ``mx.fast`` kernels are allowed. More than ``trace.MAX_FIXED_TRACES``
         traces (shapes did vary) poisons it: that key runs eagerly."""
-        free = self._free_inputs()
+        free = self.keys.free_inputs()
         return any(i in free for i in c.dev_idx)
-
-    def _free_inputs(self) -> frozenset[int]:
-        """Group inputs with a dim a shapeless key leaves free (all of them when every dim is free)."""
-        if self.free_dims is None:
-            return frozenset(range(len(self.program.inputs)))
-        return frozenset(i for i, _ in self.free_dims)
 
     def _new_closure(self, plan: HostPlan, inputs: list) -> _Closure:
         """A closure for one key: device inputs are traced, the others baked in (copied)."""
@@ -401,7 +361,8 @@ class CompiledSubgraph:
             self._fallback(c.poisoned)
             return c
         try:
-            c.fn = self._compile(c)
+            c.fn = compile_closure(c, len(self.program.inputs), self._out_types, self.config, self.counters, self.stats,
+                                   self.name)
         except Exception as e:  # noqa: BLE001
             c.poisoned = f"compile: {type(e).__name__}: {e}"
             self._fallback(c.poisoned)
@@ -411,15 +372,17 @@ class CompiledSubgraph:
         """Run the closure next to an eager answer; trust, or poison on any difference."""
         self.counters["verify_calls"] += 1
         sig = call.sig
+        first, t0 = c.calls == 0, time.perf_counter()
         got = self._apply(c, call, None)
+        if first:
+            self._built(time.perf_counter() - t0)
         if got is None or got is GUARD_FAILED:
             return
         try:
             want = [dt.host(r) for r in ref]
-            why = mismatch([dt.host(g) for g in got], want, self._bf16)
-            hints = getattr(got, "row_hints", None)
-            if not why and hints is not None:
-                why = _hint_mismatch(hints, got)
+            why = mismatch([dt.host(g) for g in got.outputs], want, self._bf16)
+            if not why and got.row_hints is not None:
+                why = _hint_mismatch(got.row_hints, got.outputs)
         except Exception as e:  # noqa: BLE001
             why = f"comparison failed: {type(e).__name__}: {e}"
         if why:
@@ -430,7 +393,7 @@ class CompiledSubgraph:
         c.verified.add(sig)
         c.trusted = not (self.config.shapeless or call.padded) or len(c.verified) >= 2
 
-    def _apply(self, c: _Closure, call: "Call", probe) -> list | None:
+    def _apply(self, c: _Closure, call: "Call", probe) -> RunResult | None:
         """Host outputs of the closure, or None after poisoning it on any error."""
         stage = "inputs"
         inputs = call.inputs
@@ -513,79 +476,12 @@ class CompiledSubgraph:
                     # the main thread: ``compile_thread``) rewrites it, so the call keeps a copy
                     hints.data = c.sink.array[c.hint_at:c.hint_at + hints.nbytes].copy()
                 outs = outs[:-1]
-            outs = call.post(outs) if call.post is not None else outs
-            if hints is not None and call.post is None:
-                outs = HintedResults(outs)
-                outs.row_hints = hints
-                outs.source = c
-            return outs
+            if call.post is not None:
+                return RunResult(call.post(outs))
+            return RunResult(outs) if hints is None else RunResult(outs, hints, c)
         except Exception as e:  # noqa: BLE001 - any failure: poison and answer eagerly
             self._poison(c, f"{stage}: {type(e).__name__}: {e}")
             return None
-
-    def _compile(self, c: _Closure):
-        """The ``mx.compile`` closure of the whole program for one key."""
-        program, counters, stats, name = c.trace_prog, self.counters, self.stats, self.name
-        n, host_vals = len(program.inputs), c.host_vals
-        dev_idx = c.dev_idx + tuple(range(len(self.program.inputs), n))      # then the hoisted values
-        out_types, contiguous = self._out_types, self.config.contiguous_outputs
-
-        shapeless = c.shapeless
-        #: the row hints' bytes gathered by one custom kernel (not one copy kernel per piece)
-        one_kernel = getattr(program, "cuda_kernels", False) and cuda_kernels.usable()
-        #: ... straight into page-locked host memory (read after the eval: no device buffer, no copy call)
-        to_host = one_kernel and getattr(program, "pinned_hints", False)
-
-        def body(*dev):
-            c.traces += 1                       # a Python side effect: runs only while tracing
-            counters["traces"] += 1
-            if not shapeless and self.config.shapeless and c.traces > MAX_FIXED_TRACES:
-                raise Untraceable(f"shapes changed between calls ({c.traces} traces of a fixed-shape closure)")
-            _TLS.depth = getattr(_TLS, "depth", 0) + 1
-            outer = trace_mark.set_shapeless(shapeless)
-            try:
-                if stats is not None and getattr(stats, "faults", None) is not None:
-                    stats.fault("trace", name)
-                inputs: list = [None] * n
-                for i, a in zip(dev_idx, dev):
-                    inputs[i] = a
-                for i, v in host_vals.items():
-                    inputs[i] = v
-                guards = collect_guards()
-                env = program.build(inputs)
-                outs = [_device_output(env[o], t, contiguous) for o, t in zip(program.outputs, out_types)]
-                hints = take_row_hints()
-                meta = _hinted_outputs(hints, outs, {id(inputs[i]): i for i in dev_idx})
-                c.hints = [m for m in meta if m is not None]
-                if to_host and c.sink is not None:
-                    raise Untraceable("a closure whose kernels write host memory is traced once")
-                # outputs read on the host (the logits) go to host memory too, ahead of the hints' bytes
-                host_outs = _host_outputs(outs, hints, [inputs[i] for i in dev_idx]) if to_host and \
-                    not shapeless else []
-                layout, hint_at = [], 0
-                for j in host_outs:
-                    layout.append((j, hint_at, tuple(outs[j].shape), outs[j].dtype))
-                    hint_at = -(-(hint_at + outs[j].nbytes) // 256) * 256
-                c.hint_at = hint_at
-                if c.hints:
-                    data, c.hint_starts = _hint_arrays(
-                        hints, meta, one_kernel, (lambda used: _sink_address(c, hint_at, used)) if to_host else None)
-                    outs.append(data)
-                if layout and _sink_address(c, 0, hint_at) is not None:
-                    for j, off, _, _ in layout:
-                        outs[j] = cuda_kernels.copy_to_host(outs[j], _sink_address(c, off, outs[j].nbytes))
-                    c.host_outs = [(j, off, off + math.prod(shape) * d.size, shape, dt.NUMPY[dt.FROM_MLX[d]])
-                                   for j, off, shape, d in layout]
-                c.guarded = bool(guards)
-                if guards:
-                    outs.append(_guard_value(guards, shapeless))
-                return outs
-            finally:
-                stop_guards()
-                _TLS.depth -= 1
-                trace_mark.set_shapeless(outer)
-
-        return mx.compile(body, shapeless=shapeless)
 
     def _upload(self, c: _Closure, host: list) -> list:
         """The closure's device inputs (``host``: its entries of a call's inputs): MLX arrays as they are
@@ -677,6 +573,17 @@ class CompiledSubgraph:
         return res, env
 
     # ------------------------------------------------------------------ bookkeeping
+    def _built(self, seconds: float) -> None:
+        """A closure's first call took ``seconds`` (its trace and kernel builds): counted, and said on the console
+        once per process when over ``BUILD_NOTICE_S`` (a user otherwise sees a frozen program)."""
+        self.counters["build_s"] = round(self.counters.get("build_s", 0.0) + seconds, 3)
+        if seconds > BUILD_NOTICE_S and not _NOTICED:
+            _NOTICED.append(seconds)
+            sys.stderr.write(f"MLXExecutionProvider: the first {self.label} call at new shapes (group {self.name}) took "
+                             f"{seconds:.1f} s tracing and building MLX kernels (kept under {mlx_cache_dir()}); later "
+                             "calls replay it. `python -m ortmlx warmup MODEL_DIR` prepares a genai model's prompt "
+                             "sizes ahead.\n")
+
     def _poison(self, c: _Closure, why: str) -> None:
         c.poisoned = why
         c.fn = None
@@ -690,187 +597,9 @@ class CompiledSubgraph:
             if why in self._said:
                 return
             self._said.add(why)
-        if self.stats is not None and hasattr(self.stats, "fallback"):
+        if self.stats is not None:
             self.stats.fallback(self.name, why[:500])
 
-    def _key1(self, inputs: list, shapes: tuple | None = None) -> tuple:
-        """The shape key of ``inputs`` (``shapes``: theirs, when the caller has them already)."""
-        if len(inputs) != len(self._in_types):
-            raise ValueError(f"expected {len(self._in_types)} inputs, got {len(inputs)}")
-        if shapes is None:
-            shapes = _shapes(inputs)
-        part = self._key_part
-        return tuple(part(i, a, sh) for i, (a, sh) in enumerate(zip(inputs, shapes)))
-
-    def _key_part(self, i: int, a, shape: tuple | None):
-        """Input ``i``'s part of the key (``shape``: its shape): its type, and its shape, or its rank when the
-        closure is shapeless with no dims named free, or its shape with the free dims as -1."""
-        if a is None:
-            return None
-        if self.config.shapeless:
-            if self.free_dims is None:
-                return (_dstr(a), len(shape))
-            fa = self._free_axes.get(i)
-            if fa:
-                shape = tuple(-1 if ax in fa else d for ax, d in enumerate(shape))
-        return (_dstr(a), shape)
-
-
-class RowHints:
-    """What a trace declared about its aliased outputs (``decode_ops.add_row_hint``), evaluated:
-    ``meta`` [(output j, input i, row shape, item size)] and ``data``: one flat byte array of the rows, then
-    the distinct start arrays (int32 bytes, ``n_starts`` values); ``starts`` indexes those values for each
-    hint's batch rows in turn (hints sharing one start array share its bytes): one round trip. ``data`` is
-    an MLX array, or (written to host memory by the kernel) a NumPy array of the call's own."""
-
-    __slots__ = ("meta", "data", "n_starts", "starts", "nbytes")
-
-    #: (meta, starts, n_starts, nbytes) of the last hints built, matched by identity: a closure's meta and
-    #: starts stay the same objects from its trace on, so the counts are worked out once, not per call
-    _sizes: tuple = (None, None, 0, 0)
-
-    def __init__(self, meta: list, data: mx.array, starts: np.ndarray):
-        self.meta = meta
-        self.data = data
-        self.starts = starts
-        last = RowHints._sizes
-        if last[0] is meta and last[1] is starts:
-            self.n_starts, self.nbytes = last[2], last[3]
-            return
-        self.n_starts = int(starts.max()) + 1 if starts.size else 0
-        #: the bytes of ``data`` that hold rows and starts (``data`` may be longer: ``HINT_ROOM``)
-        self.nbytes = sum(math.prod(m[2]) * m[3] for m in meta) + 4 * self.n_starts
-        RowHints._sizes = (meta, starts, self.n_starts, self.nbytes)
-
-    def host_data(self, read=np.array) -> np.ndarray:
-        """``data`` on the host: itself when the kernel wrote it to host memory, else ``read`` (a private copy)
-        of its first ``nbytes`` (the rows and starts; the device buffer may be longer)."""
-        raw = self.data
-        return raw if isinstance(raw, np.ndarray) else read(np.asarray(raw)[:self.nbytes])
-
-    def split(self, data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(the rows as flat bytes, each hinted batch row's start) from ``data`` on the host (at least
-        ``nbytes``; any bytes past them are not read)."""
-        data = data[:self.nbytes]
-        k = data.nbytes - 4 * self.n_starts
-        return data[:k], data[k:].view(np.int32)[self.starts]
-
-    def per_output(self, flat: np.ndarray, starts: np.ndarray) -> dict[int, tuple[int, np.ndarray, np.ndarray, tuple]]:
-        """Per output (``flat``/``starts`` from ``split``): output j -> (input i, start row per batch row, the
-        rows' bytes, the rows' shape (B, ..., S, H))."""
-        out, at, sat = {}, 0, 0
-        for j, i, shape, itemsize in self.meta:
-            n = math.prod(shape) * itemsize
-            out[j] = (i, starts[sat:sat + shape[0]], flat[at:at + n], shape)
-            sat += shape[0]
-            at += n
-        return out
-
-
-class HintedResults(list):
-    """A runner's results carrying ``row_hints`` (a ``RowHints``) for Compute's copy-out, and ``source``: the
-    closure that made them (its outputs' types and kinds are fixed)."""
-
-    row_hints = None
-    source = None
-
-
-def _hinted_outputs(hints: list, outs: list, inputs: dict) -> list:
-    """Per hint (output j, input i, row shape, item size) when its present is a group output and its past
-    a traced group input (by identity), else None (that output is diffed as usual)."""
-    out_at = {id(o): j for j, o in enumerate(outs)}
-    meta = []
-    for present, past, start, rows in hints:
-        j, i = out_at.get(id(present)), inputs.get(id(past))
-        if j is None or i is None or rows.dtype != present.dtype or rows.ndim != present.ndim \
-                or start.size != present.shape[0] or any(m is not None and m[0] == j for m in meta):
-            meta.append(None)
-            continue
-        meta.append((j, i, tuple(rows.shape), rows.dtype.size))
-    return meta
-
-
-def _hint_arrays(hints: list, meta: list, one_kernel: bool = False, sink=None) -> tuple[mx.array, np.ndarray]:
-    """The extra output of the kept hints (their rows as flat bytes, then each distinct start array as
-    int32 bytes: one copy kernel per piece, or ``one_kernel``: ``cuda_kernels.gather_bytes``), and per
-    hint batch row the index of its start value. ``sink`` (with ``one_kernel``): called with the bytes
-    used, the address array of host memory the kernel writes them to instead (then the output is one
-    byte), or None."""
-    kept = [h for h, m in zip(hints, meta) if m is not None]
-    if one_kernel and len(kept) + len({id(s) for _, _, s, _ in kept}) <= cuda_kernels.GATHER_MAX \
-            and all(r.size for _, _, _, r in kept):
-        # the kernel copies each array's bytes as they are: no reshape or uint8 view (two primitives each)
-        rows = [r for _, _, _, r in kept]
-    else:
-        one_kernel = False
-        rows = [r.reshape(-1).view(mx.uint8) for _, _, _, r in kept]
-    pieces, at, index, n = [], {}, [], 0     # ``kept`` holds every start: ids stay unique here
-    for _, _, s, _ in kept:
-        if id(s) not in at:
-            at[id(s)] = n
-            n += s.size
-            s32 = s.astype(mx.int32)
-            pieces.append(s32 if one_kernel else s32.reshape(-1).view(mx.uint8))
-        index.extend(range(at[id(s)], at[id(s)] + s.size))
-    if one_kernel:
-        used = sum(int(a.nbytes) for a in rows + pieces)
-        address = sink(used) if sink is not None else None
-        if address is not None:
-            return cuda_kernels.gather_bytes(rows + pieces, to_host=address), np.asarray(index, np.intp)
-        return cuda_kernels.gather_bytes(rows + pieces, size=_hint_room(used)), np.asarray(index, np.intp)
-    return mx.concatenate(rows + pieces), np.asarray(index, np.intp)
-
-
-def _sink_address(c: _Closure, offset: int, nbytes: int) -> mx.array | None:
-    """The device address of ``nbytes`` at ``offset`` of the closure's page-locked host buffer, as the
-    uint64 array a kernel reads (the trace keeps it); the buffer is made for its one trace (page-rounded).
-    None without the CUDA driver."""
-    if c.sink is None:
-        drv = cuda_driver.driver()
-        if drv is None:
-            return None
-        try:
-            c.sink = cuda_driver.HostBuffer(drv, -(-(offset + nbytes) // 4096) * 4096)
-        except cuda_driver.DriverError:
-            return None
-    if offset + nbytes > c.sink.nbytes:
-        raise Untraceable(f"{offset + nbytes} bytes outgrew the closure's host buffer ({c.sink.nbytes} bytes)")
-    return mx.array([c.sink.device_address + offset], dtype=mx.uint64)
-
-
-#: element types an output may take through host memory (a NumPy view of the bytes; not bfloat16)
-_HOST_OUT_TYPES = frozenset((mx.float32, mx.float16, mx.int32, mx.int64, mx.int8, mx.uint8, mx.int16,
-                             mx.uint16, mx.uint32, mx.uint64))
-#: most bytes of outputs one closure sends to host memory
-HOST_OUT_MAX = 64 << 20
-
-
-def _host_outputs(outs: list, hints: list, traced: list) -> list[int]:
-    """The outputs a closure's kernels write to host memory: not a present a row hint names nor shaped
-    like a traced input (a buffer that may be written in place and kept as a device mirror), of a type
-    NumPy holds, more than one element (the kernel's one-byte output stands for them), within
-    ``HOST_OUT_MAX`` together."""
-    named = {id(h[0]) for h in hints}
-    inputs = {(tuple(a.shape), a.dtype) for a in traced if isinstance(a, mx.array)}
-    picked, total = [], 0
-    for j, o in enumerate(outs):
-        if id(o) in named or (tuple(o.shape), o.dtype) in inputs or o.dtype not in _HOST_OUT_TYPES or \
-                o.size < 2 or total + o.nbytes > HOST_OUT_MAX:
-            continue
-        picked.append(j)
-        total += o.nbytes
-    return picked
-
-
-#: Extra bytes of the row hints' device buffer on MLX's CUDA backend. Reading a result on the host
-#: (``np.asarray``) moves a device-memory buffer into managed memory first (``cudaMallocManaged`` and a
-#: blocking copy; a CUPTI profile of the 0.5B on the H200 saw 1.4 such moves a token, ~150 us of host
-#: time); a managed buffer stays managed when MLX's cache hands it out again, but only to a request of
-#: about its size (within 32 KB). A decode row's hints (~12 KB) share their size class (16 KB) with
-#: every layer's MLP activations, so the buffer they get is mostly a device one. Padded to a page
-#: multiple plus this, the buffer has a size of its own, and the managed buffer of one token comes back
-#: the next. The pad is never written nor read.
-HINT_ROOM = 149 << 14
 
 
 def _hint_mismatch(hints: RowHints, outs: list) -> str | None:
@@ -895,50 +624,8 @@ def _spin_waiter():
         return None
 
 
-def _guard_value(guards: list, shapeless: bool) -> mx.array:
-    """The closure's one boolean: every guard true. One-element guards (``decode_ops.every``) are
-    and-ed elementwise, one fused kernel, and reduced once; the others reduce each. A chain of
-    ands, not a stack (a copy kernel per guard). In a shapeless trace every guard reduces (a
-    size seen at trace time may change)."""
-    elementwise = [] if shapeless else [g for g in guards if g.size == 1]
-    reduced = [mx.all(g) for g in guards if shapeless or g.size != 1]
-    if elementwise:
-        reduced.insert(0, mx.all(functools.reduce(mx.logical_and, elementwise)))
-    return functools.reduce(mx.logical_and, reduced)
-
-
-def _hint_room(used: int) -> int:
-    """The padded byte size of a row-hint buffer of ``used`` bytes (``HINT_ROOM``)."""
-    return -(-used // (1 << 14)) * (1 << 14) + HINT_ROOM
-
-
 #: NumPy forms for hoisted integer work that has no registered host form (``Program.build(host_extra=)``)
 _HOIST_HOST = {"ReduceSum": reduce_sum_ints_host}
-#: element type (NumPy dtype or MLX Dtype) -> its key string (``_dstr``)
-_DSTR: dict = {}
-
-
-def _dstr(a) -> str:
-    """The element type of an input for keys (an MLX mirror keys like the host buffer it mirrors)."""
-    d = getattr(a, "dtype", None)
-    s = _DSTR.get(d)
-    if s is not None:
-        return s
-    if isinstance(a, np.ndarray):
-        s = a.dtype.str
-    elif isinstance(a, mx.array):
-        s = np.dtype(dt.NUMPY[dt.FROM_MLX[a.dtype]]).str
-    else:
-        return np.asarray(a).dtype.str
-    _DSTR[d] = s
-    return s
-
-
-def _empty(a) -> bool:
-    """An input with no elements (MLX's CUDA compiled kernels crash on them; None: omitted, not empty)."""
-    return a is not None and getattr(a, "size", 1) == 0
-
-
 def picker(idx) -> "callable":
     """A function giving the entries ``idx`` of a list as a tuple (one C call: ``operator.itemgetter``)."""
     idx = tuple(idx)
@@ -950,35 +637,16 @@ def picker(idx) -> "callable":
     return lambda xs: ()
 
 
-def _shapes(inputs: list) -> tuple:
-    """Each input's shape as a tuple (None for an omitted one)."""
-    return tuple(None if a is None else a.shape if type(a) in _SHAPED else np.shape(a) for a in inputs)
-
-
-#: types whose ``.shape`` is already a tuple of ints (``np.shape`` of anything else)
-_SHAPED = frozenset({np.ndarray, mx.array})
-
-
 def _host_bytes(plan: HostPlan, inputs: list) -> tuple:
     """The values of the inputs a trace bakes in (part of the key)."""
     return tuple(None if inputs[i] is None else np.ascontiguousarray(inputs[i]).tobytes()
                  for i in sorted(plan.host_inputs))
 
 
-def _device_output(v, t: int | None, contiguous: bool) -> mx.array:
-    """A traced output as an MLX array (host outputs become constants of this key's trace)."""
-    if not isinstance(v, mx.array):
-        a = np.asarray(v)
-        v = dt.to_mx(a, t if t is not None else dt.onnx_type_of(a))
-    return mx.contiguous(v) if contiguous else v
-
-
 def with_overrides(program, overrides: dict):
     """A shallow copy of ``program`` whose steps ``i`` use ``overrides[i]`` (an OpDef)."""
     if not overrides:
         return program
-    import copy
-    import dataclasses
     p = copy.copy(program)
     p.steps = [dataclasses.replace(st, opdef=overrides[i]) if i in overrides else st
                for i, st in enumerate(program.steps)]
@@ -987,7 +655,6 @@ def with_overrides(program, overrides: dict):
 
 def sub_program(program, steps, inputs: list, outputs):
     """A shallow copy of ``program`` keeping ``steps`` (indices), with new inputs and outputs."""
-    import copy
     keep = set(steps)
     p = copy.copy(program)
     p.steps = [st for k, st in enumerate(program.steps) if k in keep]

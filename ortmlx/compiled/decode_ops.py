@@ -13,15 +13,18 @@ The attention math itself is the eager translator's ``gqa_core``.
 """
 from __future__ import annotations
 
-import threading
 
 import mlx.core as mx
 import numpy as np
 
-from ..kernels import consts, tracing
-from ..kernels.ops.contrib_attention import gqa_core, softmax_sink
-
-_GUARDS = threading.local()
+from ..kernels import build, consts
+from ..kernels.interpreter import mx_device
+from ..kernels.ops import contrib_quant as q
+from ..kernels.ops.contrib_attention import (_bnsh, apply_rotary, attention_probs_softmax, gqa_core, rope_layout,
+                                             rotary_tables, softmax_sink)
+from ..kernels.ops.contrib_attention import KVQuant, gqa_window_core, head_rms_norm
+from ..kernels.ops.contrib_quant import dequantize_gathered, gbq_layout
+from ..kernels.ops.shape import norm_axis
 
 
 class Untraceable(RuntimeError):
@@ -35,36 +38,20 @@ _GQA_DEFAULTS = dict(scale=0.0, softcap=0.0, do_rotary=0, rotary_interleaved=0, 
                      v_quant_type="NONE", sliding_window_cache=0, qk_norm_epsilon=1e-6)
 
 
-def collect_guards() -> list:
-    """Start collecting guards (and row hints) on this thread (inside a traced body); returns the guards."""
-    _GUARDS.items = []
-    _GUARDS.hints = []
-    return _GUARDS.items
-
-
-def stop_guards() -> None:
-    _GUARDS.items = None
-    _GUARDS.hints = None
-
-
 def add_row_hint(present: mx.array, past: mx.array, start: mx.array, rows: mx.array) -> None:
     """Declare, inside a trace, that ``present`` equals ``past`` bit for bit except rows
     ``start[b] .. start[b] + S`` (axis -2) of batch row b, which hold ``rows`` (B, ..., S, H).
-    The copy-out of an aliased KV buffer then writes those rows without diffing (``ep/mirror.py``)."""
-    hints = getattr(_GUARDS, "hints", None)
-    if hints is not None:
-        hints.append((present, past, start, rows))
-
-
-def take_row_hints() -> list:
-    """The row hints declared in this trace so far."""
-    return list(getattr(_GUARDS, "hints", None) or ())
+    The copy-out of an aliased KV buffer then writes those rows without diffing (``runtime/mirror.py``)."""
+    b = build.current()
+    if b is not None and b.hints is not None:
+        b.hints.append((present, past, start, rows))
 
 
 def add_guard(ok: mx.array) -> None:
     """A boolean that must be true for the traced answer to be used: a scalar, or (from
     ``every``) one element."""
-    items = getattr(_GUARDS, "items", None)
+    b = build.current()
+    items = b.guards if b is not None else None
     if items is None:
         raise RuntimeError("a guarded traced op ran outside a compiled trace")
     if not any(g is ok for g in items):
@@ -77,7 +64,7 @@ def every(x: mx.array) -> mx.array:
     The closure ands its one-element guards elementwise and reduces once (``core``): MLX fuses
     those compares and ands into one kernel, where an ``mx.all`` per condition ends a fusion each
     (a 0.5B decode step had ~13 guard kernels). For one element the truth is the same."""
-    if x.size == 1 and not tracing.shapeless():
+    if x.size == 1 and not build.shapeless():
         return x
     return mx.all(x)
 
@@ -92,27 +79,31 @@ def split_packed_qkv(qkv, num_heads: int, kv_num_heads: int):
     x = qkv.reshape(b, s, heads, h)
 
     def part(lo: int, n: int):
-        if not tracing.shapeless():
+        if not build.shapeless():
             return x[:, :, lo:lo + n].reshape(b, s, n * h)
         return mx.take(x, consts.arange(n, mx.int32, lo), axis=2).reshape(b, s, n * h)
     return part(0, num_heads), part(num_heads, kv_num_heads), part(num_heads + kv_num_heads, kv_num_heads)
 
 
 def _gqa_args(args, attrs, refused: tuple, label: str, pack: bool = False):
-    """Attributes with defaults, inputs by name, and (q, k, v) with packed QKV split; raises
-    Untraceable for inputs the traced forms do not cover (quantized KV, qk norms, ``refused``).
+    """Attributes with defaults, inputs by name, and (q, k, v) with packed QKV split and the q/k norms
+    (``q/k_norm_weight``) applied; raises Untraceable for inputs the traced forms do not cover (quantized
+    KV, ``refused``).
 
-    ``pack``: outside shapeless traces, packed QKV comes back as it is, q (B,S,(N+2Nkv)*H), with k, v None
-    (``gqa_core(packed=True)``)."""
+    ``pack``: outside shapeless traces, packed QKV without q/k norms comes back as it is, q (B,S,(N+2Nkv)*H),
+    with k, v None (``gqa_core(packed=True)``)."""
     a = {**_GQA_DEFAULTS, **attrs}
     x = dict(zip(_GQA_INPUTS, list(args) + [None] * (len(_GQA_INPUTS) - len(args))))
-    for k in ("k_scale", "v_scale", "q_norm_weight", "k_norm_weight") + refused:
+    for k in refused:
         if x[k] is not None:
             raise Untraceable(f"{label}: input {k}")
     if x["past_key"] is None or x["past_value"] is None:
         raise Untraceable(f"{label} needs past_key/past_value")
     q, k, v = x["query"], x["key"], x["value"]
-    if k is None and pack and not tracing.shapeless():
+    norms = x["q_norm_weight"] is not None
+    if norms and x["k_norm_weight"] is None:
+        raise ValueError("q_norm_weight and k_norm_weight must both be given")
+    if k is None and pack and not norms and not a["sliding_window_cache"] and not build.shapeless():
         b, s, hidden = q.shape
         heads = a["num_heads"] + 2 * a["kv_num_heads"]
         if hidden % heads:
@@ -124,7 +115,56 @@ def _gqa_args(args, attrs, refused: tuple, label: str, pack: bool = False):
             q = q + x["qkv_bias"]
             x["qkv_bias"] = None
         q, k, v = split_packed_qkv(q, a["num_heads"], a["kv_num_heads"])
+    if norms:
+        q = head_rms_norm(q, x["q_norm_weight"], a["qk_norm_epsilon"], a["num_heads"])
+        k = head_rms_norm(k, x["k_norm_weight"], a["qk_norm_epsilon"], a["kv_num_heads"])
     return a, x, q, k, v
+
+
+def gqa_window_traced(a, x, q, k, v, decode: bool, padded: bool = False):
+    """GroupQueryAttention over a windowed KV cache (``sliding_window_cache=1``) in a trace: the eager
+    translator's ``gqa_window_core`` with its host checks on ``seqlens_k`` as a guard. The capacity C
+    (the past's rows) is a shape, the same for every call of a closure; decode (S == 1) replays
+    shapeless (its present is C rows whatever the total length). A padded (bucketed) prefill is not
+    traced: the op needs seqlens_k + 1 >= S, which a padded prompt breaks (ORT rejects it)."""
+    if padded:
+        raise Untraceable("windowed KV cache (sliding_window_cache=1): a padded prompt has seqlens_k + 1 < S")
+    nh, kvh = a["num_heads"], a["kv_num_heads"]
+    b, s, hidden = q.shape
+    h = hidden // nh
+    past_k, past_v = x["past_key"], x["past_value"]
+    cap, w = past_k.shape[2], a["local_window_size"]
+    if past_k.shape != (b, kvh, cap, h) or past_v.shape != past_k.shape or k.shape != (b, s, kvh * h):
+        raise ValueError(f"traced GroupQueryAttention: shapes q {q.shape} k {k.shape} past {past_k.shape}")
+    if cap < w:
+        raise ValueError(f"sliding_window_cache: KV cache capacity ({cap}) must be at least local_window_size ({w})")
+    if decode and s != 1:
+        raise Untraceable("traced decode GroupQueryAttention: S == 1")
+    if not decode and s > 1 and b > 1:
+        tot = int(np.asarray(x["total_sequence_length"]).reshape(-1)[0])
+        if s != tot:
+            raise ValueError(f"batch_size must be 1 when sequence_length > 1 and past context is given (B={b}, S={s})")
+    sk = x["seqlens_k"]
+    seqlens = build.memo(("gqa_seqlens", id(sk)), lambda: sk.reshape(-1).astype(mx.int32))
+    rows = None
+    if a["do_rotary"]:
+        cos = x["cos_cache"]
+        if cos is None or x["sin_cache"] is None:
+            raise ValueError("do_rotary=1 needs cos_cache and sin_cache")
+        if h % 16 or cos.shape[-1] * 2 > h or cos.shape[-1] % 8:
+            raise ValueError(f"rotary: head_size {h}, cos_cache {cos.shape}")
+        rows = cos.shape[0]
+
+    def guard():
+        ok = every(seqlens + 1 >= s)
+        return ok & every(seqlens < rows) if rows is not None else ok
+    add_guard(build.memo(("gqa_window_guard", id(sk), s, rows), guard))
+    return gqa_window_core(q, k, v, past_k, past_v, seqlens, num_heads=nh, kv_num_heads=kvh, window=w,
+                           scale=a["scale"], softcap=a["softcap"],
+                           cos_cache=x["cos_cache"] if a["do_rotary"] else None,
+                           sin_cache=x["sin_cache"] if a["do_rotary"] else None,
+                           rotary_interleaved=bool(a["rotary_interleaved"]),
+                           sink=softmax_sink(x["head_sink"], a["smooth_softmax"], nh))
 
 
 def _gqa_guard(seqlens, total, decode: bool, s: int, p: int, present_len: int, first_prompt: bool,
@@ -156,7 +196,7 @@ def gqa_traced(decode: bool, padded: bool = False):
     """
     def gqa(*args, **attrs):
         out = _gqa(*args, **attrs)
-        if not padded:
+        if not padded or attrs.get("sliding_window_cache", 0):
             return out
         o, pk, pv = out
         seqlens = args[5].reshape(-1).astype(mx.int32)
@@ -167,19 +207,23 @@ def gqa_traced(decode: bool, padded: bool = False):
 
     def _gqa(*args, **attrs):
         a, x, q, k, v = _gqa_args(args, attrs, (), "traced GroupQueryAttention", pack=True)
+        if a["sliding_window_cache"]:
+            return gqa_window_traced(a, x, q, k, v, decode, padded)
         nh, kvh = a["num_heads"], a["kv_num_heads"]
         packed = k is None
         b, s, hidden = q.shape
         h = hidden // (nh + 2 * kvh) if packed else hidden // nh
         past_k, past_v = x["past_key"], x["past_value"]
         p = past_k.shape[2]
-        if past_k.shape != (b, kvh, p, h) or past_v.shape != past_k.shape or \
+        kvq = KVQuant(a["kv_cache_bit_width"], x["k_scale"], x["v_scale"]) if a["kv_cache_bit_width"] else None
+        hp = h if kvq is None or kvq.bits == 8 else h // 2          # a 4-bit cache packs two values a byte
+        if past_k.shape != (b, kvh, p, hp) or past_v.shape != past_k.shape or \
                 (not packed and k.shape != (b, s, kvh * h)):
             raise ValueError(f"traced GroupQueryAttention: shapes q {q.shape} k {None if packed else k.shape} past {past_k.shape}")
         # one int32 form per build for every layer (a group input: alive to the build's end): one start
         # array for all their row hints
         sk = x["seqlens_k"]
-        seqlens = consts.memo(("gqa_seqlens", id(sk)), lambda: sk.reshape(-1).astype(mx.int32))
+        seqlens = build.memo(("gqa_seqlens", id(sk)), lambda: sk.reshape(-1).astype(mx.int32))
         total = x["total_sequence_length"]
         if decode:
             if s != 1 or x["position_ids"] is not None or x["attention_bias"] is not None:
@@ -204,7 +248,7 @@ def gqa_traced(decode: bool, padded: bool = False):
                 raise ValueError(f"position {s - 1} is beyond the rotary cache ({rows} rows)")
         # every layer's guard is the same: one per build (a closure ands each guard object once)
         tkey = ("id", id(total)) if isinstance(total, mx.array) else ("host", np.asarray(total).tolist())
-        add_guard(consts.memo(("gqa_guard", id(sk), tkey, decode, s, p, present_len, first_prompt, rows),
+        add_guard(build.memo(("gqa_guard", id(sk), tkey, decode, s, p, present_len, first_prompt, rows),
                               lambda: _gqa_guard(seqlens, total, decode, s, p, present_len, first_prompt, rows)))
         if x["attention_bias"] is not None:
             ab = x["attention_bias"].shape
@@ -218,7 +262,7 @@ def gqa_traced(decode: bool, padded: bool = False):
                        sin_cache=x["sin_cache"] if a["do_rotary"] else None,
                        rotary_interleaved=bool(a["rotary_interleaved"]), position_ids=None,
                        attention_bias=x["attention_bias"], sink=sink, in_place=decode, packed=packed,
-                       qkv_bias=x["qkv_bias"])
+                       qkv_bias=x["qkv_bias"], kv_quant=kvq)
         if not decode:
             return res
         # decode writes row seqlens_k (= past length, S == 1) into the buffer and leaves the others
@@ -241,10 +285,12 @@ def gqa_growing_traced(*args, **attrs):
     those conditions are guards, with the key length read from the data shape (a sum of ones
     over the score row, shapeless) rather than baked. The op sequence is ``gqa_core``'s.
     """
-    from ..kernels.ops.contrib_attention import _bnsh, apply_rotary, attention_probs_softmax, rotary_tables
     import math
-    a, x, q, k, v = _gqa_args(args, attrs, ("position_ids", "attention_bias"),
+    a, x, q, k, v = _gqa_args(args, attrs, ("position_ids", "attention_bias", "k_scale", "v_scale"),
                               "traced growing-KV GroupQueryAttention")
+    if a["sliding_window_cache"]:
+        # its buffer is the window's capacity, whatever the other layers' past length: the windowed form
+        return gqa_window_traced(a, x, q, k, v, True)
     nh, kvh = a["num_heads"], a["kv_num_heads"]
     b, s, hidden = q.shape
     h = hidden // nh
@@ -301,7 +347,6 @@ def gqa_growing_traced(*args, **attrs):
 
 def gather_traced(data, indices, *, axis=0):
     """Gather with the indices as data: out-of-range indices fail a guard (eager raises)."""
-    from ..kernels.ops.shape import norm_axis
     a = norm_axis(axis, data.ndim)
     n = data.shape[a]
     idx = indices if isinstance(indices, mx.array) else mx.array(np.asarray(indices))
@@ -311,13 +356,51 @@ def gather_traced(data, indices, *, axis=0):
     return mx.take(data, idx.astype(mx.int32) if n < 2**31 else idx, axis=a)
 
 
+def _traced_indices(indices, n: int):
+    """Indices as an int array in [0, n): out-of-range ones fail a guard (eager raises), negatives wrap."""
+    idx = indices if isinstance(indices, mx.array) else mx.array(np.asarray(indices))
+    idx = idx.astype(mx.int64)
+    add_guard(every((idx >= -n) & (idx < n)))
+    idx = mx.where(idx < 0, idx + n, idx)
+    return mx.clip(idx, 0, max(n - 1, 0)).astype(mx.int32)
+
+
+def gather_elements_traced(data, indices, *, axis=0):
+    """GatherElements with the indices as data (the eager translator range-checks them on the host)."""
+    from ..kernels.ops.shape import norm_axis
+    a = norm_axis(axis, data.ndim)
+    if indices.ndim != data.ndim or any(i > d for k, (i, d) in enumerate(zip(indices.shape, data.shape)) if k != a):
+        raise ValueError(f"GatherElements: indices shape {indices.shape} does not fit data {data.shape} at axis {a}")
+    if indices.size == 0:
+        raise Untraceable("traced GatherElements: empty indices")
+    sl = tuple(slice(None) if k == a else slice(0, i) for k, i in enumerate(indices.shape))
+    d = data[sl] if any(i != dd for k, (i, dd) in enumerate(zip(indices.shape, data.shape)) if k != a) else data
+    return mx.take_along_axis(d, _traced_indices(indices, data.shape[a]), axis=a)
+
+
+def scatter_elements_traced(data, indices, updates, *, axis=0, reduction="none"):
+    """ScatterElements (reduction none) with the indices as data. Eager writes duplicates in order (the
+    last wins); here positions along the axis must be distinct in each row, a guard (else eager answers)."""
+    from ..kernels.ops.shape import norm_axis
+    if reduction != "none":
+        raise Untraceable(f"traced ScatterElements: reduction {reduction!r}")
+    a = norm_axis(axis, data.ndim)
+    if indices.shape != updates.shape or indices.ndim != data.ndim:
+        raise ValueError(f"ScatterElements: indices {indices.shape} / updates {updates.shape} / data {data.shape}")
+    if any(i != d for k, (i, d) in enumerate(zip(indices.shape, data.shape)) if k != a) or indices.size == 0:
+        raise Untraceable("traced ScatterElements: indices narrower than the data off the axis")
+    idx = _traced_indices(indices, data.shape[a])
+    t = mx.moveaxis(idx, a, -1)
+    add_guard(every(mx.sum((t[..., :, None] == t[..., None, :]).astype(mx.int32), axis=-1) == 1))
+    return mx.put_along_axis(data, idx, updates.astype(data.dtype), axis=a)
+
+
 # ---------------------------------------------------------------------------- RotaryEmbedding
 def rotary_traced(input, position_ids, cos_cache, sin_cache, *, interleaved=0, is_packed_batching=0,
                   num_heads=0, rotary_embedding_dim=0, scale=1.0):
     """com.microsoft RotaryEmbedding with ``position_ids`` as data (the eager translator reads
     them on the host). Eager's range check becomes a guard; the math is eager's
     (``rotary_tables`` + ``apply_rotary``)."""
-    from ..kernels.ops.contrib_attention import apply_rotary, rope_layout, rotary_tables
     if is_packed_batching or scale != 1.0:
         raise Untraceable("traced RotaryEmbedding: is_packed_batching / scale")
     x, b, n, s, h, rd = rope_layout(input, cos_cache, sin_cache, num_heads, rotary_embedding_dim)
@@ -347,7 +430,6 @@ def prepack_nbits(program, st):
     """MatMulNBits with constant weights, packed for ``mx.quantized_matmul`` once (the eager
     translator's uint32 ``view`` of B has no shapeless form). None: not prepackable here (the
     eager translator is used, and a shapeless trace of it fails and runs eagerly)."""
-    from ..kernels.ops import contrib_quant as q
     a = {**{k: v for k, v in st.opdef.attrs.items() if v is not inspect_empty()}, **st.attrs}
     K, N, bs, bits = a.get("K"), a.get("N"), a.get("block_size"), a.get("bits", 4)
     if None in (K, N, bs) or K % bs or bs not in q._MLX_GROUPS or a.get("weight_prepacked", 0):
@@ -368,7 +450,6 @@ def prepack_nbits(program, st):
         want = N * (-(-kb * bits // 8)) if zp.dtype == mx.uint8 else N * kb
         if zp.size != want:
             return None
-    from ..kernels.interpreter import mx_device
     with mx.stream(mx_device(program.device)):
         # exactly the eager translator's operands: A is computed in float32 there
         w = B.reshape(N, kb * bs * bits // 8).view(mx.uint32)
@@ -401,7 +482,6 @@ def gather_block_quantized_traced(data, indices, scales, zero_points=None, *, bi
                                   quantize_axis=1, gather_axis=0):
     """GatherBlockQuantized with the indices as data (eager reads them on the host): out-of-range
     indices fail a guard; the dequantization is eager's (``dequantize_gathered``)."""
-    from ..kernels.ops.contrib_quant import dequantize_gathered, gbq_layout
     ga, cols, kb = gbq_layout(data, scales, bits, block_size, gather_axis)
     if kb * block_size != cols:
         raise Untraceable("traced GatherBlockQuantized: blocks that do not tile the row")
@@ -413,3 +493,38 @@ def gather_block_quantized_traced(data, indices, scales, zero_points=None, *, bi
     w = dequantize_gathered(data, scales, zero_points, flat, ga, cols, kb, block_size, bits)
     out_shape = data.shape[:ga] + tuple(idx.shape) + data.shape[ga + 1:-1] + (cols,)
     return w.reshape(out_shape)
+
+
+# ---------------------------------------------------------------------------- QMoE
+def prepack_qmoe(program, st):
+    """QMoE with constant expert weights, packed for ``mx.gather_qmm`` once (the eager translator's uint32
+    ``view`` of the weights has no shapeless form). None: not prepackable (the eager translator is used)."""
+    from ..kernels.interpreter import mx_device
+    from ..kernels.ops import contrib_moe as m
+    a = {**{k: v for k, v in st.opdef.attrs.items() if v is not inspect_empty()}, **st.attrs}
+    names = list(st.inputs) + [""] * (13 - len(st.inputs))
+    consts = program.constants
+    parts = []
+    for w, s, z in ((names[2], names[3], names[11]), (names[5], names[6], names[12])):
+        arrs = [consts.get(n) if n else None for n in (w, s, z)]
+        if arrs[0] is None or arrs[1] is None or (z and arrs[2] is None):
+            return None
+        parts.append(arrs)
+    bits, bs = a.get("expert_weight_bits", 4), a.get("block_size", 0)
+    with mx.stream(mx_device(program.device)):
+        fcs = [m.quantized_fc(w, s, z, bits, bs) for w, s, z in parts]
+        packed = [mx.contiguous(o) for fc in fcs for o in fc.operands]
+        mx.eval(*packed)        # evaluated now: the closures capture them as constants
+    fc1, fc2 = fcs
+
+    def qmoe_packed(input, router_probs, fc1_experts_weights, fc1_scales=None, fc1_experts_bias=None,
+                    fc2_experts_weights=None, fc2_scales=None, fc2_experts_bias=None, *rest, k=1,
+                    activation_type="relu", normalize_routing_weights=0, activation_alpha=1.0, activation_beta=0.0,
+                    swiglu_limit=None, expert_weight_bits=4, **_checked):
+        # (the rest: fc3 / zero points / scales the check refused or packed above; attributes it checked)
+        return m.qmoe_with(fc1, fc2, input, router_probs, fc1_experts_weights, fc1_experts_bias, fc2_experts_weights,
+                           fc2_experts_bias, k=k, activation_type=activation_type,
+                           normalize_routing_weights=normalize_routing_weights, activation_alpha=activation_alpha,
+                           activation_beta=activation_beta, swiglu_limit=swiglu_limit,
+                           expert_weight_bits=expert_weight_bits)
+    return qmoe_packed

@@ -7,6 +7,8 @@ import sys
 
 import numpy as np
 
+from ..kernels import dtypes as dt
+from ..version import set_loaded_ort
 from . import cdef
 from .errors import OrtCallError
 
@@ -92,7 +94,6 @@ class Abi:
 
     def value_to_numpy(self, value, copy: bool) -> tuple[np.ndarray, int]:
         """An OrtValue tensor in CPU memory as numpy (bf16 as uint16 bits) and its element type."""
-        from ..kernels import dtypes as dt
         ffi, api = self.ffi, self.api
         info = ffi.new("OrtTensorTypeAndShapeInfo**")
         self.check(api.GetTensorTypeAndShape(value, info))
@@ -121,7 +122,7 @@ class Abi:
 
 def check_ort_version(version: str) -> None:
     """Refuse an ORT without the plugin-EP ABI; warn once outside the tested range."""
-    _LOADED[0] = version
+    set_loaded_ort(version)
     parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
     if parts < cdef.MIN_ORT_VERSION:
         raise OrtCallError(f"onnxruntime {version} is older than {cdef.MIN_ORT_VERSION}: no plugin-EP ABI")
@@ -134,9 +135,3 @@ def check_ort_version(version: str) -> None:
 
 
 _WARNED: set[str] = set()
-_LOADED: list[str | None] = [None]
-
-
-def loaded_ort_version() -> str | None:
-    """The version string of the onnxruntime that loaded this EP (None before it did)."""
-    return _LOADED[0]

@@ -214,7 +214,7 @@ def install(ffi, lib) -> None:
         except BaseException as e:
             if getattr(e, "node", None) in (None, info.name):
                 try:
-                    e.node = getattr(info, "label", info.name)
+                    e.node = info.label
                 except Exception:  # noqa: BLE001
                     pass
             raise

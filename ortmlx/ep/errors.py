@@ -13,7 +13,8 @@ import os
 import sys
 import traceback
 
-from ..errors import ORT_EP_FAIL, ORT_FAIL, ORT_INVALID_ARGUMENT, ORT_NOT_IMPLEMENTED, KernelError, UserError
+from ..errors import (ORT_EP_FAIL, ORT_FAIL, ORT_INVALID_ARGUMENT, ORT_NOT_IMPLEMENTED, InjectedFault, KernelError,
+                      UserError)
 
 EP_NAME = "MLXExecutionProvider"
 __all__ = ["EP_NAME", "ORT_EP_FAIL", "ORT_FAIL", "ORT_INVALID_ARGUMENT", "ORT_NOT_IMPLEMENTED", "EpError",
@@ -37,7 +38,7 @@ class EpError(RuntimeError):
 
 def is_bug(exc: BaseException) -> bool:
     """Whether ``exc`` is none of the failures we report as such (a bug of ours: its traceback is shown)."""
-    return not isinstance(exc, (UserError, KernelError, EpError, OrtCallError))
+    return not isinstance(exc, (UserError, KernelError, EpError, OrtCallError, InjectedFault))
 
 
 def _one_line(text: str) -> str:

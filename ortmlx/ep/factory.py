@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .. import __version__
+from ..version import __version__, mlx_backends
 from ..kernels.interpreter import mlx_gpu_available
 from ..kernels.precision import fp32_matmul_error, fp32_matmul_exact
 from .abi import Abi
@@ -73,7 +73,6 @@ class Factory:
         if device == "auto":
             device = "gpu" if ("gpu" in kinds or not kinds) and mlx_gpu_available() else "cpu"
         elif device == "gpu" and not mlx_gpu_available():
-            from .. import mlx_backends
             raise OptionError(f"option device='gpu': MLX has no GPU here (installed: {', '.join(mlx_backends()) or 'no backend'}"
                               "; an NVIDIA GPU needs ortmlx[cuda13] or ortmlx[cuda12])")
         if device == "gpu" and not fp32_matmul_exact("gpu"):

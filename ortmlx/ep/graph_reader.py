@@ -1,10 +1,10 @@
-"""Read an ``OrtGraph`` into the Python IR (``ortmlx.subgraph.ir``)."""
+"""Read an ``OrtGraph`` into the Python IR (``ortmlx.ir``)."""
 from __future__ import annotations
 
 import numpy as np
 
-from ..subgraph import ir
-from ..subgraph.ir import Graph, Node, UnreadableAttr, ValueInfo
+from .. import ir
+from ..ir import Graph, Node, UnreadableAttr, ValueInfo
 from .abi import (ATTR_FLOAT, ATTR_FLOATS, ATTR_GRAPH, ATTR_INT, ATTR_INTS, ATTR_STRING, ATTR_STRINGS,
                   ATTR_TENSOR, Abi)
 from .errors import OrtCallError

@@ -13,6 +13,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from ..errors import UserError
+from ..kernels import REGISTRY
 from ..tuning import ENV as TUNING_ENV
 from ..tuning import Tuning
 
@@ -182,7 +183,6 @@ def _close(word: str, choices) -> str:
 
 
 def _known_ops() -> frozenset:
-    from ..kernels import REGISTRY
     return frozenset(REGISTRY.op_types(None))
 
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import threading
 
-from ..subgraph.ir import Graph
+from ..ir import Graph
 from ..subgraph.partition import Unclaimed, claim, claimed_bodies
+from ..stats import SessionStats
 from ..subgraph.plan import build_plan
-from . import stats
 from .compute import ComputeInfo
 from .graph_reader import GraphReader
 from .options import EpOptions
@@ -19,7 +19,7 @@ _REPORTS_MAX = 64
 def _fault(ep: "Ep", stage: str, node: str = "") -> None:
     """Testing hook: raise at ``stage`` (optionally only for one node) when the fault option says so.
 
-    The option's syntax is ``stage[:node][#count]`` (see ``stats.FaultSpec``).
+    The option's syntax is ``stage[:node][#count]`` (see ``ortmlx.stats.FaultSpec``).
     """
     if ep.stats.faults is not None:
         ep.stats.fault(stage, node)
@@ -37,7 +37,7 @@ class Ep:
         self.reports = []
         self.infos: dict[int, ComputeInfo] = {}
         self.lock = threading.RLock()
-        self.stats = stats.SessionStats(device, options)
+        self.stats = SessionStats(device, options.trace, options.verbose, options.tuning.fault)
         c = self.c = ffi.new("OrtEp*")
         c.ort_version_supported = abi.struct_version
         c.GetName = lib.ortmlx_ep_get_name
@@ -108,4 +108,4 @@ class Ep:
         for info in list(self.infos.values()):
             info.release()
         self.infos.clear()
-        self.stats.finish(self.options)
+        self.stats.finish()

@@ -1,5 +1,5 @@
-"""Values made once and reused: integer ranges, casts of a group's constants, and work shared by
-the nodes of one graph build (``memo``).
+"""Values made once and reused: integer ranges and casts of a group's constants (work shared by the
+nodes of one graph build: ``build.memo``).
 
 ``mx.compile`` does no constant folding: an ``mx.arange`` or an ``astype`` of a constant inside
 a traced closure runs again on every call, one kernel each, and work over fresh ranges is never
@@ -9,7 +9,6 @@ mask) is merged by compile's common-subexpression pass; eagerly they save the ke
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import threading
 import weakref
@@ -74,41 +73,4 @@ def cast(x, dtype):
         got = x.astype(dtype)
         mx.eval(got)
         e[1][dtype] = got
-    return got
-
-
-_SCOPE = threading.local()
-
-
-@contextlib.contextmanager
-def build_scope(**flags):
-    """One graph build (an eager run or a trace): ``memo`` keeps its values until the build ends;
-    ``flags`` (``build_flag``) say how the build's translators may compute (e.g. ``cuda_kernels``)."""
-    outer, outer_flags = getattr(_SCOPE, "memo", None), getattr(_SCOPE, "flags", None)
-    _SCOPE.memo, _SCOPE.flags = {}, flags
-    try:
-        yield
-    finally:
-        _SCOPE.memo, _SCOPE.flags = outer, outer_flags
-
-
-def build_flag(name: str) -> bool:
-    """A flag of the build in progress on this thread (False outside a build)."""
-    return bool((getattr(_SCOPE, "flags", None) or {}).get(name, False))
-
-
-def memo(key: tuple, make):
-    """``make()`` once per build for ``key`` (outside a build: every time).
-
-    Work that several nodes repeat on the same values (every attention layer's rotary rows and
-    mask from the same ``seqlens_k``): eager builds have no common-subexpression pass. Object ids in
-    ``key`` must be of values the build keeps alive to its end (group inputs, constants, the
-    build's device copies), so an id cannot be reused within the scope.
-    """
-    m = getattr(_SCOPE, "memo", None)
-    if m is None:
-        return make()
-    got = m.get(key)
-    if got is None:
-        got = m[key] = make()
     return got

@@ -18,7 +18,7 @@ kernels replace chains of MLX ops with one launch each, computing the same value
   is N copy kernels).
 
 Used only where ``enabled()`` says so: a build of a Program that asked for them
-(``consts.build_scope(cuda_kernels=True)``), running on the GPU of MLX's CUDA backend.
+(``BuildContext.cuda_kernels``, ``kernels/build.py``), running on the GPU of MLX's CUDA backend.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import hashlib
 import mlx.core as mx
 import numpy as np
 
-from . import consts
+from . import build, consts
 
 #: warps per block of ``decode_attention`` (each strides over the keys, ATTN_KEYS at a time)
 ATTN_WARPS = 8
@@ -73,7 +73,8 @@ def disabled_reason() -> str | None:
 
 def enabled() -> bool:
     """Whether the build in progress may use these kernels (asked for, usable, and on the GPU)."""
-    return consts.build_flag("cuda_kernels") and usable() and mx.default_device() == mx.gpu
+    b = build.current()
+    return b is not None and b.cuda_kernels and usable() and mx.default_device() == mx.gpu
 
 
 def _kernel(prefix: str, input_names: list, output_names: list, source: str, header: str = "",

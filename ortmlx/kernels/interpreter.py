@@ -7,22 +7,20 @@ A host value is copied into MLX the first time a device op needs it.
 """
 from __future__ import annotations
 
-import dataclasses
-import functools
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
 from ..errors import KernelError
-from ..subgraph import ir
-from ..subgraph.ir import outer_refs
-from . import consts, cuda_rows, merge, rowfold, tracing
+from .. import ir
+from . import build, consts, cuda_rows, merge, passes
 from . import cuda_kernels as ck
 from . import dtypes as dt
-from .registry import REGISTRY, Ctx, OpDef
+from .build import BuildContext
+from .passes import BuildConfig, Rewrite, Step, resolve
+from .registry import OpDef
 
 #: host evaluation is for shape math: integer/bool tensors up to this many elements
 HOST_MAX_ELEMS = 4096
@@ -85,21 +83,6 @@ def mlx_gpu_available() -> bool:
     return False
 
 
-@dataclass
-class Step:
-    node: Any
-    opdef: OpDef
-    inputs: list[str]
-    outputs: list[str]
-    attrs: dict
-    out_types: list[int | None]
-    in_types: list[int | None]
-    ctx: Ctx | None
-    in_containers: frozenset[int] = frozenset()      # inputs that are sequence/optional values (passed as is)
-    out_infos: tuple = ()                            # outputs' ValueInfo when the step touches containers
-    bodies: dict | None = None       # control flow: graph attribute -> (nested Program, outer names it reads)
-
-
 class Body:
     """A control-flow body bound to the outer-scope values it reads: ``body(*inputs)`` -> its outputs.
 
@@ -127,142 +110,43 @@ class Body:
 
 
 class Program:
-    """A fused group resolved once: translators per node and constants loaded into MLX."""
+    """A fused group resolved once: a step per node (``passes.resolve``), the graph rewrites its ``BuildConfig``
+    turns on (``passes.run``), and its constants loaded into MLX; ``run``/``build`` evaluate it per call."""
 
-    def __init__(self, graph, device: str = "cpu", constants_mx: dict[str, mx.array] | None = None,
-                 device_constants: bool = False, cuda_kernels: bool = False, merge_matmuls: bool | None = None,
-                 fold_qkv_bias: bool | None = None, lift_weights: bool | None = None,
-                 widen_weights: bool | None = None, dense_nbits: bool | None = None, pinned_hints: bool = True,
-                 fold_swiglu: bool | None = None, fuse_rows: bool | None = None, gated_rows: bool = True):
+    def __init__(self, graph, device: str = "cpu", config: BuildConfig | None = None, **overrides):
+        """``config``: the passes (default: ``BuildConfig.for_device(device, **overrides)``; an override is a
+        ``BuildConfig`` field, e.g. ``merge_matmuls=True``, and None keeps the default)."""
+        cfg = config or BuildConfig.for_device(device, **overrides)
         self.graph = graph
         self.device = device
+        self.config = cfg
         #: builds may use ``kernels/cuda_kernels.py`` (on a GPU of MLX's CUDA backend)
-        self.cuda_kernels = bool(cuda_kernels) and device == "gpu"
+        self.cuda_kernels = cfg.cuda_kernels
         #: a compiled decode's row hints written by their kernel into page-locked host memory (compiled/core.py)
-        self.pinned_hints = bool(pinned_hints) and self.cuda_kernels
+        self.pinned_hints = cfg.pinned_hints
         self.inputs = list(graph.inputs)
         self.outputs = list(graph.outputs)
         self.types = {n: v.dtype for n, v in graph.values.items()}
-        self.steps: list[Step] = []
-        #: sibling MatMuls as one product (``merge.py``): by default with the GPU's device constants
-        if merge_matmuls is None:
-            merge_matmuls = device_constants and device == "gpu"
-        groups = merge.sibling_groups(graph) if merge_matmuls and constants_mx is None else []
-        first = {id(g[0]): g for g in groups}
-        later = {id(n) for g in groups for n in g[1:]}
-        merged_np = {merge.merged_name(g): merge.merged_weight(graph, g) for g in groups}
-        for g in groups:
-            self.types[merge.merged_name(g)] = self.types.get(g[0].inputs[1])
-        #: a packed QKV's bias Add folded into its GroupQueryAttention (``merge.qkv_bias_folds``): by default
-        #: with the custom kernels, whose one-kernel decode row adds it
-        if fold_qkv_bias is None:
-            fold_qkv_bias = self.cuda_kernels
-        folds = merge.qkv_bias_folds(graph) if fold_qkv_bias else {}
-        folded_adds = {id(add) for add, _, _ in folds.values()}
-        #: an MLP's merged gate/up product and its SiLU gating as one step (``merge.swiglu_folds``): by default
-        #: with the custom kernels (one kernel for what was two slices, a view and a fused elementwise kernel)
-        if fold_swiglu is None:
-            fold_swiglu = self.cuda_kernels
-        swiglus = merge.swiglu_folds(graph, groups) if fold_swiglu else {}
-        folded_adds |= {i for _, _, ids in swiglus.values() for i in ids}
-        for node in graph.nodes:
-            if id(node) in later or id(node) in folded_adds:
-                continue
-            opdef = REGISTRY.resolve(node.domain, node.op_type, node.since_version)
-            if opdef is None:
-                raise KernelError(f"{node.label}: no translator (since_version {node.since_version})")
-            g = first.get(id(node))
-            if g is not None:
-                sw = swiglus.get(id(node))
-                if sw is not None:
-                    fn = functools.partial(merge.merged_swiglu, width=int(graph.constants[node.inputs[1]].shape[1]),
-                                           gate_first=sw[0])
-                    outs = [sw[1]]
-                else:
-                    fn, outs = merge.merged_fn(graph, g), [n.outputs[0] for n in g]
-                opdef = dataclasses.replace(opdef, fn=fn, wants_ctx=False)
-                name = merge.merged_name(g)
-                self.steps.append(Step(node, opdef, [node.inputs[0], name], outs, {},
-                                       [self.types.get(o) for o in outs],
-                                       [self.types.get(node.inputs[0]), self.types.get(name)], None))
-                continue
-            ins = list(node.inputs)
-            if id(node) in folds:
-                _, x, bias = folds[id(node)]
-                ins = [x] + ins[1:] + [""] * (merge.QKV_BIAS_INPUT - len(ins)) + [bias]
-            out_types = [self.types.get(o) if o else None for o in node.outputs]
-            in_types = [self.types.get(i) if i else None for i in ins]
-            opdef = opdef.for_types(in_types)
-            ctx = Ctx(node, out_types, in_types, device, len(node.outputs)) if opdef.wants_ctx else None
-            bodies = _nested(node, opdef, device)
-            conts = frozenset(k for k, i in enumerate(ins) if i and not graph.value(i).is_tensor)
-            infos = tuple(graph.value(o) if o else None for o in node.outputs) if opdef.containers else ()
-            self.steps.append(Step(node, opdef, ins, list(node.outputs), dict(node.attrs),
-                                   out_types, in_types, ctx, conts, infos, bodies))
-        if constants_mx is None:
-            gone = {n.inputs[1] for g in groups for n in g}
-            shapes = {k: np.shape(v) for k, v in list(graph.constants.items()) + list(merged_np.items())}
-            #: weights of 3-D products stored [1, K, N] (``merge.lifted_weights``): on by default (1.06-1.17x
-            #: decode on the tiny LLMs on the CPU backend, 1.00-1.10x on the H200: 515 -> 321 graph nodes a 0.5B token)
-            if lift_weights is None:
-                lift_weights = True
-            lifted = merge.lifted_weights(graph, self.steps, shapes) if lift_weights else set()
-            #: half-precision MatMul weights widened to float32 once (``merge.widened_weights``): by default on
-            #: the CPU backend, whose half matmul is not BLAS-backed (5x slower for a 0.5B decode row here)
-            if widen_weights is None:
-                widen_weights = device == "cpu"
-            widened = merge.widened_weights(graph, self.steps, self.types, dt.name) if widen_weights else set()
-            # the float32 copies take twice the half weights' bytes: not when that would crowd the memory MLX may use
-            if sum(2 * np.asarray(graph.constants[k]).nbytes for k in widened) > MAX_VALUE_BYTES // 4:
-                widened = set()
-            #: MatMulNBits weights dequantized to float32 once (``merge.dense_nbits``): by default on the CPU
-            #: backend, whose quantized matmul is a plain loop; not when they would crowd MLX's memory
-            if dense_nbits is None:
-                dense_nbits = device == "cpu"
-            dense = merge.dense_nbits(graph, self.steps) if dense_nbits else {}
-            if sum(4 * a["N"] * a["K"] for _, a, _ in dense.values()) > MAX_VALUE_BYTES // 4:
-                dense = {}
-            dense_mx = {}
-            for k, (packed, a, private) in dense.items():
-                st = self.steps[k]
-                names = list(st.inputs) + [""] * (6 - len(st.inputs))
-                name = f"{packed}::dense"
-                with mx.stream(mx_device(device)):
-                    dense_mx[name] = merge.nbits_weight(graph, names, a)
-                gone |= private
-                self.types[name] = dt.FLOAT
-                self.steps[k] = dataclasses.replace(
-                    st, inputs=[names[0], name, "", "", "", names[5]], in_types=[st.in_types[0], dt.FLOAT],
-                    opdef=dataclasses.replace(st.opdef, fn=merge.matmul_dense_nbits, wants_ctx=False))
-            for i, st in enumerate(self.steps):
-                # (a merged step multiplies through matmul_lifted itself: its fn stays)
-                if len(st.inputs) == 2 and (st.inputs[1] in lifted or st.inputs[1] in widened) \
-                        and st.node.op_type == "MatMul" and len(st.outputs) == 1 and st.inputs[1] not in merged_np:
-                    self.steps[i] = dataclasses.replace(st, opdef=dataclasses.replace(st.opdef, fn=merge.matmul_lifted))
-            #: a decode row's norm, and its MLP gating, made inside the next product's kernel (``rowfold``): by
-            #: default with the custom kernels (a norm kernel before the QKV and gate/up products and a gating
-            #: kernel before the down product: three launches a layer fewer)
-            if fuse_rows is None:
-                fuse_rows = self.cuda_kernels
-            if fuse_rows:
-                weights = (set(graph.constants) | set(merged_np)) - set(self.inputs)
-                self.steps = rowfold.swiglu_down_folds(graph, self.steps, weights, gated_rows)
-                self.steps = rowfold.norm_folds(graph, self.steps, weights)
-            with mx.stream(mx_device(device)):
-                constants_mx = {k: dt.to_mx(v.reshape((1,) + v.shape) if k in lifted else v,
-                                            self.types.get(k) or dt.FROM_NUMPY[v.dtype])
-                                for k, v in list(graph.constants.items()) + list(merged_np.items())
-                                if k not in set(self.inputs) and k not in gone}
-                del merged_np
-                for k in widened:
-                    if k in constants_mx:
-                        constants_mx[k] = constants_mx[k].astype(mx.float32)
-                constants_mx.update(dense_mx)
-                mx.eval(*constants_mx.values())
-                if device_constants and device == "gpu":
-                    made = dt.device_copies(constants_mx, self._matmul_weights(graph) |
-                                            {merge.merged_name(g) for g in groups})
-                    cuda_rows.register_col_major(constants_mx[k] for k in made)
+
+        def nested(body):
+            return Program(body, device)
+        steps = [resolve(graph, node, list(node.inputs), self.types, device, nested) for node in graph.nodes]
+        r = passes.run(Rewrite(graph, steps, self.types, memory_cap=MAX_VALUE_BYTES, nested=nested), cfg)
+        self.steps: list[Step] = r.steps
+        with mx.stream(mx_device(device)):
+            constants_mx = {k: dt.to_mx(v.reshape((1,) + v.shape) if k in r.lifted else v,
+                                        self.types.get(k) or dt.FROM_NUMPY[v.dtype])
+                            for k, v in list(graph.constants.items()) + list(r.made.items())
+                            if k not in set(self.inputs) and k not in r.gone}
+            for k in r.widened:
+                if k in constants_mx:
+                    constants_mx[k] = constants_mx[k].astype(mx.float32)
+            constants_mx.update(r.made_mx)
+            mx.eval(*constants_mx.values())
+            if cfg.device_constants and device == "gpu":
+                made = dt.device_copies(constants_mx, self._matmul_weights(graph) |
+                                        {merge.merged_name(g) for g in r.groups})
+                cuda_rows.register_col_major(constants_mx[k] for k in made)
         self.constants = constants_mx
         consts.register(constants_mx.values())     # their casts are made once (consts.cast)
         #: small integer/bool constants also live on the host, so shape math on them stays there
@@ -279,9 +163,6 @@ class Program:
                          and n.inputs[1] in graph.constants and np.ndim(graph.constants[n.inputs[1]]) == 2)
 
     # ------------------------------------------------------------------ per call
-    #: ``run`` accepts ``probe`` (``ortmlx.trace.Probe``): it marks the build and eval stages
-    supports_probe = True
-
     def run(self, inputs: list[np.ndarray | None], probe=None) -> list[Any]:
         """Evaluate the group on host inputs; returns evaluated mx arrays or numpy arrays.
 
@@ -314,18 +195,21 @@ class Program:
         return results
 
     def build(self, inputs: list[Any], env: dict | None = None, host_extra: dict | None = None,
-              kernels: bool | None = None) -> dict[str, Any]:
+              kernels: bool | None = None, ctx: BuildContext | None = None) -> dict[str, Any]:
         """Build the lazy graph: returns name -> value for every value of the group.
 
         ``host_extra``: op type -> a NumPy form used for this build like a registered host form
-        (integer outputs, every input a host value). ``kernels``: whether the custom CUDA kernels may be
-        used (default: when the program asked for them and they are usable)."""
-        if kernels is None:
-            kernels = self.cuda_kernels and ck.usable()
-        with consts.build_scope(cuda_kernels=kernels):
-            return self._build(inputs, env, host_extra)
+        (integer outputs, every input a host value). ``ctx``: the build's context (a trace passes its own);
+        by default a fresh one, the custom CUDA kernels allowed per ``kernels`` (default: when the program
+        asked for them and they are usable)."""
+        if ctx is None:
+            if kernels is None:
+                kernels = self.cuda_kernels and ck.usable()
+            ctx = BuildContext(cuda_kernels=kernels, fused_attention=self.config.fused_attention)
+        with build.active(ctx):
+            return self._build(inputs, env, host_extra, ctx)
 
-    def _build(self, inputs: list[Any], env: dict | None, host_extra: dict | None = None) -> dict[str, Any]:
+    def _build(self, inputs: list[Any], env: dict | None, host_extra: dict | None, ctx: BuildContext) -> dict[str, Any]:
         if env is None:
             env = dict(self.constants)
             env.update(self.host_constants)
@@ -389,7 +273,7 @@ class Program:
                 if isinstance(v, mx.array):
                     if v.nbytes > MAX_VALUE_BYTES:
                         raise KernelError(too_big(st.node.label, j, name, v))
-                    if v.size == 0 and not tracing.shapeless():
+                    if v.size == 0 and not ctx.shapeless:
                         # an empty value holds nothing: a fresh one cuts the graph that made it, which MLX
                         # 0.32.4's CPU backend can hang evaluating (InstanceNormalization over no positions)
                         env[name] = mx.zeros(v.shape, v.dtype)
@@ -511,13 +395,6 @@ def _as_value(v, info):
     if info.kind == ir.OPTIONAL:
         return None if v is None else _as_value(v, info.elem)
     raise TypeError(f"a {info.kind} value cannot be held")
-
-
-def _nested(node, opdef: OpDef, device: str) -> dict | None:
-    """A control-flow node's bodies as nested Programs with the outer names each reads (None: no bodies)."""
-    if not opdef.control:
-        return None
-    return {attr: (Program(g, device), outer_refs(g)) for attr, g in node.subgraphs.items()}
 
 
 def _as_type(v, t: int | None):

@@ -13,6 +13,11 @@ import functools
 import mlx.core as mx
 import numpy as np
 
+from . import cuda_kernels
+from . import dtypes as dt
+from .ops.activation import sigmoid
+from .ops.contrib_quant import dequantize_blocks
+
 
 def sibling_groups(graph) -> list[list]:
     """Groups (2+, in graph order) of MatMul nodes with the same A and a [K, N_i] constant weight each of
@@ -73,7 +78,6 @@ def swiglu_folds(graph, groups: list) -> dict[int, tuple]:
     nodes folded) for an MLP's gate and up products of one width feeding only y = (g * Sigmoid(g)) * u
     (genai's SiLU): g read by the Sigmoid and its Mul alone, the Sigmoid by that Mul, that Mul's output and u
     by the last Mul alone, none of them a graph output, a float type the kernel takes."""
-    from . import dtypes as dt
     consumers = graph.consumers(implicit=True)
     outputs = set(graph.outputs)
 
@@ -118,10 +122,8 @@ def swiglu_of(y, width: int, gate_first: bool):
     """The SiLU gating of a merged gate/up product y: one custom kernel for a decode row on MLX's CUDA
     backend, else the folded nodes' own translators over the product's slices (the kernel is compiled per
     row count: a prompt of a new length would pay a compile)."""
-    from . import cuda_kernels
     if y.size == 2 * width and cuda_kernels.enabled() and cuda_kernels.swiglu_reason(y, width) is None:
         return cuda_kernels.swiglu(y, width, gate_first)
-    from .ops.activation import sigmoid
     first, second = merged_matmul_slices(y, (width, width))
     g, u = (first, second) if gate_first else (second, first)
     return mx.multiply(mx.multiply(g, sigmoid(g)), u)
@@ -243,7 +245,6 @@ def dense_nbits(graph, steps) -> dict[int, tuple[str, dict, set]]:
 
 def nbits_weight(graph, names: list[str], attrs: dict):
     """The (N, K) float32 weight a MatMulNBits dequantizes (its translator's arithmetic), evaluated."""
-    from .ops.contrib_quant import dequantize_blocks
     B = mx.array(np.asarray(graph.constants[names[1]]))
     s = mx.array(np.asarray(graph.constants[names[2]]))
     if s.dtype == mx.uint16:

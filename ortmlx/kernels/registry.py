@@ -23,8 +23,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..subgraph import ir
-from ..subgraph.ir import UnreadableAttr
+from .. import ir
+from ..ir import UnreadableAttr
 from . import dtypes as dt
 
 ONNX = ""

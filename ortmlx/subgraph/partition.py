@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from ..kernels.interpreter import host_evaluable
 from ..kernels.registry import REGISTRY, support_reason
-from .ir import OPTIONAL, SEQUENCE, Graph, Node
+from ..ir import OPTIONAL, SEQUENCE, Graph, Node
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The plan a fused group runs: its nodes, ordered inputs/outputs and constants."""
 from __future__ import annotations
 
-from .ir import Graph
+from ..ir import Graph
 
 
 def build_plan(sub: Graph, name: str, inputs: list[str], outputs: list[str]) -> Graph:

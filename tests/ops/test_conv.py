@@ -101,6 +101,15 @@ CONVT = [  # (x shape, w shape, bias, attrs)
     ((0, 2, 4, 4), (2, 3, 3, 3), True, {"strides": [2, 2]}),
     ((1, 0, 4, 4), (0, 2, 3, 3), True, {"strides": [2, 2]}),          # no input channels: the bias
     ((1, 0, 4, 4), (0, 2, 3, 3), False, {}),                          # ... zeros
+    # kernels that tile the output (strides == kernel): one matmul on the CPU backend (conv._tiled_convt)
+    ((2, 3, 4, 5), (3, 2, 2, 2), True, {"strides": [2, 2]}),
+    ((2, 3, 4), (3, 4, 3), False, {"strides": [3]}),
+    ((1, 2, 2, 3, 2), (2, 3, 2, 1, 2), True, {"strides": [2, 1, 2]}),
+    ((1, 3, 4, 4), (3, 2, 2, 2), True, {"strides": [2, 2], "output_shape": [8, 8]}),
+    ((1, 3, 4, 4), (3, 2, 2, 2), True, {"strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+    ((1, 3, 4, 4), (3, 2, 2, 2), True, {"strides": [2, 2], "pads": [1, 0, 0, 1]}),      # (not tiled: pads)
+    ((1, 4, 4, 4), (4, 2, 2, 2), True, {"strides": [2, 2], "group": 2}),                # (not tiled: groups)
+    ((1, 3, 4, 4), (3, 2, 2, 2), True, {"strides": [2, 2], "output_padding": [1, 1]}),  # (not tiled)
 ]
 
 
@@ -116,6 +125,29 @@ def test_conv_transpose(xs, ws, bias, attrs, t):
     if xs[1] == 0:
         return check_no_channels(model, feeds, feeds.get("b"))
     check(model, feeds, t, atol=1e-4 if t == T.FLOAT else None)
+
+
+@pytest.mark.parametrize("xs,ws,strides,kw", [((2, 3, 4, 5), (3, 2, 2, 2), [2, 2], {}),
+                                               ((1, 2, 5), (2, 3, 4), [4], {"output_shape": [20]}),
+                                               ((1, 2, 2, 3, 2), (2, 3, 2, 1, 2), [2, 1, 2], {})])
+def test_conv_transpose_tiled_is_one_matmul(monkeypatch, xs, ws, strides, kw):
+    # the CPU backend's tiled form never reaches MLX's convolution, and equals the general form (on another device)
+    from types import SimpleNamespace
+
+    import mlx.core as mx
+
+    from ortmlx.kernels.ops import conv
+    x, w, b = mx.array(rand(xs)), mx.array(rand(ws, seed=1)), mx.array(rand((ws[1],), seed=2))
+    general = conv.conv_transpose(x, w, b, strides=strides, ctx=SimpleNamespace(device="gpu"), **kw)
+
+    def no_conv(*a, **k):
+        raise AssertionError("the tiled ConvTranspose reached MLX's convolution")
+    monkeypatch.setattr(conv, "_conv_general", no_conv)
+    tiled = conv.conv_transpose(x, w, b, strides=strides, ctx=SimpleNamespace(device="cpu"), **kw)
+    assert tiled.shape == general.shape
+    np.testing.assert_allclose(np.array(tiled), np.array(general), rtol=1e-5, atol=1e-6)
+    with pytest.raises(AssertionError, match="reached"):     # not tiled: the general form
+        conv.conv_transpose(x, w, b, strides=strides, pads=[1] * (2 * len(strides)), ctx=SimpleNamespace(device="cpu"))
 
 
 def test_conv_transpose_bf16():

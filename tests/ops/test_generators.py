@@ -6,7 +6,7 @@ import pytest
 from onnx import TensorProto as T, helper, numpy_helper
 
 from ortmlx.kernels.interpreter import Program
-from ortmlx.subgraph.ir import Graph, Node, ValueInfo
+from ortmlx.ir import Graph, Node, ValueInfo
 from ortmlx.testing import check_against_cpu, make_model, session
 
 from _movutil import DTYPES, force_path, NP_OF, check, check_error, data, i64, one_node

@@ -164,13 +164,13 @@ def test_refused_opset22():
 
 def test_refused_elsewhere(monkeypatch):
     """Only the verified platform and onnxruntime version claim seeded generators."""
-    from ortmlx.ep import abi
+    from ortmlx import version
     from ortmlx.kernels.ops import random as rnd
     assert rnd.platform_reason() is None
     monkeypatch.setattr(sys, "platform", "darwin")
     assert "Linux x86_64 only" in rnd.platform_reason()
     monkeypatch.setattr(sys, "platform", "linux")
-    monkeypatch.setattr(abi, "_LOADED", ["1.32.0"])
+    monkeypatch.setattr(version, "_LOADED", ["1.32.0"])
     assert "onnxruntime 1.31 only" in rnd.platform_reason()
 
 

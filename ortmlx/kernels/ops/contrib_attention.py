@@ -12,7 +12,7 @@ import math
 import mlx.core as mx
 import numpy as np
 
-from .. import consts, cuda_kernels
+from .. import build, consts, cuda_kernels
 from .. import dtypes as dt
 from ..registry import MS, register
 
@@ -150,11 +150,191 @@ def softmax_sink(head_sink, smooth_softmax: int, num_heads: int):
     return consts.zeros((num_heads,), mx.float32) if smooth_softmax == 1 else None
 
 
+_HALVES = (mx.float16, mx.bfloat16)
+
+
+def fused_prompt_reason(q, k, softcap: float, attention_bias) -> str | None:
+    """Why a prompt's attention does not run as MLX's fused kernel (None: it does): half precision, a head size
+    that is a multiple of 8 up to 128 (cuDNN's), no softcap or bias (the kernel has neither)."""
+    h = q.shape[-1]
+    if q.dtype not in _HALVES or k.dtype != q.dtype:
+        return "not half precision"
+    if h % 8 or h > 128:
+        return f"head size {h}"
+    if softcap > 0.0 or attention_bias is not None:
+        return "softcap or attention bias"
+    return None
+
+
+def prompt_attention(q, k, v, qf, seqlens_k, past_len, total_len, *, alpha: float, softcap: float,
+                     local_window_size: int, sink, attention_bias):
+    """A first prompt's attention over its own keys: q (B,N,S,H), k, v (B,Nkv,S,H) after rotation; ``qf``: q in
+    float32. Row b's query s sees keys t <= s, t < total_len[b] (and the local window) as ORT's CPU kernel.
+
+    softmax(q k^T * alpha) v: MLX's fused kernel (``mx.fast.scaled_dot_product_attention``: cuDNN's on CUDA, the
+    softmax in float32) where the build allows it (``build.fused_attention``: a GPU by default) and
+    ``fused_prompt_reason`` has none, else scores, softmax and P @ V in float32."""
+    b, n, s, h = q.shape
+    kvn = k.shape[1]
+    mask = build.memo(("gqa_mask", id(seqlens_k), True, b, s, s, local_window_size),
+                      lambda: gqa_mask(past_len, total_len, s, s, local_window_size))
+    if build.fused_attention() and fused_prompt_reason(q, k, softcap, attention_bias) is None:
+        sinks = None if sink is None else sink.astype(q.dtype)
+        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=alpha, mask=mask, sinks=sinks)
+        return out.transpose(0, 2, 1, 3).reshape(b, s, n * h)
+    group = n // kvn
+    scores = (qf.reshape(b, kvn, group * s, h) @ k.astype(mx.float32).swapaxes(-1, -2)).reshape(b, n, s, s) * alpha
+    if softcap > 0.0:
+        scores = softcap * mx.tanh(scores / softcap)
+    if attention_bias is not None:          # (B|1, N|1, S, total_sequence_length == S)
+        scores = scores + attention_bias.astype(mx.float32)[..., :s]
+    probs = attention_probs_softmax(scores, mask, sink)
+    out = probs.reshape(b, kvn, group * s, s) @ v.astype(mx.float32)
+    return out.reshape(b, n, s, h).transpose(0, 2, 1, 3).reshape(b, s, n * h).astype(q.dtype)
+
+
+def split_qkv(qkv, num_heads: int, kv_num_heads: int, qkv_bias=None):
+    """A packed (B,S,(N+2Nkv)*H) query as q, k, v (slices); ``qkv_bias`` (an Add folded into the node) is
+    added first, in the query's type."""
+    b, s, hidden = qkv.shape
+    heads = num_heads + 2 * kv_num_heads
+    h = hidden // heads
+    if h * heads != hidden:
+        raise ValueError(f"packed QKV hidden {hidden} not divisible into {num_heads}+2*{kv_num_heads} heads")
+    if qkv_bias is not None:
+        if qkv_bias.shape != (hidden,):
+            raise ValueError(f"qkv_bias {qkv_bias.shape} needs a packed QKV of {hidden} features")
+        qkv = qkv + qkv_bias
+    x = qkv.reshape(b, s, heads, h)
+    return (x[:, :, :num_heads].reshape(b, s, num_heads * h),
+            x[:, :, num_heads:num_heads + kv_num_heads].reshape(b, s, kv_num_heads * h),
+            x[:, :, num_heads + kv_num_heads:].reshape(b, s, kv_num_heads * h))
+
+
+def head_rms_norm(x, weight, epsilon: float, n: int):
+    """The per-head RMS norm GroupQueryAttention applies to Q and K with ``q/k_norm_weight`` (before any
+    rotary): x (B,S,n*H) normed over each head's H features in float32, times ``weight`` (H,), rounded
+    to x's type. That is the Reshape -> SimplifiedLayerNormalization -> Reshape the builder fuses into
+    the inputs (ORT's CPU EP refuses the inputs, so tests compare with that decomposed graph)."""
+    b, s, hidden = x.shape
+    h = hidden // n
+    if h * n != hidden or weight.shape != (h,):
+        raise ValueError(f"norm weight {weight.shape} does not fit {n} heads of a {hidden}-wide input")
+    y = mx.fast.rms_norm(x.reshape(b, s, n, h).astype(mx.float32), weight.astype(mx.float32), epsilon)
+    return y.astype(x.dtype).reshape(b, s, hidden)
+
+
+def window_resident(t, capacity: int, window: int):
+    """Rows of a windowed KV cache (``sliding_window_cache=1``) resident after ``t`` tokens (int array):
+    L(T) = T while T <= C, else T - G * ceil((T - C) / G) with G = C - W + 1 (ORT's contract)."""
+    g = capacity - window + 1
+    return mx.where(t <= capacity, t, t - g * ((t - capacity + g - 1) // g))
+
+
+def gqa_window_core(q, k, v, past_key, past_value, seqlens_k, *, num_heads: int, kv_num_heads: int, window: int,
+                    scale: float = 0.0, softcap: float = 0.0, cos_cache=None, sin_cache=None,
+                    rotary_interleaved: bool = False, sink=None):
+    """GroupQueryAttention over a windowed KV cache (``sliding_window_cache=1``), as ORT's CPU kernel
+    computes it; pure MLX ops of the shapes only (traceable, shapeless too).
+
+    past_key/value (B,Nkv,C,H) hold, for row b, the L(T - S) most recent positions at rows [0, L(T - S)),
+    T = seqlens_k[b] + 1 (every row has T >= S: no first-prompt special case). The new S rows sit at
+    positions T - S .. T - 1; a query at position p sees keys p - W < t <= p. present rows [0, L(T)) hold
+    the L(T) most recent positions; rows [L(T), C) (unspecified by the op) keep the past's. Scores are
+    computed over the C past rows plus the S new rows, unresident ones masked.
+    Returns (out (B,S,N*H), present_key, present_value)."""
+    b, s = q.shape[:2]
+    h = q.shape[2] // num_heads
+    cap = past_key.shape[2]
+    t_all = seqlens_k.reshape(-1).astype(mx.int32) + 1                       # (B,)
+    tp = t_all - s
+    lp = window_resident(tp, cap, window)
+    q, k, v = _bnsh(q, num_heads), _bnsh(k, kv_num_heads), _bnsh(v, kv_num_heads)
+    qpos = tp.reshape(b, 1) + consts.arange(s).reshape(1, s)                 # (B,S) absolute positions
+    if cos_cache is not None:
+        c, sn = rotary_tables(cos_cache, sin_cache, qpos, h, rotary_interleaved)
+        c, sn = c.reshape(b, 1, s, h), sn.reshape(b, 1, s, h)
+        rd = 2 * cos_cache.shape[-1]
+        q = apply_rotary(q, c, sn, rd, rotary_interleaved)
+        k = apply_rotary(k, c, sn, rd, rotary_interleaved)
+    keys = mx.concatenate([past_key, k.astype(past_key.dtype)], axis=2)       # (B,Nkv,C+S,H)
+    vals = mx.concatenate([past_value, v.astype(past_value.dtype)], axis=2)
+    r = consts.arange(cap + s).reshape(1, cap + s)
+    lp2, tp2 = lp.reshape(b, 1), tp.reshape(b, 1)
+    kpos = mx.where(r < cap, tp2 - lp2 + r, tp2 + r - cap)                   # (B,C+S)
+    kvalid = (r >= cap) | (r < lp2)
+    kp, qp = kpos.reshape(b, 1, 1, cap + s), qpos.reshape(b, 1, s, 1)
+    mask = kvalid.reshape(b, 1, 1, cap + s) & (kp <= qp) & (kp > qp - window)
+    alpha = scale if scale != 0.0 else 1.0 / math.sqrt(h)
+    group = num_heads // kv_num_heads
+    qf = q.astype(mx.float32).reshape(b, kv_num_heads, group * s, h)
+    scores = (qf @ keys.astype(mx.float32).swapaxes(-1, -2)).reshape(b, num_heads, s, cap + s) * alpha
+    if softcap > 0.0:
+        scores = softcap * mx.tanh(scores / softcap)
+    probs = attention_probs_softmax(scores, mask, sink)
+    out = probs.reshape(b, kv_num_heads, group * s, cap + s) @ vals.astype(mx.float32)
+    out = out.reshape(b, num_heads, s, h).transpose(0, 2, 1, 3).reshape(b, s, num_heads * h)
+    lt = window_resident(t_all, cap, window).reshape(b, 1)
+    i = consts.arange(cap).reshape(1, cap)
+    j = lp2 + s - lt + i                                                      # index into past[:lp] ++ new
+    src = mx.where(i < lt, mx.where(j < lp2, j, cap + j - lp2), i)
+    src = mx.broadcast_to(src.reshape(b, 1, cap, 1), (b, kv_num_heads, cap, h))
+    pk = mx.take_along_axis(keys, src, axis=2)
+    pv = mx.take_along_axis(vals, src, axis=2)
+    return out.astype(q.dtype), pk, pv
+
+
+class KVQuant:
+    """A quantized KV cache as ORT's CPU kernel keeps it (``kv_cache_bit_width`` 8: int8 values; 4: uint8
+    bytes of two values, low nibble first, each value + 8): q = clamp(rint(x * (1 / scale)), range), round
+    half to even, and x = q * scale. Scales (float32) broadcast over (B, Nkv, T, H): per tensor (1,) or per
+    channel (1, Nkv, 1, H)."""
+
+    def __init__(self, bits: int, k_scale, v_scale):
+        if bits not in (4, 8):
+            raise ValueError(f"kv_cache_bit_width={bits!r} (4 or 8)")
+        self.bits = bits
+        self.k_scale, self.v_scale = k_scale.astype(mx.float32), v_scale.astype(mx.float32)
+
+    @staticmethod
+    def _scale(s):
+        return s.reshape(()) if s.size == 1 else s.reshape(1, s.shape[-3], 1, s.shape[-1])
+
+    def _quantize(self, x, s):
+        s = self._scale(s)
+        lo, hi = (-128, 127) if self.bits == 8 else (-8, 7)
+        q = mx.clip(mx.round(x.astype(mx.float32) * (1.0 / s)), lo, hi)
+        if self.bits == 8:
+            return q.astype(mx.int8)
+        u = (q + 8).astype(mx.uint8)
+        return u[..., 0::2] | (u[..., 1::2] << mx.array(4, mx.uint8))
+
+    def _dequantize(self, q, s):
+        s = self._scale(s)
+        if self.bits == 8:
+            return q.astype(mx.float32) * s
+        lo, hi = q & mx.array(15, mx.uint8), q >> mx.array(4, mx.uint8)
+        vals = mx.stack([lo, hi], axis=-1).reshape(*q.shape[:-1], 2 * q.shape[-1]).astype(mx.float32) - 8.0
+        return vals * s
+
+    def quantize_k(self, x):
+        return self._quantize(x, self.k_scale)
+
+    def quantize_v(self, x):
+        return self._quantize(x, self.v_scale)
+
+    def dequantize_k(self, q):
+        return self._dequantize(q, self.k_scale)
+
+    def dequantize_v(self, q):
+        return self._dequantize(q, self.v_scale)
+
+
 def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length: int, num_heads: int,
              kv_num_heads: int, first_prompt: bool, scale: float = 0.0, softcap: float = 0.0,
              local_window_size: int = -1, cos_cache=None, sin_cache=None, position_ids=None,
              rotary_interleaved: bool = False, attention_bias=None, sink=None, in_place: bool = False,
-             packed: bool = False, qkv_bias=None):
+             packed: bool = False, qkv_bias=None, kv_quant=None):
     """GroupQueryAttention on MLX arrays, as ORT's CPU kernel computes it.
 
     q (B,S,N*H); k, v (B,S,Nkv*H); or ``packed``: q is the packed QKV ((B,S,(N+2*Nkv)*H) or its
@@ -166,6 +346,8 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
     ``in_place`` (decode into a shared buffer, see ``_present``) adds the new K and V rows
     (B,Nkv,S,H): the only rows where the presents differ from the pasts. ``qkv_bias`` ((N+2*Nkv)*H,),
     packed only: added to the packed QKV first (in its type, as the Add node it replaces).
+    ``kv_quant`` (a quantized KV cache, ``KVQuant``): past_key/value hold the quantized cache; the new rows
+    are quantized into the presents and attention reads the dequantized presents (as ORT's CPU kernel).
     """
     nq = num_heads + kv_num_heads
     flat = q
@@ -197,14 +379,14 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
     table_key = ("gqa_rotary", id(cos_cache), id(sin_cache), id(seqlens_k), id(position_ids), first_prompt, b, s, h,
                  rotary_interleaved)
     rd = 2 * cos_cache.shape[-1] if cos_cache is not None else 0
-    if s == 1 and in_place and cuda_kernels.enabled() and past_key is not None and \
+    if s == 1 and in_place and kv_quant is None and cuda_kernels.enabled() and past_key is not None and \
             past_key.shape[2] == max(total_sequence_length, past_key.shape[2]) and \
             cuda_kernels.decode_rope_attention_reason(flat, k, v, past_key, past_value, num_heads, kv_num_heads, rd,
                                                       attention_bias) is None:
         # rotation, the presents and the attention of the decode row in one kernel
         c = sn = None
         if cos_cache is not None:
-            c, sn = consts.memo(table_key, tables)
+            c, sn = build.memo(table_key, tables)
             c, sn = c.reshape(b, h), sn.reshape(b, h)
         out, pk, pv, k_new, v_new = cuda_kernels.decode_rope_attention(
             flat, k, v, c, sn, past_key, past_value, past_len, total_len, num_heads=num_heads,
@@ -219,7 +401,7 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
     else:
         q, k, v = _bnsh(q, num_heads), _bnsh(k, kv_num_heads), _bnsh(v, kv_num_heads)
     if cos_cache is not None:
-        c, sn = consts.memo(table_key, tables)
+        c, sn = build.memo(table_key, tables)
         if packed:
             qk = apply_rotary(qk, c, sn, rd, rotary_interleaved)
         else:
@@ -232,9 +414,12 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
     else:
         qf = q.astype(mx.float32)
     present_len = max(total_sequence_length, past_key.shape[2] if past_key is not None else 0)
+    if kv_quant is not None:          # the cache holds quantized rows; attention reads them dequantized
+        k, v = kv_quant.quantize_k(k), kv_quant.quantize_v(v)
     pk = _present(past_key, k, past_len, present_len, in_place)
     pv = _present(past_value, v, past_len, present_len, in_place)
-    if s == 1 and cuda_kernels.enabled():
+    pkf, pvf = (pk, pv) if kv_quant is None else (kv_quant.dequantize_k(pk), kv_quant.dequantize_v(pv))
+    if s == 1 and kv_quant is None and cuda_kernels.enabled():
         qsrc = qk if packed else q
         if cuda_kernels.decode_attention_reason(qsrc, pk, pv, num_heads, kv_num_heads, attention_bias) is None:
             out = cuda_kernels.decode_attention(qsrc, pk, pv, past_len, total_len, num_heads=num_heads,
@@ -242,11 +427,16 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
                                                 local_window_size=local_window_size, sink=sink)
             out = out.reshape(b, 1, num_heads * h)
             return (out, pk, pv, k, v) if in_place else (out, pk, pv)
-    mask = consts.memo(("gqa_mask", id(seqlens_k), first_prompt, b, s, present_len, local_window_size),
+    if first_prompt and s > 1 and kv_quant is None:
+        # a first prompt sees only its own S keys: no scores over the rest of the KV buffer
+        out = prompt_attention(q, k, v, qf, seqlens_k, past_len, total_len, alpha=alpha, softcap=softcap,
+                               local_window_size=local_window_size, sink=sink, attention_bias=attention_bias)
+        return (out, pk, pv, k, v) if in_place else (out, pk, pv)
+    mask = build.memo(("gqa_mask", id(seqlens_k), first_prompt, b, s, present_len, local_window_size),
                        lambda: gqa_mask(past_len, total_len, s, present_len, local_window_size))
     group = num_heads // kv_num_heads
     qf = qf.reshape(b, kv_num_heads, group * s, h)
-    scores = (qf @ pk.astype(mx.float32).swapaxes(-1, -2)).reshape(b, num_heads, s, present_len) * alpha
+    scores = (qf @ pkf.astype(mx.float32).swapaxes(-1, -2)).reshape(b, num_heads, s, present_len) * alpha
     if softcap > 0.0:
         scores = softcap * mx.tanh(scores / softcap)
     if attention_bias is not None:          # (B|1, N|1, S, total_sequence_length)
@@ -256,11 +446,57 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
             bias = mx.concatenate([bias, mx.zeros(bias.shape[:-1] + (extra,), mx.float32)], axis=-1)
         scores = scores + bias
     probs = attention_probs_softmax(scores, mask, sink)
-    out = probs.reshape(b, kv_num_heads, group * s, present_len) @ pv.astype(mx.float32)
+    out = probs.reshape(b, kv_num_heads, group * s, present_len) @ pvf.astype(mx.float32)
     out = out.reshape(b, num_heads, s, h).transpose(0, 2, 1, 3).reshape(b, s, num_heads * h)
     if in_place:
         return out.astype(q.dtype), pk, pv, k, v
     return out.astype(q.dtype), pk, pv
+
+
+def _qt(x) -> str:
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+
+def _kv_quant_check(v) -> str | None:
+    """A quantized KV cache is claimed where ORT's CPU EP runs it: float32 queries, int8 (8 bits) or uint8
+    (4 bits, two a byte) caches, per-tensor or per-channel constant positive float32 scales for both K and V."""
+    a = v.attrs
+    t = v.dtype(0)
+    bits = a.get("kv_cache_bit_width", 0)
+    kq, vq = _qt(a.get("k_quant_type", "NONE")), _qt(a.get("v_quant_type", "NONE"))
+    quant = bits != 0 or kq != "NONE" or vq != "NONE" or v.has(12) or v.has(13)
+    if not quant:
+        for i in (3, 4):
+            if v.has(i) and v.dtype(i) != t:
+                return f"KV cache dtype {dt.name(v.dtype(i))} differs from the query's without quantization attributes"
+        return None
+    if kq not in ("PER_TENSOR", "PER_CHANNEL") or vq not in ("PER_TENSOR", "PER_CHANNEL"):
+        return f"quantized KV cache with k_quant_type={kq!r}, v_quant_type={vq!r} (both PER_TENSOR/PER_CHANNEL only)"
+    if kq != vq:
+        return f"k_quant_type={kq!r} differs from v_quant_type={vq!r} (ORT's CPU kernel rejects it)"
+    want = {8: dt.INT8, 4: dt.UINT8}.get(bits)
+    if want is None:
+        return f"kv_cache_bit_width={bits} (8 and 4 only)"
+    if t != dt.FLOAT:
+        return f"quantized KV cache with {dt.name(t)} queries (float32 only: what ORT's CPU EP runs)"
+    if not (v.has(3) and v.has(4)):
+        return "quantized KV cache without past_key/past_value"
+    for i in (3, 4):
+        if v.dtype(i) != want:
+            return f"{bits}-bit KV cache of dtype {dt.name(v.dtype(i))} (expected {dt.name(want)})"
+    if a.get("sliding_window_cache", 0):
+        return "quantized KV cache with sliding_window_cache=1 not supported"
+    for i, what, qt in ((12, "k_scale", kq), (13, "v_scale", vq)):
+        if not v.has(i) or v.dtype(i) != dt.FLOAT:
+            return f"quantized KV cache needs a float32 {what}"
+        c = v.const(i)
+        if c is None:
+            return f"{what} is not a constant initializer"
+        if not np.all(np.isfinite(c)) or not np.all(c > np.finfo(np.float32).tiny):
+            return f"{what} has non-positive or non-finite values"
+        if (qt == "PER_TENSOR" and c.size != 1) or (qt == "PER_CHANNEL" and c.ndim != 4):
+            return f"{what} shape {c.shape} for {qt}"
+    return None
 
 
 def _gqa_check(v) -> str | None:
@@ -268,21 +504,31 @@ def _gqa_check(v) -> str | None:
     t = v.dtype(0)
     if t not in _FLOATS:
         return f"dtype {dt.name(t)} (float, float16, bfloat16 only)"
-    for i in (3, 4):
+    r = _kv_quant_check(v)
+    if r:
+        return r
+    if v.has(14) != v.has(15):
+        return "q_norm_weight and k_norm_weight must both be given"
+    for i in (14, 15):
         if v.has(i) and v.dtype(i) != t:
-            return f"quantized/mismatched KV cache dtype {dt.name(v.dtype(i))}"
-    for i, what in ((12, "k_scale"), (13, "v_scale"), (14, "q_norm_weight"), (15, "k_norm_weight")):
-        if v.has(i):
-            return f"input {what} not supported"
+            return f"input {i} (q/k norm weight) is {dt.name(v.dtype(i))}, query {dt.name(t)}"
+        if v.has(i) and v.rank(i) not in (None, 1):
+            return f"input {i} (q/k norm weight) rank {v.rank(i)} (1D only)"
     if len(v.node.outputs) > 3 and v.node.outputs[3]:
         return "output_qk not supported"
     if a.get("qk_output", 0) != 0:
         return f"qk_output={a['qk_output']} not supported"
-    if a.get("kv_cache_bit_width", 0) != 0 or a.get("k_quant_type", "NONE") not in ("NONE", b"NONE") \
-            or a.get("v_quant_type", "NONE") not in ("NONE", b"NONE"):
-        return "quantized KV cache not supported"
-    if a.get("sliding_window_cache", 0) != 0:
-        return "sliding_window_cache=1 not supported"
+    swc = a.get("sliding_window_cache", 0)
+    if swc not in (0, 1):
+        return f"sliding_window_cache={swc}"
+    if swc == 1:
+        if a.get("local_window_size", -1) <= 0:
+            return "sliding_window_cache=1 needs local_window_size > 0 (ORT rejects it)"
+        if not (v.has(3) and v.has(4)):
+            return "sliding_window_cache=1 needs past_key and past_value (ORT rejects it)"
+        for i, what in ((9, "position_ids"), (10, "attention_bias")):
+            if v.has(i):
+                return f"input {what} with sliding_window_cache=1 not supported"
     if a.get("causal", 1) != 1:
         return f"causal={a['causal']} not supported"
     nh, kvh = a["num_heads"], a["kv_num_heads"]
@@ -308,6 +554,23 @@ def _gqa_check(v) -> str | None:
     if lws == 0 or lws < -1:
         return f"local_window_size={lws} not supported"
     return None
+
+
+def validate_window(seqlens: np.ndarray, b: int, s: int, total: int, capacity: int, window: int,
+                    cache_rows: int | None) -> None:
+    """ORT's run-time checks of a windowed-KV-cache GroupQueryAttention (each raises there too)."""
+    if seqlens.size != b:
+        raise ValueError(f"seqlens_k has {seqlens.size} elements, expected ({b},)")
+    if capacity < window:
+        raise ValueError(f"sliding_window_cache: KV cache capacity ({capacity}) must be at least "
+                         f"local_window_size ({window})")
+    if s > 1 and b > 1 and s != total:
+        raise ValueError(f"batch_size must be 1 when sequence_length > 1 and past context is given (B={b}, S={s})")
+    for i, sl in enumerate(seqlens):
+        if sl + 1 < s:
+            raise ValueError(f"seqlens_k[{i}] = {sl} is too small for sequence_length {s}")
+    if cache_rows is not None and int(seqlens.max()) >= cache_rows:
+        raise ValueError(f"position {int(seqlens.max())} is beyond the rotary cache ({cache_rows} rows)")
 
 
 def _int_scalar(x, what: str) -> int:
@@ -368,11 +631,35 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
                              f"num_heads={num_heads}, kv_num_heads={kv_num_heads}")
     total = _int_scalar(total_sequence_length, "total_sequence_length")
     p = 0
+    kvq = KVQuant(kv_cache_bit_width, k_scale, v_scale) if kv_cache_bit_width else None
     if past_key is not None:
-        want = (b, kv_num_heads, past_key.shape[2], h)
+        want = (b, kv_num_heads, past_key.shape[2], h if kvq is None or kvq.bits == 8 else h // 2)
         if past_key.shape != want or past_value.shape != want:
             raise ValueError(f"past_key {past_key.shape} / past_value {past_value.shape}, expected {want}")
         p = past_key.shape[2]
+    if kvq is not None:
+        for name, sc in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if sc.size != 1 and tuple(sc.shape) != (1, kv_num_heads, 1, h):
+                raise ValueError(f"{name} shape {sc.shape}, expected (1,) or (1, {kv_num_heads}, 1, {h})")
+    if q_norm_weight is not None:
+        if key is None:
+            query, key, value = split_qkv(query, num_heads, kv_num_heads, qkv_bias)
+            qkv_bias = None
+        query = head_rms_norm(query, q_norm_weight, qk_norm_epsilon, num_heads)
+        key = head_rms_norm(key, k_norm_weight, qk_norm_epsilon, kv_num_heads)
+    if do_rotary and (h % 16 or cos_cache.shape[-1] * 2 > h or cos_cache.shape[-1] % 8):
+        raise ValueError(f"rotary needs head_size % 16 == 0 and cos_cache dim 1 <= head_size/2, a multiple of 8; "
+                         f"got head_size {h}, cos_cache {cos_cache.shape}")
+    if sliding_window_cache:
+        seqlens = _host_ints(seqlens_k).reshape(-1)
+        validate_window(seqlens, b, s, total, p, local_window_size, cos_cache.shape[0] if do_rotary else None)
+        if key is None:
+            query, key, value = split_qkv(query, num_heads, kv_num_heads, qkv_bias)
+        return gqa_window_core(query, key, value, past_key, past_value, seqlens_k, num_heads=num_heads,
+                               kv_num_heads=kv_num_heads, window=local_window_size, scale=scale, softcap=softcap,
+                               cos_cache=cos_cache if do_rotary else None, sin_cache=sin_cache if do_rotary else None,
+                               rotary_interleaved=bool(rotary_interleaved),
+                               sink=softmax_sink(head_sink, smooth_softmax, num_heads))
     first_prompt = s == total
     present_len = max(total, p)
     seqlens = _host_ints(seqlens_k).reshape(-1)
@@ -388,9 +675,6 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
                 raise ValueError("position_ids must be non-negative")
     _validate_gqa(seqlens, b, s, total, p, present_len, first_prompt,
                   cos_cache.shape[0] if do_rotary else None, pos_max)
-    if do_rotary and (h % 16 or cos_cache.shape[-1] * 2 > h or cos_cache.shape[-1] % 8):
-        raise ValueError(f"rotary needs head_size % 16 == 0 and cos_cache dim 1 <= head_size/2, a multiple of 8; "
-                         f"got head_size {h}, cos_cache {cos_cache.shape}")
     if attention_bias is not None:
         ab = attention_bias.shape
         if len(ab) != 4 or ab[0] not in (1, b) or ab[1] not in (1, num_heads) or ab[2] != s or ab[3] != total:
@@ -401,7 +685,7 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
                     softcap=softcap, local_window_size=local_window_size,
                     cos_cache=cos_cache if do_rotary else None, sin_cache=sin_cache if do_rotary else None,
                     rotary_interleaved=bool(rotary_interleaved), position_ids=position_ids, attention_bias=attention_bias, sink=sink,
-                    packed=key is None, qkv_bias=qkv_bias)
+                    packed=key is None, qkv_bias=qkv_bias, kv_quant=kvq)
 
 
 # ---------------------------------------------------------------------------- RotaryEmbedding

@@ -31,7 +31,7 @@ import mlx.core as mx
 import numpy as np
 
 from .. import dtypes as dt
-from ...subgraph import ir
+from ... import ir
 from ..registry import register
 from .sequence import kinds_reason
 

@@ -10,6 +10,7 @@ import mlx.core as mx
 import numpy as np
 
 from .. import dtypes as dt
+from .. import build
 from ..registry import register
 
 CONV_TYPES = frozenset({dt.FLOAT, dt.FLOAT16, dt.BFLOAT16})
@@ -178,10 +179,35 @@ def convt_pads(in_sizes, kernel, strides, dilations, out_pad, pads, output_shape
     return lo, hi, target
 
 
+def _tiled_convt(X, W, B, kernel):
+    """ConvTranspose whose kernel tiles the output (strides == kernel, no dilation, pads, output padding or groups):
+    every output element is one product over the input channels, so the whole op is one matmul
+    (N*H*W, C) @ (C, M*kh*kw) with the kernel taps laid into the output: the sums ORT's CPU kernel makes (its
+    GEMM, then a col2im that adds nothing up when the taps do not overlap). MLX's CPU backend runs the general
+    form (a convolution of the stride-dilated input) outside its GEMM path: a UNet's 2x2 up-convolution, 64 -> 32
+    channels on 64x64, took 202 ms there against 8 ms as this matmul."""
+    n, c, *sp = X.shape
+    nsp = len(sp)
+    m = W.shape[1]
+    half = X.dtype in (mx.float16, mx.bfloat16)
+    x = to_channels_last(X.astype(mx.float32) if half else X).reshape(-1, c)
+    w = (W.astype(mx.float32) if half else W).reshape(c, -1)
+    y = (x @ w).reshape(n, *sp, m, *kernel)
+    # (n, s1.., m, k1..) -> (n, m, s1, k1, s2, k2, ..) -> (n, m, s1*k1, ..)
+    y = y.transpose(0, 1 + nsp, *[a for i in range(nsp) for a in (1 + i, 2 + nsp + i)])
+    y = y.reshape(n, m, *[s * k for s, k in zip(sp, kernel)])
+    if B is not None:
+        y = y + B.astype(y.dtype).reshape(m, *[1] * nsp)
+    return y.astype(X.dtype)
+
+
 @register("ConvTranspose", 1, dtypes=CONV_TYPES, check=_convt_check)
 def conv_transpose(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
-                   output_padding=None, output_shape=None, pads=None, strides=None):
-    """Transposed convolution of X (N, C, ...) with W (C, M/group, k...), plus bias B (M,)."""
+                   output_padding=None, output_shape=None, pads=None, strides=None, ctx=None):
+    """Transposed convolution of X (N, C, ...) with W (C, M/group, k...), plus bias B (M,).
+
+    On MLX's CPU backend a kernel that tiles the output is one matmul (``_tiled_convt``); not in a shapeless
+    trace (its reshapes name the batch size)."""
     nsp = X.ndim - 2
     if W.ndim != X.ndim:
         raise ValueError(f"weight rank {W.ndim} != input rank {X.ndim}")
@@ -199,6 +225,10 @@ def conv_transpose(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, 
         if any(o < 0 for o in out_sp):
             raise ValueError(f"negative output size {out_sp}")
         return _no_products((X.shape[0], M, *out_sp), B, X.dtype)
+    if (ctx is not None and ctx.device == "cpu" and group == 1 and list(strides) == list(kernel)
+            and not any(d != 1 for d in dilations) and not any(lo) and not any(hi) and not any(out_pad)
+            and list(out_sp) == [i * s for i, s in zip(X.shape[2:], strides)] and not build.shapeless()):
+        return _tiled_convt(X, W, B, kernel)
     # weight (C, M/g, k...) -> (g, C/g, M/g, k...) -> (M, k..., C/g); half types in float32
     half = X.dtype in (mx.float16, mx.bfloat16)
     Xc, W = (X.astype(mx.float32), W.astype(mx.float32)) if half else (X, W)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from .. import dtypes as dt
-from .. import tracing
+from .. import build
 from ..registry import register
 
 FLOATS = dt.FLOATS
@@ -60,7 +60,7 @@ def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, ctx):
     b = B.astype(mx.float32) if half else B
     a = a.T if transA else a
     b = b.T if transB else b
-    if C is not None and beta != 0.0 and ctx.device == "cpu" and not tracing.shapeless():
+    if C is not None and beta != 0.0 and ctx.device == "cpu" and not build.shapeless():
         return mx.addmm(C.astype(a.dtype), a, b, alpha=alpha, beta=beta).astype(A.dtype)
     y = mx.matmul(a, b)
     if alpha != 1.0:

@@ -29,6 +29,7 @@ import mlx.core as mx
 import numpy as np
 
 from .. import dtypes as dt
+from ...version import loaded_ort_version
 from ..registry import register
 
 M = 2147483647                  # minstd_rand0: modulus 2^31 - 1
@@ -166,7 +167,6 @@ def platform_reason() -> str | None:
     libc = _libc()
     if libc != "glibc":
         return f"seeded random streams verified with glibc's libm only (here {libc or 'unknown'})"
-    from ...ep.abi import loaded_ort_version
     v = loaded_ort_version()
     parts = tuple(int(p) for p in (v or "").split(".")[:2] if p.isdigit())
     if parts != VERIFIED_ORT:

@@ -15,7 +15,7 @@ import mlx.core as mx
 import numpy as np
 
 from .. import dtypes as dt
-from ...subgraph import ir
+from ... import ir
 from ..registry import register, same_input_types
 from .shape import _concat, norm_axis
 

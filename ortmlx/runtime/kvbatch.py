@@ -16,7 +16,7 @@ The next call whose inputs are the same buffers compares all those blocks in one
 and every mirror is substituted (the call owns the batch until its copy-out leaves the next one);
 any difference, and the batch is gone: the per-buffer path uploads those buffers whole, as it
 does for a mirror that no longer holds. The rows go into ORT's buffers in one C copy.
-Contract and limits are ``mirror.py``'s (batch 1 only).
+Contract and limits are ``mirror.py``'s; batch 1 only here (a batch's buffers take the per-buffer path).
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ Interface for the rest of the EP (keep it compatible):
   Conventional keys the summary understands: ``compiled`` (bool or a str kind),
   ``traces`` (int: how many times ``mx.compile`` traced), ``poisoned`` (str: why the
   compiled closure was abandoned), ``calls`` / ``time_ns`` / ``split_ns`` (filled here).
-- ``stats.fault(stage, node)``: testing hook, raises ``EpError`` when the ``fault`` option
+- ``stats.fault(stage, node)``: testing hook, raises ``InjectedFault`` when the ``fault`` option
   targets ``stage`` (and ``node``); ``stats.faults`` is None when no fault is set, so
   ``if stats.faults is not None: stats.fault(...)`` costs one attribute read.
 - ``stats.tracer``: None, or an ``ortmlx.trace.Tracer`` (the ``trace`` option).
@@ -24,7 +24,9 @@ import threading
 import time
 from collections import defaultdict
 
-from .errors import EpError
+from .trace import Tracer
+
+from .errors import InjectedFault, UserError
 
 #: stages the ``fault`` option can target; aliases map to their canonical name
 FAULT_STAGES = ("getcapability", "compile", "compute", "copy_in", "build", "run", "trace", "eval", "copy_out")
@@ -44,11 +46,11 @@ class FaultSpec:
         stage, _, node = spec.partition(":")
         stage = _FAULT_ALIASES.get(stage.strip().lower(), stage.strip().lower())
         if stage not in FAULT_STAGES:
-            raise ValueError(f"fault option {text!r}: stage {stage!r} is not one of {', '.join(FAULT_STAGES)}")
+            raise UserError(f"tuning fault={text!r}: stage {stage!r} is not one of {', '.join(FAULT_STAGES)}")
         try:
             self.remaining = int(count) if count.strip() else -1
         except ValueError:
-            raise ValueError(f"fault option {text!r}: count {count!r} is not an integer") from None
+            raise UserError(f"tuning fault={text!r}: count {count!r} is not an integer") from None
         self.stage = stage
         self.node = node.strip()
         self.hits = 0
@@ -68,7 +70,7 @@ class FaultSpec:
 
 
 class SessionStats:
-    def __init__(self, device: str, options=None):
+    def __init__(self, device: str, trace: str = "", verbose: bool = False, fault: str = ""):
         self.device = device
         self.lock = threading.Lock()
         self.calls = 0
@@ -80,14 +82,11 @@ class SessionStats:
         self.group_nodes: dict[str, frozenset] = {}     # fused group name -> names of its nodes
         self.tracer = None
         self.faults: FaultSpec | None = None
-        fault = options.tuning.fault if options is not None else ""
         if fault:
             self.faults = FaultSpec(fault)
-        trace_path = options.trace if options is not None else ""
-        if trace_path:
-            from ..trace import Tracer
-            self.tracer = Tracer(trace_path, f"MLXExecutionProvider ({device})")
-        self.verbose = options.verbose if options is not None else False
+        if trace:
+            self.tracer = Tracer(trace, f"MLXExecutionProvider ({device})")
+        self.verbose = verbose
         #: whether Compute takes the observed (timed) path
         self.observed = bool(self.tracer is not None or self.verbose
                              or (self.faults is not None and self.faults.stage in CALL_STAGES))
@@ -169,7 +168,7 @@ class SessionStats:
         """Testing hook: raise when the ``fault`` option targets this stage (and node)."""
         f = self.faults
         if f is not None and f.fire(stage, node, self.group_nodes.get(node, frozenset())):
-            raise EpError(f"injected fault at {stage}" + (f" in {node}" if node else ""), node=node or None)
+            raise InjectedFault(f"injected fault at {stage}" + (f" in {node}" if node else ""), node=node or None)
 
     # ------------------------------------------------------------------ output
     def summary(self) -> str:
@@ -220,7 +219,7 @@ class SessionStats:
             lines.append(f"  trace: {self.tracer.path}")
         return "\n".join(lines)
 
-    def finish(self, options=None) -> None:
+    def finish(self) -> None:
         """Session release: print the summary (verbose) and write the trace. Runs once."""
         if self.finished:
             return
@@ -230,6 +229,5 @@ class SessionStats:
                 self.tracer.flush()
             except Exception as e:  # noqa: BLE001 - a trace file we cannot write must not fail the release
                 sys.stderr.write(f"MLXExecutionProvider: cannot write trace {self.tracer.path}: {e}\n")
-        verbose = self.verbose if options is None else options.verbose
-        if verbose:
+        if self.verbose:
             sys.stderr.write(self.summary() + "\n")

@@ -15,8 +15,9 @@ buffer host -> device (``mx.array``) and back (O(buffer) per token). With one:
 
 Contract (genai's): between calls nobody but this group writes rows of the buffer that the
 group will read. A writer that changes other rows without touching the checked ones is not
-seen; ``no_kv_mirror=1`` turns mirrors off. Only buffers with a leading (batch) dim of 1
-are mirrored (beam search reorders rows of batched buffers between calls).
+seen; ``tuning=kv_mirror=0`` turns mirrors off. A batch's buffers are mirrored too: genai shares past and
+present only without beam search (``GeneratorParams::IsPastPresentShareBufferEnabled``: ``num_beams == 1``), so
+no call reorders a shared buffer's batch rows; each row's own blocks are checked as above.
 """
 from __future__ import annotations
 
@@ -39,8 +40,8 @@ _UINT = {1: mx.uint8, 2: mx.uint16, 4: mx.uint32, 8: mx.uint64}
 
 
 def mirrorable(a) -> bool:
-    """Whether an MLX result can mirror an ORT buffer: rank >= 2, batch 1, non-empty, a plain type."""
-    return (isinstance(a, mx.array) and a.ndim >= 2 and a.shape[0] == 1 and a.size > 0
+    """Whether an MLX result can mirror an ORT buffer: rank >= 2, non-empty, a plain type."""
+    return (isinstance(a, mx.array) and a.ndim >= 2 and a.size > 0
             and a.dtype.size in _UINT)
 
 

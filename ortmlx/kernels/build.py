@@ -1,0 +1,83 @@
+"""The context of one graph build: what translators may ask about the build they run in.
+
+A build is an eager run of a group's program or a compiled closure's trace. Its maker creates one
+``BuildContext`` and makes it current for the build (``active``); ``Program.build`` takes it as an argument
+(a trace passes its own down), and translators and their helpers read it with ``current()``:
+
+- ``cuda_kernels``: whether the custom CUDA kernels may be used (``cuda_kernels.enabled``);
+- ``fused_attention``: whether a half-precision prompt's attention may run as MLX's fused kernel;
+- ``shapeless``/``tracing``: inside a (shapeless) ``mx.compile`` trace: a shapeless trace replays its graph for
+  other shapes, so a translator choosing between equivalent forms picks one MLX replays right at any shape
+  (static slices, ``split`` and ``mx.fast.rope`` fail there);
+- ``memo``: work several nodes repeat on the same values (every attention layer's rotary rows and mask);
+- ``guards``/``hints`` (traces only): checks that must hold for the traced answer to be used, and the rows a
+  decode trace writes into its in-place outputs (``compiled/decode_ops.py``).
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from dataclasses import dataclass, field
+
+
+@dataclass
+class BuildContext:
+    cuda_kernels: bool = False
+    fused_attention: bool = False
+    shapeless: bool = False
+    tracing: bool = False
+    memo: dict = field(default_factory=dict)
+    #: traced guards (None outside a trace: a guarded traced form there is an error)
+    guards: list | None = None
+    #: row hints declared by the trace: (present, past, start, rows)
+    hints: list | None = None
+
+
+_CURRENT: contextvars.ContextVar = contextvars.ContextVar("ortmlx_build", default=None)
+
+
+def current() -> BuildContext | None:
+    """The build in progress on this thread (None outside one)."""
+    return _CURRENT.get()
+
+
+@contextlib.contextmanager
+def active(ctx: BuildContext):
+    """Make ``ctx`` the current build for the block (the outer one is current again after it)."""
+    token = _CURRENT.set(ctx)
+    try:
+        yield ctx
+    finally:
+        _CURRENT.reset(token)
+
+
+def shapeless() -> bool:
+    """Whether this thread is building a shapeless trace (False in eager builds and shape-keyed traces)."""
+    b = _CURRENT.get()
+    return b is not None and b.shapeless
+
+
+def fused_attention() -> bool:
+    """Whether the build in progress may run a prompt's attention as MLX's fused kernel."""
+    b = _CURRENT.get()
+    return b is not None and b.fused_attention
+
+
+def tracing() -> bool:
+    """Whether this thread is inside a compiled closure's trace."""
+    b = _CURRENT.get()
+    return b is not None and b.tracing
+
+
+def memo(key: tuple, make):
+    """``make()`` once per build for ``key`` (outside a build: every time).
+
+    Eager builds have no common-subexpression pass. Object ids in ``key`` must be of values the build keeps
+    alive to its end (group inputs, constants, the build's device copies), so an id is not reused within it."""
+    b = _CURRENT.get()
+    if b is None:
+        return make()
+    got = b.memo.get(key)
+    if got is None:
+        got = b.memo[key] = make()
+    return got

@@ -1,0 +1,88 @@
+"""Build a genai model's compiled closures and MLX kernels ahead of its first real prompts.
+
+    python -m ortmlx warmup MODEL_DIR [--max-length N] [--up-to L] [--device auto|cpu|gpu] [-o key=value ...]
+
+The first call at a new prefill bucket (16, 32, 64, ... tokens, capped by the KV buffer) traces a closure and
+builds its kernels (g++ on MLX's CPU backend, NVRTC on CUDA): seconds, while the user waits. This runs two
+prompts per bucket up to ``--up-to`` (the closure is trusted after matching eager at two lengths) and a few
+decode steps after each, with the same KV buffer length the application uses (``--max-length``, default the
+model's ``search.max_length``: the closures are keyed by it). The kernels land in MLX's cache (``version.mlx_cache_dir``);
+the closures themselves live in the process, so an application gains from a warmup run in its own process
+(``warm(model, ...)``) or, across processes, from the kernel cache alone.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+
+from .compiled.attention import BUCKET_MIN, bucket_for
+from .version import mlx_cache_dir
+
+
+def prompt_lengths(up_to: int, max_length: int) -> list[tuple[int, int]]:
+    """(bucket, prompt length) pairs up to ``up_to`` tokens under a KV buffer of ``max_length``: two lengths per
+    bucket (a bucket's closure is trusted after matching eager at two)."""
+    pairs, b = [], BUCKET_MIN
+    up_to = min(up_to, max_length - 1)
+    while b // 2 + 1 <= up_to:
+        for n in sorted({min(b, up_to), max(2, b // 2 + 1)}, reverse=True):
+            bucket = bucket_for(n, max_length)
+            if bucket is not None and (bucket, n) not in pairs:
+                pairs.append((bucket, n))
+        b *= 2
+    return pairs
+
+
+def warm(model, max_length: int, up_to: int, decode_steps: int = 3, vocab: int = 100, log=print) -> list[dict]:
+    """Run ``model`` (an ``og.Model``) over every bucket's prompts; returns one record per prompt."""
+    import onnxruntime_genai as og
+    rng = np.random.default_rng(0)
+    rows = []
+    for bucket, n in prompt_lengths(up_to, max_length):
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=max_length, do_sample=False)
+        g = og.Generator(model, params)
+        t0 = time.perf_counter()
+        g.append_tokens(rng.integers(1, vocab, n).astype(np.int32))
+        g.generate_next_token()
+        prefill = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        steps = 0
+        while steps < decode_steps and not g.is_done():
+            g.generate_next_token()
+            steps += 1
+        decode = (time.perf_counter() - t1) / max(steps, 1)
+        rows.append({"bucket": bucket, "prompt": n, "prefill_s": prefill, "decode_s": decode})
+        log(f"  prompt {n:5d} tokens (bucket {bucket:5d}): first token {prefill:7.3f} s, "
+            f"then {1e3 * decode:7.2f} ms a token")
+        del g
+    return rows
+
+
+def main(args) -> int:
+    from . import genai as mg
+    path = args.model_dir
+    cfg_path = os.path.join(path, "genai_config.json")
+    if not os.path.isfile(cfg_path):
+        print(f"ortmlx warmup: no genai_config.json in {path}")
+        return 1
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    max_length = args.max_length or int(cfg.get("search", {}).get("max_length", 0)) or \
+        int(cfg.get("model", {}).get("context_length", 2048))
+    up_to = min(args.up_to, max_length - 1)
+    vocab = int(cfg.get("model", {}).get("vocab_size", 100))
+    opts = dict(args.options)
+    if args.device:
+        opts["device"] = args.device
+    t0 = time.perf_counter()
+    model, _ = mg.load_model(path, "mlx", opts)
+    print(f"ortmlx warmup: {path}: loaded in {time.perf_counter() - t0:.1f} s; prompts up to {up_to} tokens, "
+          f"KV buffer {max_length} (must match the application's max_length); kernels cached under {mlx_cache_dir()}")
+    t1 = time.perf_counter()
+    warm(model, max_length, up_to, vocab=min(vocab, 1000))
+    print(f"ortmlx warmup: done in {time.perf_counter() - t1:.1f} s")
+    return 0

@@ -1,0 +1,59 @@
+"""``python -m ortmlx warmup``: every prefill bucket's closure traced and trusted ahead of the real prompts, so a
+prompt of a new length replays instead of tracing; the console says where the kernels are kept."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+og = pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed")
+
+import ortmlx.compiled as C  # noqa: E402
+from ortmlx import warmup  # noqa: E402
+from ortmlx import genai as mg  # noqa: E402
+
+pytestmark = pytest.mark.genai
+
+
+def test_prompt_lengths_cover_each_bucket_twice():
+    pairs = warmup.prompt_lengths(100, 160)
+    assert pairs == [(16, 16), (16, 9), (32, 32), (32, 17), (64, 64), (64, 33), (128, 100), (128, 65)]
+    assert all(n <= b for b, n in pairs)
+    assert warmup.prompt_lengths(4096, 4096)[-2:] == [(4096, 4095), (4096, 2049)]    # capped by the KV buffer
+
+
+def test_warm_traces_the_buckets_so_new_prompt_lengths_replay():
+    from tests.test_compiled_genai import MAX_LENGTH, model_dir
+    path = model_dir("qwen2")
+    with C.capture() as rs:
+        model, _ = mg.load_model(path, "mlx", None, {"search": {"past_present_share_buffer": True}})
+    (att,) = [r for r in rs if hasattr(r, "prefill")]
+    rows = warmup.warm(model, MAX_LENGTH, 40, decode_steps=2, vocab=500, log=lambda *_: None)
+    assert [(r["bucket"], r["prompt"]) for r in rows] == [(16, 16), (16, 9), (32, 32), (32, 17), (64, 40), (64, 33)]
+    pre = att.prefill
+    assert pre.trace_counts() == [1, 1, 1] and all(c.trusted for c in pre.closures()), pre.counters
+    traced, replayed = pre.counters["traces"], pre.counters["compiled_calls"]
+    for n in (12, 25, 38):                          # new lengths in the warmed buckets
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=MAX_LENGTH, do_sample=False)
+        g = og.Generator(model, params)
+        g.append_tokens(np.arange(1, n + 1, dtype=np.int32))
+        g.generate_next_token()
+        del g
+    assert pre.counters["traces"] == traced and pre.counters["compiled_calls"] == replayed + 3, pre.counters
+    assert att.decode.closures() and all(c.trusted for c in att.decode.closures())
+    del model
+
+
+def test_warmup_command(tmp_path):
+    from tests.test_compiled_genai import model_dir
+    path = model_dir("qwen2")
+    r = subprocess.run([sys.executable, "-m", "ortmlx", "warmup", path, "--up-to", "20", "--max-length", "160"],
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ, MLX_PTX_CACHE_DIR=str(tmp_path)))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"kernels cached under {tmp_path}" in r.stdout and "KV buffer 160" in r.stdout, r.stdout
+    assert "prompt    16 tokens (bucket    16)" in r.stdout and "prompt    20 tokens (bucket    32)" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "ortmlx", "warmup", str(tmp_path)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 1 and "no genai_config.json" in r.stdout

@@ -309,7 +309,7 @@ def main(argv=None) -> int:
                     help="extra MLX EP option for the LLM sessions (repeatable)")
     ap.add_argument("--alt-option", action="append", default=[], metavar="KEY=VALUE",
                     help="LLMs: also run the compiled EP with these options (repeatable), interleaved in the "
-                         "same rounds: an A/B of an option on one machine")
+                         "same rounds: an A/B of an option on one machine (a tuning knob: tuning=KEY=VALUE)")
     args = ap.parse_args(argv)
 
     import mlx.core as mx

@@ -6,9 +6,10 @@ the same weights) both EPs are also measured against a float32 PyTorch forward, 
 passes when it is no further from that than the CPU EP is (+50%): a deep random fp16 model's two
 roundings can differ more than either differs from exact arithmetic.
 
-    python scripts/gpu_logits_check.py MODEL_DIR [--steps 32] [--config device_constants=0 ...] [--hf HF_DIR]
+    python scripts/gpu_logits_check.py MODEL_DIR [--steps 32] [--config tuning=device_constants=0 ...] [--hf HF_DIR]
 
-Each ``--config`` is a comma-separated set of MLX EP options checked in turn (the default config too).
+Each ``--config`` is a comma-separated set of MLX EP options checked in turn (the default config too); a tuning
+knob is ``tuning=KEY=VALUE`` (one knob per set: the set itself is split at commas).
 """
 from __future__ import annotations
 

@@ -248,3 +248,30 @@ def test_write_reuses_row0_only_when_no_start_is_0():
     assert at0.row0 is not again.row0
     np.testing.assert_array_equal(at0.row0[3].view(np.float16).reshape(4, 8),
                                   np.stack([bufs[0][0, k, 0] for k in range(2)] + [bufs[1][0, k, 0] for k in range(2)]))
+
+
+def test_write_a_batch_at_each_rows_start():
+    """A batch's buffers (B = 3, rows at their own positions, genai's static batching): one C call writes each
+    batch row's rows at its own start, nothing else changes; a start out of range for any row writes nothing."""
+    from ortmlx.runtime.kvbatch import Layout
+    rng = np.random.default_rng(5)
+    b, kvh, p, h = 3, 2, 9, 8
+    bufs = [rng.standard_normal((b, kvh, p, h)).astype(np.float16) for _ in range(2)]
+    meta = [(j, j, (b, kvh, 1, h), 2) for j in range(2)]
+    L = Layout(meta, [x.__array_interface__["data"][0] for x in bufs], [x.shape for x in bufs],
+               [x.dtype for x in bufs])
+    assert L.nblocks == 2 * b * kvh and L.max_start.shape == (2 * b,)
+    rows = [rng.standard_normal((b, kvh, 1, h)).astype(np.float16) for _ in range(2)]
+    flat = np.concatenate([r.view(np.uint8).ravel() for r in rows])
+    starts = np.array([3, 0, 8, 5, 1, 2], np.int32)         # buffer 0's batch rows, then buffer 1's
+    before = [x.copy() for x in bufs]
+    assert _kv_batches().write(L, flat, np.array([3, 0, 9, 5, 1, 2], np.int32), ["r0", "r1"], None) is None
+    for x, x0 in zip(bufs, before):
+        np.testing.assert_array_equal(x, x0)
+    kb = _kv_batches().write(L, flat, starts, ["r0", "r1"], None)
+    assert kb is not None
+    for k, (x, x0, r) in enumerate(zip(bufs, before, rows)):
+        want = x0.copy()
+        for row in range(b):
+            want[row, :, starts[k * b + row], :] = r[row, :, 0, :]
+        np.testing.assert_array_equal(x, want)

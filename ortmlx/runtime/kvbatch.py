@@ -16,7 +16,7 @@ The next call whose inputs are the same buffers compares all those blocks in one
 and every mirror is substituted (the call owns the batch until its copy-out leaves the next one);
 any difference, and the batch is gone: the per-buffer path uploads those buffers whole, as it
 does for a mirror that no longer holds. The rows go into ORT's buffers in one C copy.
-Contract and limits are ``mirror.py``'s; batch 1 only here (a batch's buffers take the per-buffer path).
+Contract and limits are ``mirror.py``'s; a batch's rows are written each at its own start.
 """
 from __future__ import annotations
 
@@ -49,21 +49,26 @@ class Layout:
         self.addr_bytes = self.addrs.tobytes()             # one bytes compare per call (``same_at``)
         self.addr_set = frozenset(addrs)
         self.shapes, self.dtypes = tuple(shapes), dtypes   # host shapes / numpy dtypes per buffer (the outputs' too)
-        nblk = [math.prod(shape[1:-2]) for _, _, shape, _ in meta]
-        rows = [shape[-2] for _, _, shape, _ in meta]
-        rb = [shape[-1] * isz for _, _, shape, isz in meta]
-        p = [s[-2] for s in shapes]
+        # the C copy's units: each hinted buffer's batch rows in turn (the hints' starts come in that order), each
+        # unit a run of blocks (heads) of rows written at its own start
+        nblk, max_start, rb, base, lens, rel_src = [], [], [], [], [], []
+        first = 0
+        for (_, _, shape, isz), addr, hshape in zip(meta, addrs, shapes):
+            heads, s, row = math.prod(shape[1:-2]), shape[-2], shape[-1] * isz
+            p = hshape[-2]
+            blk = np.arange(shape[0] * heads, dtype=np.uint64)          # (batch row, head) blocks in order
+            nblk += [heads] * shape[0]
+            max_start += [p - s] * shape[0]
+            rb.append(np.full(blk.size, row, np.uint64))
+            base.append(np.uint64(addr) + blk * np.uint64(p * row))
+            lens.append(np.full(blk.size, s * row, np.uint64))
+            rel_src.append(np.uint64(first) + blk * np.uint64(s * row))  # rows' offsets in the flat bytes
+            first += math.prod(shape) * isz
         self.nblk = np.array(nblk, np.int64)
-        self.max_start = np.array([pp - s for pp, s in zip(p, rows)], np.int64)
-        blk = np.concatenate([np.arange(n, dtype=np.uint64) for n in nblk])
-        self.rb = np.repeat(np.array(rb, np.uint64), nblk)                    # row bytes per block
-        self.base = np.repeat(self.addrs, nblk) + blk * np.repeat(np.array([pp * r for pp, r in zip(p, rb)],
-                                                                           np.uint64), nblk)
-        self.lens = np.repeat(np.array([s * r for s, r in zip(rows, rb)], np.uint64), nblk)
-        sizes = [math.prod(shape) * isz for _, _, shape, isz in meta]
-        self.flat_bytes = sum(sizes)
-        first = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.uint64)
-        self.rel_src = np.repeat(first, nblk) + blk * self.lens               # rows' offsets in the flat bytes
+        self.max_start = np.array(max_start, np.int64)
+        self.rb, self.base, self.lens = np.concatenate(rb), np.concatenate(base), np.concatenate(lens)
+        self.rel_src = np.concatenate(rel_src)
+        self.flat_bytes = first
         self.row0_at = np.concatenate([[0], np.cumsum(self.rb)[:-1]]).astype(np.uint64)
         self.row0_bytes = int(self.rb.sum())
         self.nblocks = int(self.nblk.sum())
@@ -181,7 +186,7 @@ class KvBatches:
                    results: list, out_types: list, prev: Layout | None, taken: bool = False,
                    res_shapes: list | None = None) -> Layout | None:
         """The layout of a call's hinted outputs when every one qualifies (its ORT buffer is its
-        input's, that input ran on a mirror, batch 1, shapes and types fit), else None.
+        input's, that input ran on a mirror, shapes and types fit), else None.
 
         ``taken``: ``prev`` is the layout of the batch this call took at copy-in (its inputs were
         checked to be those buffers, and every one ran on its mirror). ``res_shapes``: the results' shapes."""
@@ -195,7 +200,7 @@ class KvBatches:
                 npt = dt.NUMPY.get(out_types[j])
                 if x is None or i not in used or int(ptrs[j]) != int(in_addr[i]) or int(in_addr[i]) == 0 or \
                         npt is None or x.dtype != np.dtype(npt) or x.itemsize != itemsize or \
-                        len(shape) < 3 or shape[0] != 1 or shape[:-2] != x.shape[:-2] or shape[-1] != x.shape[-1]:
+                        len(shape) < 3 or shape[:-2] != x.shape[:-2] or shape[-1] != x.shape[-1]:
                     return None
                 addrs.append(int(in_addr[i]))
                 shapes.append(x.shape)
@@ -212,7 +217,7 @@ class KvBatches:
     def write(self, L: Layout, flat: np.ndarray, starts: np.ndarray, results: list,
               prev: KvBatch | None) -> KvBatch | None:
         """Write the hinted rows (``flat``: their bytes in meta order; ``starts``: first row per
-        buffer) into ORT's buffers; returns the next batch, or None (nothing written) when the
+        buffer and batch row) into ORT's buffers; returns the next batch, or None (nothing written) when the
         rows do not fit. One C call (``ortmlx_kv_write``) checks the starts, copies every block
         and lays out the next call's check; after an eval, each NumPy operation here cost ~10 us."""
         if flat.nbytes != L.flat_bytes or starts.shape != L.max_start.shape:
@@ -225,7 +230,7 @@ class KvBatches:
         dst, src = np.empty(2 * nb, np.uint64), np.empty(2 * nb, np.uint64)
         reuse = prev is not None and prev.layout is L
         f = self._ffi.from_buffer
-        lo = self._kv_write(len(L.in_list), f("int32_t[]", starts), *L.c_args(self._ffi), _addr(flat),
+        lo = self._kv_write(len(L.nblk), f("int32_t[]", starts), *L.c_args(self._ffi), _addr(flat),
                             f("uint64_t[]", prev.row0[1]) if reuse else self._ffi.NULL,
                             f("uint64_t[]", dst), f("uint64_t[]", src))
         if lo < 0:

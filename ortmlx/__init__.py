@@ -17,8 +17,8 @@ import threading
 # (a user who wants TF32 can set MLX_ENABLE_TF32=1 before importing; the EP then refuses the GPU).
 os.environ.setdefault("MLX_ENABLE_TF32", "0")
 # MLX's CUDA backend: smaller CUDA graphs (commit every 30 kernels, not 100 on an H100/H200) let the GPU start on
-# a decode step's first layers while the host still encodes the rest of an asynchronous eval (H200: a 1.5B token
-# 3.9-4.5 -> 3.3 ms, docs/performance.md). MLX's CUDA caches throw ("Cache thrashing is happening") once a cache's
+# a decode step's first layers while the host still encodes the rest of an asynchronous eval (measured:
+# docs/performance.md). MLX's CUDA caches throw ("Cache thrashing is happening") once a cache's
 # misses over the process's life pass twice its size (800 for the CUDA graph cache): a performance heuristic that
 # would fail inference in a long-lived process meeting many graphs (smaller graphs meet more pieces); without it
 # a miss only costs a rebuild. Both are read once, when MLX makes its first GPU stream; set them to override.

@@ -17,9 +17,7 @@ CPU-stream matmuls go through it.
 Threads: ``ORTMLX_TUNING=blas_threads=N`` (or ``OPENBLAS_NUM_THREADS``) when set, else
 ``max(1, min(4, cpu_count))``, with ``OPENBLAS_THREAD_TIMEOUT=4`` unless set: OpenBLAS's
 idle workers otherwise spin and take the cores from MLX's CPU thread and ORT's pool in the
-same process (measured on a 2-core box: with 2 spinning workers the CPU EP's MLP went 3.4 ->
-5.6 ms and a small CNN on MLX 2.1 -> 9.7 ms; with the short timeout neither slowed while the
-MLX MLP went 7.4 -> 5.6 ms). See docs/performance.md.
+same process (measured: docs/performance.md, ``blas_threads``).
 """
 from __future__ import annotations
 

@@ -766,26 +766,26 @@ class Bench:
 
     def case_batch(self, M: dict) -> None:
         c, out = self.cfg, M.setdefault("batch", {})
-        for B in c["batches"]:
-            args = dict(length=c["prompt"], n_new=c["new_tokens"], max_len=M["decode_max_len"], batch=B)
+        for nb in c["batches"]:
+            args = dict(length=c["prompt"], n_new=c["new_tokens"], max_len=M["decode_max_len"], batch=nb)
             for e in self.live(M):
                 r = self.ecall(M, e, "batch", "gen", LIMITS["batch"], **args)
                 if r is not None:
-                    out.setdefault(e, {})[str(B)] = {"cold": _gen_row(r), "rounds": []}
+                    out.setdefault(e, {})[str(nb)] = {"cold": _gen_row(r), "rounds": []}
             for rnd in range(c["rounds"]):
                 for e in _rotate(self.live(M), rnd):
-                    if str(B) not in out.get(e, {}):
+                    if str(nb) not in out.get(e, {}):
                         continue
                     r = self.ecall(M, e, "batch", "gen", LIMITS["batch"], restart=False, **args)
                     if r is not None:
-                        out[e][str(B)]["rounds"].append(_gen_row(r))
+                        out[e][str(nb)]["rounds"].append(_gen_row(r))
             for e in out:
-                d = out[e].get(str(B))
+                d = out[e].get(str(nb))
                 if d and d["rounds"]:
                     d["agg_tps"] = statistics.median(x["tps"] for x in d["rounds"])
                     d["ttft_ms"] = statistics.median(x["ttft_ms"] for x in d["rounds"])
-            self.say(f"  [{M['name']}] batch {B}: " + ", ".join(
-                f"{e} {out[e][str(B)]['agg_tps']:.1f} tok/s" for e in out if "agg_tps" in out[e].get(str(B), {})))
+            self.say(f"  [{M['name']}] batch {nb}: " + ", ".join(
+                f"{e} {out[e][str(nb)]['agg_tps']:.1f} tok/s" for e in out if "agg_tps" in out[e].get(str(nb), {})))
 
     def case_accuracy(self, M: dict) -> None:
         c, out = self.cfg, M.setdefault("accuracy", {})
@@ -1015,8 +1015,8 @@ def print_table(b: Bench, M: dict) -> None:
         add("decode TTFT (prompt %d)" % b.cfg["prompt"], [dc.get(e, {}).get("ttft_ms") for e in engines],
             "ms, lower", ".2f")
     bt = M.get("batch", {})
-    for B in b.cfg["batches"] if bt else []:
-        add(f"batch {B} aggregate", [bt.get(e, {}).get(str(B), {}).get("agg_tps") for e in engines],
+    for nb in b.cfg["batches"] if bt else []:
+        add(f"batch {nb} aggregate", [bt.get(e, {}).get(str(nb), {}).get("agg_tps") for e in engines],
             "tok/s, higher")
     ac = M.get("accuracy", {})
     if ac:

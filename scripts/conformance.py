@@ -553,7 +553,9 @@ def unclaimed_reasons(results: list[dict]) -> Counter:
 def versions() -> dict[str, str]:
     import importlib.metadata as md
     out = {}
-    for p in ("onnx", "onnxruntime", "mlx"):
+    # ml_dtypes: the onnx loader regenerates expected outputs with it (0.7 casts out-of-range floats
+    # to int4/int2 as 0 where ORT wraps), so the totals depend on its version
+    for p in ("onnx", "onnxruntime", "mlx", "ml_dtypes"):
         try:
             out[p] = md.version(p)
         except md.PackageNotFoundError:
@@ -604,6 +606,7 @@ def write_markdown(path: str, results: list[dict], t: dict, when: str, vers: dic
     p()
     p(f"- Date: {when}")
     p(f"- Versions: onnx {vers['onnx']}, onnxruntime {vers['onnxruntime']}, mlx {vers['mlx']}, "
+      f"ml_dtypes {vers['ml_dtypes']}, "
       f"python {sys.version.split()[0]}")
     if pattern:
         p(f"- Filter: {pattern} (partial run)")

@@ -21,7 +21,7 @@ if [ -z "$backend" ] && [ "$(uname -s)" != Darwin ]; then
   fi
 fi
 extras="test,genai,builder${backend:+,$backend}"
-# torch only serves onnxruntime-genai's model builder (the CPU build; 2.13.0 lies on this kind's disk)
+# torch only serves onnxruntime-genai's model builder (its CPU build)
 python -m pip install -q "torch==2.13.0"
 rm -rf .venv/dist
 python -m pip wheel -q --no-deps --no-build-isolation -w .venv/dist .

@@ -3,7 +3,7 @@
 A steady decode call of a compiled closure takes the previous call's KV results as its device inputs
 (the mirrors: the same MLX arrays), the new token ids as a host array, and the hoisted lengths (one more
 than last call's). So once this call's eval is started, the next call's closure call (MLX's graph
-replay, ~0.35 ms of host time a token on the H200) can already be made, on:
+replay, a large share of a token's host time: docs/performance.md) can already be made, on:
 
 - the results this call will give, where the last two calls showed an input is a result of the one
   before (``learn``);

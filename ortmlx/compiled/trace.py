@@ -177,8 +177,7 @@ def _host_outputs(outs: list, hints: list, traced: list) -> list[int]:
 
 #: Extra bytes of the row hints' device buffer on MLX's CUDA backend. Reading a result on the host
 #: (``np.asarray``) moves a device-memory buffer into managed memory first (``cudaMallocManaged`` and a
-#: blocking copy; a CUPTI profile of the 0.5B on the H200 saw 1.4 such moves a token, ~150 us of host
-#: time); a managed buffer stays managed when MLX's cache hands it out again, but only to a request of
+#: blocking copy, host time a decode token pays: docs/history/performance-2026-11.md); a managed buffer stays managed when MLX's cache hands it out again, but only to a request of
 #: about its size (within 32 KB). A decode row's hints (~12 KB) share their size class (16 KB) with
 #: every layer's MLP activations, so the buffer they get is mostly a device one. Padded to a page
 #: multiple plus this, the buffer has a size of its own, and the managed buffer of one token comes back

@@ -17,7 +17,7 @@ Every block makes the whole row (a few KB read from L2), so a product runs at mo
 that take rounds of outputs; ``TPR`` threads split each output's K with 16-byte loads, and a thread's
 first weights are loaded into registers before the row is made (their latency overlaps its making).
 Used only where ``row_reason`` is None, in a build that may use the custom kernels
-(``cuda_kernels.enabled``). Measured on the H200: ``docs/performance.md`` (ninth session).
+(``cuda_kernels.enabled``). Measured on the H200: ``docs/performance.md`` (tuning keys ``fuse_rows``, ``gated_rows``).
 """
 from __future__ import annotations
 

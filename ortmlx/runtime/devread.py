@@ -3,8 +3,7 @@
 MLX's CUDA memory is managed (unified) memory: ``np.asarray`` of a result is a zero-copy view,
 but reading that view from the CPU migrates its pages to the host, and the next kernel that
 reuses the buffer faults them back to the GPU. ``cuMemcpy`` copies the bytes where they lie and
-migrates nothing (H200, a kernel, its eval and the read of its fresh result: 300 KB 674.9 -> 106.7 us,
-24 KB 146.8 -> 51.3 us; ``scripts/gpu_io_probe.py``). Elsewhere (MLX's CPU or Metal backends, no
+migrates nothing (``scripts/gpu_io_probe.py``; measured: docs/performance.md, ``driver_read``). Elsewhere (MLX's CPU or Metal backends, no
 CUDA driver, ``driver_read=0``) a read is a plain numpy copy.
 
 Every read goes through ``Reader.copyto`` / ``Reader.read``; a source is the host view of an

@@ -133,7 +133,7 @@ og = pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not i
 def _steps(model, logits: list, tokens: list) -> None:
     """Two generators on one session with prompts of one length, stepped in blocks of five (the call made
     ahead for one is offered to the other at the same length), then one rewound and continued."""
-    from tests.test_compiled_genai import MAX_LENGTH, mg
+    from test_compiled_genai import MAX_LENGTH, mg
     params = mg.search_options(model, MAX_LENGTH, 0)
     gens = [og.Generator(model, params) for _ in range(2)]
     gens[0].append_tokens(np.asarray([510, 5, 17, 33, 90, 12, 7], np.int32))
@@ -156,7 +156,7 @@ def _steps(model, logits: list, tokens: list) -> None:
 @pytest.mark.genai
 def test_decode_made_ahead_gives_the_same_logits_bit_for_bit(monkeypatch):
     import ortmlx.compiled as C
-    from tests.test_compiled_genai import SHARE, mg, model_dir
+    from test_compiled_genai import SHARE, mg, model_dir
     path = model_dir("qwen2")
     got = {}
     for on in ("0", "1"):
@@ -178,7 +178,7 @@ def test_decode_made_ahead_gives_the_same_logits_bit_for_bit(monkeypatch):
 
 
 def _greedy_logits(model, n: int = 12) -> np.ndarray:
-    from tests.test_compiled_genai import MAX_LENGTH, mg
+    from test_compiled_genai import MAX_LENGTH, mg
     g = og.Generator(model, mg.search_options(model, MAX_LENGTH, 0))
     g.append_tokens(np.asarray([510, 5, 17, 33, 90, 12, 7], np.int32))
     rows = []
@@ -195,7 +195,7 @@ def test_a_failing_call_ahead_never_changes_an_answer(monkeypatch, failure):
     """An error while making the call ahead turns calls ahead off for the runner (the closure stays); a call
     ahead that traced the closure again poisons it (the trace set the closure's state): both answer as before."""
     import ortmlx.compiled as C
-    from tests.test_compiled_genai import SHARE, mg, model_dir
+    from test_compiled_genai import SHARE, mg, model_dir
     path = model_dir("qwen2")
     model, _ = mg.load_model(path, "mlx", {"tuning": "call_ahead=0"}, SHARE)
     want = _greedy_logits(model)

@@ -217,7 +217,7 @@ def test_output_ptrs_memo_is_the_plain_classification():
 def test_take_since_trusts_only_the_previous_gather():
     """``KvBatches.take(since=)`` skips looking at each buffer only for a batch left by the previous gather's
     call when none of its buffers changed; otherwise the buffers are looked at (and a mismatch takes nothing)."""
-    from tests.test_kv_batch import _kv_batches, _layout_and_buffers
+    from test_kv_batch import _kv_batches, _layout_and_buffers
     rng = np.random.default_rng(6)
     L, bufs = _layout_and_buffers(rng)
     addr = np.array([b.__array_interface__["data"][0] for b in bufs], np.uint64)

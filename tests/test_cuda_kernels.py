@@ -631,7 +631,7 @@ def test_swiglu_kernel(dtype, shape, n, gate_first):
 
 
 def _merge_attention_graph():
-    from tests.test_merge import _attention_graph
+    from test_merge import _attention_graph
     return _attention_graph(False)
 
 

@@ -13,7 +13,7 @@ from ortmlx.kernels import cuda_kernels, cuda_rows, rowfold
 from ortmlx.kernels import dtypes as dt
 from ortmlx.kernels.interpreter import Program
 from ortmlx.ir import Graph, Node, ValueInfo
-from tests.test_cuda_kernels import reference_rms_norm, reference_swiglu
+from test_cuda_kernels import reference_rms_norm, reference_swiglu
 
 H, F, V = 64, 96, 80            # hidden, MLP width, head width
 MS = "com.microsoft"
@@ -256,7 +256,7 @@ def test_genai_models_fold_and_answer_the_same(arch, monkeypatch):
     import json
 
     from ortmlx.kernels import interpreter
-    from tests.test_compiled_genai import greedy, mg, model_dir
+    from test_compiled_genai import greedy, mg, model_dir
     path = model_dir(arch)
     with open(f"{path}/genai_config.json") as f:
         layers = json.load(f)["model"]["decoder"]["num_hidden_layers"]

@@ -24,7 +24,7 @@ def test_prompt_lengths_cover_each_bucket_twice():
 
 
 def test_warm_traces_the_buckets_so_new_prompt_lengths_replay():
-    from tests.test_compiled_genai import MAX_LENGTH, model_dir
+    from test_compiled_genai import MAX_LENGTH, model_dir
     path = model_dir("qwen2")
     with C.capture() as rs:
         model, _ = mg.load_model(path, "mlx", None, {"search": {"past_present_share_buffer": True}})
@@ -47,7 +47,7 @@ def test_warm_traces_the_buckets_so_new_prompt_lengths_replay():
 
 
 def test_warmup_command(tmp_path):
-    from tests.test_compiled_genai import model_dir
+    from test_compiled_genai import model_dir
     path = model_dir("qwen2")
     r = subprocess.run([sys.executable, "-m", "ortmlx", "warmup", path, "--up-to", "20", "--max-length", "160"],
                        capture_output=True, text=True, timeout=300, env=dict(os.environ, MLX_PTX_CACHE_DIR=str(tmp_path)))

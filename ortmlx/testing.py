@@ -18,6 +18,15 @@ from . import EP_NAME, register
 IR_VERSION = 10      # onnxruntime 1.31 loads IR <= 13; onnx 1.23's helper writes newer by default
 
 
+def child_env(**extra: str) -> dict:
+    """The environment for a Python child that imports the same ortmlx as this process (a checkout's or the
+    installed package's), whatever its working directory."""
+    import os
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = [here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != here]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(path), **extra)
+
+
 def make_model(nodes, inputs, outputs, initializers=(), opset: int = 21, extra_opsets: dict | None = None,
                name: str = "g") -> onnx.ModelProto:
     """A model from onnx.helper pieces; inputs/outputs are ValueInfoProtos or (name, elem_type, shape)."""

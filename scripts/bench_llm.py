@@ -67,6 +67,15 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "models"))
 import build_llm as B  # noqa: E402  (stdlib only at import: the cache checks and paths)
 
+
+def _ortmlx_home() -> str:
+    """The directory of the ortmlx this Python imports (the installed package's, or a checkout on PYTHONPATH),
+    else this checkout: the workers import the same one."""
+    import importlib.util
+    spec = importlib.util.find_spec("ortmlx")
+    return os.path.dirname(os.path.dirname(spec.origin)) if spec and spec.origin else ROOT
+
+
 ENGINES = ("cuda", "cuda_graph", "mlx")
 CASES = ("stall", "prefill", "decode", "batch", "accuracy", "host")
 
@@ -418,7 +427,7 @@ class Bench:
         os.makedirs(os.path.dirname(os.path.abspath(self.log_path)), exist_ok=True)
         self.log = open(self.log_path, "a", buffering=1)
         self.env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(
+        self.env["PYTHONPATH"] = os.pathsep.join([_ortmlx_home()] + [p for p in os.environ.get("PYTHONPATH", "").split(
             os.pathsep) if p])
         self.tmp = tempfile.mkdtemp(prefix="bench_llm.")
         self.engines = [e for e in args.engines.split(",") if e]

@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+from ortmlx.testing import child_env
+
 pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (pip install .[genai])")
 _missing = [m for m in ("torch", "transformers", "tokenizers", "onnx_ir") if importlib.util.find_spec(m) is None]
 if _missing:
@@ -32,7 +34,7 @@ def _num(x) -> bool:
 
 def test_bench_llm_smoke_json_has_every_engine(tmp_path):
     out = tmp_path / "smoke.json"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    env = child_env()
     p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "bench_llm.py"), "--smoke", "--precisions",
                         "fp16", "--time-budget", "100", "--json", str(out)], capture_output=True, text=True,
                        env=env, timeout=240, cwd=ROOT)

@@ -16,8 +16,10 @@ import pytest
 
 og = pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (pip install .[genai])")
 
+import ortmlx  # noqa: E402
 import ortmlx.compiled as C  # noqa: E402
 from ortmlx import genai as mg  # noqa: E402
+from ortmlx.testing import child_env  # noqa: E402
 
 pytestmark = pytest.mark.genai
 
@@ -420,15 +422,18 @@ def test_step_probe_script_quick():
 
 def test_step_probe_alternates_trees():
     """``step_probe.py --tree DIR --rounds N`` runs DIR's ortmlx in processes alternating with this checkout's and
-    ends with each configuration's medians (here DIR is this checkout: both configurations run the same code)."""
+    ends with each configuration's medians (here DIR holds the ortmlx this process runs, a checkout's or the
+    installed one: both configurations run the same code)."""
     path = model_dir("qwen2")
+    tree = os.path.dirname(os.path.dirname(os.path.abspath(ortmlx.__file__)))
     res = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "step_probe.py"), path, "--tokens", "8",
-                          "--tree", ROOT, "--rounds", "2"], capture_output=True, text=True, timeout=300)
+                          "--tree", tree, "--rounds", "2"], capture_output=True, text=True, timeout=300,
+                         env=child_env())
     assert res.returncode == 0 and "failed" not in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
     heads = [line for line in res.stdout.splitlines() if line.startswith("[")]
-    assert len(heads) == 4 and sum(f"@ {ROOT}" in h for h in heads) == 2, heads
+    assert len(heads) == 4 and sum(f"@ {tree}" in h for h in heads) == 2, heads
     summary = res.stdout.split("medians over the rounds")[-1].strip().splitlines()[1:]
-    assert len(summary) == 2 and summary[1].lstrip().startswith(f"default @ {ROOT}"), summary
+    assert len(summary) == 2 and summary[1].lstrip().startswith(f"default @ {tree}"), summary
 
 
 def _batch_greedy(model, prompts: list[list[int]], n: int) -> list[list[int]]:

@@ -54,8 +54,9 @@ def imports(path: Path) -> list[tuple[str, int]]:
             for a in node.names:
                 sub = f"{target}.{a.name}"
                 p = PKG.parent / Path(*sub.split("."))
+                # a built extension (the cffi modules) is named in LAYERS: a fresh clone has no .so in place
                 is_mod = p.with_suffix(".py").exists() or (p / "__init__.py").exists() or \
-                    any(p.parent.glob(p.name + ".*.so"))         # a built extension (the cffi modules)
+                    any(sub in prefixes for _, prefixes in LAYERS)
                 out.append((sub if is_mod else target, node.lineno))
     return out
 

@@ -69,10 +69,9 @@ def test_empty_results_do_not_hang_mlx():
     """MLX 0.32.4's CPU backend could hang evaluating the graph behind an empty result (InstanceNormalization
     over no positions: 2 of 3 runs of 1,000 calls hung); the interpreter now stands a fresh empty array in for
     every empty step output. 3,000 calls in a subprocess, so a regression fails on the timeout, not hangs CI."""
-    import os
     import subprocess
     import sys
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    r = subprocess.run([sys.executable, "-c", _REPEAT], capture_output=True, text=True, timeout=60,
-                       env=dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", "")))
+
+    from ortmlx.testing import child_env
+    r = subprocess.run([sys.executable, "-c", _REPEAT], capture_output=True, text=True, timeout=60, env=child_env())
     assert r.returncode == 0 and "done" in r.stdout, r.stderr[-2000:]

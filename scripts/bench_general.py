@@ -474,12 +474,14 @@ def mlx_floor(args) -> dict:
 
 # --------------------------------------------------------------------------- report
 def fail(report: dict, model: str, batch, engine: str, stage: str, ex: BaseException) -> None:
-    msg = " ".join(f"{type(ex).__name__}: {ex}".split())[:400]
+    msg = " ".join(f"{type(ex).__name__}: {ex}".split())
     rec = {"model": model, "batch": batch, "engine": engine, "stage": stage, "error": msg}
     if os.environ.get("BENCH_TRACEBACK"):
         rec["traceback"] = traceback.format_exc()
     report["failures"].append(rec)
-    print(f"  !! {model} batch {batch} {engine} {stage}: {msg}", flush=True)
+    # ORT's prefix and the group's label come first: the cause is at the end, so a short form keeps both ends
+    short = msg if len(msg) <= 600 else f"{msg[:200]} ... {msg[-380:]}"
+    print(f"  !! {model} batch {batch} {engine} {stage}: {short}", flush=True)
 
 
 def skip(report: dict, model: str, batch) -> None:

@@ -1,7 +1,7 @@
 """scripts/bench_llm.py --smoke end to end (tiny fp16 model; ORT's CPU EP stands in for the CUDA columns): the
 JSON holds every engine's numbers and the correctness fields. Nothing here is timed: the benchmark's
 numbers are only checked to be there (and the teacher-forced logits to line up with the fp32 reference's).
-~20 s with the tiny models built, ~30 s building them.
+~20 s with the tiny models built, ~50 s building them: in the slow suite (`bash scripts/test.sh -m slow`).
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ def _num(x) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
+@pytest.mark.slow   # ~50 s cold on 2 cores: the harness end to end (bash scripts/test.sh -m slow)
 def test_bench_llm_smoke_json_has_every_engine(tmp_path):
     out = tmp_path / "smoke.json"
     env = child_env()

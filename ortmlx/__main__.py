@@ -1,11 +1,13 @@
 """Command line of ortmlx.
 
-    python -m ortmlx check MODEL.onnx [--device auto|cpu|gpu] [-o key=value ...]
+    python -m ortmlx check MODEL.onnx [--device auto|cpu|gpu] [-o key=value ...] [--time]
     python -m ortmlx warmup MODEL_DIR [--max-length N] [--up-to L] [--device ...] [-o key=value ...]
     python -m ortmlx --version
 
 check: the partition report (the groups MLX claims, every node left to the CPU EP with its reason).
 Exit status: 0 when the session was made, 1 when the model could not be loaded or the session not be made.
+--time also runs the model on random inputs (dynamic dimensions 1) on the MLX EP and on ORT's own EPs, prints
+the median call times and the answers' largest difference, and says which EP is faster for it on this machine.
 """
 from __future__ import annotations
 
@@ -43,6 +45,73 @@ def _ort_message(text: str) -> str:
         if at >= 0:
             return text[at:]
     return text
+
+
+_NP_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
+             "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(int8)": "int8", "tensor(uint8)": "uint8",
+             "tensor(bool)": "bool"}
+
+
+def _feeds(sess) -> dict:
+    """Random inputs for ``sess``: floats standard normal, integers and bools zero, dynamic dimensions 1."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for i in sess.get_inputs():
+        if i.type not in _NP_TYPES:
+            raise ValueError(f"input {i.name!r} is a {i.type}: --time makes inputs of {', '.join(_NP_TYPES)}")
+        t = np.dtype(_NP_TYPES[i.type])
+        shape = [d if isinstance(d, int) and d >= 0 else 1 for d in i.shape]
+        feeds[i.name] = rng.standard_normal(shape).astype(t) if t.kind == "f" else np.zeros(shape, t)
+    return feeds
+
+
+def _median_ms(sess, feeds, seconds: float = 1.0, warm: int = 4) -> float:
+    """The median of single calls' times after ``warm`` calls (MLX traces and verifies in its first calls)."""
+    import time
+    for _ in range(warm):
+        sess.run(None, feeds)
+    times, end = [], time.perf_counter() + seconds
+    while len(times) < 5 or (time.perf_counter() < end and len(times) < 1000):
+        t = time.perf_counter()
+        sess.run(None, feeds)
+        times.append(time.perf_counter() - t)
+    return 1e3 * sorted(times)[len(times) // 2]
+
+
+def time_report(model: str, options: dict) -> list[str]:
+    """``check --time``: the MLX EP against each of ORT's own EPs here on one model (lines to print)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from . import EP_NAME
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    mlx = ort.InferenceSession(model, so, providers=[(EP_NAME, options)], enable_fallback=0)
+    feeds = _feeds(mlx)
+    want = mlx.run(None, feeds)
+    ms = {EP_NAME: _median_ms(mlx, feeds)}
+    diffs = {}
+    for ep in [e for e in ("CUDAExecutionProvider", "CPUExecutionProvider") if e in ort.get_available_providers()]:
+        s = ort.InferenceSession(model, so, providers=[ep])
+        got = s.run(None, feeds)
+        diffs[ep] = max((float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+                         for a, b in zip(want, got) if np.asarray(a).size), default=0.0)
+        ms[ep] = _median_ms(s, feeds)
+    lines = ["time (random inputs, dynamic dimensions 1; medians of single calls after 4 warm-up calls):"]
+    for ep, t in ms.items():
+        d = f"   max |MLX EP - {ep}| {diffs[ep]:.3g}" if ep in diffs else ""
+        lines.append(f"  {ep:24s} {t:10.3f} ms{d}")
+    others = {ep: t for ep, t in ms.items() if ep != EP_NAME}
+    if others:
+        best = min(others, key=others.get)
+        ratio = ms[EP_NAME] / others[best]
+        if ratio > 1:
+            lines.append(f"hint: on this machine {best} runs this model {ratio:.2f}x faster than the MLX EP "
+                         f"(providers=['{best}'])")
+        else:
+            lines.append(f"hint: on this machine the MLX EP runs this model {1 / ratio:.2f}x faster than {best}")
+    return lines
 
 
 def _check(args) -> int:
@@ -88,6 +157,12 @@ def _check(args) -> int:
     if not reports:
         print("ortmlx check: the MLX EP saw no graph", file=sys.stderr)
         return 1
+    if args.time:
+        try:
+            print("\n".join(time_report(args.model, _options(args.option, args.device))))
+        except Exception as e:  # noqa: BLE001 - a model --time cannot feed is reported, not raised
+            print(f"ortmlx check --time: {_ort_message(str(e))}", file=sys.stderr)
+            return 1
     return 0
 
 
@@ -101,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--device", choices=["auto", "cpu", "gpu"], default=None)
     c.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
                    help="a provider option (repeatable), e.g. -o disable_ops=LSTM")
+    c.add_argument("--time", action="store_true",
+                   help="also time the model on the MLX EP and on ORT's own EPs (random inputs) and say which is faster")
     w = sub.add_parser("warmup", help="build a genai model's compiled prompts and kernels ahead (MLX's kernel cache)")
     w.add_argument("model_dir", help="an onnxruntime-genai model folder (genai_config.json)")
     w.add_argument("--max-length", type=int, default=0,

@@ -191,3 +191,35 @@ def test_cli_check_fails_when_the_session_cannot_be_made(tmp_path):
         r = _cli("check", *args)
         assert r.returncode == 1 and msg in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_cli_check_time_says_which_ep_is_faster(tmp_path):
+    """`check --time`: a line per EP with its median, the answers' difference, and a hint that names the
+    faster EP with the ratio of the printed times (the hint is derived, so it must agree with them)."""
+    import re
+    good = tmp_path / "m.onnx"
+    good.write_bytes(model().SerializeToString())
+    r = _cli("check", str(good), "--time", "--device", "cpu")
+    assert r.returncode == 0, r.stdout + r.stderr
+    ms = dict(re.findall(r"^  (\w+ExecutionProvider)\s+([0-9.]+) ms", r.stdout, re.M))
+    assert "MLXExecutionProvider" in ms and "CPUExecutionProvider" in ms, r.stdout
+    assert re.search(r"max \|MLX EP - CPUExecutionProvider\| 0\b", r.stdout), r.stdout    # Add + Relu: exact
+    mlx, cpu = float(ms["MLXExecutionProvider"]), float(ms["CPUExecutionProvider"])
+    hint = re.search(r"^hint: on this machine (.+) runs this model ([0-9.]+)x faster than (.+?)( \(|$)", r.stdout, re.M)
+    assert hint, r.stdout
+    faster, ratio = hint.group(1), float(hint.group(2))
+    if "CUDAExecutionProvider" not in ms:
+        assert faster == ("CPUExecutionProvider" if mlx > cpu else "the MLX EP"), r.stdout
+        want = mlx / cpu if mlx > cpu else cpu / mlx
+        assert abs(ratio - want) <= 0.02 * want + 0.01, (ratio, want, r.stdout)
+
+
+def test_cli_check_time_names_an_input_it_cannot_make(tmp_path):
+    nodes = [h.make_node("Add", ["X", "X"], ["a"]), h.make_node("Relu", ["a"], ["Y"]),
+             h.make_node("Identity", ["S"], ["Z"])]
+    m = make_model(nodes, [("X", T.FLOAT, [1, 4]), ("S", T.STRING, [1])], [("Y", T.FLOAT, [1, 4]), ("Z", T.STRING, [1])])
+    path = tmp_path / "s.onnx"
+    path.write_bytes(m.SerializeToString())
+    r = _cli("check", str(path), "--time", "--device", "cpu")
+    assert r.returncode == 1 and "input 'S' is a tensor(string)" in r.stderr, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

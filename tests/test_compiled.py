@@ -435,3 +435,20 @@ def test_row_hints_kept_only_for_group_outputs_over_traced_inputs():
     flat, starts = hint_bytes(RowHints([m for m in meta if m is not None], data, idx))
     assert data.dtype == mx.uint8 and flat.size == 16 and starts.tolist() == [3]
     assert flat.view(np.float16).tolist() == [1.0] * 8
+
+
+def test_slow_first_call_says_so_once_per_process(monkeypatch, capfd):
+    """A closure's first call over BUILD_NOTICE_S prints one line on stderr (what was built, where the cache is);
+    only once per process; the genai warm-up hint only for the attention strategies, not a general group."""
+    import ortmlx.compiled.core as core
+    monkeypatch.setattr(core, "BUILD_NOTICE_S", 0.0)
+    monkeypatch.setattr(core, "_NOTICED", [])
+    for _ in range(2):                              # a second session in the same process: no second line
+        s, _rs = compiled_session(mlp())
+        for _ in range(3):                          # the general group traces on its key's second call
+            s.run(None, feed(3))
+    err = capfd.readouterr().err
+    lines = [ln for ln in err.splitlines() if "tracing and building MLX kernels" in ln]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("MLXExecutionProvider: the first general call at new shapes (group ")
+    assert f"kept under {core.mlx_cache_dir()}" in lines[0] and "warmup" not in lines[0], lines[0]

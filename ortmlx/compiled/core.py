@@ -581,8 +581,8 @@ class CompiledSubgraph:
             _NOTICED.append(seconds)
             sys.stderr.write(f"MLXExecutionProvider: the first {self.label} call at new shapes (group {self.name}) took "
                              f"{seconds:.1f} s tracing and building MLX kernels (kept under {mlx_cache_dir()}); later "
-                             "calls replay it. `python -m ortmlx warmup MODEL_DIR` prepares a genai model's prompt "
-                             "sizes ahead.\n")
+                             "calls replay it." + (" `python -m ortmlx warmup MODEL_DIR` prepares a genai model's "
+                                                   "prompt sizes ahead." if self.label != "general" else "") + "\n")
 
     def _poison(self, c: _Closure, why: str) -> None:
         c.poisoned = why

@@ -443,7 +443,7 @@ def test_slow_first_call_says_so_once_per_process(monkeypatch, capfd):
     import ortmlx.compiled.core as core
     monkeypatch.setattr(core, "BUILD_NOTICE_S", 0.0)
     monkeypatch.setattr(core, "_NOTICED", [])
-    for _ in range(2):                              # a second session in the same process: no second line
+    for _ in range(2):                              # another InferenceSession, same process: no second line
         s, _rs = compiled_session(mlp())
         for _ in range(3):                          # the general group traces on its key's second call
             s.run(None, feed(3))

@@ -79,15 +79,14 @@ def _median_ms(sess, feeds, seconds: float = 1.0, warm: int = 4) -> float:
     return 1e3 * sorted(times)[len(times) // 2]
 
 
-def time_report(model: str, options: dict) -> list[str]:
-    """``check --time``: the MLX EP against each of ORT's own EPs here on one model (lines to print)."""
+def time_report(mlx, model: str) -> list[str]:
+    """``check --time``: the MLX EP's session ``mlx`` against each of ORT's own EPs here on ``model`` (lines)."""
     import numpy as np
     import onnxruntime as ort
 
     from . import EP_NAME
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    mlx = ort.InferenceSession(model, so, providers=[(EP_NAME, options)], enable_fallback=0)
     feeds = _feeds(mlx)
     want = mlx.run(None, feeds)
     ms = {EP_NAME: _median_ms(mlx, feeds)}
@@ -127,11 +126,11 @@ def _check(args) -> int:
     REPORTS.clear()
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    failed = None
+    failed = sess = None
     try:
         # enable_fallback=0: an MLX EP that cannot be created is an error here, not a silent CPU-EP session
-        ort.InferenceSession(args.model, so, providers=[(EP_NAME, _options(args.option, args.device))],
-                             enable_fallback=0)
+        sess = ort.InferenceSession(args.model, so, providers=[(EP_NAME, _options(args.option, args.device))],
+                                    enable_fallback=0)
     except Exception as e:  # noqa: BLE001 - the report (if any) is still printed
         failed = _ort_message(str(e))
     reports = partition_reports()
@@ -159,7 +158,7 @@ def _check(args) -> int:
         return 1
     if args.time:
         try:
-            print("\n".join(time_report(args.model, _options(args.option, args.device))))
+            print("\n".join(time_report(sess, args.model)))
         except Exception as e:  # noqa: BLE001 - a model --time cannot feed is reported, not raised
             print(f"ortmlx check --time: {_ort_message(str(e))}", file=sys.stderr)
             return 1

@@ -25,13 +25,9 @@ def _version() -> str:
             f"onnxruntime {ort.__version__})")
 
 
-def _options(pairs: list[str], device: str | None) -> dict:
-    opts = {}
-    for p in pairs:
-        key, sep, value = p.partition("=")
-        if not sep:
-            raise SystemExit(f"ortmlx check: -o {p!r}: give key=value (e.g. -o no_compile=1)")
-        opts[key.strip()] = value.strip()
+def _options(pairs: list[str], device: str | None, cmd: str) -> dict:
+    from .ep.options import from_pairs
+    opts = from_pairs(pairs, "-o", prog=f"ortmlx {cmd}: ")
     if device:
         opts["device"] = device
     return opts
@@ -129,8 +125,8 @@ def _check(args) -> int:
     failed = sess = None
     try:
         # enable_fallback=0: an MLX EP that cannot be created is an error here, not a silent CPU-EP session
-        sess = ort.InferenceSession(args.model, so, providers=[(EP_NAME, _options(args.option, args.device))],
-                                    enable_fallback=0)
+        opts = _options(args.option, args.device, "check")
+        sess = ort.InferenceSession(args.model, so, providers=[(EP_NAME, opts)], enable_fallback=0)
     except Exception as e:  # noqa: BLE001 - the report (if any) is still printed
         failed = _ort_message(str(e))
     reports = partition_reports()
@@ -192,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         return _check(args)
     if args.cmd == "warmup":
         from . import warmup
-        args.options = _options(args.option, None)
+        args.options = _options(args.option, None, "warmup")
         return warmup.main(args)
     p.print_help()
     return 2

@@ -65,6 +65,7 @@ if importlib.util.find_spec("ortmlx") is None:      # a checkout run without an 
 sys.path.insert(0, os.path.join(HERE, "models"))
 
 import ortmlx  # noqa: E402  (first: binds MLX's CPU BLAS before mlx.core loads)
+from ortmlx.ep.options import from_pairs  # noqa: E402
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
@@ -78,16 +79,6 @@ TITLES = {"cpu": "CPU EP", "cuda": "CUDA EP", "cuda_fp32": "CUDA EP fp32", "mlx"
           "mlx_alt": "MLX alt"}
 
 
-def kv_list(pairs: list[str], what: str) -> dict:
-    out = {}
-    for p in pairs:
-        k, sep, v = p.partition("=")
-        if not sep:
-            raise SystemExit(f"{what} {p!r}: give KEY=VALUE")
-        out[k.strip()] = v.strip()
-    return out
-
-
 # --------------------------------------------------------------------------- sessions
 def make_session(engine: str, model_path: str, args, trace: str = "") -> ort.InferenceSession:
     so = ort.SessionOptions()
@@ -96,7 +87,7 @@ def make_session(engine: str, model_path: str, args, trace: str = "") -> ort.Inf
     if engine == "cpu":
         providers = ["CPUExecutionProvider"]
     elif engine in ("cuda", "cuda_fp32"):
-        opts = kv_list(args.cuda_option, "--cuda-option")
+        opts = from_pairs(args.cuda_option, "--cuda-option", "use_tf32=0")
         if engine == "cuda_fp32":
             opts["use_tf32"] = "0"
         providers = [(CUDA, opts), "CPUExecutionProvider"]
@@ -104,11 +95,11 @@ def make_session(engine: str, model_path: str, args, trace: str = "") -> ort.Inf
             providers = ["CPUExecutionProvider"]
     else:
         ortmlx.register(genai=False)
-        opts = {"device": args.device, **kv_list(args.mlx_option, "--mlx-option")}
+        opts = {"device": args.device, **from_pairs(args.mlx_option, "--mlx-option")}
         if engine == "mlx_eager":
             opts["no_compile"] = "1"
         elif engine == "mlx_alt":
-            opts.update(kv_list(args.alt_option, "--alt-option"))
+            opts.update(from_pairs(args.alt_option, "--alt-option"))
         elif engine == "mlx_observed":
             opts["trace"] = trace
         providers = [(MLX, opts)]

@@ -223,3 +223,11 @@ def test_cli_check_time_names_an_input_it_cannot_make(tmp_path):
     r = _cli("check", str(path), "--time", "--device", "cpu")
     assert r.returncode == 1 and "input 'S' is a tensor(string)" in r.stderr, r.stdout + r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_cli_option_without_a_value_is_one_line(tmp_path):
+    good = tmp_path / "m.onnx"
+    good.write_bytes(model().SerializeToString())
+    r = _cli("check", str(good), "-o", "no_compile")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip() == "ortmlx check: -o 'no_compile': give key=value (e.g. -o no_compile=1)", r.stderr

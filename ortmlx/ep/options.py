@@ -24,6 +24,18 @@ SWITCH_FALSE = ("", "0", "false", "off", "no")
 COMPILE_PATHS = ("general", "prefill", "decode")
 DEVICES = ("auto", "cpu", "gpu")
 
+def from_pairs(pairs: list[str], flag: str, example: str = "no_compile=1", prog: str = "") -> dict:
+    """Command-line ``KEY=VALUE`` strings (``-o``, ``--mlx-option``, ...) as a provider-options dict; a string
+    without ``=`` ends the program with one line naming the flag, with an example."""
+    opts = {}
+    for p in pairs:
+        key, sep, value = p.partition("=")
+        if not sep:
+            raise SystemExit(f"{prog}{flag} {p!r}: give key=value (e.g. {flag} {example})")
+        opts[key.strip()] = value.strip()
+    return opts
+
+
 #: option -> (environment variables, first found wins; help)
 SPEC: dict[str, tuple[tuple[str, ...], str]] = {
     "device": (("ORTMLX_DEVICE",), "auto|cpu|gpu: where MLX runs (auto: the GPU when MLX has one)"),

@@ -137,6 +137,11 @@ class G:
         return self.op("Gemm", [x, self.randn((dout, din), math.sqrt(1.0 / din)), self.randn((dout,), 0.02, "b")],
                        transB=1)
 
+    def classify(self, x, c, classes=1000) -> None:
+        """The CNN head: global average pool, Flatten, a Gemm to ``classes``; the output ``logits``."""
+        x = self.op("Flatten", [self.op("GlobalAveragePool", [x])], axis=1)
+        self.output(self.gemm(x, c, classes), "logits", shape=["N", classes])
+
     def layernorm(self, x, c):
         return self.op("LayerNormalization", [x, self.uniform((c,), 0.9, 1.1, "ln_s"), self.randn((c,), 0.02, "ln_b")],
                        axis=-1, epsilon=1e-5)
@@ -178,8 +183,7 @@ def resnet(depth: int, preset: str) -> onnx.ModelProto:
             sc = x if (s == 1 and cin == cout) else g.bn(g.conv(x, cin, cout, 1, s=s, bias=False), cout)
             x = g.relu(g.op("Add", [y, sc]))
             cin = cout
-    x = g.op("Flatten", [g.op("GlobalAveragePool", [x])], axis=1)
-    g.output(g.gemm(x, cin, 1000), "logits", shape=["N", 1000])
+    g.classify(x, cin)
     return g.model(_meta({"pixel_values": {"kind": "normal"}}))
 
 
@@ -217,8 +221,7 @@ def mobilenetv2(preset: str) -> onnx.ModelProto:
             cin = cout
     last = 1280 if preset == "full" else ch(1280)
     x = g.op("HardSwish", [g.bn(g.conv(x, cin, last, 1, bias=False), last)])
-    x = g.op("Flatten", [g.op("GlobalAveragePool", [x])], axis=1)
-    g.output(g.gemm(x, last, 1000), "logits", shape=["N", 1000])
+    g.classify(x, last)
     return g.model(_meta({"pixel_values": {"kind": "normal"}}))
 
 

@@ -77,6 +77,8 @@ def _median_ms(sess, feeds, seconds: float = 1.0, warm: int = 4) -> float:
 
 def time_report(mlx, model: str) -> list[str]:
     """``check --time``: the MLX EP's session ``mlx`` against each of ORT's own EPs here on ``model`` (lines)."""
+    import math
+
     import numpy as np
     import onnxruntime as ort
 
@@ -94,9 +96,12 @@ def time_report(mlx, model: str) -> list[str]:
                          for a, b in zip(want, got) if np.asarray(a).size), default=0.0)
         ms[ep] = _median_ms(s, feeds)
     lines = ["time (random inputs, dynamic dimensions 1; medians of single calls after 4 warm-up calls):"]
+    # Four significant digits, and the hint's ratio is taken from the printed times so the two agree.
+    places = {ep: max(0, 3 - math.floor(math.log10(t))) if t > 0 else 3 for ep, t in ms.items()}
+    ms = {ep: round(t, places[ep]) for ep, t in ms.items()}
     for ep, t in ms.items():
         d = f"   max |MLX EP - {ep}| {diffs[ep]:.3g}" if ep in diffs else ""
-        lines.append(f"  {ep:24s} {t:10.3f} ms{d}")
+        lines.append(f"  {ep:24s} {t:10.{places[ep]}f} ms{d}")
     others = {ep: t for ep, t in ms.items() if ep != EP_NAME}
     if others:
         best = min(others, key=others.get)

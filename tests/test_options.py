@@ -211,7 +211,7 @@ def test_cli_check_time_says_which_ep_is_faster(tmp_path):
     if "CUDAExecutionProvider" not in ms:
         assert faster == ("CPUExecutionProvider" if mlx > cpu else "the MLX EP"), r.stdout
         want = mlx / cpu if mlx > cpu else cpu / mlx
-        assert abs(ratio - want) <= 0.02 * want + 0.01, (ratio, want, r.stdout)
+        assert abs(ratio - want) <= 0.0051, (ratio, want, r.stdout)    # only the hint's own rounding
 
 
 def test_cli_check_time_names_an_input_it_cannot_make(tmp_path):

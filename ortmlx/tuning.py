@@ -67,6 +67,9 @@ class Tuning:
     #: a prompt's attention through MLX's fused kernel (mx.fast.scaled_dot_product_attention; cuDNN on CUDA) in
     #: half precision (None: on a GPU); off: scores, softmax and P @ V as separate float32 ops
     fused_attention: bool | None = None
+    #: MatMulNBits products in the activations' half precision, scales included (MLX's CUDA tensor-core qmm
+    #: takes half inputs only; off: A widened to float32, one rounding, as ORT's CPU EP)
+    half_nbits: bool = False
     #: shapeless closures compiled on a GPU too (off: MLX 0.32.4's CUDA backend ran them ~3x slower)
     gpu_shapeless: bool = False
     #: testing only: stage[:node][#count] at which to raise (see ep/stats.py)

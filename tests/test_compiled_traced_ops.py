@@ -24,15 +24,15 @@ def parts(rs):
     return [p for r in rs for p in (r.parts() if hasattr(r, "parts") else [r])]
 
 
-def mnb_model(K=64, N=32, bs=32, bits=4):
+def mnb_model(K=64, N=32, bs=32, bits=4, t=T.FLOAT):
     kb = K // bs
     B = RNG.integers(0, 256, (N, kb, bs * bits // 8), dtype=np.uint8)
-    scales = (RNG.random(N * kb).astype(np.float32) + 0.5) * 0.05
+    scales = ((RNG.random(N * kb) + 0.5) * 0.05).astype(np.float16 if t == T.FLOAT16 else np.float32)
     zp = RNG.integers(0, 256, (N * (-(-kb * bits // 8)),), dtype=np.uint8)
     node = helper.make_node("MatMulNBits", ["a", "B", "scales", "zp"], ["h"], domain="com.microsoft",
                             K=K, N=N, block_size=bs, bits=bits, accuracy_level=0)
     relu = helper.make_node("Relu", ["h"], ["y"])
-    return make_model([node, relu], [("a", T.FLOAT, ["M", K])], [("y", T.FLOAT, ["M", N])],
+    return make_model([node, relu], [("a", t, ["M", K])], [("y", t, ["M", N])],
                       {"B": B, "scales": scales, "zp": zp}, opset=17, extra_opsets={"com.microsoft": 1})
 
 
@@ -57,6 +57,32 @@ def test_matmul_nbits_prepacked_replays_and_matches_cpu(dense, fn, short, monkey
         assert_close(s.run(None, f)[0], cpu.run(None, f)[0], what="mlx vs cpu")
     assert r.trace_counts() == [1] and r.counters["compiled_calls"] == 2, r.counters
     assert r.counters["poisoned_closures"] == 0
+
+
+@pytest.mark.parametrize("half", [0, 1])
+def test_matmul_nbits_half_products_stay_half_only_when_asked(half, monkeypatch):
+    """tuning ``half_nbits``: a float16 MatMulNBits runs mx.quantized_matmul on float16 activations and
+    scales (eager and prepacked-traced alike); by default on float32 ones. Either way the CPU EP's answer
+    (float32 math, one rounding) within float16 accumulation's error: outputs ~3, partial sums of 64
+    products rounded at 2^-11 -> atol 5e-2 (a wrong zero point or scale is off by ~1)."""
+    import mlx.core as mx
+    real, seen = mx.quantized_matmul, []
+
+    def spy(x, w, scales=None, biases=None, **kw):
+        seen.append((x.dtype, scales.dtype))
+        return real(x, w, scales, biases, **kw)
+    monkeypatch.setattr(mx, "quantized_matmul", spy)
+    m = mnb_model(t=T.FLOAT16)
+    s, rs = compiled_session(m, {"tuning": f"dense_nbits=0,half_nbits={half}"})
+    cpu = session(m, "CPUExecutionProvider", record=False)
+    (r,) = rs
+    for _ in range(4):          # eager, traced and verified, then replayed twice
+        f = {"a": RNG.standard_normal((5, 64)).astype(np.float16)}
+        assert_close(s.run(None, f)[0], cpu.run(None, f)[0], rtol=1e-2, atol=5e-2 if half else 2e-3,
+                     what="mlx vs cpu")
+    assert r.trace_counts() == [1] and r.counters["compiled_calls"] == 2, r.counters
+    want = (mx.float16, mx.float16) if half else (mx.float32, mx.float32)
+    assert seen and set(seen) == {want}, seen
 
 
 def rope_model(rows=16, S=3):

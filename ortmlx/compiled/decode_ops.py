@@ -450,14 +450,17 @@ def prepack_nbits(program, st):
         want = N * (-(-kb * bits // 8)) if zp.dtype == mx.uint8 else N * kb
         if zp.size != want:
             return None
+    # exactly the eager translator's operands, per compute type (float32, or the scales' half type where the
+    # build keeps half products half)
+    types = [mx.float32] + ([scales.dtype] if program.config.half_nbits and scales.dtype != mx.float32 else [])
+    packed = {}
     with mx.stream(mx_device(program.device)):
-        # exactly the eager translator's operands: A is computed in float32 there
-        w = B.reshape(N, kb * bs * bits // 8).view(mx.uint32)
-        s = scales.reshape(N, kb).astype(mx.float32)
-        z = q.block_zero_points(zp, N, kb, bits, mx.float32)
-        zs = -z * s
-        w, s, zs = mx.contiguous(w), mx.contiguous(s), mx.contiguous(zs)
-        mx.eval(w, s, zs)
+        w = mx.contiguous(B.reshape(N, kb * bs * bits // 8).view(mx.uint32))
+        for t in types:
+            s = scales.reshape(N, kb).astype(t)
+            zs = -q.block_zero_points(zp, N, kb, bits, t) * s
+            packed[t] = (mx.contiguous(s), mx.contiguous(zs))
+        mx.eval(w, *packed.values())
 
     def matmul_nbits_packed(A, B, scales, zero_points=None, g_idx=None, bias=None, *, K, N, block_size,
                             bits=4, accuracy_level=0, weight_prepacked=0):
@@ -465,9 +468,13 @@ def prepack_nbits(program, st):
             raise ValueError(f"A's last dim {A.shape[-1]} != K={K}")
         if bias is not None and bias.shape != (N,):
             raise ValueError(f"bias shape {bias.shape}, expected ({N},)")
-        y = mx.quantized_matmul(A.astype(mx.float32), w, s, zs, transpose=True, group_size=block_size, bits=bits)
+        ct = q.nbits_compute_type(A.dtype)
+        if ct not in packed:
+            ct = mx.float32
+        s, zs = packed[ct]
+        y = mx.quantized_matmul(A.astype(ct), w, s, zs, transpose=True, group_size=block_size, bits=bits)
         if bias is not None:
-            y = y + bias.astype(mx.float32)
+            y = y + bias.astype(ct)
         return y.astype(A.dtype)
     return matmul_nbits_packed
 

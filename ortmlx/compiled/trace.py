@@ -15,7 +15,6 @@ import numpy as np
 
 from ..kernels import build, cuda_driver, cuda_kernels
 from ..kernels import dtypes as dt
-from ..kernels.build import BuildContext
 from ..stats import SessionStats
 from .config import CompiledConfig
 from .decode_ops import Untraceable
@@ -52,9 +51,8 @@ def compile_closure(c, n_group_inputs: int, out_types: list, config: CompiledCon
             inputs[i] = a
         for i, v in host_vals.items():
             inputs[i] = v
-        ctx = BuildContext(cuda_kernels=program.cuda_kernels and cuda_kernels.usable(),
-                           fused_attention=program.config.fused_attention, shapeless=shapeless, tracing=True,
-                           guards=[], hints=[])
+        ctx = program.config.context(cuda_kernels=program.cuda_kernels and cuda_kernels.usable(),
+                                     shapeless=shapeless, tracing=True, guards=[], hints=[])
         with build.active(ctx):
             env = program.build(inputs, ctx=ctx)
             outs = [device_output(env[o], t, contiguous) for o, t in zip(program.outputs, out_types)]

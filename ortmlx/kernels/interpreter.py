@@ -205,7 +205,7 @@ class Program:
         if ctx is None:
             if kernels is None:
                 kernels = self.cuda_kernels and ck.usable()
-            ctx = BuildContext(cuda_kernels=kernels, fused_attention=self.config.fused_attention)
+            ctx = self.config.context(cuda_kernels=kernels)
         with build.active(ctx):
             return self._build(inputs, env, host_extra, ctx)
 

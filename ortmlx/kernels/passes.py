@@ -34,6 +34,7 @@ from ..ir import outer_refs
 from ..tuning import Tuning
 from . import dtypes as dt
 from . import merge, rowfold
+from .build import BuildContext
 from .registry import REGISTRY, Ctx, OpDef
 
 
@@ -90,6 +91,8 @@ class BuildConfig:
     pinned_hints: bool = False
     #: a half-precision prompt's attention through MLX's fused kernel (``BuildContext.fused_attention``)
     fused_attention: bool = False
+    #: half-precision MatMulNBits products (``BuildContext.half_nbits``)
+    half_nbits: bool = False
 
     @classmethod
     def for_device(cls, device: str, tuning: Tuning | None = None, **overrides) -> "BuildConfig":
@@ -115,7 +118,12 @@ class BuildConfig:
                    fuse_rows=pick("fuse_rows", None if t.fuse_rows else False, kernels),
                    gated_rows=pick("gated_rows", t.gated_rows, True),
                    pinned_hints=bool(overrides.get("pinned_hints", t.pinned_hints)) and kernels,
-                   fused_attention=pick("fused_attention", t.fused_attention, gpu))
+                   fused_attention=pick("fused_attention", t.fused_attention, gpu),
+                   half_nbits=pick("half_nbits", t.half_nbits, False))
+
+    def context(self, **fields) -> BuildContext:
+        """A build's context with this config's choices for translators (``fields``: the build's own)."""
+        return BuildContext(fused_attention=self.fused_attention, half_nbits=self.half_nbits, **fields)
 
 
 @dataclass

@@ -6,14 +6,15 @@ Y = A @ W^T (+ bias). ORT's packing read as little-endian uint32 words is MLX's 
 packing, so when the blocks tile K exactly and MLX has the group size, the product runs
 as ``mx.quantized_matmul`` with bias = -zp * scale; otherwise W is dequantized first.
 accuracy_level is a speed hint: we always compute in float (ORT at level 4 quantizes A to
-int8 on the CPU; tests compare level 0 exactly and level 4 with a stated tolerance).
+int8 on the CPU; tests compare level 0 exactly and level 4 with a stated tolerance). Half inputs
+are widened to float32 unless the build keeps them half (``build.half_nbits``: tuning ``half_nbits``).
 """
 from __future__ import annotations
 
 import mlx.core as mx
 import numpy as np
 
-from .. import consts
+from .. import build, consts
 from .. import dtypes as dt
 from ..registry import MS, register
 
@@ -110,15 +111,22 @@ def matmul_nbits(A, B, scales, zero_points=None, g_idx=None, bias=None, *, K, N,
             raise ValueError(f"zero_points has {zero_points.size} elements, expected {want}")
     if bias is not None and bias.shape != (N,):
         raise ValueError(f"bias shape {bias.shape}, expected ({N},)")
-    a = A.astype(mx.float32)                 # half inputs: float32 math, one rounding (as ORT's CPU)
+    ct = nbits_compute_type(A.dtype)
+    a = A.astype(ct)
     if K % block_size == 0 and block_size in _MLX_GROUPS:
         y = _mlx_quantized(a, B, scales, zero_points, K=K, N=N, bits=bits, block_size=block_size)
     else:
-        w = dequantize_blocks(B, scales, zero_points, K=K, N=N, bits=bits, block_size=block_size, dtype=mx.float32)
+        w = dequantize_blocks(B, scales, zero_points, K=K, N=N, bits=bits, block_size=block_size, dtype=ct)
         y = a @ w.T
     if bias is not None:
-        y = y + bias.astype(mx.float32)
+        y = y + bias.astype(ct)
     return y.astype(A.dtype)
+
+
+def nbits_compute_type(dtype):
+    """A MatMulNBits product's type for activations of ``dtype``: float32 (one rounding, as ORT's CPU EP), or
+    the half type itself where the build keeps half products half."""
+    return dtype if dtype in (mx.float16, mx.bfloat16) and build.half_nbits() else mx.float32
 
 
 # ------------------------------------------------------------------ GatherBlockQuantized

@@ -46,6 +46,43 @@ def test_wrong_closures_are_caught(wrong):
     assert why is not None and "differ beyond rtol" in why, why
 
 
+@pytest.mark.parametrize("wrong", [False, True])
+def test_empty_rows_do_not_shrink_the_scale(wrong):
+    """A KV buffer a prompt filled 100 of 4,104 rows of: rounding in the filled rows at 5e-5 of their RMS
+    (a 24-layer float32 prefill moved one element by that much) passes; a wrong value there does not."""
+    rng = np.random.default_rng(3)
+    want = np.zeros((2, 4104, 16), np.float32)
+    want[:, :100] = rng.standard_normal((2, 100, 16)).astype(np.float32)
+    got = want.copy()
+    k = np.unravel_index(np.argmin(np.abs(want[:, :100])), (2, 100, 16))    # a small element: its own rtol is tight
+    got[k] += 2e-2 if wrong else 5e-5
+    why = mismatch([got], [want])
+    assert (why is not None and "differ beyond rtol" in why) if wrong else why is None, why
+
+
+@pytest.mark.parametrize("wrong", ["none", "row", "element", "stale", "sign", "scaled"])
+def test_float16_rounding_passes_and_wrong_closures_do_not(wrong):
+    """float16: each element moved by a few ulps (5e-3 of the RMS: what a fused kernel's float32 intermediates do
+    against eager's float16 ones) passes; the wrong closures above, at float16's scale, do not."""
+    rng = np.random.default_rng(4)
+    want = (2.5 * rng.standard_normal((100, 512))).astype(np.float16)
+    w32 = want.astype(np.float32)
+    scale = float(np.sqrt(np.mean(w32.astype(np.float64) ** 2)))
+    got = (w32 + 5e-3 * scale * rng.choice([-1.0, 1.0], want.shape)).astype(np.float16)
+    if wrong == "row":
+        got[-1] = (rng.standard_normal(512) * scale).astype(np.float16)
+    elif wrong == "element":        # one element off by 5e-2 of the scale
+        got[3, 10] = np.float16(w32[3, 10] + 5e-2 * scale)
+    elif wrong == "stale":
+        got[5] = want[4]
+    elif wrong == "sign":
+        got[:, 7] = -got[:, 7]
+    elif wrong == "scaled":         # every value 1% off
+        got = (w32 * 1.01).astype(np.float16)
+    why = mismatch([got], [want])
+    assert why is None if wrong == "none" else (why is not None and "differ beyond rtol" in why), why
+
+
 def test_nan_positions_and_integers():
     w = np.array([1.0, np.nan, 3.0], np.float32)
     assert mismatch([w.copy()], [w]) is None

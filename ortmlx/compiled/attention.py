@@ -4,10 +4,14 @@ from __future__ import annotations
 import dataclasses
 import weakref
 
+import mlx.core as mx
+import numpy as np
+
+from ..kernels import dtypes as dt
+from ..kernels.merge import step_readers
 from ..kernels.registry import MS, norm_domain
 from ..tuning import Tuning
 from .config import DECODE, PREFILL, PREFILL_EXACT
-import numpy as np
 
 from .core import Call, CompiledSubgraph
 from .result import RunResult
@@ -59,6 +63,10 @@ class BucketedPrefill(CompiledSubgraph):
     zeros along their ``sequence_length``/``total_sequence_length`` dims; outputs are cropped
     back along ``sequence_length``; present rows past the valid length are zeroed in the trace.
     A bucket's closure is trusted after matching eager at two different prompt lengths.
+
+    A first prompt reads nothing of its past KV buffers: where GroupQueryAttention is their only reader,
+    the closure gets device zeros in their place (``zero_past``: no upload of genai's whole buffer), and its
+    presents' first rows, hinted, are all that is written back (``RunResult.standins``).
     """
 
     def __init__(self, program, stats=None, tuning: Tuning | None = None):
@@ -77,6 +85,22 @@ class BucketedPrefill(CompiledSubgraph):
         g = program.graph
         self.out_seq = [(j, ax) for j, n in enumerate(program.outputs)
                         for ax, d in enumerate(g.value(n).shape or ()) if d == SEQ_DIM_NAME]
+        self.zero_past = unread_past(program, {i for i, _ in self.past})
+        self._zeros: dict[tuple, mx.array] = {}         # (shape, ONNX type) -> evaluated zeros
+
+    def _standin(self, i: int, a) -> mx.array | None:
+        """Device zeros shaped and typed as input ``i`` (one evaluated array per shape and type), or None."""
+        t = self._in_types[i] or dt.onnx_type_of(a)
+        key = (tuple(a.shape), t)
+        z = self._zeros.get(key)
+        if z is None and t in dt.MLX and t not in dt.CARRIERS:
+            z = self._zeros[key] = mx.zeros(key[0], dt.MLX[t])
+            mx.eval(z)
+        return z
+
+    def release(self) -> None:
+        self._zeros.clear()
+        super().release()
 
     def bucket(self, inputs: list) -> tuple[int, int] | None:
         """(prompt length, bucket) when this call can be padded, else None."""
@@ -114,6 +138,11 @@ class BucketedPrefill(CompiledSubgraph):
             for ax in ax_list:
                 widths[ax] = (0, b - s)
             padded[i] = np.pad(inputs[i], widths)
+        standins = []
+        for i in self.zero_past:
+            if inputs[i] is not None and inputs[i].size and (z := self._standin(i, inputs[i])) is not None:
+                padded[i] = z
+                standins.append(i)
         crop = self.out_seq
 
         def post(outs: list) -> list:
@@ -123,7 +152,24 @@ class BucketedPrefill(CompiledSubgraph):
                 idx[ax] = slice(0, s)
                 outs[j] = outs[j][tuple(idx)]
             return outs
-        return Call(padded, tuple(None if a is None else a.shape for a in inputs), post, padded=True)
+        return Call(padded, tuple(None if a is None else a.shape for a in inputs), post, padded=True,
+                    standins=frozenset(standins))
+
+
+def unread_past(program, past: set[int]) -> frozenset[int]:
+    """The group inputs among ``past`` that only GroupQueryAttention reads, as past_key/past_value (not through
+    a windowed cache): a first prompt does not read their values."""
+    readers = step_readers(program.graph, program.steps)
+    out = set()
+    for i in past:
+        name = program.inputs[i]
+        sts = readers.get(name, [])
+        if sts and name not in program.outputs and all(
+                getattr(st, "node", None) is not None and st.node.op_type == "GroupQueryAttention"
+                and norm_domain(st.node.domain) == MS and not st.attrs.get("sliding_window_cache", 0)
+                and all(k in (3, 4) for k, n in enumerate(st.inputs) if n == name) for st in sts):
+            out.add(i)
+    return frozenset(out)
 
 
 def traced_overrides(program, decode: bool | None, padded: bool = False, growing: bool = False) -> dict:

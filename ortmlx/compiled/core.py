@@ -62,15 +62,17 @@ def tracing() -> bool:
 
 class Call:
     """One call as a closure sees it: its inputs (maybe padded), the shapes that verify it
-    (the real ones), and ``post`` mapping the closure's host outputs to the call's."""
+    (the real ones), ``post`` mapping the closure's host outputs to the call's, and ``standins``: the
+    inputs given as zeros in place of values the closure does not read (``RunResult.standins``)."""
 
-    __slots__ = ("inputs", "sig", "post", "padded")
+    __slots__ = ("inputs", "sig", "post", "padded", "standins")
 
-    def __init__(self, inputs: list, sig: tuple, post=None, padded: bool = False):
+    def __init__(self, inputs: list, sig: tuple, post=None, padded: bool = False, standins: frozenset = frozenset()):
         self.inputs = inputs
         self.sig = sig
         self.post = post
         self.padded = padded
+        self.standins = standins
 
 
 class _Closure:
@@ -477,8 +479,8 @@ class CompiledSubgraph:
                     hints.data = c.sink.array[c.hint_at:c.hint_at + hints.nbytes].copy()
                 outs = outs[:-1]
             if call.post is not None:
-                return RunResult(call.post(outs))
-            return RunResult(outs) if hints is None else RunResult(outs, hints, c)
+                outs = call.post(outs)
+            return RunResult(outs) if hints is None else RunResult(outs, hints, c, call.standins)
         except Exception as e:  # noqa: BLE001 - any failure: poison and answer eagerly
             self._poison(c, f"{stage}: {type(e).__name__}: {e}")
             return None

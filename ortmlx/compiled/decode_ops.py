@@ -192,7 +192,9 @@ def gqa_traced(decode: bool, padded: bool = False):
     fixed length P, total length as data) or prefill (total length baked: shape-keyed).
 
     ``padded``: a bucketed prefill whose prompt was padded past its valid length; the
-    present rows at or beyond the valid length are zero, as for the unpadded prompt.
+    present rows at or beyond the valid length are zero, as for the unpadded prompt. Such a
+    present differs from a zero past in its first S rows only: it declares them as row hints, which
+    the runtime uses where the past was a zero stand-in or a mirror (``BucketedPrefill``).
     """
     def gqa(*args, **attrs):
         out = _gqa(*args, **attrs)
@@ -203,7 +205,13 @@ def gqa_traced(decode: bool, padded: bool = False):
         b, t = pk.shape[0], pk.shape[2]
         keep = consts.arange(t).reshape(1, 1, t, 1) < (seqlens + 1).reshape(b, 1, 1, 1)
         zero = consts.zeros((1,), pk.dtype)
-        return o, mx.where(keep, pk, zero), mx.where(keep, pv, zero)
+        pk, pv = mx.where(keep, pk, zero), mx.where(keep, pv, zero)
+        s = args[0].shape[1]
+        if s <= t:
+            start = build.memo(("prefill_start", b), lambda: consts.zeros((b,), mx.int32))
+            add_row_hint(pk, args[3], start, pk[:, :, :s])
+            add_row_hint(pv, args[4], start, pv[:, :, :s])
+        return o, pk, pv
 
     def _gqa(*args, **attrs):
         a, x, q, k, v = _gqa_args(args, attrs, (), "traced GroupQueryAttention", pack=True)

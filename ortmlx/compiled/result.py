@@ -66,10 +66,13 @@ class RunResult:
     """One call's answer: ``outputs`` (evaluated MLX arrays or host arrays, one per group output, in order);
     ``row_hints``: the rows a decode closure changed in the outputs it wrote over its inputs (the KV buffers),
     so the runtime writes back just those; ``source``: the closure that made them (fixed output types and kinds:
-    the runtime's copy-out memo is keyed on it)."""
+    the runtime's copy-out memo is keyed on it); ``standins``: the inputs the closure ran on zeros in their place
+    (a first prompt's past KV, whose values it does not read): over them, as over a mirror, the hinted rows are
+    all an output changed."""
     outputs: list
     row_hints: RowHints | None = None
     source: object | None = None
+    standins: frozenset = frozenset()
 
 
 class Runner(Protocol):

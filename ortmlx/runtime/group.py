@@ -167,7 +167,8 @@ class Group:
         """Write the results into ORT's buffers and count the bytes that crossed (mirrored inputs: none)."""
         out_bytes = self.write_outputs(result, sink, probe, g, used)
         inputs = g.inputs
-        sent = self._every_input.difference(used) if used else range(len(inputs))
+        kept = used.keys() | result.standins if result.standins else used
+        sent = self._every_input.difference(kept) if kept else range(len(inputs))
         residency.add(sum(inputs[i].nbytes for i in sent if inputs[i] is not None), out_bytes)
 
     def write_outputs(self, result: RunResult, sink: OutputSink, probe, g: Gathered, used: dict) -> int:
@@ -217,8 +218,9 @@ class Group:
                 if i is not None:
                     dst = inputs[i]         # ORT's buffer: the input's own (writable) view of it
                     h = hinted.get(j)
-                    if h is not None and h[0] == i and i in used:
-                        # the runner ran on the mirror and says which rows it changed: write just those
+                    if h is not None and h[0] == i and (i in used or i in result.standins):
+                        # the runner ran on the mirror (or on zeros in place of a past it does not read) and
+                        # says which rows it changed: write just those
                         ranges = write_hinted(dst, h[1], h[2], h[3])
                         if ranges is not None:
                             moved += h[2].nbytes

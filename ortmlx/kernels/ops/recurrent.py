@@ -1,7 +1,9 @@
 """Recurrent layers: RNN, GRU, LSTM (opset 7 and 14+ with ``layout``).
 
 The input projection of every time step is one matmul; the recurrence is unrolled
-step by step into the lazy MLX graph. ``sequence_lens`` is a host value: lengths are
+step by step into the lazy MLX graph, one product of the state with R a step (a GRU's gates
+share it; a bidirectional layer whose directions have the same activations runs both in one
+batched step: forward time k and reverse time T-1-k). ``sequence_lens`` is a host value: lengths are
 checked on the host (1..seq_length, as ORT's CPU EP requires) and become per-step masks
 (state carried unchanged and Y zero past a sequence's end). float32 only (ORT's CPU EP
 runs these in float32; MLX's float64 exp/tanh is only float32-accurate).
@@ -47,13 +49,14 @@ def _names(op, activations, n_dirs):
 
 
 def _activations(op, activations, alpha, beta, n_dirs):
-    """Per direction, a list of f(x) closures; alphas/betas are consumed in order by the functions needing them."""
+    """(Per direction, a list of f(x) closures; per direction, their (name, alpha, beta)s); alphas/betas are
+    consumed in order by the functions needing them."""
     names = _names(op, activations, n_dirs)
     per = len(DEFAULT_ACTS[op])
     if len(names) != per * n_dirs:
         raise ValueError(f"{op}: {len(names)} activations given, {per * n_dirs} expected")
     alphas, betas = list(alpha or []), list(beta or [])
-    fns = []
+    fns, sigs = [], []
     for n in names:
         if n not in ACTS:
             raise ValueError(f"{op}: activation {n!r} is not supported")
@@ -61,7 +64,9 @@ def _activations(op, activations, alpha, beta, n_dirs):
         a = alphas.pop(0) if k >= 1 else 0.0
         b = betas.pop(0) if k >= 2 else 0.0
         fns.append(lambda x, f=f, a=a, b=b: f(x, a, b))
-    return [fns[d * per:(d + 1) * per] for d in range(n_dirs)]
+        sigs.append((n, float(a), float(b)))
+    return ([fns[d * per:(d + 1) * per] for d in range(n_dirs)],
+            [tuple(sigs[d * per:(d + 1) * per]) for d in range(n_dirs)])
 
 
 def _check(op):
@@ -107,17 +112,18 @@ def _lengths(sequence_lens, seq, batch):
     return None if (lens == seq).all() else mx.array(lens.astype(np.int32))
 
 
-def _run(step, x_proj, states, lens, reverse):
-    """Unroll ``step(x_t, states) -> (h, states)`` over time; returns (Y list in time order, final states)."""
+def _run(step, x_proj, states, live, reverse=False):
+    """Unroll ``step(x_t, states) -> (h, states)`` over time; returns (Y list in time order, final states).
+    ``live``: None, or per step (in time order) a bool mask broadcasting against the states: where it is false
+    the state is carried unchanged and Y is zero."""
     seq = x_proj.shape[0]
     ys = [None] * seq
     order = range(seq - 1, -1, -1) if reverse else range(seq)
     for t in order:
         new = step(x_proj[t], states)
-        if lens is not None:
-            live = mx.expand_dims(t < lens, -1)
-            new = tuple(mx.where(live, n, s) for n, s in zip(new, states))
-            ys[t] = mx.where(live, new[0], 0)
+        if live is not None:
+            new = tuple(mx.where(live[t], n, s) for n, s in zip(new, states))
+            ys[t] = mx.where(live[t], new[0], 0)
         else:
             ys[t] = new[0]
         states = new
@@ -145,23 +151,36 @@ def _recurrent(op, cell, X, W, R, B, sequence_lens, inits, *, activations, activ
     if W.shape[0] != n_dirs or W.shape[1] != n_gates * H:
         raise ValueError(f"W shape {tuple(W.shape)} does not fit {n_dirs} direction(s) x {n_gates} gates x {H}")
     lens = _lengths(sequence_lens, seq, batch)
-    acts = _activations(op, activations, activation_alpha, activation_beta, n_dirs)
-    ys, finals = [], []
-    for d in range(n_dirs):
-        wb = B[d, :n_gates * H] if B is not None else None
-        rb = B[d, n_gates * H:] if B is not None else None
-        x_proj = X @ W[d].T
-        if wb is not None:
-            x_proj = x_proj + wb
-        states = tuple(mx.zeros((batch, H), X.dtype) if s is None else s[d] for s in inits)
-        ex = None if extra is None else extra[d]
-        step = cell(R[d], rb, acts[d], clip, H, ex)
-        reverse = direction == "reverse" or d == 1
-        y, st = _run(step, x_proj, states, lens, reverse)
-        ys.append(mx.stack(y) if seq else mx.zeros((0, batch, H), X.dtype))
-        finals.append(st)
-    Y = mx.stack(ys, axis=1)                                   # (seq, dirs, batch, H)
-    outs = [mx.stack([f[k] for f in finals]) for k in range(len(inits))]    # (dirs, batch, H)
+    acts, sigs = _activations(op, activations, activation_alpha, activation_beta, n_dirs)
+    G = n_gates * H
+    x_proj = [X @ W[d].T + (B[d, :G] if B is not None else 0) for d in range(n_dirs)]
+    if n_dirs == 2 and sigs[0] == sigs[1] and seq:
+        # both directions in one batched step k: forward time k, reverse time T-1-k (states (2, batch, H))
+        xw = mx.stack([x_proj[0], x_proj[1][::-1]], axis=1)                          # (T, 2, batch, G)
+        states = tuple(mx.zeros((2, batch, H), X.dtype) if s is None else s for s in inits)
+        live = None
+        if lens is not None:
+            t = np.arange(seq)[:, None]
+            n = np.asarray(lens)[None, :]
+            live = mx.array(np.stack([t < n, t[::-1] < n], axis=1)[..., None])       # (T, 2, batch, 1)
+        step = cell(R, None if B is None else B[:, None, G:], acts[0], clip, H,
+                    None if extra is None else extra[:, None, :])
+        y, st = _run(step, xw, states, live)
+        yk = mx.stack(y)                                                              # step order
+        Y = mx.concatenate([yk[:, :1], yk[::-1, 1:]], axis=1)                         # (seq, dirs, batch, H)
+        outs = list(st)
+    else:
+        ys, finals = [], []
+        for d in range(n_dirs):
+            reverse = direction == "reverse" or d == 1
+            states = tuple(mx.zeros((batch, H), X.dtype) if s is None else s[d] for s in inits)
+            step = cell(R[d], None if B is None else B[d, G:], acts[d], clip, H, None if extra is None else extra[d])
+            live = None if lens is None else [mx.expand_dims(t < lens, -1) for t in range(seq)]
+            y, st = _run(step, x_proj[d], states, live, reverse)
+            ys.append(mx.stack(y) if seq else mx.zeros((0, batch, H), X.dtype))
+            finals.append(st)
+        Y = mx.stack(ys, axis=1)                                   # (seq, dirs, batch, H)
+        outs = [mx.stack([f[k] for f in finals]) for k in range(len(inits))]    # (dirs, batch, H)
     if layout == 1:
         Y = mx.transpose(Y, (2, 0, 1, 3))
         outs = [mx.swapaxes(o, 0, 1) for o in outs]
@@ -171,9 +190,10 @@ def _recurrent(op, cell, X, W, R, B, sequence_lens, inits, *, activations, activ
 # ---------------------------------------------------------------- RNN
 def _rnn_cell(R, rb, acts, clip, H, extra):
     f = acts[0]
+    Rt = mx.swapaxes(R, -1, -2)
 
     def step(xw, states):
-        g = xw + states[0] @ R.T
+        g = xw + states[0] @ Rt
         if rb is not None:
             g = g + rb
         return (f(_clip(g, clip)),)
@@ -205,21 +225,23 @@ def rnn_14(X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_al
 def _gru_cell(linear_before_reset):
     def cell(R, rb, acts, clip, H, extra):
         f, g = acts
-        Rz, Rr, Rh = R[:H], R[H:2 * H], R[2 * H:]
-        rbz, rbr, rbh = (None, None, None) if rb is None else (rb[:H], rb[H:2 * H], rb[2 * H:])
+        Rt = mx.swapaxes(R, -1, -2)                  # (..., H, 3H): z, r, h columns
+        Rzr, Rh = (Rt, None) if linear_before_reset else (Rt[..., :2 * H], Rt[..., 2 * H:])
+        rbz, rbr, rbh = (None, None, None) if rb is None else (rb[..., :H], rb[..., H:2 * H], rb[..., 2 * H:])
 
         def add(a, b):
             return a if b is None else a + b
 
         def step(xw, states):
             h = states[0]
-            xz, xr, xh = xw[:, :H], xw[:, H:2 * H], xw[:, 2 * H:]
-            z = f(_clip(add(xz + h @ Rz.T, rbz), clip))
-            r = f(_clip(add(xr + h @ Rr.T, rbr), clip))
+            xz, xr, xh = xw[..., :H], xw[..., H:2 * H], xw[..., 2 * H:]
+            hr = h @ Rzr                             # one product for the gates that read h
+            z = f(_clip(add(xz + hr[..., :H], rbz), clip))
+            r = f(_clip(add(xr + hr[..., H:2 * H], rbr), clip))
             if linear_before_reset:
-                hh = g(_clip(xh + r * add(h @ Rh.T, rbh), clip))
+                hh = g(_clip(xh + r * add(hr[..., 2 * H:], rbh), clip))
             else:
-                hh = g(_clip(add(xh + (r * h) @ Rh.T, rbh), clip))
+                hh = g(_clip(add(xh + (r * h) @ Rh, rbh), clip))
             return ((1 - z) * hh + z * h,)
         return step
     return cell
@@ -251,20 +273,21 @@ def gru_14(X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_al
 def _lstm_cell(input_forget):
     def cell(R, rb, acts, clip, H, P):
         f, g, h_act = acts
+        Rt = mx.swapaxes(R, -1, -2)
 
         def step(xw, states):
             h, c = states
-            gates = xw + h @ R.T
+            gates = xw + h @ Rt
             if rb is not None:
                 gates = gates + rb
-            gi, go, gf, gc = (gates[:, k * H:(k + 1) * H] for k in range(4))
+            gi, go, gf, gc = (gates[..., k * H:(k + 1) * H] for k in range(4))
             if P is not None:
-                gi, gf = gi + P[:H] * c, gf + P[2 * H:] * c
+                gi, gf = gi + P[..., :H] * c, gf + P[..., 2 * H:] * c
             i = f(_clip(gi, clip))
             fg = 1 - i if input_forget else f(_clip(gf, clip))
             c_new = fg * c + i * g(_clip(gc, clip))
             if P is not None:
-                go = go + P[H:2 * H] * c_new
+                go = go + P[..., H:2 * H] * c_new
             o = f(_clip(go, clip))
             return o * h_act(c_new), c_new
         return step

@@ -289,6 +289,12 @@ class AttentionRunner:
             return RunResult(self.program.run(inputs, probe=probe))
         return r.run(inputs, probe, since)
 
+    def steady(self, inputs: list) -> None:
+        return None             # decode and prefill have their own memo (keys, mirrors, row hints)
+
+    def replay(self, steady, inputs: list) -> None:
+        return None
+
     def release(self) -> None:
         for p in self.parts():
             p.release()

@@ -29,7 +29,7 @@ from .analysis import HostPlan, hoist_free_work, host_plan, static_reason
 from .config import CompiledConfig
 from .keys import Keys, is_empty, shapes_of
 from .trace import compile_closure
-from .result import RowHints, RunResult
+from .result import RowHints, RunResult, Steady
 from .verify import mismatch
 
 #: what ``_apply`` returns when a guard computed in the graph said "not this call"
@@ -151,6 +151,8 @@ class CompiledSubgraph:
         #: ``run``'s last lookup: (k1, its plan, host bytes, closure); an identical k1 object finds them again
         #: (``Keys.since`` keeps the object while no part changes; only ``_first`` and ``release`` change the maps)
         self._last: tuple | None = None
+        #: (plan, host bytes, closure) when the last call was answered by a closure (``steady``), else None
+        self._answered: tuple | None = None
         self._plain_prepare = type(self)._prepare is CompiledSubgraph._prepare
         # on a GPU, start the eval asynchronously and make one 4 KB allocation while the GPU runs: the first such
         # allocation after MLX frees an evaluated graph consolidates glibc's fastbins, which the copy-out's first
@@ -187,6 +189,7 @@ class CompiledSubgraph:
         return out if type(out) is RunResult else RunResult(out)
 
     def _run(self, inputs: list, probe, since: tuple | None) -> "list | RunResult":
+        self._answered = None
         with mx.stream(mx_device(self.device)):
             if self.released or self.static_reason:
                 return self._eager(inputs, probe)
@@ -233,11 +236,66 @@ class CompiledSubgraph:
                 out = self._apply(c, call, probe)
                 if out is not None and out is not GUARD_FAILED:
                     self.counters["compiled_calls"] += 1
+                    self._answered = (plan, hb, c)
                     return out
                 return self._eager(inputs, probe)
             ref, _ = self._eager_env(inputs, probe)
             self._verify(c, call, ref)
             return ref
+
+    def steady(self, inputs: list) -> Steady | None:
+        """The last call's closure as a replay (``Steady``) when it alone answers calls of these input shapes and
+        types: trusted, nothing read or baked on the host, no guards, hints or padding, every input a host array
+        (so no call is made ahead: nothing chains from call to call, ``ahead.learn``)."""
+        last = self._answered
+        if last is None or self.released or self.config.shapeless or not self._plain_prepare:
+            return None
+        plan, hb, c = last
+        if hb or plan.host_inputs or plan.host_outputs or plan.hoist or not c.trusted or c.poisoned or c.guarded \
+                or c.hoist or c.hints or c.sink is not None or c.host_outs or c.fn is None:
+            return None
+        types = []
+        for i in c.dev_idx:
+            a, t = inputs[i], self._in_types[i]
+            if type(a) is not np.ndarray or not a.size or t is None or t in dt.CARRIERS or t not in dt.MLX:
+                return None
+            types.append(t)
+        if any(a is not None and type(a) is not np.ndarray for a in inputs):
+            return None
+        return Steady(tuple(None if a is None else a.shape for a in inputs),
+                      tuple(None if a is None else a.dtype for a in inputs), c.dev_idx, tuple(types), c)
+
+    def replay(self, steady: Steady, inputs: list) -> RunResult | None:
+        """``steady``'s closure on ``inputs`` (None: it was poisoned or released, or failed now and is poisoned)."""
+        c = steady.closure
+        if c.fn is None or c.poisoned or self.released:
+            return None
+        self._next = self._ahead_prev = None
+        with mx.stream(mx_device(self.device)):
+            try:
+                dev = [dt.to_mx(inputs[i], t) for i, t in zip(steady.idx, steady.types)]
+                with TRACE_LOCK:
+                    outs = c.fn(*dev)
+                self._settled_eval(outs)
+            except Exception as e:  # noqa: BLE001 - poisoned; the call answers through ``run`` (eager)
+                self._poison(c, f"apply: {type(e).__name__}: {e}")
+                return None
+        c.calls += 1
+        self.counters["compiled_calls"] += 1
+        return RunResult(list(outs), source=c, replayed=True)
+
+    def _settled_eval(self, outs, meanwhile=None) -> None:
+        """Evaluate ``outs``; on a GPU started asynchronously, the heap settled and ``meanwhile()`` run while it
+        works, then its end polled (``eval_settle``, ``spin_wait``)."""
+        if self._settle or meanwhile is not None:
+            mx.async_eval(*outs)
+            if self._settle:
+                bytearray(4096)             # the heap's consolidation, while the GPU works
+            if meanwhile is not None:
+                meanwhile()
+            if self._spin is not None:
+                self._spin()                # the GPU's work done, polled (MLX's wait below finds it so)
+        self._eval(*outs)
 
     def _not_yet(self, k1) -> bool:
         """Whether key ``k1`` is still answered eagerly before its trace (``eager_calls_before_trace``)."""
@@ -269,7 +327,7 @@ class CompiledSubgraph:
     def release(self) -> None:
         """Drop every closure (a live closure at interpreter exit can abort the process)."""
         self.released = True
-        self._last = None
+        self._last = self._answered = None
         self._next = self._ahead_prev = None
         with self._lock:
             for c in self._closures.values():
@@ -439,17 +497,14 @@ class CompiledSubgraph:
             stage = "eval"
             if probe is not None:
                 probe.mark("eval")
-            if self._settle or self._ahead:
-                mx.async_eval(*outs)
-                if self._settle:
-                    bytearray(4096)             # the heap's consolidation, while the GPU works
-                if self._ahead and c.trusted and call.post is None and ahead.due(c):
+            meanwhile = None
+            if self._ahead and c.trusted and call.post is None and ahead.due(c):
+                def meanwhile():
+                    nonlocal stage
                     stage = "call ahead"
                     self._next = self._call_ahead(c, host, dev, hv, outs, prev)
                     stage = "eval"
-                if self._spin is not None:
-                    self._spin()                # the GPU's work done, polled (MLX's wait below finds it so)
-            self._eval(*outs)
+            self._settled_eval(outs, meanwhile)
             c.calls += 1
             if self._ahead and c.ahead_kinds is None and c.ahead_misses < ahead.MAX_MISSES and c.trusted:
                 self._ahead_prev = (c, outs)    # (to learn which of them the next call passes: ``_call_ahead``)

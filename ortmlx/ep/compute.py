@@ -20,6 +20,11 @@ from .errors import ORT_INVALID_ARGUMENT, EpError
 #: groups with at least this many inputs keep their input views between calls (ComputeInfo.gather)
 CACHED_VIEWS_FROM = 8
 
+#: the gather helper's rank for an omitted optional input (size_t -1)
+_OMITTED = (1 << 64) - 1
+#: bytes per element of each plain element type
+_ITEMSIZE = {t: np.dtype(npt).itemsize for t, npt in dt.NUMPY.items()}
+
 #: gather numbers: an input memo made at gather ``t`` serves the next gather on the same buffers, whose
 #: ``prev_token`` is ``t`` (unique in the process, so one thread's number never matches another's)
 _GATHERS = itertools.count(1)
@@ -127,6 +132,7 @@ class ComputeInfo:
         self.address = int(ffi.cast("uintptr_t", c))
         self.calls = 0
         self._observed = ep.stats.observed
+        self._fill = self._fill_addresses
 
     def release(self) -> None:
         if self.group is not None:
@@ -206,17 +212,23 @@ class ComputeInfo:
                 b.redo = redo
         g = b.call
         g.inputs, g.addr, g.token, g.prev_token, g.redo = arrays, b.addr, b.token, b.prev_token, b.redo
-        if self.group.wants_addresses:
-            g.addrs = self.addresses(arrays)
-            g.slots = b.addr_memo[1]
+        g.fill = self._fill if self.group.wants_addresses else None
         b.sink.kctx = kctx
         return g, b.sink
+
+    def _fill_addresses(self) -> None:
+        """``Gathered.fill``: this thread's call gets its address map (``addresses``)."""
+        b = self._tls.b
+        g = b.call
+        g.addrs = self.addresses(g.inputs)
+        g.slots = b.addr_memo[1]
+        g.fill = None
 
     def _view(self, b: _Buffers, i: int) -> np.ndarray | None:
         """A numpy view of gathered input ``i`` (a copy for carrier types), None when omitted."""
         ffi, r = self.abi.ffi, self.abi.max_rank
         nd = b.ndims[i]
-        if nd == ffi.cast("size_t", -1):
+        if nd == _OMITTED:
             return None
         t = b.types[i]
         want = self.in_types[i]
@@ -235,7 +247,7 @@ class ComputeInfo:
         cnt = math.prod(shape)
         if cnt == 0:
             return np.empty(shape, npt)
-        return np.frombuffer(ffi.buffer(b.data[i], cnt * np.dtype(npt).itemsize), npt).reshape(shape)
+        return np.frombuffer(ffi.buffer(b.data[i], cnt * _ITEMSIZE[t]), npt).reshape(shape)
 
     def addresses(self, inputs) -> dict[int, int]:
         """Buffer address -> input index, for the inputs an output may be written into (read-only: the map is

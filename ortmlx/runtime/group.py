@@ -3,11 +3,14 @@
 The ABI layer (``ep/compute.py``) hands a call's inputs as NumPy views of ORT's buffers (``Gathered``) and
 takes its outputs' buffers from ORT when asked (``OutputSink``). Here:
 
-- ``Group.run``: inputs whose ORT buffer an output wrote in place last call (genai's shared KV buffer) are
+- ``Group.run``: a call with the last call's input shapes and types, where the runner said one closure alone
+  answers them (``Runner.steady``), is replayed (``Runner.replay``): upload, closure, eval, nothing else.
+  Otherwise inputs whose ORT buffer an output wrote in place last call (genai's shared KV buffer) are
   replaced by their device mirrors (``mirror.py``; a decode step's all at once: ``kvbatch.py``), then the
   group's runner (``compiled``: compiled or eager) answers;
 - ``Group.write``: every result goes into ORT's buffer; a result ORT placed in an input's buffer becomes that
   buffer's mirror and only the rows that changed are written (the runner's row hints, else a device diff).
+  A replayed call's results are copied whole, its outputs allocated in one call.
 """
 from __future__ import annotations
 
@@ -49,6 +52,8 @@ class Gathered:
     addrs: dict = field(default_factory=dict)
     #: per input: its address in ``addrs``, or None
     slots: list | None = None
+    #: makes ``addrs`` and ``slots`` for this call (None: made already, or not wanted); a replay reads neither
+    fill: object = None
     #: this gather's number (unique in the process) and the previous gather's on these buffers
     token: int = 0
     prev_token: int = -1
@@ -112,6 +117,9 @@ class Group:
             stats.group(plan.name)["kv_copy_out"] = self.kv_copy_out
         #: per thread: the KV batch this call took, the last batch layout, the copy-out memo
         self._tls = threading.local()
+        #: the replay of the last call's closure (``Runner.steady``: main thread only); ``_replays``: still allowed
+        self._steady = None
+        self._replays = True
 
     @property
     def wants_addresses(self) -> bool:
@@ -119,6 +127,7 @@ class Group:
         return self.mirrors is not None
 
     def release(self) -> None:
+        self._steady = None
         runner, self.runner = self.runner, None
         if runner is not None:
             runner.release()
@@ -131,8 +140,20 @@ class Group:
     # ------------------------------------------------------------------ per call
     def run(self, g: Gathered, probe=None) -> tuple[RunResult, dict]:
         """(The runner's answer, the inputs that ran on device mirrors: index -> mirror)."""
+        st = self._steady
+        if st is not None and probe is None and st.matches(g.inputs) and compile_thread():
+            res = self.runner.replay(st, g.inputs)
+            if res is not None:
+                return res, {}
+            self._steady = None
+        if g.fill is not None:
+            g.fill()
         run, used = self.use_mirrors(g)
-        return self.runner.run(run, probe, g.since), used
+        res = self.runner.run(run, probe, g.since)
+        # no buffer ever written in place (no mirrors to keep): the next call may be a replay
+        if probe is None and not used and not self._aliased and self._replays and compile_thread():
+            self._steady = self.runner.steady(run)
+        return res, used
 
     def use_mirrors(self, g: Gathered) -> tuple[list, dict[int, mx.array]]:
         """The call's inputs with device mirrors substituted where ORT's buffer is one we mirror."""
@@ -165,11 +186,26 @@ class Group:
 
     def write(self, g: Gathered, result: RunResult, used: dict, sink: OutputSink, probe=None) -> None:
         """Write the results into ORT's buffers and count the bytes that crossed (mirrored inputs: none)."""
-        out_bytes = self.write_outputs(result, sink, probe, g, used)
+        if result.replayed and not self._aliased:
+            out_bytes = self._write_replayed(result.outputs, sink, g)
+        else:
+            out_bytes = self.write_outputs(result, sink, probe, g, used)
         inputs = g.inputs
         kept = used.keys() | result.standins if result.standins else used
         sent = self._every_input.difference(kept) if kept else range(len(inputs))
         residency.add(sum(inputs[i].nbytes for i in sent if inputs[i] is not None), out_bytes)
+
+    def _write_replayed(self, results: list, sink: OutputSink, g: Gathered) -> int:
+        """A replayed call's results copied whole into ORT's buffers; returns the bytes. An output ORT placed in an
+        input's buffer (a shared buffer) ends replays for this group: later calls keep mirrors (``write_outputs``)."""
+        ptrs = sink.allocate(list(map(_SHAPE, results))).tolist()
+        moved = 0
+        for p, r, t in zip(ptrs, results, self.out_types):
+            moved += self._copy(self.ffi.cast("void*", p), dt.to_numpy(r), t)
+        ins = g.addr.tolist()
+        if any(p in ins for p in ptrs):
+            self._steady, self._replays = None, False
+        return moved
 
     def write_outputs(self, result: RunResult, sink: OutputSink, probe, g: Gathered, used: dict) -> int:
         """Copy every result into ORT's output buffers; returns the bytes copied.

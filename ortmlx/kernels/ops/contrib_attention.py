@@ -84,15 +84,19 @@ def _bnsh(x, n: int):
     return x.reshape(b, s, n, hidden // n).transpose(0, 2, 1, 3)
 
 
-def _present(past, new, past_len, total: int, in_place: bool = False):
+def _present(past, new, past_len, total: int, in_place: bool = False, first: bool = False):
     """KV cache after appending ``new`` (B,Nkv,S,H) at row ``past_len[b]`` of each batch row.
 
     Rows below past_len come from ``past`` (None: none), rows past_len..past_len+S-1 from
     ``new``, the rest are zero; ``total`` rows (ORT: max(total_sequence_length, past length)).
     ``in_place`` (S == 1, a past of ``total`` rows): every other row is the past's, as ORT's
-    kernel leaves a shared buffer (rows past the new one are never read).
+    kernel leaves a shared buffer (rows past the new one are never read). ``first`` (a first
+    prompt: past_len 0): ``new`` padded with zero rows, so no fused kernel holds S as a constant
+    (MLX builds one per constant: a bucketed prefill would build two at every new bucket).
     """
     b, n, s, h = new.shape
+    if first and not in_place and s > 1:
+        return mx.pad(new, [(0, 0), (0, 0), (0, total - s), (0, 0)]) if total > s else new
     t = consts.arange(total).reshape(1, 1, total, 1)
     pl = past_len.reshape(b, 1, 1, 1)
     if in_place:
@@ -416,8 +420,8 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
     present_len = max(total_sequence_length, past_key.shape[2] if past_key is not None else 0)
     if kv_quant is not None:          # the cache holds quantized rows; attention reads them dequantized
         k, v = kv_quant.quantize_k(k), kv_quant.quantize_v(v)
-    pk = _present(past_key, k, past_len, present_len, in_place)
-    pv = _present(past_value, v, past_len, present_len, in_place)
+    pk = _present(past_key, k, past_len, present_len, in_place, first_prompt)
+    pv = _present(past_value, v, past_len, present_len, in_place, first_prompt)
     pkf, pvf = (pk, pv) if kv_quant is None else (kv_quant.dequantize_k(pk), kv_quant.dequantize_v(pv))
     if s == 1 and kv_quant is None and cuda_kernels.enabled():
         qsrc = qk if packed else q

@@ -56,11 +56,12 @@ def test_first_prompt_present_is_new_rows_then_zeros():
     """``_present(first=True)`` (no fused kernel with S in it) equals the general gather form at past_len 0."""
     rng = np.random.default_rng(5)
     import mlx.core as mx
-    new = mx.array(rng.standard_normal((2, 3, 7, 8)).astype(np.float32))
     past = mx.array(rng.standard_normal((2, 3, 20, 8)).astype(np.float32))
     zero = consts.zeros((2,), mx.int32)
-    for p in (None, past):
-        want = np.asarray(_present(p, new, zero, 20))
-        got = np.asarray(_present(p, new, zero, 20, first=True))
-        assert np.array_equal(got, want)
-        assert np.array_equal(got[:, :, :7], np.asarray(new)) and not got[:, :, 7:].any()
+    for s in (1, 7):                            # a one-token prompt too
+        new = mx.array(rng.standard_normal((2, 3, s, 8)).astype(np.float32))
+        for p in (None, past):
+            want = np.asarray(_present(p, new, zero, 20))
+            got = np.asarray(_present(p, new, zero, 20, first=True))
+            assert np.array_equal(got, want)
+            assert np.array_equal(got[:, :, :s], np.asarray(new)) and not got[:, :, s:].any()

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..kernels import dtypes as dt
 from ..kernels.merge import step_readers
+from ..kernels.passes import Step
 from ..kernels.registry import MS, norm_domain
 from ..tuning import Tuning
 from .config import DECODE, PREFILL, PREFILL_EXACT
@@ -165,7 +166,7 @@ def unread_past(program, past: set[int]) -> frozenset[int]:
         name = program.inputs[i]
         sts = readers.get(name, [])
         if sts and name not in program.outputs and all(
-                getattr(st, "node", None) is not None and st.node.op_type == "GroupQueryAttention"
+                isinstance(st, Step) and st.node.op_type == "GroupQueryAttention"
                 and norm_domain(st.node.domain) == MS and not st.attrs.get("sliding_window_cache", 0)
                 and all(k in (3, 4) for k, n in enumerate(st.inputs) if n == name) for st in sts):
             out.add(i)

@@ -206,11 +206,10 @@ def gqa_traced(decode: bool, padded: bool = False):
         keep = consts.arange(t).reshape(1, 1, t, 1) < (seqlens + 1).reshape(b, 1, 1, 1)
         zero = consts.zeros((1,), pk.dtype)
         pk, pv = mx.where(keep, pk, zero), mx.where(keep, pv, zero)
-        s = args[0].shape[1]
-        if s <= t:
-            start = build.memo(("prefill_start", b), lambda: consts.zeros((b,), mx.int32))
-            add_row_hint(pk, args[3], start, pk[:, :, :s])
-            add_row_hint(pv, args[4], start, pv[:, :, :s])
+        s = args[0].shape[1]                    # the bucket (<= t: BucketedPrefill caps it by the buffer)
+        start = build.memo(("prefill_start", b), lambda: consts.zeros((b,), mx.int32))
+        add_row_hint(pk, args[3], start, pk[:, :, :s])
+        add_row_hint(pv, args[4], start, pv[:, :, :s])
         return o, pk, pv
 
     def _gqa(*args, **attrs):

@@ -6,7 +6,7 @@ BLAS blocking), which moves elements that cancel to near zero by more than their
 of the output's scale the way a wrong closure (a wrong row, a baked shape, a stale value) does. Zeros do not count
 towards the scale: a prompt fills 100 rows of a 4,104-row KV buffer, and the empty rows would shrink its RMS 6x.
 float16's ``srtol`` is 1e-2: MLX's eager float16 ops round each intermediate where a fused kernel does not; on a
-2-layer build a trusted-worthy prefill closure moved the logits by 4.9e-3 of their RMS (the eager ones differ from
+2-layer build a trustworthy prefill closure moved the logits by 4.9e-3 of their RMS (the eager ones differ from
 ORT's CPU EP's by 3.6e-2 of it).
 """
 from __future__ import annotations

@@ -95,7 +95,7 @@ def _present(past, new, past_len, total: int, in_place: bool = False, first: boo
     (MLX builds one per constant: a bucketed prefill would build two at every new bucket).
     """
     b, n, s, h = new.shape
-    if first and not in_place and s > 1:
+    if first and not in_place:
         return mx.pad(new, [(0, 0), (0, 0), (0, total - s), (0, 0)]) if total > s else new
     t = consts.arange(total).reshape(1, 1, total, 1)
     pl = past_len.reshape(b, 1, 1, 1)

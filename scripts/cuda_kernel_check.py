@@ -74,16 +74,17 @@ def cases():
             yield (f"row_gemv {t} K {k} N {n}", "ortmlx_row_gemv_x", ["a", "w"], [t, t], ["out"], [t],
                    cr.ROW_SOURCE, "", [("T", t), ("AND_", rnd), ("WND", 3), ("GATED", False), ("GATE_FIRST", True),
                                        ("K", k), ("N", n), ("TPR", tpr), ("THREADS", cr.THREADS)])
-    sizes = (128,) * 48 + (4,)
-    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
-    yield ("gather_bytes 49 arrays", "ortmlx_gather_bytes_x", [f"in{i}" for i in range(len(sizes))],
-           ["float16"] * 48 + ["int32"], ["out"], ["uint8"], ck._gather_source(list(sizes), offsets), "", [])
+    parts = 49
+    yield ("gather_bytes 49 arrays", "ortmlx_gather_bytes_x", [f"in{i}" for i in range(parts)] + ["table"],
+           ["float16"] * 48 + ["int32", "int64"], ["out"], ["uint8"], ck._gather_source(parts), "", [])
     yield ("gather_bytes 49 arrays to host memory", "ortmlx_gather_host_x",
-           [f"in{i}" for i in range(len(sizes))] + ["sink"], ["float16"] * 48 + ["int32", "uint64"], ["out"],
-           ["uint8"], ck._gather_source(list(sizes), offsets, to_host=True), "", [])
+           [f"in{i}" for i in range(parts)] + ["table", "sink"], ["float16"] * 48 + ["int32", "int64", "uint64"],
+           ["out"], ["uint8"], ck._gather_source(parts, to_host=True), "", [])
     for t in ("float16", "float32"):
         yield (f"copy_to_host {t}", "ortmlx_copy_host_x", ["src", "sink"], [t, "uint64"], ["done"], ["uint8"],
                ck._COPY_HOST.replace("NBYTES", "303872ull"), "", [])
+        yield (f"copy_to_address {t}", "ortmlx_copy_any_x", ["src", "sink"], [t, "uint64"], ["done"], ["uint8"],
+               ck._COPY_ANY, "", [])
 
 
 def main(argv=None) -> int:

@@ -259,6 +259,19 @@ def test_gather_bytes_equals_concatenate(sizes):
         mx.eval(padded)
     assert padded.shape == (want.size + 70000,)
     assert np.array(padded)[:want.size].tobytes() == np.array(want).tobytes()
+    made = cuda_kernels._gather_kernel.cache_info().currsize
+    other = [p[: max(1, p.size // 2)] for p in parts]                # other sizes, as many parts: no new kernel
+    with mx.stream(mx.gpu):
+        got = cuda_kernels.gather_bytes(other)
+        want = mx.concatenate([p.reshape(-1).view(mx.uint8) for p in other])
+        mx.eval(got, want)
+    assert np.array(got).tobytes() == np.array(want).tobytes()
+    assert cuda_kernels._gather_kernel.cache_info().currsize == made
+
+
+def test_gather_table_gives_each_part_its_bytes_and_offset():
+    assert np.array(cuda_kernels._gather_table((5, 7, 9))).tolist() == [5, 0, 7, 5, 9, 12]
+    assert "5" not in cuda_kernels._gather_source(2) and "case 1:" in cuda_kernels._gather_source(2)
 
 
 def _decode_model(t, n=8, kvn=2, h=64, p=24, bias=False):
@@ -564,6 +577,37 @@ def test_copy_to_host(n, dtype, offset):
         assert hb.array[offset:offset + len(w)].tobytes() == w
         assert (hb.array[:offset] == 0xEE).all() and (hb.array[offset + len(w):] == 0xEE).all()
         hb.array[:] = 0xEE
+
+
+@gpu_only
+@pytest.mark.parametrize("n", [1, 5, 4096, 1 << 20])
+@pytest.mark.parametrize("dtype", [mx.float16, mx.float32, mx.uint8])
+def test_copy_to_address_and_direct_writes(n, dtype):
+    """On the GPU: ``copy_to_address`` (one kernel for every size) writes an array's bytes into page-locked
+    memory, and ``DriverReader.write_result`` into plain host memory it locks for the copy (``ORT's
+    buffer``), at any offset; nothing outside the bytes is touched."""
+    from ortmlx.kernels import cuda_driver
+    from ortmlx.runtime import devread
+    rng = np.random.default_rng(n)
+    a = mx.array(rng.standard_normal(n + 3).astype(np.float32)).astype(dtype)
+    reader = devread.reader("gpu")
+    assert reader.driver, "no driver reader on the GPU"
+    for src in (a[:n], a[3:]):
+        with mx.stream(mx.gpu):
+            want = src * 2
+            mx.eval(want)
+        w = np.array(want.view(mx.uint8) if dtype != mx.uint8 else want).tobytes()
+        hb = cuda_driver.HostBuffer(cuda_driver.driver(), len(w) + 64)
+        hb.array[:] = 0xEE
+        with mx.stream(mx.gpu):
+            mx.eval(cuda_kernels.copy_to_address(want, mx.array([hb.device_address + 8, len(w)], mx.uint64)))
+        assert hb.array[8:8 + len(w)].tobytes() == w
+        assert (hb.array[:8] == 0xEE).all() and (hb.array[8 + len(w):] == 0xEE).all()
+        raw = np.full(len(w) + 11, 0xEE, np.uint8)
+        with mx.stream(mx.gpu):
+            assert reader._write(raw.ctypes.data + 5, want, len(w))
+        assert raw[5:5 + len(w)].tobytes() == w
+        assert (raw[:5] == 0xEE).all() and (raw[5 + len(w):] == 0xEE).all()
 
 
 def reference_swiglu(y, n: int, gate_first: bool = True) -> np.ndarray:

@@ -85,10 +85,30 @@ class FakeDriver:
         self.syncs += 1
         return 700 if self.fail else 0
 
+    # ORT's output buffers page-locked for a call (Driver.register): the "device" address is the host's
+    register_rc, unregister_rc = 0, 0
 
-def reader(**kw):
+    def cuMemHostRegister_v2(self, p, n, flags):
+        self.registered = getattr(self, "registered", []) + [(int(ffi.cast("uintptr_t", p)), n, flags)]
+        return self.register_rc
+
+    def cuMemHostUnregister(self, p):
+        self.unregistered = getattr(self, "unregistered", []) + [int(ffi.cast("uintptr_t", p))]
+        return self.unregister_rc
+
+
+def fake_copier(r, target):
+    """``cuda_kernels.copy_to_address`` on the host: ``r``'s row-major bytes to the address ``target`` holds."""
+    addr, n = np.array(target).tolist()
+    src = np.ascontiguousarray(np.asarray(r.view(mx.uint8)))      # (bytes: NumPy has no bfloat16)
+    assert src.nbytes == n
+    ctypes.memmove(addr, src.ctypes.data, n)
+    return mx.array([1], dtype=mx.uint8)
+
+
+def reader(copier=None, **kw):
     d = FakeDriver(**kw)
-    return devread.DriverReader(Driver(d, ffi)), d
+    return devread.DriverReader(Driver(d, ffi), copier), d
 
 
 def test_numpy_reader_off_the_gpu():
@@ -293,3 +313,116 @@ def test_numpy_reader_never_copies_object_pointers():
     with pytest.raises(ValueError):
         devread.NUMPY.copy_to_address(ffi.cast("void*", raw.ctypes.data), src, ffi)
     assert not raw.any()
+
+
+# ----------------------------------------------------------------------------------------- direct writes
+@pytest.fixture
+def small_direct(monkeypatch):
+    """Direct writes from 64 bytes up (the real threshold is megabytes)."""
+    from ortmlx.kernels import cuda_kernels
+    monkeypatch.setattr(cuda_kernels, "DIRECT_MIN", 64)
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16, mx.int64, mx.uint8])
+def test_direct_write_registers_the_buffer_for_the_copy_only(small_direct, dtype):
+    r, d = reader(fake_copier)
+    a = ((mx.arange(9 * 11) % 13) - 6).reshape(9, 11).astype(dtype)      # >= 64 bytes in every type
+    raw = np.full(a.nbytes + 8, 0xAB, np.uint8)
+    addr = raw.ctypes.data + 4
+    assert r.direct(a.nbytes) and r.write_result(addr, a)
+    assert raw[4:4 + a.nbytes].tobytes() == bytes(memoryview(np.asarray(a.view(mx.uint8)))), "wrong bytes"
+    assert (raw[:4] == 0xAB).all() and (raw[4 + a.nbytes:] == 0xAB).all()
+    from ortmlx.kernels import cuda_driver
+    assert d.registered == [(addr, a.nbytes, cuda_driver.MEMHOSTALLOC_PORTABLE | cuda_driver.MEMHOSTALLOC_DEVICEMAP)]
+    assert d.unregistered == [addr] and r.direct_writes == 1 and d.copies == []
+
+
+def test_direct_write_only_for_large_results(small_direct):
+    r, d = reader(fake_copier)
+    small = mx.arange(8, dtype=mx.float32)               # 32 bytes: under the threshold
+    out = np.zeros(8, np.float32)
+    assert not r.direct(small.nbytes) and not r.write_result(out.ctypes.data, small)
+    assert not getattr(d, "registered", []) and not out.any()
+    assert not devread.NUMPY.direct(1 << 30) and not devread.NUMPY.write_result(out.ctypes.data, small)
+
+
+def test_direct_write_into_memory_locked_already_leaves_it_locked(small_direct):
+    r, d = reader(fake_copier)
+    d.register_rc = 712                                  # CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
+    a = mx.arange(32, dtype=mx.int32)
+    out = np.zeros(32, np.int32)
+    assert r.write_result(out.ctypes.data, a) and out.tolist() == list(range(32))
+    assert not getattr(d, "unregistered", [])
+
+
+def test_direct_write_failures_fall_back_then_stop(small_direct):
+    a = mx.arange(32, dtype=mx.int32)
+    out = np.zeros(32, np.int32)
+    r, d = reader(fake_copier)
+    d.register_rc = 2                                    # CUDA_ERROR_OUT_OF_MEMORY: nothing registered
+    for _ in range(4):
+        assert not r.write_result(out.ctypes.data, a)
+    assert len(d.registered) == 3 and not r.direct(a.nbytes) and not out.any()
+
+    def broken(r, target):
+        raise RuntimeError("kernel failed")
+    r, d = reader(broken)
+    assert not r.write_result(out.ctypes.data, a)
+    assert d.unregistered == [out.ctypes.data] and r.direct_failed == 1     # unlocked again all the same
+    r, d = reader(fake_copier)
+    d.unregister_rc = 1
+    assert r.write_result(out.ctypes.data, a)            # the bytes are there; the pages stay locked
+    assert out.tolist() == list(range(32)) and not r.direct(a.nbytes)      # so no more are locked
+
+
+@pytest.fixture
+def direct_reader(monkeypatch, small_direct):
+    """Sessions created under this fixture write every large result through the direct path (stand-in driver)."""
+    made = []
+
+    def fake(device, enabled=True):
+        r, d = reader(fake_copier)
+        made.append(r)
+        return r
+    monkeypatch.setattr(devread, "reader", fake)
+    return made
+
+
+@pytest.mark.parametrize("options", [None, {"no_compile": "1"}, {"tuning": "direct_out=0"}],
+                         ids=["compiled", "eager", "off"])
+def test_session_answers_through_direct_writes(direct_reader, options):
+    """Logits-like outputs of a KV decode (every call checked against the CPU EP) written by the direct path;
+    the tuning knob turns it off."""
+    from test_kv_batch import Buffers, two_layer_model
+
+    from ortmlx.testing import session
+    m = two_layer_model()
+    mlx, cpu = session(m, options=options), session(m, "CPUExecutionProvider", record=False)
+    a = Buffers(mlx, cpu, 4)
+    for pos in (3, 4, 5, 2, 3):
+        a.step(pos, f"pos {pos}")
+    writes = sum(r.direct_writes for r in direct_reader)
+    assert (writes == 0) if options and "tuning" in options else (writes > 0)
+
+
+def test_replayed_calls_write_large_results_directly(direct_reader):
+    """A general group's steady calls (replays, ``Group._write_replayed``) and its first ones (``write_outputs``)
+    write their result through the direct path; every answer is the CPU EP's."""
+    import ortmlx.compiled as C
+    from test_replay import mlp, replays_counted
+
+    from ortmlx.testing import assert_close, session
+    m = mlp()
+    with C.capture() as rs:
+        s = session(m)
+    (runner,) = rs
+    cpu = session(m, "CPUExecutionProvider", record=False)
+    seen = replays_counted(runner)
+    rng = np.random.default_rng(5)
+    per_call = []
+    for n in [4] * 5 + [1] + [6] * 3:                   # batch 1's 32-byte result is under the threshold
+        f = {"x": rng.standard_normal((n, 16)).astype(np.float32)}
+        assert_close(s.run(None, f)[0], cpu.run(None, f)[0], what=f"batch {n}")
+        per_call.append(sum(r.direct_writes for r in direct_reader))
+    assert any(seen), "no replay ran"
+    assert np.diff([0] + per_call).tolist() == [1, 1, 1, 1, 1, 0, 1, 1, 1], per_call

@@ -62,8 +62,9 @@ def compile_closure(c, n_group_inputs: int, out_types: list, config: CompiledCon
             if to_host and c.sink is not None:
                 raise Untraceable("a closure whose kernels write host memory is traced once")
             # outputs read on the host (the logits) go to host memory too, ahead of the hints' bytes
-            host_outs = _host_outputs(outs, hints, [inputs[i] for i in dev_idx]) if to_host and \
-                not shapeless else []
+            host_outs = _host_outputs(outs, hints, [inputs[i] for i in dev_idx],
+                                      cuda_kernels.DIRECT_MIN if program.direct_out else None) \
+                if to_host and not shapeless else []
             layout, hint_at = [], 0
             for j in host_outs:
                 layout.append((j, hint_at, tuple(outs[j].shape), outs[j].dtype))
@@ -156,17 +157,18 @@ _HOST_OUT_TYPES = frozenset((mx.float32, mx.float16, mx.int32, mx.int64, mx.int8
 HOST_OUT_MAX = 64 << 20
 
 
-def _host_outputs(outs: list, hints: list, traced: list) -> list[int]:
+def _host_outputs(outs: list, hints: list, traced: list, direct: int | None = None) -> list[int]:
     """The outputs a closure's kernels write to host memory: not a present a row hint names nor shaped
     like a traced input (a buffer that may be written in place and kept as a device mirror), of a type
     NumPy holds, more than one element (the kernel's one-byte output stands for them), within
-    ``HOST_OUT_MAX`` together."""
+    ``HOST_OUT_MAX`` together, each under ``direct`` bytes when given (larger ones the runtime writes
+    straight into ORT's buffer: ``runtime/devread.py``)."""
     named = {id(h[0]) for h in hints}
     inputs = {(tuple(a.shape), a.dtype) for a in traced if isinstance(a, mx.array)}
     picked, total = [], 0
     for j, o in enumerate(outs):
         if id(o) in named or (tuple(o.shape), o.dtype) in inputs or o.dtype not in _HOST_OUT_TYPES or \
-                o.size < 2 or total + o.nbytes > HOST_OUT_MAX:
+                o.size < 2 or total + o.nbytes > HOST_OUT_MAX or (direct is not None and o.nbytes >= direct):
             continue
         picked.append(j)
         total += o.nbytes

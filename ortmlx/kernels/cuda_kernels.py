@@ -594,23 +594,32 @@ def decode_rope_attention(q, k, v, cos, sin, past_k, past_v, past_len, total_len
     return tuple(outs)
 
 
-def _gather_source(sizes: list[int], offsets: list[int], to_host: bool = False) -> str:
-    cases = "\n".join(f"        case {i}: src = reinterpret_cast<const uint8_t*>(in{i}); nbytes = {n}; "
-                      f"off = {o}; break;" for i, (n, o) in enumerate(zip(sizes, offsets)))
+def _gather_source(parts: int, to_host: bool = False) -> str:
+    """Block ``i`` copies input ``in{i}``: its byte count and offset come as data (``table``: int64 pairs), so
+    one kernel per number of parts serves every size (a prompt bucket's rows build no kernel of their own)."""
+    cases = "\n".join(f"        case {i}: src = reinterpret_cast<const uint8_t*>(in{i}); break;" for i in range(parts))
     # to host memory: the address comes as data (``sink[0]``), ``out`` is one byte the host never reads
     dst = ("    uint8_t* dst = reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(sink[0]));\n"
            "    if (blockIdx.x == 0 && threadIdx.x == 0) out[0] = 1;\n") if to_host else "    uint8_t* dst = out;\n"
-    return ("    const uint8_t* src = nullptr;\n    size_t nbytes = 0, off = 0;\n"
-            f"    switch (blockIdx.x) {{\n{cases}\n        default: return;\n    }}\n{dst}"
+    return ("    const uint8_t* src = nullptr;\n"
+            f"    switch (blockIdx.x) {{\n{cases}\n        default: return;\n    }}\n"
+            "    const size_t nbytes = static_cast<size_t>(table[2 * blockIdx.x]);\n"
+            "    const size_t off = static_cast<size_t>(table[2 * blockIdx.x + 1]);\n"
+            f"{dst}"
             "    for (size_t j = threadIdx.x; j < nbytes; j += blockDim.x) dst[off + j] = src[j];\n")
 
 
 @functools.lru_cache(maxsize=64)
-def _gather_kernel(sizes: tuple[int, ...], to_host: bool = False):
-    offsets = list(np.cumsum((0,) + sizes[:-1]).tolist())
-    src = _gather_source(list(sizes), offsets, to_host)
-    names = [f"in{i}" for i in range(len(sizes))] + (["sink"] if to_host else [])
-    return _kernel("ortmlx_gather_host" if to_host else "ortmlx_gather_bytes", names, ["out"], src)
+def _gather_kernel(parts: int, to_host: bool = False):
+    names = [f"in{i}" for i in range(parts)] + ["table"] + (["sink"] if to_host else [])
+    return _kernel("ortmlx_gather_host" if to_host else "ortmlx_gather_bytes", names, ["out"],
+                   _gather_source(parts, to_host))
+
+
+def _gather_table(sizes: tuple[int, ...]) -> mx.array:
+    """The (bytes, offset) pairs of ``gather_bytes``'s parts, flat int64."""
+    offsets = np.cumsum((0,) + sizes[:-1])
+    return mx.array(np.stack([np.array(sizes, np.int64), offsets.astype(np.int64)], axis=1).reshape(-1))
 
 
 #: most arrays one ``gather_bytes`` kernel takes (a kernel's parameters are limited to 32 KB)
@@ -631,12 +640,13 @@ def gather_bytes(arrays: list, size: int | None = None, to_host=None) -> mx.arra
         raise ValueError("gather_bytes: an empty array")
     if to_host is not None:
         _check_address(to_host, "gather_bytes")
-        (out,) = _gather_kernel(sizes, True)(inputs=list(arrays) + [to_host], grid=(len(arrays) * 128, 1, 1),
-                                             threadgroup=(128, 1, 1), output_shapes=[(1,)], output_dtypes=[mx.uint8])
+        (out,) = _gather_kernel(len(sizes), True)(inputs=list(arrays) + [_gather_table(sizes), to_host],
+                                                  grid=(len(arrays) * 128, 1, 1), threadgroup=(128, 1, 1),
+                                                  output_shapes=[(1,)], output_dtypes=[mx.uint8])
         return out
     n = sum(sizes) if size is None else max(int(size), sum(sizes))
-    (out,) = _gather_kernel(sizes)(inputs=list(arrays), grid=(len(arrays) * 128, 1, 1), threadgroup=(128, 1, 1),
-                                   output_shapes=[(n,)], output_dtypes=[mx.uint8])
+    (out,) = _gather_kernel(len(sizes))(inputs=list(arrays) + [_gather_table(sizes)], grid=(len(arrays) * 128, 1, 1),
+                                        threadgroup=(128, 1, 1), output_shapes=[(n,)], output_dtypes=[mx.uint8])
     return out
 
 
@@ -667,6 +677,36 @@ COPY_THREADS, COPY_BLOCKS = 256, 264
 @functools.lru_cache(maxsize=64)
 def _copy_host_kernel(nbytes: int):
     return _kernel("ortmlx_copy_host", ["src", "sink"], ["done"], _COPY_HOST.replace("NBYTES", f"{nbytes}ull"))
+
+
+#: results at least this large are written by ``copy_to_address`` straight into ORT's output buffer
+#: (``runtime/devread.py``); a closure's smaller host outputs go through its page-locked buffer
+#: (``compiled/trace.py``). Measured: docs/performance.md, "direct_out"
+DIRECT_MIN = 8 << 20
+
+
+#: ``copy_to_address``'s source: the byte count read from the target array, so one kernel serves every size
+_COPY_ANY = _COPY_HOST.replace("NBYTES", "static_cast<size_t>(sink[1])")
+
+
+@functools.lru_cache(maxsize=1)
+def _copy_any_kernel():
+    return _kernel("ortmlx_copy_any", ["src", "sink"], ["done"], _COPY_ANY)
+
+
+def copy_to_address(a: mx.array, target: mx.array) -> mx.array:
+    """``copy_to_host`` for any size, one kernel for all: ``target`` is [device address, byte count] (uint64),
+    the count ``a.nbytes``. Returns the one byte that orders the work."""
+    if target.dtype != mx.uint64 or target.shape != (2,):
+        raise ValueError(f"copy_to_address: target must be [address, bytes] as uint64, got {target.dtype} "
+                         f"of shape {target.shape}")
+    n = int(a.nbytes)
+    if n == 0:
+        raise ValueError("copy_to_address: an empty array")
+    blocks = max(1, min(COPY_BLOCKS, -(-n // (16 * COPY_THREADS))))
+    (out,) = _copy_any_kernel()(inputs=[a, target], grid=(blocks * COPY_THREADS, 1, 1),
+                                threadgroup=(COPY_THREADS, 1, 1), output_shapes=[(1,)], output_dtypes=[mx.uint8])
+    return out
 
 
 def copy_to_host(a: mx.array, to_host: mx.array) -> mx.array:

@@ -124,6 +124,8 @@ class Program:
         self.cuda_kernels = cfg.cuda_kernels
         #: a compiled decode's row hints written by their kernel into page-locked host memory (compiled/core.py)
         self.pinned_hints = cfg.pinned_hints
+        #: results of ``cuda_kernels.DIRECT_MIN`` bytes or more go to ORT's buffers from the runtime (devread.py)
+        self.direct_out = cfg.direct_out
         self.inputs = list(graph.inputs)
         self.outputs = list(graph.outputs)
         self.types = {n: v.dtype for n, v in graph.values.items()}

@@ -89,6 +89,9 @@ class BuildConfig:
     gated_rows: bool = True
     #: a compiled decode's row hints written by their kernel into page-locked host memory (compiled/core.py)
     pinned_hints: bool = False
+    #: results of ``cuda_kernels.DIRECT_MIN`` bytes or more written into ORT's buffers by the runtime, not through
+    #: a closure's page-locked buffer (``runtime/devread.py``)
+    direct_out: bool = False
     #: a half-precision prompt's attention through MLX's fused kernel (``BuildContext.fused_attention``)
     fused_attention: bool = False
     #: half-precision MatMulNBits products (``BuildContext.half_nbits``)
@@ -118,6 +121,7 @@ class BuildConfig:
                    fuse_rows=pick("fuse_rows", None if t.fuse_rows else False, kernels),
                    gated_rows=pick("gated_rows", t.gated_rows, True),
                    pinned_hints=bool(overrides.get("pinned_hints", t.pinned_hints)) and kernels,
+                   direct_out=bool(overrides.get("direct_out", t.direct_out)) and kernels,
                    fused_attention=pick("fused_attention", t.fused_attention, gpu),
                    half_nbits=pick("half_nbits", t.half_nbits, False))
 

@@ -8,6 +8,11 @@ CUDA driver, ``driver_read=0``) a read is a plain numpy copy.
 
 Every read goes through ``Reader.copyto`` / ``Reader.read``; a source is the host view of an
 evaluated MLX array (``dtypes.to_numpy``), which MLX returns only once the array is computed.
+
+Large results skip the host view: ``write_result`` page-locks ORT's output buffer for the call, maps it
+into the device and has one kernel write the result's bytes there (``cuda_kernels.copy_to_address``). A
+host view of a device buffer first makes MLX copy it into managed memory, whose pages then migrate as
+they are read: a prompt's logits (1.2 GB at 4,096 tokens) cost most of the prompt that way.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ import threading
 import mlx.core as mx
 import numpy as np
 
+from ..kernels import cuda_kernels
 from ..kernels.cuda_driver import Driver, DriverError
 from ..kernels.cuda_driver import driver as _open_driver
 
@@ -42,16 +48,29 @@ class Reader:
         """A private host copy of ``src``."""
         return np.array(src, copy=True)
 
+    def direct(self, nbytes: int) -> bool:
+        """Whether ``write_result`` takes a result of ``nbytes`` (else the caller reads it to the host)."""
+        return False
+
+    def write_result(self, addr: int, r: mx.array) -> bool:
+        """Write MLX result ``r`` (row-major bytes, ``r.nbytes`` of them) into host memory at ``addr``;
+        False when it could not (nothing written that the caller may rely on: it copies as usual)."""
+        return False
+
 
 class DriverReader(Reader):
     """Reads through ``cuMemcpy`` (contiguous sources; anything else falls back to numpy)."""
 
     driver = True
 
-    def __init__(self, drv: Driver):
+    def __init__(self, drv: Driver, copier=None):
         self._drv = drv
         self.copies = 0
         self.failed = 0         # driver errors seen: after 3, every read is numpy's
+        #: (result, [device address, bytes] uint64) -> the one byte ordering the copy's kernel (tests: a stand-in)
+        self._copier = copier
+        self.direct_writes = 0
+        self.direct_failed = 0  # after 3, no direct write is tried
 
     def _copy(self, dst_addr: int, src: np.ndarray) -> bool:
         """cuMemcpy; False (nothing to rely on: the caller copies with numpy) if the driver refused."""
@@ -74,6 +93,37 @@ class DriverReader(Reader):
     def copy_to_address(self, ptr, src: np.ndarray, ffi) -> None:
         if not (self._plain(src) and self._copy(int(ffi.cast("uintptr_t", ptr)), src)):
             super().copy_to_address(ptr, src, ffi)
+
+    def direct(self, nbytes: int) -> bool:
+        return nbytes >= cuda_kernels.DIRECT_MIN and self.direct_failed < 3 and \
+            (self._copier is not None or cuda_kernels.usable())
+
+    def write_result(self, addr: int, r: mx.array) -> bool:
+        n = int(r.nbytes)
+        return bool(n) and self.direct(n) and self._write(addr, r, n)
+
+    def _write(self, addr: int, r: mx.array, n: int) -> bool:
+        copy = self._copier or cuda_kernels.copy_to_address
+        try:
+            dev, own = self._drv.register(addr, n)
+        except DriverError:
+            self.direct_failed += 1
+            return False
+        ok = False
+        try:
+            mx.eval(copy(r, mx.array([dev, n], dtype=mx.uint64)))    # returns once the kernel has finished
+            ok = True
+        except Exception:  # noqa: BLE001 - any failure: the caller copies through the host as usual
+            self.direct_failed += 1
+        finally:
+            if own:
+                try:
+                    self._drv.unregister(addr)
+                except DriverError:
+                    self.direct_failed = 3      # pages left locked: try no more
+        if ok:
+            self.direct_writes += 1
+        return ok
 
     def read(self, src: np.ndarray) -> np.ndarray:
         if not self._plain(src):
@@ -103,6 +153,11 @@ def _probe_driver():
         want = np.arange(4099, dtype=np.int32) * 3 + 1
         if not (np.array_equal(got, want) and np.array_equal(dst, want)):
             return None
+        if cuda_kernels.usable():           # the direct write, checked the same way (else never tried)
+            out = np.zeros(4099 + 3, np.int32)[1:-2]       # (an address 4 bytes into a page-locked range)
+            b = a * 2
+            if not (r._write(out.ctypes.data, b, b.nbytes) and np.array_equal(out, want * 2)):
+                r.direct_failed = 3
         return r
     except Exception:
         return None

@@ -110,6 +110,8 @@ class Group:
         self._whole_bytes = WHOLE_COPY_BYTES[device == "gpu"]
         #: how results are read to the host (devread.py: the CUDA driver's copy on MLX's CUDA backend)
         self.read = devread.reader(device, t.driver_read)
+        #: large results written by a kernel straight into ORT's buffer (``devread.DriverReader.write_result``)
+        self._direct = t.direct_out and self.read.driver
         #: how in-place (mirrored) outputs were written back, per buffer write (the verbose summary shows it):
         #: row hints in one batch (kvbatch.py) / row hints one by one / diffed on the device / whole
         self.kv_copy_out = {"batched": 0, "row_hints": 0, "diffed": 0, "whole": 0}
@@ -200,7 +202,10 @@ class Group:
         input's buffer (a shared buffer) ends replays for this group: later calls keep mirrors (``write_outputs``)."""
         ptrs = sink.allocate(list(map(_SHAPE, results))).tolist()
         moved = 0
-        for p, r, t in zip(ptrs, results, self.out_types):
+        for j, (p, r, t) in enumerate(zip(ptrs, results, self.out_types)):
+            if self._direct_one(r, j) and self.read.write_result(p, r):
+                moved += r.nbytes
+                continue
             moved += self._copy(self.ffi.cast("void*", p), dt.to_numpy(r), t)
         ins = g.addr.tolist()
         if any(p in ins for p in ptrs):
@@ -240,7 +245,7 @@ class Group:
                 inplace = host is None
             else:
                 inplace = bool(addrs) and isinstance(r, mx.array) and mirrorable(r)
-                host = None if inplace else dt.host(r)
+                host = None if inplace else r if self._direct_one(r, j) else dt.host(r)
             shape = tuple(r.shape) if inplace else host.shape
             if ptrs is not None:
                 ptr = ffi.cast("void*", int(ptrs[j]))
@@ -270,7 +275,12 @@ class Group:
                         self.mirrors.store(i, addr, dst, r, None)
                         self.kv_copy_out["whole"] += 1
                     continue
-                host = dt.to_numpy(r)
+                host = r if self._direct_one(r, j) else dt.to_numpy(r)      # (not ORT's buffer of an input)
+            if isinstance(host, mx.array):      # (``_direct_one``) a kernel writes it into ORT's buffer
+                if j not in hinted and self.read.write_result(int(ffi.cast("uintptr_t", ptr)), host):
+                    moved += host.nbytes
+                    continue
+                host = dt.to_numpy(host)
             moved += self._copy(ptr, host, self.out_types[j], isinstance(r, mx.array))
             if j in hinted:
                 # a hinted present computed in place (rows after the new ones are the past's) going to its
@@ -298,14 +308,21 @@ class Group:
             host_idx = [j for j, r in enumerate(results) if not (inplace and mirrorable(r))]
         hosts = dict.fromkeys(range(n))
         for j in host_idx:
-            hosts[j] = h = dt.host(results[j])
-            if h.shape != shapes[j]:
-                shapes[j] = h.shape
+            r = results[j]
+            hosts[j] = h = r if self._direct_one(r, j) else dt.host(r)
+            if tuple(h.shape) != shapes[j]:
+                shapes[j] = tuple(h.shape)
         self._tls.out_memo = (src, inplace, shapes, host_idx)
         ptrs = sink.allocate(shapes)
         if probe is not None:
             probe.fault_point("copy_out")       # testing: fail with the outputs already allocated
         return ptrs, hosts, shapes
+
+    def _direct_one(self, r, j: int) -> bool:
+        """Whether result ``j`` may go to ORT's buffer by ``devread``'s direct write: a large MLX result of the
+        output's own element type (its bytes are ORT's)."""
+        return self._direct and isinstance(r, mx.array) and self.read.direct(r.nbytes) and \
+            dt.FROM_MLX.get(r.dtype) == self.out_types[j] and self.out_types[j] not in dt.CARRIERS
 
     def _write_batch(self, meta, flat, starts, ptrs, results, g: Gathered, used, prev, shapes):
         """The batched copy-out of every hinted row (kvbatch.py), or None (nothing written)."""

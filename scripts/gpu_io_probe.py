@@ -2,9 +2,17 @@
 fresh device results (medians of 200). On a GPU, MLX's memory is read through page migration.
 
     python scripts/gpu_io_probe.py          # on a machine where MLX's default device is the GPU
+    python scripts/gpu_io_probe.py --large 39,155,622   # reads of prompt-sized logits (MB), each way there is
+
+``--large``: a fresh result of that many MB (one kernel) read into a fresh host buffer, as ORT hands an EP a
+new output buffer for each prompt, by each route: ``np.asarray`` and the driver's copy (what a read over
+``HOST_OUT_MAX`` does), a kernel writing page-locked memory then a host copy (what a smaller one does; one
+thread and several), and a kernel writing the destination itself once it is registered (``cuMemHostRegister``);
+also what first-touching the fresh pages costs alone. Medians of 7, ms and GB/s.
 """
 from __future__ import annotations
 
+import statistics
 import time
 
 import mlx.core as mx
@@ -39,10 +47,10 @@ def staged(drv, arrays) -> None:
     moves a device-memory buffer to managed memory here), and ``cuMemcpy`` into pageable memory vs into
     page-locked memory (``cuMemAllocHost``) followed by a host copy to the pageable destination."""
     import ctypes
-    ffi, lib = drv._ffi, drv._lib
-    ffi.cdef("int cuMemAllocHost_v2(void** pp, size_t n); int cuMemFreeHost(void* p);", override=True)
+    ffi, lib = drv.ffi, drv.lib
+    ffi.cdef("int cuMemAllocHost_v2(void** pp, size_t n);", override=True)
     pp = ffi.new("void**")
-    drv._current()
+    drv.current()
     if lib.cuMemAllocHost_v2(pp, 1 << 20) != 0:
         print("cuMemAllocHost failed: no page-locked staging measured")
         return
@@ -79,7 +87,93 @@ def staged(drv, arrays) -> None:
     lib.cuMemFreeHost(pp[0])
 
 
+def large_reads(drv, sizes_mb: list[float], reps: int = 7) -> None:
+    """Reads of large fresh results into fresh host buffers, route by route (see the module's docstring)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ortmlx.kernels import cuda_driver, cuda_kernels
+    ffi, lib = drv.ffi, drv.lib
+    ffi.cdef("int cuMemHostRegister_v2(void* p, size_t n, unsigned int flags); int cuMemHostUnregister(void* p);",
+             override=True)
+    pool = ThreadPoolExecutor(8)
+
+    def par_copy(dst, src, k=8):
+        step = -(-dst.size // k)
+        list(pool.map(lambda i: np.copyto(dst[i:i + step], src[i:i + step]), range(0, dst.size, step)))
+
+    for mb in sizes_mb:
+        n = int(mb * (1 << 20)) // 16 * 16
+        a = mx.zeros((n // 2,), mx.float16) + 1
+        mx.eval(a)
+        sink = cuda_driver.HostBuffer(drv, n)
+        addr = mx.array([sink.device_address], dtype=mx.uint64)
+        ts: dict = {}
+
+        def timed(name, f):
+            t = time.perf_counter()
+            r = f()
+            ts.setdefault(name, []).append(time.perf_counter() - t)
+            return r
+
+        for _ in range(reps):
+            b = a + 0
+            timed("kernel+eval", lambda: mx.eval(b))
+            dst = np.empty(n, np.uint8)
+            timed("first touch of a fresh buffer (memset)", lambda: dst.fill(0))
+            dst = None
+            # today above HOST_OUT_MAX: np.asarray (MLX moves the buffer to managed memory) + the driver's copy
+            b = a + 0
+            mx.eval(b)
+            dst = np.empty(n, np.uint8)
+            src = timed("asarray", lambda: np.asarray(b).view(np.uint8).reshape(-1))
+            timed("driver copy managed->fresh", lambda: drv.memcpy(dst.ctypes.data, src.ctypes.data, n))
+            dst = src = b = None
+            # today up to HOST_OUT_MAX: a kernel writes page-locked memory, Compute copies it out
+            b = a + 0
+            timed("kernel+copy kernel->pinned", lambda: mx.eval(cuda_kernels.copy_to_host(b, addr)))
+            dst = np.empty(n, np.uint8)
+            timed("pinned->fresh, 1 thread", lambda: np.copyto(dst, sink.array))
+            dst = np.empty(n, np.uint8)
+            timed("pinned->fresh, 8 threads", lambda: par_copy(dst, sink.array))
+            timed("pinned->warm, 8 threads", lambda: par_copy(dst, sink.array))
+            # a kernel writing the destination itself
+            for label, dst in (("fresh", np.empty(n, np.uint8)), ("warm", dst)):
+                p = ffi.cast("void*", dst.ctypes.data)
+                b = a + 0
+                mx.eval(b)
+                rc = timed(f"register {label}", lambda: lib.cuMemHostRegister_v2(p, n, 0x02))
+                if rc != 0:
+                    ts.setdefault(f"register {label} failed: CUresult {rc}", [0.0])
+                    continue
+                d = ffi.new("unsigned long long*")
+                lib.cuMemHostGetDevicePointer_v2(d, p, 0)
+                to = mx.array([int(d[0])], dtype=mx.uint64)
+                timed(f"copy kernel->{label} registered", lambda: mx.eval(cuda_kernels.copy_to_host(b, to)))
+                timed(f"unregister {label}", lambda: lib.cuMemHostUnregister(p))
+                ok = bool(np.all(dst.view(np.float16)[:: max(1, n // 2 // 4096)] == 1))
+                ts.setdefault(f"{label} registered copy correct: {ok}", [0.0])
+            dst = None
+        sink.free()
+        print(f"read of a fresh {mb:g} MB result ({n} bytes), medians of {reps}:")
+        for k, v in ts.items():
+            ms = 1e3 * statistics.median(v)
+            print(f"  {k:<42} {ms:9.2f} ms" + (f"  {n / ms / 1e6:7.2f} GB/s" if ms > 0 else ""))
+    pool.shutdown()
+
+
 def main() -> None:
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--large", default="", help="comma list of MB: only the large reads")
+    args = ap.parse_args()
+    if args.large:
+        from ortmlx.kernels import cuda_driver
+        drv = cuda_driver.driver()
+        if drv is None:
+            print("no CUDA driver (MLX's CPU or Metal backend): nothing to measure")
+            return
+        large_reads(drv, [float(x) for x in args.large.split(",")])
+        return
     small = np.array([[5]], np.int32)
     x24, x300, x324 = (mx.zeros((k * 1024,), mx.uint8) + 1 for k in (24, 300, 324))
     mx.eval(x24, x300, x324)

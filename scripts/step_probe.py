@@ -1,6 +1,7 @@
 """Where a steady genai decode token goes, stage by stage, without a profiler's overhead.
 
     python scripts/step_probe.py MODEL_DIR [--tokens 96] [--option key=value ...] [--env K=V ...]
+    python scripts/step_probe.py MODEL_DIR --prompt 128,2048 --max-length 4104 --tokens 5   # prompts
 
 Wraps the EP's per-call stages with ``perf_counter`` timers (a few hundred ns each) and runs a
 greedy genai generation on the MLX EP: per decode token (median of the second half), the time in
@@ -65,12 +66,18 @@ STAGES = [
     ("ortmlx.compiled.core", "CompiledSubgraph", "_upload_hoisted", "run.apply.hoisted_upload"),
     ("ortmlx.compiled.core", "CompiledSubgraph", "_call_ahead", "run.apply.ahead"),     # (the next call's, made now)
     ("ortmlx.kernels.cuda_driver", "Driver", "synchronize", "run.apply.spin"),      # (GPU: the polled wait)
+    # a prompt's call (--prompt): padding to its bucket, uploads, a first call's trace, eager and verification
+    ("ortmlx.compiled.attention", "BucketedPrefill", "_prepare", "run.prepare"),
+    ("ortmlx.compiled.core", "CompiledSubgraph", "_upload", "run.apply.upload"),
+    ("ortmlx.compiled.core", "CompiledSubgraph", "_first", "run.first"),
+    ("ortmlx.compiled.core", "CompiledSubgraph", "_eager_env", "run.eager"),
+    ("ortmlx.compiled.core", "CompiledSubgraph", "_verify", "run.verify"),
 ]
 #: modules that import the module functions above by name (their references are wrapped too)
 IMPORTERS = ("ortmlx.runtime.group", "ortmlx.ep.compute")
 
 
-def child(model_dir: str, opts: dict, tokens: int) -> dict:
+def child(model_dir: str, opts: dict, tokens: int, prompts: list[int] | None = None, max_length: int = 0) -> dict:
     import importlib
 
     tree = os.environ.get("ORTMLX_PROBE_TREE")
@@ -134,6 +141,8 @@ def child(model_dir: str, opts: dict, tokens: int) -> dict:
         core.CompiledSubgraph._compile = compile_timed
 
     model, _ = mg.load_model(model_dir, "mlx", opts)
+    if prompts:
+        return {"prompts": prompt_calls(model, acc, prompts, max_length or max(prompts) + tokens, tokens)}
     ids = np.arange(100, 107, dtype=np.int32)
     rows = []
     for rnd in range(2):
@@ -152,6 +161,33 @@ def child(model_dir: str, opts: dict, tokens: int) -> dict:
     return {"tokens": len(rows), "ms": med}
 
 
+def prompt_calls(model, acc: dict, prompts: list[int], max_length: int, calls: int) -> dict:
+    """Prompts' calls (``append_tokens``) stage by stage, per length: the first one, then the median of ``calls``
+    warm ones, each with a fresh generator (each is a first prompt, as a new request's is)."""
+    import numpy as np
+    import onnxruntime_genai as og
+
+    from ortmlx import genai as mg
+
+    rng = np.random.default_rng(0)
+    res = {}
+    for prompt in prompts:
+        rows = []
+        for k in range(calls + 2):
+            ids = rng.integers(100, 480, prompt).astype(np.int32)
+            g = og.Generator(model, mg.search_options(model, max_length, max_length))
+            acc.clear()
+            t = time.perf_counter()
+            g.append_tokens(ids)
+            rows.append(dict(acc, token=time.perf_counter() - t))
+            del g
+        first, warm = rows[0], rows[2:]
+        med = {k: 1e3 * statistics.median(r.get(k, 0.0) for r in warm) for k in warm[0]}
+        med["outside_compute"] = 1e3 * statistics.median(r["token"] - r.get("compute", 0.0) for r in warm)
+        res[prompt] = {"tokens": len(warm), "ms": med, "first_ms": {k: 1e3 * v for k, v in first.items()}}
+    return res
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model_dir")
@@ -160,11 +196,16 @@ def main(argv=None) -> int:
     ap.add_argument("--env", action="append", default=[], help="comma list of K=V environment settings (a run each)")
     ap.add_argument("--tree", action="append", default=[], help="another checkout to run in alternating processes")
     ap.add_argument("--rounds", type=int, default=1, help="runs of every configuration, in turn")
+    ap.add_argument("--prompt", default="",
+                    help="comma list of prompt lengths: time prompts instead (--tokens warm ones each, each a new "
+                         "generator, after a first one)")
+    ap.add_argument("--max-length", type=int, default=0, help="the generators' max_length with --prompt")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     opts = dict(o.split("=", 1) for o in args.option)
     if args.child is not None:
-        print(json.dumps(child(args.model_dir, opts, args.tokens)))
+        prompts = [int(x) for x in args.prompt.split(",") if x]
+        print(json.dumps(child(args.model_dir, opts, args.tokens, prompts, args.max_length)))
         return 0
     configs = [(spec, tree) for tree in [None] + [os.path.abspath(t) for t in args.tree] for spec in args.env or [""]]
     seen: dict = collections.defaultdict(list)
@@ -176,23 +217,24 @@ def main(argv=None) -> int:
                 env["ORTMLX_PROBE_TREE"] = tree
             label = f"{spec or 'default'}{f' @ {tree}' if tree else ''}"
             r = subprocess.run([sys.executable, os.path.abspath(__file__), args.model_dir, "--tokens",
-                                str(args.tokens), "--child", "1"] + [f"--option={o}" for o in args.option],
+                                str(args.tokens), "--prompt", args.prompt, "--max-length", str(args.max_length),
+                                "--child", "1"] + [f"--option={o}" for o in args.option],
                                capture_output=True, text=True, env=env, cwd=tree or None)
             if r.returncode != 0:
                 print(f"[{label}] failed rc={r.returncode}: {r.stderr[-1500:]}")
                 continue
             res = json.loads(r.stdout.strip().splitlines()[-1])
+            if "prompts" in res:
+                for p, pr in res["prompts"].items():
+                    ml = args.max_length or max(map(int, res["prompts"])) + args.tokens
+                    show(f"[{label}] {os.path.basename(args.model_dir.rstrip('/'))}, options {opts}, a {p}-token "
+                         f"prompt (max_length {ml}): median of {pr['tokens']} warm calls [the first call]", pr)
+                continue
             ms = res["ms"]
             own = ep_python(ms)
             seen[label].append((ms["token"], own))
-            print(f"[{label}] {os.path.basename(args.model_dir.rstrip('/'))}, options {opts}, "
-                  f"median of {res['tokens']} steady tokens, ms:")
-            for k in ["token", "outside_compute"] + list(dict.fromkeys(s[3] for s in STAGES)) + ["run.apply.closure_call",
-                                                                             "run.apply.eval"]:
-                if k in ms:
-                    print(f"  {k:<28} {ms[k]:8.3f}")
-            print(f"  {'ep_python':<28} {own:8.3f}")
-            print(f"  {'ep_python_share_pct':<28} {100 * own / ms['token']:8.1f}")
+            show(f"[{label}] {os.path.basename(args.model_dir.rstrip('/'))}, options {opts}, "
+                 f"median of {res['tokens']} steady tokens", res)
     if len(configs) > 1 or args.rounds > 1:
         print("\nmedians over the rounds (ms): token, EP Python, its share")
         for label, got in seen.items():
@@ -200,6 +242,19 @@ def main(argv=None) -> int:
             shares = ", ".join(f"{100 * o / t:.1f}%" for t, o in got)
             print(f"  {label:<40} {tok:7.3f} {own:7.3f}  {100 * own / tok:5.1f}%  (each run: {shares})")
     return 0
+
+
+def show(title: str, res: dict) -> None:
+    """One run's stage table (ms; a prompt's first call in brackets)."""
+    ms, first = res["ms"], res.get("first_ms", {})
+    print(title + ", ms:")
+    for k in ["token", "outside_compute"] + list(dict.fromkeys(s[3] for s in STAGES)) + ["run.apply.closure_call",
+                                                                                         "run.apply.eval"]:
+        if k in ms or k in first:
+            print(f"  {k:<28} {ms.get(k, 0.0):8.3f}" + (f"  [{first.get(k, 0.0):9.1f}]" if first else ""))
+    own = ep_python(ms)
+    print(f"  {'ep_python':<28} {own:8.3f}")
+    print(f"  {'ep_python_share_pct':<28} {100 * own / ms['token']:8.1f}")
 
 
 def ep_python(ms: dict) -> float:

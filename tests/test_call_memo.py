@@ -181,6 +181,7 @@ class _Sink:
 def _group():
     g = object.__new__(Group)
     g._tls = threading.local()
+    g._direct = False           # host copies only (devread's direct write: tests/test_devread.py)
     return g
 
 

@@ -42,8 +42,8 @@ class Tuning:
     cuda_kernels: bool = True
     #: a compiled decode's new KV rows written by the gather kernel into page-locked host memory
     pinned_hints: bool = True
-    #: large results written by a kernel straight into ORT's output buffer, page-locked for the call (GPU, with
-    #: cuda_kernels; runtime/devread.py); off: read to the host through managed memory and copied
+    #: large results written by a kernel into page-locked staging memory, then copied into ORT's output buffer
+    #: on several threads (GPU, with cuda_kernels; runtime/devread.py); off: read through managed memory
     direct_out: bool = True
     #: an MLP's SiLU gating as one step after the merged gate/up product (GPU, with cuda_kernels)
     fold_mlp: bool = True

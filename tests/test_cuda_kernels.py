@@ -580,12 +580,12 @@ def test_copy_to_host(n, dtype, offset):
 
 
 @gpu_only
-@pytest.mark.parametrize("n", [1, 5, 4096, 1 << 20])
+@pytest.mark.parametrize("n", [1, 5, 4096, 1 << 20, (3 << 20) + 7])
 @pytest.mark.parametrize("dtype", [mx.float16, mx.float32, mx.uint8])
 def test_copy_to_address_and_direct_writes(n, dtype):
     """On the GPU: ``copy_to_address`` (one kernel for every size) writes an array's bytes into page-locked
-    memory, and ``DriverReader.write_result`` into plain host memory it locks for the copy (``ORT's
-    buffer``), at any offset; nothing outside the bytes is touched."""
+    memory, and ``DriverReader.write_result`` into plain host memory (``ORT's buffer``) through its staging
+    buffer and threaded copy, at any offset; nothing outside the bytes is touched."""
     from ortmlx.kernels import cuda_driver
     from ortmlx.runtime import devread
     rng = np.random.default_rng(n)

@@ -85,16 +85,6 @@ class FakeDriver:
         self.syncs += 1
         return 700 if self.fail else 0
 
-    # ORT's output buffers page-locked for a call (Driver.register): the "device" address is the host's
-    register_rc, unregister_rc = 0, 0
-
-    def cuMemHostRegister_v2(self, p, n, flags):
-        self.registered = getattr(self, "registered", []) + [(int(ffi.cast("uintptr_t", p)), n, flags)]
-        return self.register_rc
-
-    def cuMemHostUnregister(self, p):
-        self.unregistered = getattr(self, "unregistered", []) + [int(ffi.cast("uintptr_t", p))]
-        return self.unregister_rc
 
 
 def fake_copier(r, target):
@@ -324,17 +314,64 @@ def small_direct(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16, mx.int64, mx.uint8])
-def test_direct_write_registers_the_buffer_for_the_copy_only(small_direct, dtype):
-    r, d = reader(fake_copier)
-    a = ((mx.arange(9 * 11) % 13) - 6).reshape(9, 11).astype(dtype)      # >= 64 bytes in every type
-    raw = np.full(a.nbytes + 8, 0xAB, np.uint8)
-    addr = raw.ctypes.data + 4
-    assert r.direct(a.nbytes) and r.write_result(addr, a)
-    assert raw[4:4 + a.nbytes].tobytes() == bytes(memoryview(np.asarray(a.view(mx.uint8)))), "wrong bytes"
-    assert (raw[:4] == 0xAB).all() and (raw[4 + a.nbytes:] == 0xAB).all()
+def test_direct_write_goes_through_one_staging_buffer(small_direct, dtype):
+    """The kernel writes the staging buffer (page-locked, mapped), the host copies it into ORT's buffer: the exact
+    bytes at any offset, nothing outside them; the buffer is kept and reused, never the driver's cuMemcpy."""
     from ortmlx.kernels import cuda_driver
-    assert d.registered == [(addr, a.nbytes, cuda_driver.MEMHOSTALLOC_PORTABLE | cuda_driver.MEMHOSTALLOC_DEVICEMAP)]
-    assert d.unregistered == [addr] and r.direct_writes == 1 and d.copies == []
+    r, d = reader(fake_copier)
+    for k in range(3):
+        a = ((mx.arange(9 * 11) % 13) - 6 + k).reshape(9, 11).astype(dtype)      # >= 64 bytes in every type
+        raw = np.full(a.nbytes + 8, 0xAB, np.uint8)
+        addr = raw.ctypes.data + 4
+        assert r.direct(a.nbytes) and r.write_result(addr, a)
+        assert raw[4:4 + a.nbytes].tobytes() == bytes(memoryview(np.asarray(a.view(mx.uint8)))), "wrong bytes"
+        assert (raw[:4] == 0xAB).all() and (raw[4 + a.nbytes:] == 0xAB).all()
+    ((flags),) = [f for _, f in d.alive.values()]
+    assert flags == cuda_driver.MEMHOSTALLOC_PORTABLE | cuda_driver.MEMHOSTALLOC_DEVICEMAP
+    assert r.direct_writes == 3 and d.copies == [] and d.freed == []
+
+
+def test_staging_buffer_grows_and_frees_the_old_one(small_direct):
+    r, d = reader(fake_copier)
+    sizes = []
+    for n in (100, 70, 3 << 20, 1 << 20, (4 << 20) + 1):
+        a = (mx.arange(n) % 251).astype(mx.uint8)
+        out = np.zeros(n, np.uint8)
+        assert r.write_result(out.ctypes.data, a) and np.array_equal(out, np.arange(n) % 251)
+        sizes.append(r._stage.nbytes)
+    assert sizes[0] == sizes[1] and sizes[2] == sizes[3] >= 3 << 20 and sizes[4] >= sizes[3] * 5 // 4, sizes
+    assert all(s % (2 << 20) == 0 for s in sizes) and len(d.freed) == 2 and len(d.alive) == 1
+
+
+@pytest.mark.parametrize("n", [0, 1, 4095, 1 << 20, (2 << 20) + 1, (5 << 20) + 4093, 9 << 20])
+@pytest.mark.parametrize("threads", [1, 3, 8])
+def test_parallel_memmove_copies_every_byte_once(n, threads):
+    src = np.random.default_rng(n).integers(0, 256, n + 3, dtype=np.uint8)
+    dst = np.full(n + 16, 0xAB, np.uint8)
+    devread.parallel_memmove(dst.ctypes.data + 8, src.ctypes.data + 3, n, threads)
+    assert dst[8:8 + n].tobytes() == src[3:].tobytes()
+    assert (dst[:8] == 0xAB).all() and (dst[8 + n:] == 0xAB).all()
+
+
+def test_parallel_memmove_uses_the_threads(monkeypatch):
+    """Large copies are cut into page-aligned slices, one per thread (the calling thread takes the last)."""
+    import threading
+    seen = []
+    real = devread.ctypes.memmove
+
+    def spy(dst, src, n):
+        seen.append((threading.current_thread().name, dst, n))
+        return real(dst, src, n)
+    monkeypatch.setattr(devread.ctypes, "memmove", spy)
+    n = (8 << 20) + 5
+    src, dst = np.ones(n, np.uint8), np.zeros(n, np.uint8)
+    devread.parallel_memmove(dst.ctypes.data, src.ctypes.data, n, 4)
+    seen.sort(key=lambda s: s[1])
+    assert dst.all() and len(seen) == 4 and sum(k for _, _, k in seen) == n
+    assert [a - dst.ctypes.data for _, a, _ in seen] == [0, 1 * seen[0][2], 2 * seen[0][2], 3 * seen[0][2]]
+    assert seen[0][2] % 4096 == 0 and seen[-1][0] == threading.current_thread().name
+    if devread.COPY_THREADS > 1:
+        assert all(t.startswith("ortmlx-copy") for t, _, _ in seen[:-1])
 
 
 def test_direct_write_only_for_large_results(small_direct):
@@ -342,37 +379,39 @@ def test_direct_write_only_for_large_results(small_direct):
     small = mx.arange(8, dtype=mx.float32)               # 32 bytes: under the threshold
     out = np.zeros(8, np.float32)
     assert not r.direct(small.nbytes) and not r.write_result(out.ctypes.data, small)
-    assert not getattr(d, "registered", []) and not out.any()
+    assert not d.alive and not out.any()
     assert not devread.NUMPY.direct(1 << 30) and not devread.NUMPY.write_result(out.ctypes.data, small)
-
-
-def test_direct_write_into_memory_locked_already_leaves_it_locked(small_direct):
-    r, d = reader(fake_copier)
-    d.register_rc = 712                                  # CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
-    a = mx.arange(32, dtype=mx.int32)
-    out = np.zeros(32, np.int32)
-    assert r.write_result(out.ctypes.data, a) and out.tolist() == list(range(32))
-    assert not getattr(d, "unregistered", [])
 
 
 def test_direct_write_failures_fall_back_then_stop(small_direct):
     a = mx.arange(32, dtype=mx.int32)
     out = np.zeros(32, np.int32)
     r, d = reader(fake_copier)
-    d.register_rc = 2                                    # CUDA_ERROR_OUT_OF_MEMORY: nothing registered
+    d.fail = True                                        # cuMemHostAlloc: CUDA_ERROR_OUT_OF_MEMORY
     for _ in range(4):
         assert not r.write_result(out.ctypes.data, a)
-    assert len(d.registered) == 3 and not r.direct(a.nbytes) and not out.any()
+    assert r.direct_failed == 3 and not r.direct(a.nbytes) and not out.any() and not d.alive
 
     def broken(r, target):
         raise RuntimeError("kernel failed")
     r, d = reader(broken)
-    assert not r.write_result(out.ctypes.data, a)
-    assert d.unregistered == [out.ctypes.data] and r.direct_failed == 1     # unlocked again all the same
+    assert not r.write_result(out.ctypes.data, a) and r.direct_failed == 1 and not out.any()
+    r, d = reader(fake_copier, map_fail=True)            # allocated but not mapped: freed again
+    assert not r.write_result(out.ctypes.data, a) and not d.alive and r._stage is None
+
+
+def test_direct_writes_from_threads_share_the_buffer(small_direct):
+    """Sessions on several threads write through the one staging buffer one at a time: every answer intact."""
+    from concurrent.futures import ThreadPoolExecutor
     r, d = reader(fake_copier)
-    d.unregister_rc = 1
-    assert r.write_result(out.ctypes.data, a)            # the bytes are there; the pages stay locked
-    assert out.tolist() == list(range(32)) and not r.direct(a.nbytes)      # so no more are locked
+
+    def one(k):
+        a = mx.arange(4096, dtype=mx.int32) * 7 + k
+        out = np.zeros(4096, np.int32)
+        return r.write_result(out.ctypes.data, a) and np.array_equal(out, np.arange(4096) * 7 + k)
+    with ThreadPoolExecutor(6) as ex:
+        assert all(ex.map(one, range(60)))
+    assert r.direct_writes == 60 and len(d.alive) == 1
 
 
 @pytest.fixture

@@ -23,8 +23,6 @@ int cuMemcpy(unsigned long long dst, unsigned long long src, size_t n);
 int cuMemHostAlloc(void** pp, size_t bytesize, unsigned int flags);
 int cuMemHostGetDevicePointer_v2(unsigned long long* pdptr, void* p, unsigned int flags);
 int cuMemFreeHost(void* p);
-int cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int flags);
-int cuMemHostUnregister(void* p);
 int cuCtxSynchronize(void);
 int cuCtxGetFlags(unsigned int* flags);
 """
@@ -36,10 +34,6 @@ CTX_SCHED_BLOCKING_SYNC = 0x04
 #: cuMemHostAlloc flags: usable from every context, mapped into the device's address space
 MEMHOSTALLOC_PORTABLE = 0x01
 MEMHOSTALLOC_DEVICEMAP = 0x02
-
-
-#: cuMemHostRegister: the range is registered already (then it is mapped already, and not ours to unregister)
-HOST_MEMORY_ALREADY_REGISTERED = 712
 
 
 class DriverError(RuntimeError):
@@ -77,26 +71,6 @@ class Driver:
     def memcpy(self, dst: int, src: int, n: int) -> None:
         self.current()
         check(self.lib.cuMemcpy(dst, src, n), "cuMemcpy")
-
-    def register(self, addr: int, n: int) -> tuple[int, bool]:
-        """Page-lock ``n`` bytes of host memory at ``addr`` and map them into the device: (their device
-        address, whether ``unregister`` must undo it: False when the range was page-locked already)."""
-        self.current()
-        p = self.ffi.cast("void*", addr)
-        rc = self.lib.cuMemHostRegister_v2(p, n, MEMHOSTALLOC_PORTABLE | MEMHOSTALLOC_DEVICEMAP)
-        if rc not in (0, HOST_MEMORY_ALREADY_REGISTERED):
-            check(rc, "cuMemHostRegister")
-        d = self.ffi.new("unsigned long long*")
-        got = self.lib.cuMemHostGetDevicePointer_v2(d, p, 0)
-        if got != 0:
-            if rc == 0:
-                self.lib.cuMemHostUnregister(p)
-            check(got, "cuMemHostGetDevicePointer")
-        return int(d[0]), rc == 0
-
-    def unregister(self, addr: int) -> None:
-        self.current()
-        check(self.lib.cuMemHostUnregister(self.ffi.cast("void*", addr)), "cuMemHostUnregister")
 
     def spins(self) -> bool:
         """Whether a context synchronize on this thread waits by polling (the context's scheduling is not

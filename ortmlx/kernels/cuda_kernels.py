@@ -679,8 +679,8 @@ def _copy_host_kernel(nbytes: int):
     return _kernel("ortmlx_copy_host", ["src", "sink"], ["done"], _COPY_HOST.replace("NBYTES", f"{nbytes}ull"))
 
 
-#: results at least this large are written by ``copy_to_address`` straight into ORT's output buffer
-#: (``runtime/devread.py``); a closure's smaller host outputs go through its page-locked buffer
+#: results at least this large are written by ``copy_to_address`` into a staging buffer that host threads copy
+#: into ORT's output buffer (``runtime/devread.py``); a closure's smaller host outputs go through its page-locked buffer
 #: (``compiled/trace.py``). Measured: docs/performance.md, "direct_out"
 DIRECT_MIN = 8 << 20
 

@@ -9,21 +9,54 @@ CUDA driver, ``driver_read=0``) a read is a plain numpy copy.
 Every read goes through ``Reader.copyto`` / ``Reader.read``; a source is the host view of an
 evaluated MLX array (``dtypes.to_numpy``), which MLX returns only once the array is computed.
 
-Large results skip the host view: ``write_result`` page-locks ORT's output buffer for the call, maps it
-into the device and has one kernel write the result's bytes there (``cuda_kernels.copy_to_address``). A
-host view of a device buffer first makes MLX copy it into managed memory, whose pages then migrate as
-they are read: a prompt's logits (1.2 GB at 4,096 tokens) cost most of the prompt that way.
+Large results skip the host view: ``write_result`` has one kernel write the result's bytes into a
+page-locked staging buffer (``cuda_kernels.copy_to_address``), then host threads copy them into ORT's
+output buffer, whose fresh pages fault in on every thread at once. A host view of a device buffer first
+makes MLX copy it into managed memory, whose pages then migrate as they are read: a prompt's logits
+(1.2 GB at 4,096 tokens) cost most of the prompt that way. Page-locking ORT's buffer for the kernel
+instead costs more than the copy (``scripts/gpu_io_probe.py --large``; docs/performance.md).
 """
 from __future__ import annotations
 
+import ctypes
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import mlx.core as mx
 import numpy as np
 
 from ..kernels import cuda_kernels
-from ..kernels.cuda_driver import Driver, DriverError
+from ..kernels.cuda_driver import Driver, DriverError, HostBuffer
 from ..kernels.cuda_driver import driver as _open_driver
+
+
+#: the staging buffer grows in steps of this many bytes (and by a quarter at least)
+_STAGE_ALIGN = 2 << 20
+#: threads of a large host copy, and the least bytes each is given
+COPY_THREADS = max(1, min(8, os.cpu_count() or 1))
+_COPY_CHUNK_MIN = 1 << 20
+_pool: list = []            # [ThreadPoolExecutor] once a copy needs one
+_pool_lock = threading.Lock()
+
+
+def parallel_memmove(dst: int, src: int, n: int, threads: int = COPY_THREADS) -> None:
+    """Copy ``n`` bytes from host address ``src`` to ``dst`` on up to ``threads`` threads (``ctypes.memmove``
+    releases the GIL); the last slice runs on the calling thread."""
+    k = max(1, min(threads, n // _COPY_CHUNK_MIN))
+    if k == 1:
+        ctypes.memmove(dst, src, n)
+        return
+    per = -(-n // k)
+    step = -(-per // 4096) * 4096                   # whole pages to each thread
+    cuts = list(range(0, n, step))
+    with _pool_lock:
+        if not _pool:
+            _pool.append(ThreadPoolExecutor(max(1, COPY_THREADS - 1), thread_name_prefix="ortmlx-copy"))
+    futs = [_pool[0].submit(ctypes.memmove, dst + i, src + i, step) for i in cuts[:-1]]
+    ctypes.memmove(dst + cuts[-1], src + cuts[-1], n - cuts[-1])
+    for f in futs:
+        f.result()
 
 
 class Reader:
@@ -71,6 +104,8 @@ class DriverReader(Reader):
         self._copier = copier
         self.direct_writes = 0
         self.direct_failed = 0  # after 3, no direct write is tried
+        self._stage: HostBuffer | None = None
+        self._stage_lock = threading.Lock()
 
     def _copy(self, dst_addr: int, src: np.ndarray) -> bool:
         """cuMemcpy; False (nothing to rely on: the caller copies with numpy) if the driver refused."""
@@ -104,26 +139,26 @@ class DriverReader(Reader):
 
     def _write(self, addr: int, r: mx.array, n: int) -> bool:
         copy = self._copier or cuda_kernels.copy_to_address
-        try:
-            dev, own = self._drv.register(addr, n)
-        except DriverError:
-            self.direct_failed += 1
-            return False
-        ok = False
-        try:
-            mx.eval(copy(r, mx.array([dev, n], dtype=mx.uint64)))    # returns once the kernel has finished
-            ok = True
-        except Exception:  # noqa: BLE001 - any failure: the caller copies through the host as usual
-            self.direct_failed += 1
-        finally:
-            if own:
-                try:
-                    self._drv.unregister(addr)
-                except DriverError:
-                    self.direct_failed = 3      # pages left locked: try no more
-        if ok:
-            self.direct_writes += 1
-        return ok
+        with self._stage_lock:          # one staging buffer per process: sessions on other threads wait
+            try:
+                stage = self._staging(n)
+                mx.eval(copy(r, mx.array([stage.device_address, n], dtype=mx.uint64)))   # waits for the kernel
+            except Exception:  # noqa: BLE001 - any failure: the caller copies through the host as usual
+                self.direct_failed += 1
+                return False
+            parallel_memmove(addr, stage.host_address, n)
+        self.direct_writes += 1
+        return True
+
+    def _staging(self, n: int) -> HostBuffer:
+        """The staging buffer, grown to hold ``n`` bytes (kept: the next prompt's logits are as large)."""
+        if self._stage is None or self._stage.nbytes < n:
+            old = self._stage.nbytes if self._stage is not None else 0
+            if self._stage is not None:
+                self._stage.free()
+                self._stage = None
+            self._stage = HostBuffer(self._drv, -(-max(n, old + old // 4) // _STAGE_ALIGN) * _STAGE_ALIGN)
+        return self._stage
 
     def read(self, src: np.ndarray) -> np.ndarray:
         if not self._plain(src):
@@ -154,7 +189,7 @@ def _probe_driver():
         if not (np.array_equal(got, want) and np.array_equal(dst, want)):
             return None
         if cuda_kernels.usable():           # the direct write, checked the same way (else never tried)
-            out = np.zeros(4099 + 3, np.int32)[1:-2]       # (an address 4 bytes into a page-locked range)
+            out = np.zeros(4099 + 3, np.int32)[1:-2]       # (an address 4 bytes into an allocation)
             b = a * 2
             if not (r._write(out.ctypes.data, b, b.nbytes) and np.array_equal(out, want * 2)):
                 r.direct_failed = 3

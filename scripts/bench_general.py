@@ -473,6 +473,28 @@ def fail(report: dict, model: str, batch, engine: str, stage: str, ex: BaseExcep
     # ORT's prefix and the group's label come first: the cause is at the end, so a short form keeps both ends
     short = msg if len(msg) <= 600 else f"{msg[:200]} ... {msg[-380:]}"
     print(f"  !! {model} batch {batch} {engine} {stage}: {short}", flush=True)
+    if "out of memory" in msg.lower():
+        rec["memory"] = memory_state()
+        print(f"     memory then: {rec['memory']}", flush=True)
+
+
+def memory_state() -> dict:
+    """The device's free memory (every process's use counted) and MLX's own, in GiB: what an out-of-memory
+    failure met."""
+    import mlx.core as mx
+
+    from ortmlx.kernels.cuda_driver import DriverError, driver
+    gib = lambda b: round(b / (1 << 30), 3)  # noqa: E731
+    st = {"mlx_active": gib(mx.get_active_memory()), "mlx_cache": gib(mx.get_cache_memory()),
+          "mlx_peak": gib(mx.get_peak_memory())}
+    drv = driver()
+    if drv is not None:
+        try:
+            free, total = drv.mem_info()
+            st.update(device_free=gib(free), device_total=gib(total))
+        except DriverError as ex:
+            st["device"] = str(ex)
+    return st
 
 
 def skip(report: dict, model: str, batch) -> None:

@@ -81,6 +81,10 @@ class FakeDriver:
         f[0] = self.flags
         return 0
 
+    def cuMemGetInfo_v2(self, f, t):
+        f[0], t[0] = 3 << 30, 8 << 30
+        return 700 if self.fail else 0
+
     def cuCtxSynchronize(self):
         self.syncs += 1
         return 700 if self.fail else 0
@@ -465,3 +469,12 @@ def test_replayed_calls_write_large_results_directly(direct_reader):
         per_call.append(sum(r.direct_writes for r in direct_reader))
     assert any(seen), "no replay ran"
     assert np.diff([0] + per_call).tolist() == [1, 1, 1, 1, 1, 0, 1, 1, 1], per_call
+
+
+def test_driver_memory_info():
+    from ortmlx.kernels.cuda_driver import DriverError
+    d = FakeDriver()
+    assert Driver(d, ffi).mem_info() == (3 << 30, 8 << 30)
+    d.fail = True
+    with pytest.raises(DriverError):
+        Driver(d, ffi).mem_info()

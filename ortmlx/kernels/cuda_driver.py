@@ -25,6 +25,7 @@ int cuMemHostGetDevicePointer_v2(unsigned long long* pdptr, void* p, unsigned in
 int cuMemFreeHost(void* p);
 int cuCtxSynchronize(void);
 int cuCtxGetFlags(unsigned int* flags);
+int cuMemGetInfo_v2(size_t* free, size_t* total);
 """
 
 #: the context's scheduling bits (``cuCtxGetFlags``): how a host thread waits for the GPU
@@ -71,6 +72,13 @@ class Driver:
     def memcpy(self, dst: int, src: int, n: int) -> None:
         self.current()
         check(self.lib.cuMemcpy(dst, src, n), "cuMemcpy")
+
+    def mem_info(self) -> tuple[int, int]:
+        """(free, total) bytes of the device's memory, as the driver counts them (every process's use)."""
+        self.current()
+        f, t = self.ffi.new("size_t*"), self.ffi.new("size_t*")
+        check(self.lib.cuMemGetInfo_v2(f, t), "cuMemGetInfo")
+        return int(f[0]), int(t[0])
 
     def spins(self) -> bool:
         """Whether a context synchronize on this thread waits by polling (the context's scheduling is not

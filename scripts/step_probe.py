@@ -165,7 +165,8 @@ def child(model_dir: str, opts: dict, tokens: int, prompts: list[int] | None = N
 
 def prompt_calls(model, acc: dict, prompts: list[int], max_length: int, calls: int) -> dict:
     """Prompts' calls (``append_tokens``) stage by stage, per length: the first one, then the median of ``calls``
-    warm ones, each with a fresh generator (each is a first prompt, as a new request's is)."""
+    warm ones, each with a fresh generator (each is a first prompt, as a new request's is); with each, the
+    generator's creation, the first token's sampling and the first decode step, timed whole (``genai.*``)."""
     import numpy as np
     import onnxruntime_genai as og
 
@@ -177,11 +178,18 @@ def prompt_calls(model, acc: dict, prompts: list[int], max_length: int, calls: i
         rows = []
         for k in range(calls + 2):
             ids = rng.integers(100, 480, prompt).astype(np.int32)
+            t0 = time.perf_counter()
             g = og.Generator(model, mg.search_options(model, max_length, max_length))
             acc.clear()
             t = time.perf_counter()
             g.append_tokens(ids)
-            rows.append(dict(acc, token=time.perf_counter() - t))
+            row = dict(acc, token=time.perf_counter() - t, **{"genai.generator": t - t0})
+            # what bench_llm's TTFT adds to the prompt (the first token's sampling), and the first decode step
+            for key in ("genai.sample_after_prompt", "genai.first_decode_step"):
+                t = time.perf_counter()
+                g.generate_next_token()
+                row[key] = time.perf_counter() - t
+            rows.append(row)
             del g
         first, warm = rows[0], rows[2:]
         med = {k: 1e3 * statistics.median(r.get(k, 0.0) for r in warm) for k in warm[0]}
@@ -250,8 +258,9 @@ def show(title: str, res: dict) -> None:
     """One run's stage table (ms; a prompt's first call in brackets)."""
     ms, first = res["ms"], res.get("first_ms", {})
     print(title + ", ms:")
-    for k in ["token", "outside_compute"] + list(dict.fromkeys(s[3] for s in STAGES)) + ["run.apply.closure_call",
-                                                                                         "run.apply.eval"]:
+    for k in ["token", "outside_compute"] + list(dict.fromkeys(s[3] for s in STAGES)) + [
+            "run.apply.closure_call", "run.apply.eval", "genai.generator", "genai.sample_after_prompt",
+            "genai.first_decode_step"]:
         if k in ms or k in first:
             print(f"  {k:<28} {ms.get(k, 0.0):8.3f}" + (f"  [{first.get(k, 0.0):9.1f}]" if first else ""))
     own = ep_python(ms)

@@ -672,9 +672,9 @@ class Bench:
             hi = min(c["stall_max"], ctx - 2)
             M["stall_lens"] = random.Random(1234).sample(range(8, hi + 1), min(c["stall_n"], hi - 7))
             M["prefill_max_len"] = min(ctx, max(M["prefill_lens"] + [c["stall_max"], c["check_prompt"]]) + 8)
-            M["decode_max_len"] = c["prompt"] + c["new_tokens"]
+            M["decode_max_len"] = max(c.get("decode_max_len") or 0, c["prompt"] + c["new_tokens"])
             if M["decode_max_len"] > ctx:
-                self.fail(M, "decode", f"prompt + new tokens exceed the context ({ctx})")
+                self.fail(M, "decode", f"max_length {M['decode_max_len']} exceeds the context ({ctx})")
             self.save()
             for e in self.engines:                  # load + correctness of every engine before any timing
                 self.worker(M, e)
@@ -1020,7 +1020,9 @@ def print_table(b: Bench, M: dict) -> None:
         add("stall: median first/warm", [st.get(e, {}).get("median_ratio") for e in engines], "x, lower", ".2f")
     dc = M.get("decode", {})
     if dc:
-        add(f"decode b1 ({b.cfg['new_tokens']} tok)", [dc.get(e, {}).get("tps") for e in engines], "tok/s, higher")
+        ml = M.get("decode_max_len")
+        add(f"decode b1 ({b.cfg['new_tokens']} tok, max_length {ml})", [dc.get(e, {}).get("tps") for e in engines],
+            "tok/s, higher")
         add("decode TTFT (prompt %d)" % b.cfg["prompt"], [dc.get(e, {}).get("ttft_ms") for e in engines],
             "ms, lower", ".2f")
     bt = M.get("batch", {})
@@ -1118,6 +1120,9 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", help="comma list of batch sizes (default 1,4,16)")
     ap.add_argument("--new-tokens", type=int)
     ap.add_argument("--prompt", type=int, help="decode / batch / accuracy prompt length (default 128)")
+    ap.add_argument("--decode-max-length", type=int, dest="decode_max_len",
+                    help="genai's max_length (the KV buffer) of the decode and batch cases (default prompt + new "
+                         "tokens; an application with a long context sets its context length)")
     ap.add_argument("--rounds", type=int, help="timed rounds of decode and batch (default 3)")
     ap.add_argument("--reps", type=int, help="warm repeats per prefill length (default 3)")
     ap.add_argument("--acc-steps", type=int, help="teacher-forced steps compared with the fp32 reference (32)")
@@ -1132,7 +1137,7 @@ def main(argv=None) -> int:
         v = getattr(args, k)
         if v:
             cfg[k] = [x if k in ("sizes", "precisions") else int(x) for x in v.split(",") if x]
-    for k in ("new_tokens", "prompt", "rounds", "reps", "acc_steps"):
+    for k in ("new_tokens", "prompt", "rounds", "reps", "acc_steps", "decode_max_len"):
         if getattr(args, k) is not None:
             cfg[k] = getattr(args, k)
     cfg["reps"] = max(1, cfg["reps"])

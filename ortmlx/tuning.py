@@ -73,6 +73,9 @@ class Tuning:
     #: MatMulNBits products in the activations' half precision, scales included (MLX's CUDA tensor-core qmm
     #: takes half inputs only; off: A widened to float32, one rounding, as ORT's CPU EP)
     half_nbits: bool = False
+    #: float32 Exp and Sigmoid through a polynomial exp in MLX ops, one fused kernel (None: on MLX's CPU backend,
+    #: whose own exp is scalar code; kernels/fastmath.py)
+    poly_exp: bool | None = None
     #: shapeless closures compiled on a GPU too (off: MLX 0.32.4's CUDA backend ran them ~3x slower)
     gpu_shapeless: bool = False
     #: testing only: stage[:node][#count] at which to raise (see ep/stats.py)

@@ -7,6 +7,7 @@ A build is an eager run of a group's program or a compiled closure's trace. Its 
 - ``cuda_kernels``: whether the custom CUDA kernels may be used (``cuda_kernels.enabled``);
 - ``fused_attention``: whether a half-precision prompt's attention may run as MLX's fused kernel;
 - ``half_nbits``: whether a half-precision MatMulNBits product stays in half precision (else float32);
+- ``poly_exp``: whether float32 Exp and Sigmoid use ``fastmath``'s polynomial exp (MLX's CPU backend);
 - ``shapeless``/``tracing``: inside a (shapeless) ``mx.compile`` trace: a shapeless trace replays its graph for
   other shapes, so a translator choosing between equivalent forms picks one MLX replays right at any shape
   (static slices, ``split`` and ``mx.fast.rope`` fail there);
@@ -26,6 +27,7 @@ class BuildContext:
     cuda_kernels: bool = False
     fused_attention: bool = False
     half_nbits: bool = False
+    poly_exp: bool = False
     shapeless: bool = False
     tracing: bool = False
     memo: dict = field(default_factory=dict)
@@ -69,6 +71,12 @@ def half_nbits() -> bool:
     """Whether the build in progress keeps a half-precision MatMulNBits product in half precision."""
     b = _CURRENT.get()
     return b is not None and b.half_nbits
+
+
+def poly_exp() -> bool:
+    """Whether the build in progress computes float32 exponentials with ``fastmath``'s polynomial."""
+    b = _CURRENT.get()
+    return b is not None and b.poly_exp
 
 
 def tracing() -> bool:

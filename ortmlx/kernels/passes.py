@@ -96,6 +96,8 @@ class BuildConfig:
     fused_attention: bool = False
     #: half-precision MatMulNBits products (``BuildContext.half_nbits``)
     half_nbits: bool = False
+    #: float32 Exp and Sigmoid through ``fastmath``'s polynomial exp (``BuildContext.poly_exp``)
+    poly_exp: bool = False
 
     @classmethod
     def for_device(cls, device: str, tuning: Tuning | None = None, **overrides) -> "BuildConfig":
@@ -123,11 +125,13 @@ class BuildConfig:
                    pinned_hints=bool(overrides.get("pinned_hints", t.pinned_hints)) and kernels,
                    direct_out=bool(overrides.get("direct_out", t.direct_out)) and kernels,
                    fused_attention=pick("fused_attention", t.fused_attention, gpu),
-                   half_nbits=pick("half_nbits", t.half_nbits, False))
+                   half_nbits=pick("half_nbits", t.half_nbits, False),
+                   poly_exp=pick("poly_exp", t.poly_exp, device == "cpu"))
 
     def context(self, **fields) -> BuildContext:
         """A build's context with this config's choices for translators (``fields``: the build's own)."""
-        return BuildContext(fused_attention=self.fused_attention, half_nbits=self.half_nbits, **fields)
+        return BuildContext(fused_attention=self.fused_attention, half_nbits=self.half_nbits, poly_exp=self.poly_exp,
+                            **fields)
 
 
 @dataclass

@@ -11,6 +11,7 @@ import math
 import mlx.core as mx
 
 from .. import dtypes as dt
+from .. import fastmath
 from ..registry import register
 
 F32 = frozenset({dt.FLOAT, dt.BFLOAT16})
@@ -85,7 +86,7 @@ def celu(X, *, alpha=1.0):
 @_f32
 def sigmoid(X):
     """1 / (1 + exp(-X))."""
-    return mx.sigmoid(X)
+    return fastmath.sigmoid(X)
 
 
 @register("HardSigmoid", 6, dtypes=F)

@@ -1,0 +1,92 @@
+"""``kernels/fastmath.py``: the polynomial exp on MLX's CPU backend (tuning ``poly_exp``).
+
+Within 1 ulp of float64's exp rounded to float32 everywhere, subnormal results, inf, 0 and NaN included (MLX
+0.32.4's own CPU exp flushes subnormal results to 0 and overflows to inf from x ~ 88.3, where exp(88.3) is
+2.2e38); Exp and Sigmoid nodes through it answer as ORT's CPU EP does; it is used where asked only (large
+enough float32, shape-keyed builds), never in a shapeless trace.
+"""
+from __future__ import annotations
+
+import sys
+import os
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from onnx import TensorProto as T
+
+from ortmlx.kernels import build, fastmath
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "ops"))
+from _ewutil import check, node_model  # noqa: E402
+
+POLY = build.BuildContext(poly_exp=True)
+
+
+def _edges() -> np.ndarray:
+    rng = np.random.default_rng(0)
+    return np.concatenate([rng.uniform(-110, 95, 400_000), rng.standard_normal(50_000),
+                           np.linspace(-104.5, -85, 40_001),              # subnormal results and underflow
+                           np.linspace(85, 90, 4_001),                    # the top of the range and overflow
+                           [0.0, -0.0, np.inf, -np.inf, np.nan, 88.72283, 88.72284, -87.33654, -103.97208,
+                            -103.2789, 1e-30, -1e-30, 0.34657359, -0.34657359]]).astype(np.float32)
+
+
+def _ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.abs(a.view(np.int32).astype(np.int64) - b.view(np.int32).astype(np.int64))
+
+
+def test_exp_within_one_ulp_everywhere():
+    x = _edges()
+    with np.errstate(over="ignore"):
+        want = np.exp(x.astype(np.float64)).astype(np.float32)
+    with build.active(POLY):
+        got = np.array(fastmath.exp(mx.array(x)))
+    assert np.array_equal(np.isnan(got), np.isnan(x))
+    num = ~np.isnan(x)
+    assert np.array_equal(np.isinf(got[num]), np.isinf(want[num]))
+    assert (_ulps(got[num], want[num]) <= 1).all(), x[num][np.argmax(_ulps(got[num], want[num]))]
+    assert (got[num] >= 0).all() and got[x == 0].tolist() == [1.0, 1.0]
+
+
+def test_sigmoid_close_to_float64():
+    x = _edges()
+    with np.errstate(over="ignore"):
+        want = 1.0 / (1.0 + np.exp(-x.astype(np.float64)))
+    with build.active(POLY):
+        got = np.array(fastmath.sigmoid(mx.array(x)))
+    num = ~np.isnan(x)
+    assert np.isnan(got[~num]).all()
+    # relative, but for results below float32's normal range (1 / (1 + e^-x) with e^-x past float32's max: 0)
+    err = np.abs(got[num] - want[num])
+    assert (err <= 3e-7 * want[num] + 1e-37).all(), x[num][np.argmax(err / (3e-7 * want[num] + 1e-37))]
+
+
+def test_poly_only_where_asked(monkeypatch):
+    calls = []
+    real = fastmath._exp_compiled
+    monkeypatch.setattr(fastmath, "_exp_compiled", lambda x: calls.append(x.shape) or real(x))
+    big, small = mx.zeros((4, 512)), mx.zeros((4, 8))
+    fastmath.exp(big)                                                      # no build: MLX's exp
+    with build.active(build.BuildContext(poly_exp=False)):
+        fastmath.sigmoid(big)
+    with build.active(build.BuildContext(poly_exp=True, shapeless=True)):   # view cannot be traced shapeless
+        fastmath.exp(big)
+    with build.active(POLY):
+        fastmath.exp(small)                                                # under POLY_MIN
+        fastmath.exp(big.astype(mx.float16))                               # float32 only
+        fastmath.exp(big)
+        fastmath.sigmoid(big)
+    assert calls == [(4, 512), (4, 512)]
+
+
+@pytest.mark.parametrize("op", ["Exp", "Sigmoid"])
+@pytest.mark.parametrize("options", [None, {"tuning": "poly_exp=0"}], ids=["poly", "off"])
+def test_nodes_answer_as_the_cpu_ep(op, options):
+    """On the MLX EP's default device here (the CPU backend: poly_exp on), large inputs with special values."""
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((3, 1000)) * 30).astype(np.float32)
+    x[0, :6] = [np.inf, -np.inf, np.nan, 0.0, -95.0, 88.5]
+    if options and op == "Exp":     # MLX's own exp is inf from x ~ 88.3 (module docstring): not in that case
+        x = np.where(np.isfinite(x) & (x > 88.0), 88.0, x).astype(np.float32)
+    check(node_model(op, [T.FLOAT], [T.FLOAT], {}, 13), {"x0": x}, **({"options": options} if options else {}))

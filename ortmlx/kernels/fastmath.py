@@ -2,9 +2,9 @@
 
 ``exp(x)`` for float32: x = k ln 2 + r with |r| <= ln 2 / 2 (ln 2 in two parts, so r is exact to float32), e^r
 by its degree-7 Taylor polynomial (truncation 5e-9 relative), 2^k made in the exponent bits in two halves, so a
-result below float32's normal range rounds once and one above it is inf. Compiled into one fused kernel: on a
-2-core box a [128, 4096] exp 1.3 ms against ``mx.exp``'s 5.4-8.1 ms, within 1.0e-7 relative of float64
-(``mx.exp``: 3.8e-6). Measured: docs/performance.md, ``poly_exp``.
+result below float32's normal range rounds once and one above it is inf: within 1 ulp of float64's exp, where
+MLX 0.32.4's CPU exp flushes subnormal results and overflows early. Compiled into one fused kernel, it is
+faster than ``mx.exp`` from about a thousand elements (measured: docs/performance.md, ``poly_exp``).
 """
 from __future__ import annotations
 

@@ -140,11 +140,11 @@ def child(model_dir: str, opts: dict, tokens: int, prompts: list[int] | None = N
             return timed(make(self, c), "run.apply.closure_call")
         core.CompiledSubgraph._compile = compile_timed
 
-    # a test build's context (256 for the small ones) raised to the prompts' buffer when that is longer
-    ctx = {"model": {"context_length": max_length}} if prompts and max_length else None
-    model, _ = mg.load_model(model_dir, "mlx", opts, overlay=ctx)
+    ml = (max_length or max(prompts) + tokens) if prompts else None
+    # a test build's context (256 for the small ones) raised to the prompts' buffer
+    model, _ = mg.load_model(model_dir, "mlx", opts, overlay={"model": {"context_length": ml}} if ml else None)
     if prompts:
-        return {"prompts": prompt_calls(model, acc, prompts, max_length or max(prompts) + tokens, tokens)}
+        return {"prompts": prompt_calls(model, acc, prompts, ml, tokens)}
     ids = np.arange(100, 107, dtype=np.int32)
     rows = []
     for rnd in range(2):

@@ -1,8 +1,30 @@
-"""verify-then-trust's comparison (``compiled/verify.py``): float reassociation passes, a wrong closure does not."""
+"""verify-then-trust's comparison (``compiled/verify.py``): float reassociation passes, a wrong closure does not.
+
+Every case runs both ways: host arrays through NumPy, and MLX arrays through the device comparison (on MLX's CPU
+here, chunked small so several chunks run); both must give the same verdict and the same kind of reason."""
+import mlx.core as mx
 import numpy as np
 import pytest
 
-from ortmlx.compiled.verify import mismatch
+from ortmlx.compiled import verify
+from ortmlx.compiled.verify import mismatch as host_mismatch
+
+
+def mismatch(got, want, bf16=frozenset()):
+    """The host verdict, after checking the device path agrees with it."""
+    host = host_mismatch(got, want, bf16)
+    old = verify.CHUNK
+    verify.CHUNK = 1000                                # several chunks, and a ragged last one
+    try:
+        dev = host_mismatch([mx.array(g) for g in got], [mx.array(w) for w in want], device=mx.cpu, device_min=0)
+    finally:
+        verify.CHUNK = old
+    assert (host is None) == (dev is None), (host, dev)
+    if host is not None:
+        assert host.split(":")[0] == dev.split(":")[0], (host, dev)        # the output's index
+        for kind in ("NaN positions differ", "differ beyond rtol", "elements differ (first at flat"):
+            assert (kind in host) == (kind in dev), (host, dev)
+    return host
 
 
 def _product(order: str, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -94,3 +116,45 @@ def test_nan_positions_and_integers():
     j = i.copy()
     j[2] += 1
     assert "1 elements differ" in mismatch([j], [i])
+
+
+def test_infinities_bf16_and_large_values():
+    w = np.array([1.0, np.inf, -np.inf, 3.0] * 300, np.float32)
+    assert mismatch([w.copy()], [w]) is None
+    g = w.copy()
+    g[1] = 1e30                                        # inf against a finite value: never close
+    assert "differ beyond rtol" in mismatch([g], [w])
+    g = w.copy()
+    g[2] = np.inf                                      # the other infinity
+    assert "differ beyond rtol" in mismatch([g], [w])
+    big = np.full(5000, 3e30, np.float32)              # squares overflow float32: the scale is still 3e30
+    big[7] *= 1.001                                    # 1e-3 of the value and of the scale: past both
+    assert "differ beyond rtol" in mismatch([big], [np.full(5000, 3e30, np.float32)])
+    near = np.full(5000, 3e30, np.float32)
+    near[7] *= 1 + 5e-5                                # within rtol 1e-4
+    assert mismatch([near], [np.full(5000, 3e30, np.float32)]) is None
+
+
+def test_device_scale_is_the_host_scale():
+    """The device RMS (float32 partial sums of 4,096, added in float64) is NumPy's float64 RMS to 1e-5."""
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal(1 << 20) * 3).astype(np.float32)
+    g = w.copy()
+    g[::97] += 0.05                                    # past rtol and 1e-4 of the RMS: the RMS is printed
+    host, dev = host_mismatch([g], [w]), host_mismatch([mx.array(g)], [mx.array(w)], device=mx.cpu, device_min=0)
+    rms = float(np.sqrt(np.mean(w.astype(np.float64) ** 2)))
+    h_rms = float(host.split("nonzero RMS ")[1].split(" ")[0])
+    d_rms = float(dev.split("nonzero RMS ")[1].split(" ")[0])
+    assert abs(h_rms - rms) < 1e-2 * rms and d_rms == h_rms, (host, dev)
+    assert host.split(" of ")[0] == dev.split(" of ")[0]                # the same count of elements
+
+
+def test_bf16_outputs_on_the_device():
+    rng = np.random.default_rng(6)
+    w = mx.array(rng.standard_normal(4000).astype(np.float32)).astype(mx.bfloat16)
+    g = w + mx.array(np.where(np.arange(4000) == 11, 1.0, 0.0).astype(np.float32)).astype(mx.bfloat16)
+    assert host_mismatch([w], [w], device=mx.cpu, device_min=0) is None
+    why = host_mismatch([g], [w], device=mx.cpu, device_min=0)
+    assert why is not None and "flat 11" in why, why
+    hb = [verify.dt.host(g)], [verify.dt.host(w)]                      # the host path: uint16 bits
+    assert "flat 11" in host_mismatch(*hb, bf16=frozenset({0}))

@@ -439,8 +439,8 @@ class CompiledSubgraph:
         if got is None or got is GUARD_FAILED:
             return
         try:
-            want = [dt.host(r) for r in ref]
-            why = mismatch([dt.host(g) for g in got.outputs], want, self._bf16)
+            why = mismatch(got.outputs, ref, self._bf16,
+                           device=mx.gpu if self.device == "gpu" else None)
             if not why and got.row_hints is not None:
                 why = _hint_mismatch(got.row_hints, got.outputs)
         except Exception as e:  # noqa: BLE001

@@ -8,26 +8,48 @@ towards the scale: a prompt fills 100 rows of a 4,104-row KV buffer, and the emp
 float16's ``srtol`` is 1e-2: MLX's eager float16 ops round each intermediate where a fused kernel does not; on a
 2-layer build a trustworthy prefill closure moved the logits by 4.9e-3 of their RMS (the eager ones differ from
 ORT's CPU EP's by 3.6e-2 of it).
+
+Large outputs are compared where they live, with MLX on their device (a few reductions, a handful of scalars read
+back): a 2,048-token prompt's float16 logits are 311M elements, 10-29 s through NumPy on two cores.
 """
 from __future__ import annotations
 
+import mlx.core as mx
 import numpy as np
+
+from ..kernels import dtypes as dt
 
 #: (rtol, atol, srtol: of the output's scale) per host dtype; integers and bools must match exactly
 _TOL = {np.dtype(np.float64): (1e-9, 1e-12, 1e-9), np.dtype(np.float32): (1e-4, 1e-5, 1e-4),
         np.dtype(np.float16): (4e-3, 1e-3, 1e-2)}
 _BF16_TOL = (2e-2, 1e-2, 2e-2)
+#: MLX outputs of at least this many elements are compared on their device (smaller ones: on the host)
+DEVICE_MIN = 1 << 16
+#: elements per step of the device comparison (its float32 temporaries)
+CHUNK = 1 << 24
+#: the float types compared on the device, and the host type whose tolerances they take (float64: no GPU kernels)
+_DEVICE_FLOATS = {mx.float16: np.dtype(np.float16), mx.float32: np.dtype(np.float32), mx.bfloat16: None}
 
 
-def mismatch(got: list, want: list, bf16: frozenset[int] = frozenset()) -> str | None:
+def mismatch(got: list, want: list, bf16: frozenset[int] = frozenset(), device: "mx.Device | None" = None,
+             device_min: int = DEVICE_MIN) -> str | None:
     """Why ``got`` differs from ``want`` (None: equal within the dtype's tolerance).
 
-    Both are host arrays (numpy; bfloat16 as uint16 bits, listed in ``bf16`` by position).
+    Each is an MLX or a host array (numpy; bfloat16 as uint16 bits, listed in ``bf16`` by position). With a
+    ``device``, a pair of MLX arrays of ``device_min`` elements or more is compared there.
     """
     if len(got) != len(want):
         return f"{len(got)} outputs, eager has {len(want)}"
     for j, (g, w) in enumerate(zip(got, want)):
-        g, w = np.asarray(g), np.asarray(w)
+        if device is not None and _on_device(g, w, device_min):
+            if tuple(g.shape) != tuple(w.shape):
+                return f"output {j}: shape {tuple(g.shape)} != eager {tuple(w.shape)}"
+            with mx.stream(device):
+                why = _device_differ(g, w)
+            if why:
+                return f"output {j}: {why}"
+            continue
+        g, w = dt.host(g), dt.host(w)
         if g.shape != w.shape:
             return f"output {j}: shape {g.shape} != eager {w.shape}"
         if g.dtype != w.dtype:
@@ -64,6 +86,87 @@ def _values_differ(g: np.ndarray, w: np.ndarray, bf16: bool) -> str | None:
     return (f"{int((~ok).sum())} of {ok.size} elements differ beyond rtol {rtol} atol {atol} of the value and "
             f"{srtol} of the output's nonzero RMS {scale:.3g} "
             f"(first at flat {k}: {g.reshape(-1)[k]!r} vs {w.reshape(-1)[k]!r})")
+
+
+def _on_device(g, w, lim: int) -> bool:
+    return (isinstance(g, mx.array) and isinstance(w, mx.array) and g.dtype == w.dtype and w.size >= lim
+            and (w.dtype in _DEVICE_FLOATS or not mx.issubdtype(w.dtype, mx.inexact)))
+
+
+def _device_differ(g: mx.array, w: mx.array) -> str | None:
+    """``_values_differ`` on the device: the same tests in float32 (float16's own arithmetic rounds more), over
+    chunks of ``CHUNK`` elements so float32 temporaries stay small, a few scalars read back per pass."""
+    g, w = g.reshape(-1), w.reshape(-1)
+    parts = [(g[i:i + CHUNK], w[i:i + CHUNK]) for i in range(0, w.size, CHUNK)]
+    if w.dtype not in _DEVICE_FLOATS:                       # integers and bools: exactly
+        n = _total(mx.sum(gc != wc) for gc, wc in parts)
+        return None if n == 0 else f"{n} elements differ (first at {_first(g != w, g, w)})"
+    npt = _DEVICE_FLOATS[w.dtype]
+    rtol, atol, srtol = _BF16_TOL if npt is None else _TOL[npt]
+
+    def f32(gc, wc):
+        return gc.astype(mx.float32), wc.astype(mx.float32)
+
+    def close(gc, wc):
+        g32, w32 = f32(gc, wc)
+        near = mx.abs(g32 - w32) <= atol + rtol * mx.abs(w32)
+        return mx.where(mx.isinf(g32) | mx.isinf(w32), g32 == w32, near) | mx.isnan(g32)
+
+    if _total(mx.sum(mx.isnan(gc) != mx.isnan(wc)) for gc, wc in parts):
+        return "NaN positions differ"
+    if _total(mx.sum(~close(gc, wc)) for gc, wc in parts) == 0:
+        return None
+    # the scale: RMS of the finite nonzero eager values, each divided by their largest first (float32 squares of
+    # large values overflow)
+    fins = [(wc.astype(mx.float32), mx.isfinite(wc) & (wc != 0)) for _, wc in parts]
+    top = max(_total([mx.max(mx.where(m, mx.abs(w32), 0.0))]) for w32, m in fins)
+    unit = top if top > 0 else 1.0
+    sq = sum(_sum64(mx.where(m, mx.square(w32 / unit), 0.0)) for w32, m in fins)
+    n = _total(mx.sum(m) for _, m in fins)
+    rms = top * float(np.sqrt(sq / max(n, 1)))
+
+    def bad(gc, wc):
+        g32, w32 = f32(gc, wc)
+        return ~(close(gc, wc) | (mx.abs(g32 - w32) <= srtol * rms))
+
+    nb = _total(mx.sum(bad(gc, wc)) for gc, wc in parts)
+    if nb == 0:
+        return None
+    first = next(i * CHUNK + _first(bad(gc, wc), gc, wc, at_only=True) for i, (gc, wc) in enumerate(parts)
+                 if mx.any(bad(gc, wc)).item())
+    return (f"{nb} of {w.size} elements differ beyond rtol {rtol} atol {atol} of the value and "
+            f"{srtol} of the output's nonzero RMS {rms:.3g} "
+            f"(first at flat {first}: {_scalar(g, first)!r} vs {_scalar(w, first)!r})")
+
+
+def _total(sums) -> float:
+    """The sum of lazily made MLX scalars, evaluated together, as a Python number."""
+    sums = list(sums)
+    mx.eval(*sums)
+    return sum(s.item() for s in sums)
+
+
+def _sum64(x: mx.array) -> float:
+    """A float32 array's sum with float32 rounding over 4,096 elements at most (a long float32 running sum drifts:
+    1.6% over 311M squares on MLX's CPU backend), the partial sums added in float64."""
+    n = x.size // 4096 * 4096
+    parts = [mx.sum(x[:n].reshape(-1, 4096), axis=-1)] if n else []
+    if n < x.size:
+        parts.append(mx.sum(x[n:], keepdims=True))
+    mx.eval(*parts)
+    return float(sum(np.asarray(p, np.float64).sum() for p in parts))
+
+
+def _first(flags: mx.array, g: mx.array, w: mx.array, at_only: bool = False):
+    """The first flagged flat index (``at_only``), or ``"flat K: g vs w"``."""
+    k = mx.argmax(flags).item()
+    return k if at_only else f"flat {k}: {_scalar(g, k)!r} vs {_scalar(w, k)!r}"
+
+
+def _scalar(a: mx.array, k: int):
+    v = a[k]
+    return np.float16(v.item()) if a.dtype == mx.float16 else (np.float32(v.item()) if a.dtype == mx.float32
+                                                              else v.item())
 
 
 def _bf16_to_f32(a: np.ndarray) -> np.ndarray:

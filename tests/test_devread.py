@@ -342,9 +342,39 @@ def test_staging_buffer_grows_and_frees_the_old_one(small_direct):
         a = (mx.arange(n) % 251).astype(mx.uint8)
         out = np.zeros(n, np.uint8)
         assert r.write_result(out.ctypes.data, a) and np.array_equal(out, np.arange(n) % 251)
-        sizes.append(r._stage.nbytes)
+        sizes.append(r._stage[0].nbytes)
     assert sizes[0] == sizes[1] and sizes[2] == sizes[3] >= 3 << 20 and sizes[4] >= sizes[3] * 5 // 4, sizes
     assert all(s % (2 << 20) == 0 for s in sizes) and len(d.freed) == 2 and len(d.alive) == 1
+
+
+@pytest.mark.parametrize("dtype", [mx.uint8, mx.float16, mx.float32, mx.int64])
+def test_large_results_go_through_two_buffers_in_turn(small_direct, monkeypatch, dtype):
+    """A result over ``STAGE_CHUNK`` is copied chunk by chunk through two staging buffers, alternately: every byte
+    in place (an odd address, a last chunk of any size), nothing outside it, and a larger result allocates nothing."""
+    monkeypatch.setattr(devread, "STAGE_CHUNK", 2 << 20)
+    seen = []
+
+    def spy(r, target):
+        seen.append(tuple(np.array(target).tolist()))
+        return fake_copier(r, target)
+    r, d = reader(spy)
+    item = np.dtype(dt_np(dtype)).itemsize
+    for k, elems in enumerate(((5 << 20) // item + 3, (2 << 20) // item, (9 << 20) // item + 1)):
+        a = ((mx.arange(elems) * 7 + k) % 241).astype(dtype)
+        raw = np.full(a.nbytes + 10, 0xAB, np.uint8)
+        seen.clear()
+        assert r.write_result(raw.ctypes.data + 5, a)
+        assert raw[5:5 + a.nbytes].tobytes() == bytes(memoryview(np.asarray(a.view(mx.uint8)))), "wrong bytes"
+        assert (raw[:5] == 0xAB).all() and (raw[5 + a.nbytes:] == 0xAB).all()
+        assert sum(m for _, m in seen) == a.nbytes and all(m <= 2 << 20 for _, m in seen)
+        if len(seen) > 1:
+            assert len({p for p, _ in seen[0::2]}) == 1 and len({p for p, _ in seen[1::2]}) == 1
+            assert seen[0][0] != seen[1][0], "one buffer for two chunks in flight"
+    assert len(d.alive) == 2 and d.freed == [] and all(b.nbytes == 2 << 20 for b in r._stage)
+
+
+def dt_np(dtype):
+    return {mx.uint8: np.uint8, mx.float16: np.float16, mx.float32: np.float32, mx.int64: np.int64}[dtype]
 
 
 @pytest.mark.parametrize("n", [0, 1, 4095, 1 << 20, (2 << 20) + 1, (5 << 20) + 4093, 9 << 20])
@@ -401,7 +431,7 @@ def test_direct_write_failures_fall_back_then_stop(small_direct):
     r, d = reader(broken)
     assert not r.write_result(out.ctypes.data, a) and r.direct_failed == 1 and not out.any()
     r, d = reader(fake_copier, map_fail=True)            # allocated but not mapped: freed again
-    assert not r.write_result(out.ctypes.data, a) and not d.alive and r._stage is None
+    assert not r.write_result(out.ctypes.data, a) and not d.alive and not any(r._stage)
 
 
 def test_direct_writes_from_threads_share_the_buffer(small_direct):

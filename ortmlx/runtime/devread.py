@@ -9,9 +9,11 @@ CUDA driver, ``driver_read=0``) a read is a plain numpy copy.
 Every read goes through ``Reader.copyto`` / ``Reader.read``; a source is the host view of an
 evaluated MLX array (``dtypes.to_numpy``), which MLX returns only once the array is computed.
 
-Large results skip the host view: ``write_result`` has one kernel write the result's bytes into a
+Large results skip the host view: ``write_result`` has a kernel write the result's bytes into a
 page-locked staging buffer (``cuda_kernels.copy_to_address``), then host threads copy them into ORT's
-output buffer, whose fresh pages fault in on every thread at once. A host view of a device buffer first
+output buffer, whose fresh pages fault in on every thread at once. Results larger than ``STAGE_CHUNK``
+go through two such buffers in turn, the kernel filling one while the threads empty the other: a new,
+larger prompt allocates no page-locked memory (hundreds of ms for a 4,096-token prompt's logits). A host view of a device buffer first
 makes MLX copy it into managed memory, whose pages then migrate as they are read: a prompt's logits
 (1.2 GB at 4,096 tokens) cost most of the prompt that way. Page-locking ORT's buffer for the kernel
 instead costs more than the copy (``scripts/gpu_io_probe.py --large``; docs/performance.md).
@@ -31,8 +33,10 @@ from ..kernels.cuda_driver import Driver, DriverError, HostBuffer
 from ..kernels.cuda_driver import driver as _open_driver
 
 
-#: the staging buffer grows in steps of this many bytes (and by a quarter at least)
+#: a staging buffer grows in steps of this many bytes (and by a quarter at least), up to ``STAGE_CHUNK``
 _STAGE_ALIGN = 2 << 20
+#: the most bytes one staging buffer holds; larger results take two, alternately (a multiple of _STAGE_ALIGN)
+STAGE_CHUNK = 64 << 20
 #: threads of a large host copy, and the least bytes each is given
 COPY_THREADS = max(1, min(8, os.cpu_count() or 1))
 _COPY_CHUNK_MIN = 1 << 20
@@ -104,7 +108,7 @@ class DriverReader(Reader):
         self._copier = copier
         self.direct_writes = 0
         self.direct_failed = 0  # after 3, no direct write is tried
-        self._stage: HostBuffer | None = None
+        self._stage: list = []          # [HostBuffer]: the staging buffers (``_staging``)
         self._stage_lock = threading.Lock()
 
     def _copy(self, dst_addr: int, src: np.ndarray) -> bool:
@@ -139,26 +143,52 @@ class DriverReader(Reader):
 
     def _write(self, addr: int, r: mx.array, n: int) -> bool:
         copy = self._copier or cuda_kernels.copy_to_address
-        with self._stage_lock:          # one staging buffer per process: sessions on other threads wait
+        with self._stage_lock:          # one set of staging buffers per process: sessions on other threads wait
             try:
-                stage = self._staging(n)
-                mx.eval(copy(r, mx.array([stage.device_address, n], dtype=mx.uint64)))   # waits for the kernel
+                stages = self._staging(n)
+                flat, item = r.reshape(-1), r.dtype.size
+                per = min(b.nbytes for b in stages) // item     # elements a chunk
+                cuts = list(range(0, r.size, per))
+
+                def launch(k: int):
+                    s = cuts[k]
+                    e = min(s + per, r.size)
+                    buf = stages[k % len(stages)]
+                    part = flat if e - s == r.size else flat[s:e]
+                    done = copy(part, mx.array([buf.device_address, (e - s) * item], dtype=mx.uint64))
+                    mx.async_eval(done)
+                    return done, buf, s * item, (e - s) * item
+                nxt = launch(0)
+                for k in range(len(cuts)):
+                    done, buf, off, m = nxt
+                    mx.eval(done)                           # this chunk's kernel has finished
+                    nxt = launch(k + 1) if k + 1 < len(cuts) else None   # the next fills the other buffer
+                    parallel_memmove(addr + off, buf.host_address, m)
             except Exception:  # noqa: BLE001 - any failure: the caller copies through the host as usual
                 self.direct_failed += 1
                 return False
-            parallel_memmove(addr, stage.host_address, n)
         self.direct_writes += 1
         return True
 
-    def _staging(self, n: int) -> HostBuffer:
-        """The staging buffer, grown to hold ``n`` bytes (kept: the next prompt's logits are as large)."""
-        if self._stage is None or self._stage.nbytes < n:
-            old = self._stage.nbytes if self._stage is not None else 0
-            if self._stage is not None:
-                self._stage.free()
-                self._stage = None
-            self._stage = HostBuffer(self._drv, -(-max(n, old + old // 4) // _STAGE_ALIGN) * _STAGE_ALIGN)
-        return self._stage
+    def _staging(self, n: int) -> list[HostBuffer]:
+        """The staging buffers for ``n`` bytes: one of at least ``n`` up to ``STAGE_CHUNK``, else two of
+        ``STAGE_CHUNK`` (kept: the next prompt's logits are as large)."""
+        size, count = (n, 1) if n <= STAGE_CHUNK else (STAGE_CHUNK, 2)
+        for i in range(count):
+            b = self._stage[i] if i < len(self._stage) else None
+            if b is not None and b.nbytes >= size:
+                continue
+            old = b.nbytes if b is not None else 0
+            if b is not None:
+                b.free()
+                self._stage[i] = None
+            grown = -(-max(size, old + old // 4) // _STAGE_ALIGN) * _STAGE_ALIGN
+            nb = HostBuffer(self._drv, max(size, min(grown, STAGE_CHUNK)))
+            if i < len(self._stage):
+                self._stage[i] = nb
+            else:
+                self._stage.append(nb)
+        return self._stage[:count]
 
     def read(self, src: np.ndarray) -> np.ndarray:
         if not self._plain(src):

@@ -71,8 +71,8 @@ class Tuning:
     #: half precision (None: on a GPU); off: scores, softmax and P @ V as separate float32 ops
     fused_attention: bool | None = None
     #: MatMulNBits products in the activations' half precision, scales included (MLX's CUDA tensor-core qmm
-    #: takes half inputs only; off: A widened to float32, one rounding, as ORT's CPU EP)
-    half_nbits: bool = False
+    #: takes half inputs only; off: A widened to float32, one rounding, as ORT's CPU EP; None: on a GPU)
+    half_nbits: bool | None = None
     #: float32 Exp and Sigmoid through a polynomial exp in MLX ops, one fused kernel (None: on MLX's CPU backend,
     #: whose own exp is scalar code; kernels/fastmath.py)
     poly_exp: bool | None = None

@@ -125,7 +125,7 @@ class BuildConfig:
                    pinned_hints=bool(overrides.get("pinned_hints", t.pinned_hints)) and kernels,
                    direct_out=bool(overrides.get("direct_out", t.direct_out)) and kernels,
                    fused_attention=pick("fused_attention", t.fused_attention, gpu),
-                   half_nbits=pick("half_nbits", t.half_nbits, False),
+                   half_nbits=pick("half_nbits", t.half_nbits, gpu),
                    poly_exp=pick("poly_exp", t.poly_exp, device == "cpu"))
 
     def context(self, **fields) -> BuildContext:

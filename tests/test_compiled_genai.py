@@ -71,12 +71,12 @@ class Runner:
 
 
 def run(path: str, provider: str = "mlx", options: dict | None = None, overlay: dict | None = None,
-        twice: bool = False):
+        twice: bool = False, prompts=PROMPTS):
     """(greedy tokens for every prompt, snapshots of the compiled runners the session made); ``twice``: every
     prompt is generated twice in a row (the tokens of the second generation are returned)."""
     with C.capture() as rs:
         model, _ = mg.load_model(path, provider, options, overlay or SHARE)
-    toks = [(greedy(model, p), greedy(model, p))[-1] if twice else greedy(model, p) for p in PROMPTS]
+    toks = [(greedy(model, p), greedy(model, p))[-1] if twice else greedy(model, p) for p in prompts]
     snaps = [Runner(r) for r in rs]
     del model
     return toks, snaps
@@ -98,6 +98,20 @@ def attention_parts(rs):
     att = [r for r in rs if r.is_attention]
     assert len(att) == 1, rs
     return att[0]
+
+
+def test_a_later_bucket_is_trusted_after_one_match():
+    """Once one bucket's closure matched eager at two lengths, a later bucket's is trusted at its first match
+    (the same traced body): lengths 16, 7 verify bucket 16, 20 verifies bucket 32, 25 replays it."""
+    path = model_dir("qwen2")
+    prompts = PROMPTS[:2] + (PROMPTS[3], [510] + list(range(90, 114)))
+    eager, _ = run(path, options={"no_compile": "1"}, prompts=prompts)
+    got, rs = run(path, prompts=prompts)
+    assert got == eager
+    pre = attention_parts(rs).prefill
+    assert pre.trace_counts == [1, 1], pre.counters
+    assert (pre.counters["verify_calls"], pre.counters["compiled_calls"]) == (3, 1), pre.counters
+    assert no_poison(rs) == []
 
 
 def no_poison(rs):

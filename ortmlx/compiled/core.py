@@ -2,8 +2,9 @@
 
 Per call: key the inputs (shapes, or ranks for shapeless), find the closure for
 the key, and replay it once it is trusted. A closure is trusted only after its
-outputs matched eager on its first call (and, shapeless, again at a second,
-different shape); until then the call answers from eager. Any error or mismatch
+outputs matched eager on its first call (and, shapeless or padded, again at a second,
+different shape, for the first such closure of this subgraph: every later one traces the same
+body, so its first match trusts it); until then the call answers from eager. Any error or mismatch
 poisons the closure (dropped, never called again) and the call answers from eager.
 """
 from __future__ import annotations
@@ -147,6 +148,8 @@ class CompiledSubgraph:
         self._said: set[str] = set()
         self.released = False
         self._stopped = False               # no new keys any more (max_keys / thrashing)
+        #: a shapeless or padded closure matched eager at two shapes: the body reads its lengths, not a baked one
+        self._proven = False
         self._eval = mx.eval                # the compiled path's eval (tests inject failures here)
         #: ``run``'s last lookup: (k1, its plan, host bytes, closure); an identical k1 object finds them again
         #: (``Keys.since`` keeps the object while no part changes; only ``_first`` and ``release`` change the maps)
@@ -451,7 +454,9 @@ class CompiledSubgraph:
             self._poison(c, f"outputs differ from eager: {why} (input shapes {at})")
             return
         c.verified.add(sig)
-        c.trusted = not (self.config.shapeless or call.padded) or len(c.verified) >= 2
+        if (self.config.shapeless or call.padded) and len(c.verified) >= 2:
+            self._proven = True
+        c.trusted = not (self.config.shapeless or call.padded) or len(c.verified) >= 2 or self._proven
 
     def _apply(self, c: _Closure, call: "Call", probe) -> RunResult | None:
         """Host outputs of the closure, or None after poisoning it on any error."""
@@ -645,6 +650,7 @@ class CompiledSubgraph:
         c.poisoned = why
         c.fn = None
         c.trusted = False
+        self._proven = False            # any doubt: later closures prove themselves at two shapes again
         self.counters["poisoned"] = why[:300]
         self.counters["poisoned_closures"] += 1
         self._fallback(f"{self.config.name} closure poisoned: {why}", once=False)

@@ -373,6 +373,26 @@ def test_large_results_go_through_two_buffers_in_turn(small_direct, monkeypatch,
     assert len(d.alive) == 2 and d.freed == [] and all(b.nbytes == 2 << 20 for b in r._stage)
 
 
+def test_the_self_tests_small_chunks_take_the_two_buffer_path(small_direct):
+    """The driver's self-test writes 16,396 bytes in 4,096-byte chunks (``_write(..., chunk=4096)``): five kernels
+    into two small buffers in turn, every byte in place; a later full-size write grows the buffer it needs."""
+    seen = []
+
+    def spy(r, target):
+        seen.append(tuple(np.array(target).tolist()))
+        return fake_copier(r, target)
+    r, d = reader(spy)
+    c = mx.arange(4099, dtype=mx.int32) * 5
+    out = np.zeros(4099 + 3, np.int32)[1:-2]
+    assert r._write(out.ctypes.data, c, c.nbytes, chunk=4096) and np.array_equal(out, np.arange(4099) * 5)
+    assert [m for _, m in seen] == [4096] * 4 + [16396 - 4 * 4096]
+    assert len({p for p, _ in seen[0::2]}) == 1 and len({p for p, _ in seen[1::2]}) == 1 and seen[0][0] != seen[1][0]
+    big = (mx.arange(3 << 18, dtype=mx.int32) % 97)          # 3 MiB: one buffer of its size
+    out = np.zeros(3 << 18, np.int32)
+    seen.clear()
+    assert r.write_result(out.ctypes.data, big) and np.array_equal(out, np.arange(3 << 18) % 97) and len(seen) == 1
+
+
 def dt_np(dtype):
     return {mx.uint8: np.uint8, mx.float16: np.float16, mx.float32: np.float32, mx.int64: np.int64}[dtype]
 

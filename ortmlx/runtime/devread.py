@@ -141,13 +141,15 @@ class DriverReader(Reader):
         n = int(r.nbytes)
         return bool(n) and self.direct(n) and self._write(addr, r, n)
 
-    def _write(self, addr: int, r: mx.array, n: int) -> bool:
+    def _write(self, addr: int, r: mx.array, n: int, chunk: int = 0) -> bool:
+        """``write_result``'s copy; ``chunk``: bytes a staging buffer holds (default ``STAGE_CHUNK``; the driver's
+        self-test takes a small one to run the two-buffer path)."""
         copy = self._copier or cuda_kernels.copy_to_address
         with self._stage_lock:          # one set of staging buffers per process: sessions on other threads wait
             try:
-                stages = self._staging(n)
+                stages = self._staging(n, chunk or STAGE_CHUNK)
                 flat, item = r.reshape(-1), r.dtype.size
-                per = min(b.nbytes for b in stages) // item     # elements a chunk
+                per = min([b.nbytes for b in stages] + [chunk or STAGE_CHUNK]) // item    # elements a chunk
                 cuts = list(range(0, r.size, per))
 
                 def launch(k: int):
@@ -170,10 +172,10 @@ class DriverReader(Reader):
         self.direct_writes += 1
         return True
 
-    def _staging(self, n: int) -> list[HostBuffer]:
-        """The staging buffers for ``n`` bytes: one of at least ``n`` up to ``STAGE_CHUNK``, else two of
-        ``STAGE_CHUNK`` (kept: the next prompt's logits are as large)."""
-        size, count = (n, 1) if n <= STAGE_CHUNK else (STAGE_CHUNK, 2)
+    def _staging(self, n: int, chunk: int) -> list[HostBuffer]:
+        """The staging buffers for ``n`` bytes: one of at least ``n`` when ``n <= chunk``, else two of at least
+        ``chunk`` (kept: the next prompt's logits are as large)."""
+        size, count = (n, 1) if n <= chunk else (chunk, 2)
         for i in range(count):
             b = self._stage[i] if i < len(self._stage) else None
             if b is not None and b.nbytes >= size:
@@ -183,7 +185,7 @@ class DriverReader(Reader):
                 b.free()
                 self._stage[i] = None
             grown = -(-max(size, old + old // 4) // _STAGE_ALIGN) * _STAGE_ALIGN
-            nb = HostBuffer(self._drv, max(size, min(grown, STAGE_CHUNK)))
+            nb = HostBuffer(self._drv, max(size, min(grown, chunk)))
             if i < len(self._stage):
                 self._stage[i] = nb
             else:
@@ -221,7 +223,10 @@ def _probe_driver():
         if cuda_kernels.usable():           # the direct write, checked the same way (else never tried)
             out = np.zeros(4099 + 3, np.int32)[1:-2]       # (an address 4 bytes into an allocation)
             b = a * 2
-            if not (r._write(out.ctypes.data, b, b.nbytes) and np.array_equal(out, want * 2)):
+            c = a * 5                       # 16,396 bytes in 4,096-byte chunks: the two-buffer path, a short last one
+            out2 = np.zeros(4099 + 3, np.int32)[1:-2]
+            if not (r._write(out.ctypes.data, b, b.nbytes) and np.array_equal(out, want * 2)
+                    and r._write(out2.ctypes.data, c, c.nbytes, chunk=4096) and np.array_equal(out2, want * 5)):
                 r.direct_failed = 3
         return r
     except Exception:

@@ -13,10 +13,10 @@ Large results skip the host view: ``write_result`` has a kernel write the result
 page-locked staging buffer (``cuda_kernels.copy_to_address``), then host threads copy them into ORT's
 output buffer, whose fresh pages fault in on every thread at once. Results larger than ``STAGE_CHUNK``
 go through two such buffers in turn, the kernel filling one while the threads empty the other: a new,
-larger prompt allocates no page-locked memory (hundreds of ms for a 4,096-token prompt's logits). A host view of a device buffer first
-makes MLX copy it into managed memory, whose pages then migrate as they are read: a prompt's logits
-(1.2 GB at 4,096 tokens) cost most of the prompt that way. Page-locking ORT's buffer for the kernel
-instead costs more than the copy (``scripts/gpu_io_probe.py --large``; docs/performance.md).
+larger prompt allocates no page-locked memory (hundreds of ms for a 4,096-token prompt's logits).
+A host view of a device buffer first makes MLX copy it into managed memory, whose pages then migrate
+as they are read: a prompt's logits (1.2 GB at 4,096 tokens) cost most of the prompt that way.
+Page-locking ORT's buffer for the kernel instead costs more than the copy (``scripts/gpu_io_probe.py --large``; docs/performance.md).
 """
 from __future__ import annotations
 
@@ -145,11 +145,12 @@ class DriverReader(Reader):
         """``write_result``'s copy; ``chunk``: bytes a staging buffer holds (default ``STAGE_CHUNK``; the driver's
         self-test takes a small one to run the two-buffer path)."""
         copy = self._copier or cuda_kernels.copy_to_address
+        chunk = chunk or STAGE_CHUNK
         with self._stage_lock:          # one set of staging buffers per process: sessions on other threads wait
             try:
-                stages = self._staging(n, chunk or STAGE_CHUNK)
+                stages = self._staging(n, chunk)
                 flat, item = r.reshape(-1), r.dtype.size
-                per = min([b.nbytes for b in stages] + [chunk or STAGE_CHUNK]) // item    # elements a chunk
+                per = chunk // item                         # elements a chunk (every buffer holds them)
                 cuts = list(range(0, r.size, per))
 
                 def launch(k: int):

@@ -14,7 +14,10 @@ Engines (each in a worker process of its own; the cases alternate between them, 
 With --smoke the two CUDA columns run on ORT's CPU EP (value_info stripped, which the CPU EP needs for the
 builder's fp16 graphs) and the MLX EP on MLX's CPU; sizes shrink (the tiny model, prompts <= 128 tokens).
 
-Cases (--only, comma separated; default all, in this order):
+Cases (--only, comma separated; default all but cold, in this order):
+  cold      a fresh host as far as one can be made: each engine (and the MLX EP eager, no_compile=1) in a new
+            process whose kernel caches are empty (MLX_PTX_CACHE_DIR, CUDA_CACHE_PATH, TMPDIR: new directories);
+            process start to the first token of a 128-token prompt, and to the 16th (the OS's file cache stays warm)
   stall     after one generation, 17 prompt lengths <= 4096 drawn with a fixed seed: each first call's TTFT over
             the warm TTFT at its length; the slowest ratio is reported
   prefill   TTFT (append_tokens + the first generated token) at 128 / 512 / 2048 / 4096: the first call at each
@@ -77,7 +80,9 @@ def _ortmlx_home() -> str:
 
 
 ENGINES = ("cuda", "cuda_graph", "mlx")
-CASES = ("stall", "prefill", "decode", "batch", "accuracy", "host")
+CASES = ("cold", "stall", "prefill", "decode", "batch", "accuracy", "host")
+#: what --only runs when not given ("cold" rebuilds every MLX kernel: minutes on a GPU, so it is asked for)
+DEFAULT_CASES = tuple(c for c in CASES if c != "cold")
 
 #: sizes and counts; --smoke takes the second set (the tiny model's context is 256 positions)
 FULL = dict(sizes=["0.5b", "1.5b"], precisions=["fp16", "int4"], prefill=[128, 512, 2048, 4096], stall_n=17,
@@ -87,7 +92,7 @@ SMOKE = dict(sizes=["tiny"], precisions=["fp16", "int4"], prefill=[16, 32, 64, 1
              prompt=16, new_tokens=16, batches=[1, 2, 4], reps=2, rounds=2, acc_steps=8, check_prompt=12,
              check_tokens=4, host_tokens=24, budget=900.0)
 #: the most one engine call of each kind may take (clipped to the time left)
-LIMITS = dict(load=300, check=300, stall=300, prefill=240, decode=180, batch=240, accuracy=240, ref=300, host=240,
+LIMITS = dict(cold=300, load=300, check=300, stall=300, prefill=240, decode=180, batch=240, accuracy=240, ref=300, host=240,
               build=420)
 #: kept back from --time-budget for the last table and the JSON
 RESERVE = 5.0
@@ -211,6 +216,15 @@ class Engine:
         r = self.generate(length, n_new, max_len, batch)
         if not keep_tokens:
             r.pop("tokens")
+        return r
+
+    def op_cold(self, length: int, n_new: int, max_len: int) -> dict:
+        """The process's first generation, with the kernel files MLX wrote meanwhile counted."""
+        r = self.generate(length, n_new, max_len)
+        r.pop("tokens")
+        # MLX's kernel files: PTX/CUBIN on CUDA (MLX_PTX_CACHE_DIR), g++ libraries on its CPU ($TMPDIR/mlx)
+        dirs = {os.environ.get("MLX_PTX_CACHE_DIR") or "", os.path.join(tempfile.gettempdir(), "mlx")}
+        r["kernel_files"] = sum(len(fs) for d in dirs if d and os.path.isdir(d) for _, _, fs in os.walk(d))
         return r
 
     def op_ttft(self, length: int, max_len: int, reps: int) -> dict:
@@ -585,7 +599,10 @@ class Bench:
 
             def tt(L, B=1):
                 return ttft * (0.3 + 0.7 * L * B / L0)
-            if case == "stall":
+            if case == "cold":      # a new process each, every kernel built again (a fresh host: minutes on MLX)
+                f = E.get("check", {}).get("first", {}).get("total_s", 20.0)
+                total += 5.0 + E.get("load", {}).get("load_s", 10.0) + (3 * f + 60.0 if e == "mlx" else f)
+            elif case == "stall":
                 total += sum(new + (1 + c["reps"]) * tt(L) for L in M["stall_lens"])
             elif case == "prefill":
                 total += sum(new + (1 + c["reps"]) * tt(L) for L in M["prefill_lens"])
@@ -705,6 +722,45 @@ class Bench:
     # ------------------------------------------------------------------ cases
     def live(self, M: dict) -> list:
         return [e for e in self.engines if e not in M["dead"]]
+
+    def case_cold(self, M: dict) -> None:
+        """Each engine in a process of its own with empty kernel caches: start to first token, and to the 16th."""
+        c, out = self.cfg, M.setdefault("cold", {})
+        n_new = 16
+        runs = [(e, e, {}) for e in self.live(M)]
+        if any(e == "mlx" for e, _, _ in runs):
+            runs.append(("mlx_eager", "mlx", {"no_compile": "1"}))
+        for name, kind, extra in runs:
+            root = tempfile.mkdtemp(prefix=f"cold-{name}.", dir=self.tmp)
+            env = dict(self.env)
+            for var in ("MLX_PTX_CACHE_DIR", "CUDA_CACHE_PATH", "TMPDIR"):
+                env[var] = os.path.join(root, var.lower())
+                os.makedirs(env[var])
+            spec = {"kind": kind, "dir": M["dirs"][kind], "smoke": self.smoke, "mlx_device": self.args.mlx_device,
+                    "mlx_options": {**dict(kv.split("=", 1) for kv in self.args.mlx_option), **extra}}
+            lim = self.budget.limit(LIMITS["cold"])
+            if lim < 5:
+                self.fail(M, f"cold {name}", "no time left in the budget")
+                continue
+            t0 = time.monotonic()
+            w = Worker(spec, self.log, env)
+            try:
+                load = w.call("load", lim)
+                t1 = time.monotonic()
+                r = w.call("cold", max(1.0, lim - (t1 - t0)), length=c["prompt"], n_new=n_new,
+                           max_len=M["decode_max_len"])
+            except WorkerError as e:
+                self.fail(M, f"cold {name}", str(e))
+                continue
+            finally:
+                w.close()
+            first = (t1 - t0) + r["generator_ms"] / 1e3 + r["ttft_ms"] / 1e3
+            out[name] = {"start_to_loaded_s": t1 - t0, "load_s": load["load_s"], "ttft_ms": r["ttft_ms"],
+                         "start_to_first_token_s": first, "start_to_last_token_s": (t1 - t0) + r["total_s"],
+                         "tokens": r["tokens_out"], "kernel_files": r["kernel_files"]}
+            self.say(f"  [{M['name']}] cold {name}: process start to first token {first:.2f} s (loaded after "
+                     f"{t1 - t0:.1f} s, TTFT {r['ttft_ms'] / 1e3:.2f} s), to token {r['tokens_out']} "
+                     f"{out[name]['start_to_last_token_s']:.2f} s; kernel files written: {r['kernel_files']}")
 
     def case_stall(self, M: dict) -> None:
         c, out = self.cfg, M.setdefault("stall", {})
@@ -1008,6 +1064,16 @@ def print_table(b: Bench, M: dict) -> None:
     add("load s", [E.get(e, {}).get("load", {}).get("load_s") for e in engines], "s", ".1f")
     add("first generation s", [E.get(e, {}).get("check", {}).get("first", {}).get("total_s") for e in engines],
         "s, lower", ".2f")
+    cd = M.get("cold", {})
+    if cd:
+        add("cold: start to first token", [cd.get(e, {}).get("start_to_first_token_s") for e in engines],
+            "s, lower", ".2f")
+        add("cold: start to 16th token", [cd.get(e, {}).get("start_to_last_token_s") for e in engines],
+            "s, lower", ".2f")
+        if "mlx_eager" in cd:
+            add("cold: MLX EP eager, first / 16th", [(f"{cd['mlx_eager']['start_to_first_token_s']:.2f} / "
+                                                      f"{cd['mlx_eager']['start_to_last_token_s']:.2f}")
+                                                     if e == "mlx" else None for e in engines], "s", "s")
     pf = M.get("prefill", {})
     for L in M.get("prefill_lens", []) if pf else []:
         add(f"TTFT {L} warm", [pf.get(e, {}).get(str(L), {}).get("warm_ms") for e in engines], "ms, lower", ".2f")
@@ -1106,7 +1172,8 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny models on this box: ORT's CPU EP for the CUDA columns")
     ap.add_argument("--sizes", help="comma list (default 0.5b,1.5b; --smoke: tiny)")
     ap.add_argument("--precisions", help="comma list of fp16,int4 (default both)")
-    ap.add_argument("--only", default=",".join(CASES), help=f"comma list of {','.join(CASES)} (default all)")
+    ap.add_argument("--only", default=",".join(DEFAULT_CASES),
+                    help=f"comma list of {','.join(CASES)} (default all but cold)")
     ap.add_argument("--engines", default=",".join(ENGINES), help=f"comma list of {','.join(ENGINES)}")
     ap.add_argument("--time-budget", type=float, help="seconds for the whole run (default 540; --smoke 900)")
     ap.add_argument("--call-limit", type=float, help="at most this many seconds for any one engine call or build "

@@ -67,3 +67,22 @@ def test_bench_llm_smoke_json_has_every_engine(tmp_path):
     assert _num(M["host"]["ep_python_ms"]) and 0 < M["host"]["ep_python_share"] < 1
     # the table names every engine's column
     assert "ORT CPU (graph cfg)" in p.stdout and "MLX/graph" in p.stdout
+
+
+@pytest.mark.slow   # ~60 s on 2 cores: every MLX kernel built again in new processes
+def test_bench_llm_cold_case_starts_each_engine_with_empty_caches(tmp_path):
+    out = tmp_path / "cold.json"
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "bench_llm.py"), "--smoke", "--precisions",
+                        "fp16", "--only", "cold", "--time-budget", "200", "--json", str(out)], capture_output=True,
+                       text=True, env=child_env(), timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    M = json.loads(out.read_text())["models"]["qwen2-tiny-fp16"]
+    if M["skipped"]:
+        pytest.skip(f"this machine was too slow for the budget: {M['skipped']}")
+    assert not M["errors"], M["errors"]
+    for e in ENGINES + ("mlx_eager",):
+        c = M["cold"][e]
+        assert c["tokens"] == 16 and 0 < c["start_to_first_token_s"] <= c["start_to_last_token_s"], (e, c)
+    # the MLX EP's processes built their kernels into the new, empty cache (compiled: g++ libraries on the CPU)
+    assert M["cold"]["mlx"]["kernel_files"] > 0, M["cold"]["mlx"]
+    assert "cold: start to first token" in p.stdout

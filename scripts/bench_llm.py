@@ -504,9 +504,7 @@ class Bench:
             return None
         starts = M["starts"].get(engine, 0)
         M["starts"][engine] = starts + 1
-        spec = {"kind": engine, "dir": M["dirs"][engine], "smoke": self.smoke, "mlx_device": self.args.mlx_device,
-                "mlx_options": dict(kv.split("=", 1) for kv in self.args.mlx_option)}
-        w = Worker(spec, self.log, self.env)
+        w = Worker(self.spec(M, engine), self.log, self.env)
         E = M["engines"].setdefault(engine, {})
         try:
             E["load"] = w.call("load", self.budget.limit(LIMITS["load"]))
@@ -531,6 +529,11 @@ class Bench:
         self.workers[engine] = w
         self.used[engine] = False
         return w
+
+    def spec(self, M: dict, kind: str, extra: dict | None = None) -> dict:
+        """A worker's spec: the engine, its model folder, the MLX options (--mlx-option, then ``extra``)."""
+        return {"kind": kind, "dir": M["dirs"][kind], "smoke": self.smoke, "mlx_device": self.args.mlx_device,
+                "mlx_options": {**dict(kv.split("=", 1) for kv in self.args.mlx_option), **(extra or {})}}
 
     def fresh(self, M: dict) -> None:
         """Workers that ran more than their check are ended: the next case starts each engine again, loaded
@@ -599,9 +602,10 @@ class Bench:
 
             def tt(L, B=1):
                 return ttft * (0.3 + 0.7 * L * B / L0)
-            if case == "cold":      # a new process each, every kernel built again (a fresh host: minutes on MLX)
+            if case == "cold":      # a new process each, every kernel built again (as the check's first generation:
+                #                     a fresh host's; the MLX EP's eager run on top)
                 f = E.get("check", {}).get("first", {}).get("total_s", 20.0)
-                total += 5.0 + E.get("load", {}).get("load_s", 10.0) + (3 * f + 60.0 if e == "mlx" else f)
+                total += 5.0 + E.get("load", {}).get("load_s", 10.0) + (f + 30.0 if e == "mlx" else f)
             elif case == "stall":
                 total += sum(new + (1 + c["reps"]) * tt(L) for L in M["stall_lens"])
             elif case == "prefill":
@@ -736,14 +740,12 @@ class Bench:
             for var in ("MLX_PTX_CACHE_DIR", "CUDA_CACHE_PATH", "TMPDIR"):
                 env[var] = os.path.join(root, var.lower())
                 os.makedirs(env[var])
-            spec = {"kind": kind, "dir": M["dirs"][kind], "smoke": self.smoke, "mlx_device": self.args.mlx_device,
-                    "mlx_options": {**dict(kv.split("=", 1) for kv in self.args.mlx_option), **extra}}
             lim = self.budget.limit(LIMITS["cold"])
             if lim < 5:
                 self.fail(M, f"cold {name}", "no time left in the budget")
                 continue
             t0 = time.monotonic()
-            w = Worker(spec, self.log, env)
+            w = Worker(self.spec(M, kind, extra), self.log, env)
             try:
                 load = w.call("load", lim)
                 t1 = time.monotonic()

@@ -92,8 +92,8 @@ SMOKE = dict(sizes=["tiny"], precisions=["fp16", "int4"], prefill=[16, 32, 64, 1
              prompt=16, new_tokens=16, batches=[1, 2, 4], reps=2, rounds=2, acc_steps=8, check_prompt=12,
              check_tokens=4, host_tokens=24, budget=900.0)
 #: the most one engine call of each kind may take (clipped to the time left)
-LIMITS = dict(cold=300, load=300, check=300, stall=300, prefill=240, decode=180, batch=240, accuracy=240, ref=300, host=240,
-              build=420)
+LIMITS = dict(cold=300, load=300, check=300, stall=300, prefill=240, decode=180, batch=240, accuracy=240, ref=300,
+              host=240, build=420)
 #: kept back from --time-budget for the last table and the JSON
 RESERVE = 5.0
 #: what the estimates take a call at a new shape (a prompt length, batch or KV buffer not seen yet) to cost

@@ -16,7 +16,8 @@ go through two such buffers in turn, the kernel filling one while the threads em
 larger prompt allocates no page-locked memory (hundreds of ms for a 4,096-token prompt's logits).
 A host view of a device buffer first makes MLX copy it into managed memory, whose pages then migrate
 as they are read: a prompt's logits (1.2 GB at 4,096 tokens) cost most of the prompt that way.
-Page-locking ORT's buffer for the kernel instead costs more than the copy (``scripts/gpu_io_probe.py --large``; docs/performance.md).
+Page-locking ORT's buffer for the kernel instead costs more than the copy
+(``scripts/gpu_io_probe.py --large``; docs/performance.md).
 """
 from __future__ import annotations
 

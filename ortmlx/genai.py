@@ -17,7 +17,7 @@ import numpy as np
 
 from . import EP_NAME, partition_reports, register
 
-PROVIDERS = ("mlx", "cpu")
+PROVIDERS = ("mlx", "cpu", "cuda")
 
 
 def _og():
@@ -27,11 +27,12 @@ def _og():
 
 def make_config(model_dir: str, provider: str = "mlx", options: dict | None = None,
                 overlay: dict | None = None):
-    """An ``og.Config`` for ``model_dir`` on ``provider`` ("mlx" or "cpu").
+    """An ``og.Config`` for ``model_dir`` on ``provider`` ("mlx", "cpu" or "cuda").
 
     "mlx": ``clear_providers(); append_provider("MLXExecutionProvider")`` plus every option
     through ``set_provider_option``. "cpu": ``clear_providers()`` (genai's default, the CPU
-    EP). ``overlay`` is merged into genai_config.json (``Config.overlay``).
+    EP). "cuda": ORT's CUDA EP (onnxruntime-genai-cuda), options likewise. ``overlay`` is
+    merged into genai_config.json (``Config.overlay``).
     """
     if provider not in PROVIDERS:
         raise ValueError(f"provider must be one of {PROVIDERS}, got {provider!r}")
@@ -42,12 +43,13 @@ def make_config(model_dir: str, provider: str = "mlx", options: dict | None = No
     if overlay:
         config.overlay(json.dumps(overlay))
     config.clear_providers()
-    if provider == "mlx":
-        config.append_provider(EP_NAME)
+    if provider in ("mlx", "cuda"):
+        name = EP_NAME if provider == "mlx" else "cuda"
+        config.append_provider(name)
         for k, v in (options or {}).items():
-            config.set_provider_option(EP_NAME, str(k), str(v))
+            config.set_provider_option(name, str(k), str(v))
     elif options:
-        raise ValueError(f"options {options!r} are only for the mlx provider")
+        raise ValueError(f"options {options!r} are only for the mlx and cuda providers")
     return config
 
 

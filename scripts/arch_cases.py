@@ -16,8 +16,10 @@ References (the correctness policy, docs/llm_partition.md):
   which it refuses), the fp32 ``-e cpu`` build of the same checkpoint. Half precision is not expected to give the
   same 64 greedy tokens as float32 (a near-tie flips), so the case also records the teacher-forced
   logits' max |MLX - reference| / max |reference| over 16 steps, bounded by HALF_RTOL. Token identity
-  for these graphs is the GPU's job (``--device gpu``, on a CUDA host); on the CPU that cell is
-  "not run here".
+  for these graphs is the GPU's job (``--device gpu``, on a CUDA host, with onnxruntime-genai-cuda): there
+  ORT's CUDA EP runs the same graph too, the tokens are compared with its, and its teacher-forced distance
+  to the float32 reference is the bound for the MLX EP's (DEVELOPERS.md's half-precision policy); on the
+  CPU that cell is "not run here".
 Run by scripts/llm_report.py, one process per case (a crash costs one cell).
 """
 from __future__ import annotations
@@ -169,7 +171,6 @@ def run_case(arch: str, target: str, precision: str, n: int = 64, device: str = 
             res["agree"] = agree(got, ref)
             res["distinct_ref_tokens"] = len(set(ref))
             return res
-        import numpy as np
         forced_ref = None
         try:      # the same graph in float32 on the CPU EP
             ref_model = mg.load_model(float32_graph(path, os.path.join(tmp, name + "-f32")), "cpu")[0]
@@ -189,18 +190,57 @@ def run_case(arch: str, target: str, precision: str, n: int = 64, device: str = 
         forced_ref = ref[:N_FORCED]
         a = mg.forced_logits(model, ids, forced_ref)
         b = mg.forced_logits(ref_model, ids, forced_ref)
-        res["logits_rel"] = float(max(np.abs(x - y).max() / np.abs(y).max() for x, y in zip(a, b)))
+        res["logits_rel"] = _rel(a, b)
         res["half_rtol"] = HALF_RTOL.get(precision, HALF_RTOL["fp16"])
         try:      # the CPU EP on the same half graph, where it has the kernels (float16; no bfloat16 ones)
             cpu_half = mg.load_model(path, "cpu")[0]
             c = mg.forced_logits(cpu_half, ids, forced_ref)
-            res["logits_rel_cpu_half"] = float(max(np.abs(x - y).max() / np.abs(y).max() for x, y in zip(a, c)))
-            res["cpu_half_vs_fp32"] = float(max(np.abs(x - y).max() / np.abs(y).max() for x, y in zip(c, b)))
+            res["logits_rel_cpu_half"] = _rel(a, c)
+            res["cpu_half_vs_fp32"] = _rel(c, b)
         except Exception as e:  # noqa: BLE001
             res["cpu_half_error"] = str(e).strip().splitlines()[0][:200]
         if device == "gpu":
-            res["agree"] = res["agree_vs_fp32"]
+            res.update(cuda_reference(path, ids, n, got, ref, forced_ref, a, b))
     return res
+
+
+def _rel(xs, ys) -> float:
+    """max |x - y| / max |y| over teacher-forced steps."""
+    import numpy as np
+    return float(max(np.abs(x - y).max() / np.abs(y).max() for x, y in zip(xs, ys)))
+
+
+def _gpu_name() -> str:
+    import subprocess
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=30).stdout.strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return ""
+
+
+def cuda_reference(path, ids, n, got, ref, forced, mlx_logits, ref_logits) -> dict:
+    """ORT's CUDA EP on the same half-precision graph: the GPU's reference (DEVELOPERS.md: the MLX EP's
+    distance to float32 may be no larger than the CUDA EP's; greedy tokens against the CUDA EP)."""
+    import numpy as np
+    import onnxruntime as ort
+    import onnxruntime_genai as og
+
+    from ortmlx import genai as mg
+    out = {"versions": {"onnxruntime": ort.__version__, "onnxruntime_genai": og.__version__}, "gpu": _gpu_name()}
+    try:
+        model = mg.load_model(path, "cuda")[0]
+        toks = mg.greedy(model, ids, n)
+        c = mg.forced_logits(model, ids, forced)
+    except Exception as e:  # noqa: BLE001 - ORT's CUDA EP refuses this graph: said in the cell
+        out["cuda_error"] = str(e).strip().splitlines()[0][:300]
+        return out
+    out["finite"] = bool(all(np.isfinite(x).all() for x in list(c) + list(mlx_logits)))
+    out["agree"] = agree(got, toks)                 # the tokens cell on the GPU: MLX EP vs CUDA EP
+    out["cuda_agree_vs_fp32"] = agree(toks, ref)
+    out["cuda_vs_fp32"] = _rel(c, ref_logits)
+    out["mlx_vs_cuda"] = _rel(mlx_logits, c)
+    return out
 
 
 def main(argv=None) -> int:

@@ -5,10 +5,12 @@ reference, and what the compiled decode path did.
     python scripts/llm_report.py [--section all|archs|base] [--out docs/llm_partition.md]
     python scripts/llm_report.py --section archs --reuse            # cells already measured are kept
     python scripts/llm_report.py --section archs --archs gemma2,gptoss --device gpu   # on a CUDA host
+    python scripts/llm_report.py --section archs-gpu --jobs 8       # -e cuda builds vs ORT's CUDA EP (CUDA host)
 
-Two sections: "archs" (every arch models/build_llm.py knows x target (-e cpu / -e cuda) x precision of
-its MATRIX, one scripts/arch_cases.py process per case, results cached under models/out/report/) and
-"base" (tiny Llama, Qwen2, Phi3 at fp32/fp16/int8/int4, the older table). Regenerating one section
+Three sections: "archs" (every arch models/build_llm.py knows x target (-e cpu / -e cuda) x precision of
+its MATRIX, one scripts/arch_cases.py process per case, results cached under models/out/report/),
+"archs-gpu" (its -e cuda cases on a CUDA host, next to ORT's CUDA EP) and "base" (tiny Llama, Qwen2, Phi3
+at fp32/fp16/int8/int4, the older table). Regenerating one section
 keeps the other as it is in --out. Builds missing models first (models/build_llm.py, a subprocess).
 """
 from __future__ import annotations
@@ -127,11 +129,13 @@ def base_section(args) -> list[str]:
 
 # ------------------------------------------------------------------------------------------ archs
 def _run_cases(args, cases) -> dict:
-    """scripts/arch_cases.py per case (cached JSON under models/out/report/ with --reuse)."""
+    """scripts/arch_cases.py per case (cached JSON under models/out/report/ with --reuse), ``--jobs`` at once."""
+    from concurrent.futures import ThreadPoolExecutor
     cache = os.path.join(args.models_out, "report")
     os.makedirs(cache, exist_ok=True)
-    out = {}
-    for a, t, p in cases:
+
+    def one(case):
+        a, t, p = case
         name = f"{a}-tiny-{p}" + ("" if t == "cpu" else f"-{t}")
         js = os.path.join(cache, f"{name}.{args.device}.json")
         if not (args.reuse and os.path.exists(js)):
@@ -143,9 +147,12 @@ def _run_cases(args, cases) -> dict:
                 with open(js, "w") as f:
                     json.dump({"name": name, "arch": a, "target": t, "precision": p, "error": tail[0][:300]}, f)
         with open(js) as f:
-            out[(a, t, p)] = json.load(f)
-        print(f"{name}: {_tokens_cell(out[(a, t, p)], args.device)}", flush=True)
-    return out
+            r = json.load(f)
+        print(f"{name}: {_tokens_cell(r, args.device)}", flush=True)
+        return r
+
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        return dict(zip(cases, pool.map(one, cases)))
 
 
 def _decode_cell(r: dict) -> str:
@@ -200,15 +207,96 @@ def _half_cell(r: dict, fp16: dict | None = None) -> str:
             f"vs the {vs32}")
 
 
+def _build(args) -> list[str]:
+    """The archs asked for, their models built first (models/build_llm.py skips cached builds)."""
+    import build_llm as bl
+    archs = [a for a in bl.ARCHS if not args.archs or a in args.archs.split(",")]
+    if args.no_build:
+        return archs
+    subprocess.run([sys.executable, os.path.join(ROOT, "models", "build_llm.py"), "--all-archs", "--out",
+                    args.models_out] + [x for a in archs for x in ("--arch", a)],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return archs
+
+
+def _gpu_cell(r: dict) -> str:
+    """DEVELOPERS.md's half-precision check: the MLX EP's teacher-forced distance to float32 no larger than
+    ORT's CUDA EP's on the same graph and tokens."""
+    if "cuda_error" in r:
+        return f"ORT's CUDA EP failed: {r['cuda_error'][:160]}"
+    if "cuda_vs_fp32" not in r:
+        return ""
+    m, c = r["logits_rel"], r["cuda_vs_fp32"]
+    verdict = f"<= CUDA EP {c:.1e} ok" if m <= c else f"> CUDA EP {c:.1e} OVER ({m / c:.2f}x)"
+    vs32 = "fp32 graph" if "this graph" in r["reference"] else "fp32 -e cpu build"
+    fin = "" if r.get("finite") else "; NON-FINITE logits"
+    return (f"MLX EP {m:.1e} {verdict}{fin}; greedy vs the {vs32}: MLX EP {r['agree_vs_fp32']}/{N}, "
+            f"CUDA EP {r['cuda_agree_vs_fp32']}/{N}")
+
+
+def gpu_section(args) -> list[str]:
+    """The -e cuda builds on a CUDA host: the MLX EP on MLX's CUDA backend next to ORT's CUDA EP."""
+    sys.path.insert(0, os.path.join(ROOT, "models"))
+    import build_llm as bl
+    args.device = "gpu"
+    archs = _build(args)
+    cases = [c for c in bl.matrix(archs) if not bl.ARCHS[c[0]].skip and c[1] == "cuda"]
+    res = _run_cases(args, cases)
+    rows, n_full, n_tok, n_err, n_run = [], 0, 0, 0, 0
+    versions, gpu, worst = {}, "", {}
+    for a, t, p in cases:
+        r = res[(a, t, p)]
+        if "not_built" in r:
+            continue
+        if "error" in r:
+            rows.append(f"| {a} | {p} | error: {r['error']} | | | | |")
+            continue
+        n_run += 1
+        versions, gpu = r.get("versions", versions), r.get("gpu", gpu)
+        if "cuda_vs_fp32" in r:
+            p_worst = worst.get(p, (0.0, ""))
+            worst[p] = max(p_worst, (r["logits_rel"] / r["cuda_vs_fp32"], a))
+        n_full += r["on_mlx"] == r["nodes"]
+        n_tok += r.get("agree") == N
+        n_err += "cuda_vs_fp32" in r and r["logits_rel"] <= r["cuda_vs_fp32"]
+        left = "; ".join(f"`{op}`: {why} ({k})" for op, why, k in r["left"]) or "-"
+        rows.append(f"| {a} | {p} | {r['on_mlx']}/{r['nodes']} | {left} | {_tokens_cell(r, 'gpu')} | "
+                    f"{_gpu_cell(r)} | {_decode_cell(r)} |")
+    gpu = gpu or "a CUDA GPU"
+    most = "; ".join(f"{p} {x:.2f}x ({a})" for p, (x, a) in sorted(worst.items()))
+    return [
+        "## The -e cuda builds on the GPU: the MLX EP next to ORT's CUDA EP",
+        "",
+        f"Generated by `python scripts/llm_report.py --section archs-gpu` on {datetime.date.today().isoformat()} "
+        f"on {gpu} with onnxruntime {versions.get('onnxruntime', '?')}, onnxruntime-genai "
+        f"{versions.get('onnxruntime_genai', '?')} (CUDA packages), the MLX EP on MLX's CUDA backend; the same "
+        "models as the table above.",
+        "",
+        f"{n_run} cases run: {n_full} run every node on MLX; {n_tok} give {N} greedy tokens identical to ORT's "
+        f"CUDA EP's; in {n_err} the MLX EP's logits are no further from float32 than the CUDA EP's (the largest "
+        f"ratio MLX EP / CUDA EP: {most or '-'}).",
+        "",
+        f"Columns: greedy tokens: the first position where the MLX EP's {N} greedy tokens differ from ORT's CUDA EP's "
+        "on the same graph; distance to float32: teacher-forced logits (16 steps on the float32 reference's "
+        "tokens), max |EP - reference| / max |reference|, the reference being ORT's CPU EP on the same graph "
+        "cast to float32 (or the checkpoint's fp32 -e cpu build where the CPU EP cannot run that), for the MLX "
+        "EP and for ORT's CUDA EP: DEVELOPERS.md's policy asks the MLX EP's to be no larger (OVER: larger); "
+        "then each EP's greedy agreement with the float32 reference (half precision flips near-ties, so these "
+        "need not be identical).",
+        "",
+        "| arch | precision | nodes on MLX | left on CPU (reason) | greedy tokens vs ORT CUDA EP | distance to "
+        "float32: MLX EP vs ORT CUDA EP | compiled decode |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+    ]
+
+
 def archs_section(args) -> list[str]:
     sys.path.insert(0, os.path.join(ROOT, "models"))
     import build_llm as bl
     import onnxruntime as ort
     import onnxruntime_genai as og
-    archs = [a for a in bl.ARCHS if not args.archs or a in args.archs.split(",")]
-    subprocess.run([sys.executable, os.path.join(ROOT, "models", "build_llm.py"), "--all-archs", "--out",
-                    args.models_out] + [x for a in archs for x in ("--arch", a)],
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    archs = _build(args)
     cases = [c for c in bl.matrix(archs) if not bl.ARCHS[c[0]].skip]
     res = _run_cases(args, cases)
     rows, left_all, failed, full = [], Counter(), [], 0
@@ -279,6 +367,7 @@ def archs_section(args) -> list[str]:
     return lines
 
 
+SECTIONS = ("archs", "archs-gpu", "base")
 BEGIN = "<!-- BEGIN {} (generated by scripts/llm_report.py --section {}) -->"
 END = "<!-- END {} -->"
 
@@ -300,21 +389,26 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "llm_partition.md"))
     ap.add_argument("--models-out", default=os.path.join(ROOT, "models", "out"))
-    ap.add_argument("--section", choices=("all", "archs", "base"), default="all")
+    ap.add_argument("--section", choices=("all",) + SECTIONS, default="all",
+                    help="all: archs and base; archs-gpu (on a CUDA host) only when named")
     ap.add_argument("--archs", default="", help="comma-separated archs (default: all) for --section archs")
     ap.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="the MLX EP's device (archs)")
     ap.add_argument("--reuse", action="store_true", help="keep cases already measured (models/out/report)")
+    ap.add_argument("--no-build", action="store_true",
+                    help="use the models under --models-out as they are (a host without the model builder)")
+    ap.add_argument("--jobs", type=int, default=1, help="cases measured at once (archs, archs-gpu)")
     args = ap.parse_args(argv)
-    sections = {}
-    for sec in ("archs", "base"):
-        if args.section in ("all", sec):
-            sections[sec] = archs_section(args) if sec == "archs" else base_section(args)
+    sections, make = {}, {"archs": archs_section, "archs-gpu": gpu_section, "base": base_section}
+    for sec in SECTIONS:        # "all" is what a CPU box can make; the GPU section is asked for by name
+        if args.section == sec or (args.section == "all" and sec != "archs-gpu"):
+            sections[sec] = make[sec](args)
         else:
             sections[sec] = _keep(args.out, sec)
     lines = ["# LLM partition report (onnxruntime-genai models on the MLX EP)", "",
-             "Both sections are generated: regenerate with `python scripts/llm_report.py` (see its --help).", ""]
-    for sec in ("archs", "base"):
-        lines += [BEGIN.format(sec, sec), "", *sections[sec], "", END.format(sec), ""]
+             "Every section is generated: regenerate with `python scripts/llm_report.py` (see its --help).", ""]
+    for sec in SECTIONS:
+        if sections[sec]:
+            lines += [BEGIN.format(sec, sec), "", *sections[sec], "", END.format(sec), ""]
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         f.write("\n".join(lines))

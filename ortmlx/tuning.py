@@ -76,6 +76,9 @@ class Tuning:
     #: float32 Exp and Sigmoid through a polynomial exp in MLX ops, one fused kernel (None: on MLX's CPU backend,
     #: whose own exp is scalar code; kernels/fastmath.py)
     poly_exp: bool | None = None
+    #: kernels a call would wait for built on a background thread while it answers without them (the polynomial
+    #: exp's fused kernel: kernels/background.py); off: the call builds them and waits
+    build_behind: bool = True
     #: shapeless closures compiled on a GPU too (off: MLX 0.32.4's CUDA backend ran them ~3x slower)
     gpu_shapeless: bool = False
     #: testing only: stage[:node][#count] at which to raise (see ep/stats.py)

@@ -7,15 +7,16 @@ enough float32, shape-keyed builds), never in a shapeless trace.
 """
 from __future__ import annotations
 
-import sys
 import os
+import sys
+import threading
 
 import mlx.core as mx
 import numpy as np
 import pytest
 from onnx import TensorProto as T
 
-from ortmlx.kernels import build, fastmath
+from ortmlx.kernels import background, build, fastmath
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "ops"))
 from _ewutil import check, node_model  # noqa: E402
@@ -78,6 +79,34 @@ def test_poly_only_where_asked(monkeypatch):
         fastmath.exp(big)
         fastmath.sigmoid(big)
     assert calls == [(4, 512), (4, 512)]
+
+
+def test_unbuilt_kernel_answers_with_the_same_ops_while_it_builds_behind(monkeypatch):
+    """Before the fused kernel is built, an eager build computes the same polynomial unfused (bit for bit the
+    kernel's answer) and queues the build on the builder's thread; once built, the kernel answers."""
+    monkeypatch.setattr(background, "_state", {})
+    calls = []
+    real = fastmath._exp_compiled
+    monkeypatch.setattr(fastmath, "_exp_compiled", lambda x: calls.append((threading.current_thread().name,
+                                                                            x.shape)) or real(x))
+    x = mx.array(_edges())
+    with build.active(build.BuildContext(poly_exp=True, build_behind=True)):
+        first = np.array(fastmath.exp(x))
+        assert background.state(fastmath._KERNEL) in (background.QUEUED, background.DONE)
+        assert background.wait(120) and background.done(fastmath._KERNEL)
+        assert calls == [("ortmlx-kernel-builder", (fastmath.POLY_MIN,))]
+        second = np.array(fastmath.exp(x))
+        assert calls[1:] == [(threading.current_thread().name, x.shape)]
+    assert np.array_equal(first.view(np.uint32), second.view(np.uint32))
+
+
+def test_builder_keeps_a_failed_builds_reason(monkeypatch):
+    monkeypatch.setattr(background, "_state", {})
+    background.submit("t.fail", lambda: 1 / 0)
+    background.submit("t.ok", lambda: None)
+    assert background.wait(60)
+    assert background.state("t.fail").startswith("failed: ZeroDivisionError") and background.done("t.ok")
+    assert background.submit("t.fail", lambda: None).startswith("failed")      # not retried
 
 
 @pytest.mark.parametrize("op", ["Exp", "Sigmoid"])

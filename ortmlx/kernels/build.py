@@ -8,6 +8,8 @@ A build is an eager run of a group's program or a compiled closure's trace. Its 
 - ``fused_attention``: whether a half-precision prompt's attention may run as MLX's fused kernel;
 - ``half_nbits``: whether a half-precision MatMulNBits product stays in half precision (else float32);
 - ``poly_exp``: whether float32 Exp and Sigmoid use ``fastmath``'s polynomial exp (MLX's CPU backend);
+- ``build_behind``: whether an eager build answers without a fused kernel not built yet, which is built on a
+  background thread meanwhile (``kernels/background.py``);
 - ``shapeless``/``tracing``: inside a (shapeless) ``mx.compile`` trace: a shapeless trace replays its graph for
   other shapes, so a translator choosing between equivalent forms picks one MLX replays right at any shape
   (static slices, ``split`` and ``mx.fast.rope`` fail there);
@@ -28,6 +30,7 @@ class BuildContext:
     fused_attention: bool = False
     half_nbits: bool = False
     poly_exp: bool = False
+    build_behind: bool = False
     shapeless: bool = False
     tracing: bool = False
     memo: dict = field(default_factory=dict)
@@ -77,6 +80,12 @@ def poly_exp() -> bool:
     """Whether the build in progress computes float32 exponentials with ``fastmath``'s polynomial."""
     b = _CURRENT.get()
     return b is not None and b.poly_exp
+
+
+def build_behind() -> bool:
+    """Whether the build in progress answers without fused kernels not built yet (``BuildContext.build_behind``)."""
+    b = _CURRENT.get()
+    return b is not None and b.build_behind
 
 
 def tracing() -> bool:

@@ -5,12 +5,16 @@ by its degree-7 Taylor polynomial (truncation 5e-9 relative), 2^k made in the ex
 result below float32's normal range rounds once and one above it is inf: within 1 ulp of float64's exp, where
 MLX 0.32.4's CPU exp flushes subnormal results and overflows early. Compiled into one fused kernel, it is
 faster than ``mx.exp`` from about a thousand elements (measured: docs/performance.md, ``poly_exp``).
+
+Building that kernel (g++) takes seconds on a fresh machine, so an eager build asking for it before it is built
+(``build.build_behind``) computes the same polynomial as separate MLX ops (bit for bit the same results, ~2x
+the kernel's time) while ``kernels/background.py`` builds it; a trace inlines it into its own closure.
 """
 from __future__ import annotations
 
 import mlx.core as mx
 
-from . import build
+from . import background, build
 
 _LOG2E = 1.4426950408889634
 _LN2_HI = 0.693145751953125           # ln 2's leading 16 bits: k * _LN2_HI is exact for |k| <= 150
@@ -46,11 +50,26 @@ def _poly(x: mx.array) -> bool:
     return x.dtype == mx.float32 and x.size >= POLY_MIN and build.poly_exp() and not build.shapeless()
 
 
+_KERNEL = "fastmath.exp"
+
+
+def _build_kernel() -> None:
+    mx.eval(_exp_compiled(mx.zeros((POLY_MIN,), mx.float32)))
+
+
+def _poly_exp(x: mx.array) -> mx.array:
+    """The fused kernel once built (always inside a trace), else the same ops unfused with its build queued."""
+    if build.tracing() or not build.build_behind() or background.done(_KERNEL):
+        return _exp_compiled(x)
+    background.submit(_KERNEL, _build_kernel)
+    return _exp_body(x)
+
+
 def exp(x: mx.array) -> mx.array:
     """e^x: float32 through the polynomial when the build asks for it (``build.poly_exp``), else ``mx.exp``."""
-    return _exp_compiled(x) if _poly(x) else mx.exp(x)
+    return _poly_exp(x) if _poly(x) else mx.exp(x)
 
 
 def sigmoid(x: mx.array) -> mx.array:
     """1 / (1 + e^-x), with ``exp``'s e^-x."""
-    return 1.0 / (1.0 + _exp_compiled(-x)) if _poly(x) else mx.sigmoid(x)
+    return 1.0 / (1.0 + _poly_exp(-x)) if _poly(x) else mx.sigmoid(x)

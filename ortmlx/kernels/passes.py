@@ -98,6 +98,8 @@ class BuildConfig:
     half_nbits: bool = False
     #: float32 Exp and Sigmoid through ``fastmath``'s polynomial exp (``BuildContext.poly_exp``)
     poly_exp: bool = False
+    #: kernels a call would wait for built on a background thread (``BuildContext.build_behind``)
+    build_behind: bool = True
 
     @classmethod
     def for_device(cls, device: str, tuning: Tuning | None = None, **overrides) -> "BuildConfig":
@@ -126,12 +128,13 @@ class BuildConfig:
                    direct_out=bool(overrides.get("direct_out", t.direct_out)) and kernels,
                    fused_attention=pick("fused_attention", t.fused_attention, gpu),
                    half_nbits=pick("half_nbits", t.half_nbits, gpu),
-                   poly_exp=pick("poly_exp", t.poly_exp, device == "cpu"))
+                   poly_exp=pick("poly_exp", t.poly_exp, device == "cpu"),
+                   build_behind=pick("build_behind", t.build_behind, True))
 
     def context(self, **fields) -> BuildContext:
         """A build's context with this config's choices for translators (``fields``: the build's own)."""
         return BuildContext(fused_attention=self.fused_attention, half_nbits=self.half_nbits, poly_exp=self.poly_exp,
-                            **fields)
+                            build_behind=self.build_behind, **fields)
 
 
 @dataclass

@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from ortmlx.kernels import cuda_kernels, cuda_rows
+from ortmlx.kernels import build, cuda_kernels, cuda_rows
 
 pytestmark = pytest.mark.skipif(not cuda_kernels.cuda_backend(), reason="needs MLX's CUDA backend")
 
@@ -198,3 +198,36 @@ def test_row_major_weight_takes_the_element_path():
         want = mx.matmul(row.astype(mx.float32), w.astype(mx.float32)).astype(mx.float16)
         mx.eval(y, want)
     _close(y, want, mx.float16, 200, "row-major weight")
+
+
+@DTYPES
+@pytest.mark.parametrize("lead", [(4, 1), (3, 2), (cuda_rows.ROWS_MAX, 1)], ids=["4x1", "3x2", "max"])
+def test_rows_get_the_bits_each_row_gets_alone(lead, dtype):
+    """A batch's rows (grid rows): every output of each row equals, bit for bit, the same kernel's on that row
+    alone (norm with skip, bias and gating, the sum, swiglu, the plain product), also for rows read through
+    strides (every other row of a larger array)."""
+    k, width = 896, 4864
+    rng = np.random.default_rng(sum(lead))
+    r = lambda shape, scale=1.0: mx.array((rng.standard_normal(shape) * scale).astype(np.float32)).astype(dtype)  # noqa: E731
+    with mx.stream(mx.gpu), build.active(build.BuildContext(row_limit=cuda_rows.ROWS_MAX)):
+        s = r(lead + (k,))
+        gamma, b = r((k,)), r((k,))
+        w_gu = _weight(rng.standard_normal((k, 2 * width)) * 0.05, dtype, True)
+        w_d = _weight(rng.standard_normal((width, k)) * 0.05, dtype, True)
+        for x in (r(lead + (k,)), r((2 * lead[0],) + lead[1:] + (k,))[::2]):
+            assert cuda_rows.row_reason(x, w_gu, k) is None
+            gated, total = cuda_rows.norm_gemv(x, gamma, 1e-6, w_gu, s, b, gating=(width, True))
+            plain, _ = cuda_rows.norm_gemv(x, gamma, 1e-6, w_gu, s, b)
+            down, sw = cuda_rows.gemv(gated, w_d), cuda_rows.swiglu_gemv(plain, w_d, width)
+            outs = [gated, total, plain, down, sw]
+            mx.eval(*outs)
+            xf, sf = x.reshape(-1, k), s.reshape(-1, k)
+            for i in range(xf.shape[0]):
+                g1, t1 = cuda_rows.norm_gemv(xf[i:i + 1], gamma, 1e-6, w_gu, sf[i:i + 1], b, gating=(width, True))
+                p1, _ = cuda_rows.norm_gemv(xf[i:i + 1], gamma, 1e-6, w_gu, sf[i:i + 1], b)
+                alone = [g1, t1, p1, cuda_rows.gemv(g1, w_d), cuda_rows.swiglu_gemv(p1, w_d, width)]
+                mx.eval(*alone)
+                for name, many, one in zip(("gated", "sum", "plain", "down", "swiglu"), outs, alone):
+                    assert many.shape[:-1] == lead
+                    np.testing.assert_array_equal(_f32(many.reshape(-1, many.shape[-1])[i]), _f32(one[0]),
+                                                  err_msg=f"{name}, row {i}")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto as T
 
-from ortmlx.kernels import cuda_kernels, cuda_rows, rowfold
+from ortmlx.kernels import build, cuda_kernels, cuda_rows, rowfold
 from ortmlx.kernels import dtypes as dt
 from ortmlx.kernels.interpreter import Program
 from ortmlx.ir import Graph, Node, ValueInfo
@@ -195,13 +195,26 @@ def test_decode_row_takes_the_kernels(monkeypatch, bias, variant):
         # float32 sums in another order, each rounded once: within a few half ulps
         np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32), rtol=1e-2, atol=1e-2, err_msg=name)
     np.testing.assert_array_equal(got[1], want[1])       # the residual sum: the same rounding, bit for bit
+    feeds = _feeds(g, npt, (2, 3))
     calls.clear()
-    folded.run(_feeds(g, npt, (2, 3)))
-    assert calls == ["rms", "rms", "rms"], calls          # prompt rows: the norm nodes' kernel, MLX's gating
+    folded.run(feeds)
+    assert calls == ["rms", "rms", "rms"], calls          # rows by default: the norm nodes' kernel, MLX's gating
+    # with tuning batch_rows, a batch's rows take the same kernels as a lone row
+    folded, plain = _programs(g, row_limit=cuda_rows.ROWS_MAX)
+    cuda_rows.register_col_major(v for k, v in folded.constants.items() if k not in row_major)
+    want = [dt.host(a) for a in plain.run(feeds)]
+    calls.clear()
+    got = [dt.host(a) for a in folded.run(feeds)]
+    assert calls == row_calls, calls
+    for a, b, name in zip(got, want, g.outputs):
+        np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32), rtol=1e-2, atol=1e-2, err_msg=name)
+    calls.clear()
+    folded.run(_feeds(g, npt, (2, cuda_rows.ROWS_MAX)))
+    assert calls == ["rms", "rms", "rms"], calls          # more rows than ROWS_MAX: the nodes' own kernels
 
 
 def test_row_reason():
-    """What the kernels take: one row (every leading dim 1) of the weight's type against a registered
+    """What the kernels take: 1 to ROWS_MAX rows of the weight's type against a registered
     weight of K rows, the row within shared memory."""
     w = mx.zeros((64, 32), mx.float16)
     w3 = mx.zeros((1, 64, 32), mx.float16)
@@ -210,7 +223,12 @@ def test_row_reason():
     assert cuda_rows.row_reason(row, w, 64) is None and cuda_rows.row_reason(row, w3, 64) is None
     assert cuda_rows.row_reason(row[0, 0], w, 64) is None
     assert "column-major" in cuda_rows.row_reason(row, mx.zeros((64, 32), mx.float16), 64)
-    assert cuda_rows.row_reason(mx.zeros((1, 2, 64), mx.float16), w, 64) is not None
+    assert "batch_rows" in cuda_rows.row_reason(mx.zeros((4, 1, 64), mx.float16), w, 64)   # one row by default
+    with build.active(build.BuildContext(row_limit=cuda_rows.ROWS_MAX)):
+        assert cuda_rows.row_reason(mx.zeros((4, 1, 64), mx.float16), w, 64) is None      # a batch's rows
+        assert cuda_rows.row_reason(mx.zeros((2, cuda_rows.ROWS_MAX // 2, 64), mx.float16), w, 64) is None
+        assert "rows" in cuda_rows.row_reason(mx.zeros((1, cuda_rows.ROWS_MAX + 1, 64), mx.float16), w, 64)
+        assert "rows" in cuda_rows.row_reason(mx.zeros((0, 1, 64), mx.float16), w, 64)
     assert cuda_rows.row_reason(row.astype(mx.float32), w, 64) is not None
     assert cuda_rows.row_reason(row, w, 48) is not None
     big = mx.zeros((cuda_rows.ROW_MAX_BYTES // 2 + 8, 2), mx.float16)

@@ -10,6 +10,7 @@ A build is an eager run of a group's program or a compiled closure's trace. Its 
 - ``poly_exp``: whether float32 Exp and Sigmoid use ``fastmath``'s polynomial exp (MLX's CPU backend);
 - ``build_behind``: whether an eager build answers without a fused kernel not built yet, which is built on a
   background thread meanwhile (``kernels/background.py``);
+- ``row_limit``: the most rows ``cuda_rows``' product kernels take (1: a lone decode row);
 - ``shapeless``/``tracing``: inside a (shapeless) ``mx.compile`` trace: a shapeless trace replays its graph for
   other shapes, so a translator choosing between equivalent forms picks one MLX replays right at any shape
   (static slices, ``split`` and ``mx.fast.rope`` fail there);
@@ -31,6 +32,7 @@ class BuildContext:
     half_nbits: bool = False
     poly_exp: bool = False
     build_behind: bool = False
+    row_limit: int = 1
     shapeless: bool = False
     tracing: bool = False
     memo: dict = field(default_factory=dict)
@@ -86,6 +88,12 @@ def build_behind() -> bool:
     """Whether the build in progress answers without fused kernels not built yet (``BuildContext.build_behind``)."""
     b = _CURRENT.get()
     return b is not None and b.build_behind
+
+
+def row_limit() -> int:
+    """The most rows the row kernels take in the build in progress (``BuildContext.row_limit``; 1 outside one)."""
+    b = _CURRENT.get()
+    return 1 if b is None else b.row_limit
 
 
 def tracing() -> bool:

@@ -1,4 +1,4 @@
-"""One decode row's product with what makes the row, in one custom CUDA kernel (MLX's CUDA backend).
+"""Decode rows' products with what makes each row, in one custom CUDA kernel (MLX's CUDA backend).
 
 A decode layer runs a norm kernel before its QKV and its gate/up products, and the MLP's gating kernel
 before its down product: each a launch whose only reader is the next product. These kernels make the
@@ -13,8 +13,9 @@ a column-major weight (each output's K contiguous: ``dtypes.device_copies``), fl
 - ``swiglu_gemv``: the SiLU gating of a merged gate/up row (``cuda_kernels.swiglu``), then ``row @ W`` (when
   the gate/up product did not make the gating: every block makes the whole gated row again).
 
-Every block makes the whole row (a few KB read from L2), so a product runs at most ``GRID_MAX`` blocks
-that take rounds of outputs; ``TPR`` threads split each output's K with 16-byte loads, and a thread's
+Rows (up to ``ROWS_MAX``: a batch's decode rows) are grid rows, each computed as a lone row is: a batch's row
+gets the bits that row gets alone. Every block makes its whole row (a few KB read from L2), so a product runs
+at most ``GRID_MAX`` blocks a row that take rounds of outputs; ``TPR`` threads split each output's K with 16-byte loads, and a thread's
 first weights are loaded into registers before the row is made (their latency overlaps its making).
 Used only where ``row_reason`` is None, in a build that may use the custom kernels
 (``cuda_kernels.enabled``). Measured on the H200: ``docs/performance.md`` (tuning keys ``fuse_rows``, ``gated_rows``).
@@ -24,8 +25,12 @@ from __future__ import annotations
 import functools
 import weakref
 
+from . import build
 from .cuda_kernels import NORM_THREADS, _ATTN_DTYPES, _f32_literal, _kernel
 
+#: most rows a product takes (a batch's decode rows, a short prompt's): each block makes one row and reads the
+#: weight's outputs it takes, so R rows read the weight R times (from L2 after the first); more go to MLX's GEMM
+ROWS_MAX = 16
 #: most bytes of the row a block keeps in shared memory (static shared memory is limited to 48 KB a block)
 ROW_MAX_BYTES = 32 << 10
 #: threads of a block: rms_norm's NORM_THREADS (the row's sum of squares is summed in its order)
@@ -56,6 +61,7 @@ def col_major(w) -> bool:
 #: and the up's (WC 2): the merged [gate | up] (or [up | gate]) weight of an MLP, N its width
 _GEMV_HEAD = r"""
     constexpr int VEC = 16 / sizeof(T);
+    out += static_cast<int64_t>(blockIdx.y) * N;
     constexpr int PER = THREADS / TPR;
     constexpr int CPT = (K / VEC + TPR - 1) / TPR;
     constexpr int WC = GATED ? 2 : 1;
@@ -174,6 +180,11 @@ _GATING = r"""
 _NORM_ROW = r"""
     __shared__ __align__(16) T arow[K];
     __shared__ float nsum[THREADS / 32];
+    x += row_loc(blockIdx.y, x_shape, x_strides, XND);
+    if (HAS_SKIP) {
+        skip += row_loc(blockIdx.y, skip_shape, skip_strides, XND);
+        sum += static_cast<int64_t>(blockIdx.y) * K;
+    }
     constexpr int PASSES = (K + THREADS - 1) / THREADS;
     const int64_t xs = x_strides[XND - 1];
     const int64_t ks = HAS_SKIP ? skip_strides[XND - 1] : 0;
@@ -213,6 +224,7 @@ _NORM_ROW = r"""
 #: and stores when y's row is contiguous and aligned
 _SWIGLU_ROW = r"""
     __shared__ __align__(16) T arow[K];
+    y += row_loc(blockIdx.y, y_shape, y_strides, YND);
     const int64_t ys = y_strides[YND - 1];
     const T* gp = y + (GATE_FIRST_ROW ? 0 : K * ys);
     const T* up = y + (GATE_FIRST_ROW ? K * ys : 0);
@@ -249,6 +261,7 @@ _SWIGLU_ROW = r"""
 #: the row: a copy of one row a (a decode row's gating made by the gate/up product: ``norm_gemv(gating=)``)
 _COPY_ROW = r"""
     __shared__ __align__(16) T arow[K];
+    a += row_loc(blockIdx.y, a_shape, a_strides, AND_);
     const int64_t as = a_strides[AND_ - 1];
     if (as == 1 && (K % VEC) == 0 && (reinterpret_cast<uintptr_t>(a) % 16) == 0) {
         for (int c = tid; c < K / VEC; c += THREADS)
@@ -258,9 +271,21 @@ _COPY_ROW = r"""
     }
 """
 
-NORM_SOURCE = _GATING + _GEMV_HEAD + _NORM_ROW + _GEMV_ROUNDS
-SWIGLU_SOURCE = _GATING + _GEMV_HEAD + _SWIGLU_ROW + _GEMV_ROUNDS
-ROW_SOURCE = _GATING + _GEMV_HEAD + _COPY_ROW + _GEMV_ROUNDS
+#: where row r (blockIdx.y) of an array starts: r over its leading dims (all but the last), read through its strides
+_ROW_LOC = r"""
+    auto row_loc = [](int64_t r, const Shape& shape, const Strides& strides, int nd) -> int64_t {
+        int64_t loc = 0;
+        for (int d = nd - 2; d >= 0; --d) {
+            loc += (r % shape[d]) * strides[d];
+            r /= shape[d];
+        }
+        return loc;
+    };
+"""
+
+NORM_SOURCE = _ROW_LOC + _GATING + _GEMV_HEAD + _NORM_ROW + _GEMV_ROUNDS
+SWIGLU_SOURCE = _ROW_LOC + _GATING + _GEMV_HEAD + _SWIGLU_ROW + _GEMV_ROUNDS
+ROW_SOURCE = _ROW_LOC + _GATING + _GEMV_HEAD + _COPY_ROW + _GEMV_ROUNDS
 
 
 @functools.lru_cache(maxsize=64)
@@ -298,32 +323,42 @@ def grid_blocks(n: int, tpr: int) -> int:
 
 
 def row_reason(a, w, k: int) -> str | None:
-    """Why ``a`` (the row's source: every dim but the last 1) times ``w`` (a registered column-major [K, N] or
+    """Why ``a`` (the rows' source: at most ``ROWS_MAX`` rows of its last dim) times ``w`` (a registered column-major [K, N] or
     [1, K, N] weight of a's type) is not a case of these kernels (None: it is)."""
     if not col_major(w):
         return "not a column-major weight"
     if a.dtype != w.dtype or a.dtype not in _ATTN_DTYPES or w.ndim not in (2, 3) or (w.ndim == 3 and w.shape[0] != 1):
         return f"row {a.dtype} {a.shape}, weight {w.dtype} {w.shape}"
-    if a.ndim < 1 or any(d != 1 for d in a.shape[:-1]) or w.shape[-2] != k:
+    if a.ndim < 1 or w.shape[-2] != k:
         return f"row {a.shape} for weight {w.shape}"
+    limit = build.row_limit()
+    if not 0 < _rows(a.shape) <= limit:
+        return f"{_rows(a.shape)} rows {a.shape}: not 1 to {limit} (tuning batch_rows)"
     if k * a.dtype.size > ROW_MAX_BYTES or w.size >= 2**31 or w.size == 0:
         return f"size K {k}, weight {w.shape}"
     return None
 
 
+def _rows(shape) -> int:
+    r = 1
+    for d in shape[:-1]:
+        r *= d
+    return r
+
+
 def _launch(kernel, inputs, template, k: int, n: int, dtype, row_shape, extra_shapes=(), gating=None):
-    """One product kernel's call: ``n`` outputs of K-long rows (``gating`` (width, gate_first): ``n`` gated
-    outputs of a [K, 2n] merged weight)."""
+    """One product kernel's call: ``n`` outputs of each K-long row (``gating`` (width, gate_first): ``n`` gated
+    outputs of a [K, 2n] merged weight); row r is grid row r (``blockIdx.y``), computed as a lone row is."""
     tpr = threads_per_output(k, 16 // dtype.size)
     gate = [("GATED", gating is not None), ("GATE_FIRST", bool(gating[1]) if gating else True)]
     return kernel(inputs=inputs, template=template + gate + [("K", k), ("N", n), ("TPR", tpr), ("THREADS", THREADS)],
-                  grid=(grid_blocks(n, tpr) * THREADS, 1, 1), threadgroup=(THREADS, 1, 1),
+                  grid=(grid_blocks(n, tpr) * THREADS, _rows(row_shape), 1), threadgroup=(THREADS, 1, 1),
                   output_shapes=[tuple(row_shape[:-1]) + (n,), *extra_shapes],
                   output_dtypes=[dtype] * (1 + len(extra_shapes)))
 
 
 def norm_gemv(x, gamma, epsilon: float, w, skip=None, bias=None, gating=None):
-    """(row @ w, sum) with row = ``cuda_kernels.rms_norm(x, gamma, epsilon, skip, bias)[0]`` of one row x
+    """(row @ w, sum) with row = ``cuda_kernels.rms_norm(x, gamma, epsilon, skip, bias)[0]`` of each row of x
     (``row_reason(x, w, K)`` is None; gamma and bias contiguous [K]); ``sum`` as rms_norm's (None without skip).
     ``gating`` (width, gate_first): w is an MLP's merged gate/up weight [K, 2 * width] and the product is its
     gating, ``cuda_kernels.swiglu(row @ w, width, gate_first)``, bit for bit (each sum rounded, then gated)."""
@@ -342,7 +377,7 @@ def norm_gemv(x, gamma, epsilon: float, w, skip=None, bias=None, gating=None):
 
 
 def swiglu_gemv(y, w, width: int, gate_first: bool = True):
-    """``cuda_kernels.swiglu(y, width, gate_first) @ w`` for one merged gate/up row y [..., 2 * width]
+    """``cuda_kernels.swiglu(y, width, gate_first) @ w`` for each merged gate/up row of y [..., 2 * width]
     (``row_reason(y, w, width)`` is None)."""
     if y.shape[-1] != 2 * width:
         raise ValueError(f"merged row {y.shape} for width {width}")
@@ -352,7 +387,7 @@ def swiglu_gemv(y, w, width: int, gate_first: bool = True):
 
 
 def gemv(a, w):
-    """``a @ w`` for one row a [..., K] (``row_reason(a, w, K)`` is None): float32 sums rounded once."""
+    """``a @ w`` for each row of a [..., K] (``row_reason(a, w, K)`` is None): float32 sums rounded once."""
     k = a.shape[-1]
     (out,) = _launch(_row_kernel(), [a, w], [("T", a.dtype), ("AND_", a.ndim), ("WND", w.ndim)],
                      k, w.shape[-1], a.dtype, a.shape)

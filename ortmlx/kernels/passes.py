@@ -33,7 +33,7 @@ from ..errors import KernelError
 from ..ir import outer_refs
 from ..tuning import Tuning
 from . import dtypes as dt
-from . import merge, rowfold
+from . import cuda_rows, merge, rowfold
 from .build import BuildContext
 from .registry import REGISTRY, Ctx, OpDef
 
@@ -100,6 +100,8 @@ class BuildConfig:
     poly_exp: bool = False
     #: kernels a call would wait for built on a background thread (``BuildContext.build_behind``)
     build_behind: bool = True
+    #: most rows the row kernels take (``BuildContext.row_limit``)
+    row_limit: int = 1
 
     @classmethod
     def for_device(cls, device: str, tuning: Tuning | None = None, **overrides) -> "BuildConfig":
@@ -129,12 +131,13 @@ class BuildConfig:
                    fused_attention=pick("fused_attention", t.fused_attention, gpu),
                    half_nbits=pick("half_nbits", t.half_nbits, gpu),
                    poly_exp=pick("poly_exp", t.poly_exp, device == "cpu"),
-                   build_behind=pick("build_behind", t.build_behind, True))
+                   build_behind=pick("build_behind", t.build_behind, True),
+                   row_limit=min(cuda_rows.ROWS_MAX, int(overrides.get("row_limit") or t.batch_rows or 1)))
 
     def context(self, **fields) -> BuildContext:
         """A build's context with this config's choices for translators (``fields``: the build's own)."""
         return BuildContext(fused_attention=self.fused_attention, half_nbits=self.half_nbits, poly_exp=self.poly_exp,
-                            build_behind=self.build_behind, **fields)
+                            build_behind=self.build_behind, row_limit=self.row_limit, **fields)
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
     python scripts/step_probe.py MODEL_DIR [--tokens 96] [--option key=value ...] [--env K=V ...]
     python scripts/step_probe.py MODEL_DIR --prompt 128,2048 --max-length 4104 --tokens 5   # prompts
+    python scripts/step_probe.py MODEL_DIR --batch 16              # a batch's decode step (static batching)
 
 Wraps the EP's per-call stages with ``perf_counter`` timers (a few hundred ns each) and runs a
 greedy genai generation on the MLX EP: per decode token (median of the second half), the time in
@@ -77,7 +78,8 @@ STAGES = [
 IMPORTERS = ("ortmlx.runtime.group", "ortmlx.ep.compute")
 
 
-def child(model_dir: str, opts: dict, tokens: int, prompts: list[int] | None = None, max_length: int = 0) -> dict:
+def child(model_dir: str, opts: dict, tokens: int, prompts: list[int] | None = None, max_length: int = 0,
+          batch: int = 1) -> dict:
     import importlib
 
     tree = os.environ.get("ORTMLX_PROBE_TREE")
@@ -148,8 +150,11 @@ def child(model_dir: str, opts: dict, tokens: int, prompts: list[int] | None = N
     ids = np.arange(100, 107, dtype=np.int32)
     rows = []
     for rnd in range(2):
-        g = og.Generator(model, mg.search_options(model, len(ids) + tokens, len(ids) + tokens))
-        g.append_tokens(ids)
+        params = mg.search_options(model, len(ids) + tokens, len(ids) + tokens)
+        if batch > 1:           # genai's static batching: the same prompt in every row
+            params.set_search_options(batch_size=batch)
+        g = og.Generator(model, params)
+        g.append_tokens(np.tile(ids, (batch, 1)) if batch > 1 else ids)
         while not g.is_done():
             acc.clear()
             t = time.perf_counter()
@@ -210,12 +215,13 @@ def main(argv=None) -> int:
                     help="comma list of prompt lengths: time prompts instead (--tokens warm ones each, each a new "
                          "generator, after a first one)")
     ap.add_argument("--max-length", type=int, default=0, help="the generators' max_length with --prompt")
+    ap.add_argument("--batch", type=int, default=1, help="decode rows (genai static batching; not with --prompt)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     opts = dict(o.split("=", 1) for o in args.option)
     if args.child is not None:
         prompts = [int(x) for x in args.prompt.split(",") if x]
-        print(json.dumps(child(args.model_dir, opts, args.tokens, prompts, args.max_length)))
+        print(json.dumps(child(args.model_dir, opts, args.tokens, prompts, args.max_length, args.batch)))
         return 0
     configs = [(spec, tree) for tree in [None] + [os.path.abspath(t) for t in args.tree] for spec in args.env or [""]]
     seen: dict = collections.defaultdict(list)
@@ -228,7 +234,7 @@ def main(argv=None) -> int:
             label = f"{spec or 'default'}{f' @ {tree}' if tree else ''}"
             r = subprocess.run([sys.executable, os.path.abspath(__file__), args.model_dir, "--tokens",
                                 str(args.tokens), "--prompt", args.prompt, "--max-length", str(args.max_length),
-                                "--child", "1"] + [f"--option={o}" for o in args.option],
+                                "--batch", str(args.batch), "--child", "1"] + [f"--option={o}" for o in args.option],
                                capture_output=True, text=True, env=env, cwd=tree or None)
             if r.returncode != 0:
                 print(f"[{label}] failed rc={r.returncode}: {r.stderr[-1500:]}")
@@ -244,7 +250,7 @@ def main(argv=None) -> int:
             own = ep_python(ms)
             seen[label].append((ms["token"], own))
             show(f"[{label}] {os.path.basename(args.model_dir.rstrip('/'))}, options {opts}, "
-                 f"median of {res['tokens']} steady tokens", res)
+                 f"median of {res['tokens']} steady tokens" + (f" (batch {args.batch})" if args.batch > 1 else ""), res)
     if len(configs) > 1 or args.rounds > 1:
         print("\nmedians over the rounds (ms): token, EP Python, its share")
         for label, got in seen.items():

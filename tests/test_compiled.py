@@ -243,7 +243,8 @@ def test_trace_fault_option_falls_back():
 
 # ---------------------------------------------------------------------------- shapeless core
 def _shapeless(runner, gpu_shapeless: bool = False):
-    return C.CompiledSubgraph(runner.program, CompiledConfig("test", SHAPELESS), tuning=Tuning(gpu_shapeless=gpu_shapeless))
+    return C.CompiledSubgraph(runner.program, CompiledConfig("test", SHAPELESS),
+                              tuning=Tuning(gpu_shapeless=gpu_shapeless, build_behind=False))
 
 
 @pytest.fixture
@@ -370,7 +371,8 @@ def test_fixed_shape_closure_of_a_shapeless_key_gives_up_when_shapes_vary():
                    initializers={"ax": np.array([0], np.int64)})
     s, rs = compiled_session(m)
     (r,) = rs
-    sl = C.CompiledSubgraph(r.program, CompiledConfig("test", SHAPELESS), free_dims=frozenset({(0, 1)}))
+    sl = C.CompiledSubgraph(r.program, CompiledConfig("test", SHAPELESS), free_dims=frozenset({(0, 1)}),
+                            tuning=Tuning(build_behind=False))
     b = np.array([0.5], np.float32)
     for t in range(2, 10):
         a = np.arange(t, dtype=np.int64).reshape(1, t)

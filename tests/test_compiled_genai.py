@@ -302,7 +302,7 @@ def test_soak_kv_script_quick(block):
     """scripts/soak_kv.py (random prompts, rewinds, two generators; CPU EP replay) on a few generations; with
     turns of 5 steps, with the next call's closure call made ahead (ORTMLX_TUNING=call_ahead=1: a GPU's default)."""
     path = model_dir("qwen2")
-    env = dict(os.environ, ORTMLX_TUNING="call_ahead=1" if block > 1 else "call_ahead=0")
+    env = dict(os.environ, ORTMLX_TUNING=("call_ahead=1" if block > 1 else "call_ahead=0") + ",build_behind=0")
     res = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "soak_kv.py"), "--model", path,
                           "--generations", "6", "--force-diff", "--block", str(block)],
                          capture_output=True, text=True, timeout=300, env=env)

@@ -19,7 +19,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from ..kernels import build, cuda_driver
+from ..kernels import background, build, cuda_driver
 from ..kernels import dtypes as dt
 from ..kernels.interpreter import mx_device
 from ..kernels.ops.reduction import reduce_sum_ints_host
@@ -82,7 +82,7 @@ class _Closure:
     __slots__ = ("fn", "dev_idx", "pick", "dev_kinds", "dev_up", "host_vals", "traces", "calls", "verified",
                  "trusted", "poisoned", "guarded",
                  "guard_fails", "hoist", "hoist_prog", "trace_prog", "shapeless", "hints", "hint_starts", "sink",
-                 "host_outs", "hint_at", "hoist_run", "ahead_kinds", "ahead_misses", "ahead_hv")
+                 "host_outs", "hint_at", "hoist_run", "ahead_kinds", "ahead_misses", "ahead_hv", "behind")
 
     def __init__(self, dev_idx: tuple[int, ...], host_vals: dict[int, np.ndarray | None]):
         self.fn = None
@@ -117,6 +117,16 @@ class _Closure:
         self.ahead_kinds: tuple | None = None
         self.ahead_misses = 0
         self.ahead_hv: list | None = None
+        #: the ``kernels/background.py`` key of the build of its kernels behind the calls (None: none queued)
+        self.behind: str | None = None
+
+    def shadow(self) -> "_Closure":
+        """A closure of the same program and inputs with fresh trace state: traced on the kernel builder's
+        thread, its kernels are this one's (MLX names a kernel by its graph), its state never touches this."""
+        s = _Closure(self.dev_idx, self.host_vals)
+        s.hoist, s.hoist_prog, s.hoist_run = self.hoist, self.hoist_prog, self.hoist_run
+        s.trace_prog, s.shapeless = self.trace_prog, self.shapeless
+        return s
 
 
 class CompiledSubgraph:
@@ -161,6 +171,9 @@ class CompiledSubgraph:
         # allocation after MLX frees an evaluated graph consolidates glibc's fastbins, which the copy-out's first
         # allocation paid after the wait otherwise (docs/performance.md)
         self._settle = tuning.eval_settle and self.device == "gpu"
+        #: a new closure's kernels built on the kernel builder's thread while its key's calls answer eagerly (MLX's
+        #: CPU backend: g++; on MLX 0.32.4's CUDA backend such a thread starved while the main one evaluated)
+        self._behind = tuning.build_behind and self.device == "cpu"
         # MLX waits on blocking-sync CUDA events (the thread sleeps until an interrupt); polling the context first
         # finds the work done on a hot core
         self._spin = _spin_waiter() if self._settle and tuning.spin_wait else None
@@ -242,6 +255,10 @@ class CompiledSubgraph:
                     self._answered = (plan, hb, c)
                     return out
                 return self._eager(inputs, probe)
+            if c.behind is not None:
+                if background.state(c.behind) == background.QUEUED:
+                    return self._eager(inputs, probe)       # its kernels are still being built
+                c.behind = None             # built (or failed: the verification below builds them here)
             ref, _ = self._eager_env(inputs, probe)
             self._verify(c, call, ref)
             return ref
@@ -379,9 +396,33 @@ class CompiledSubgraph:
                 return ref
             self._closures[key] = c = self._new_closure(new, call.inputs)
             self.counters["keys"] = len(self._closures)
-        if c.fn is not None:
+        if c.fn is not None and not (self._behind and self._build_behind(c, call)):
             self._verify(c, call, ref)
         return ref
+
+    def _build_behind(self, c: _Closure, call: "Call") -> bool:
+        """Queue a build of ``c``'s kernels on the kernel builder's thread (``kernels/background.py``): a shadow of
+        ``c`` traced and evaluated there on this call's inputs, so that ``c``'s own trace on this thread, at a
+        later call of its key, finds them built; until then its calls answer eagerly. False: not queued."""
+        try:
+            host = list(c.pick(call.inputs))
+            dev = self._upload(c, host)
+            if c.hoist:
+                dev.extend(self._upload_hoisted(c, self._hoisted_values(c, call.inputs)))
+        except Exception:  # noqa: BLE001 - the verification here says what fails
+            return False
+        shadow, n_in, out_types, config = c.shadow(), len(self.program.inputs), self._out_types, self.config
+
+        def build_kernels():
+            with mx.stream(mx.cpu):
+                fn = compile_closure(shadow, n_in, out_types, config, {"traces": 0}, None, "")
+                with TRACE_LOCK:
+                    outs = fn(*dev)
+                mx.eval(*outs)
+        c.behind = f"closure {id(c)} {time.perf_counter_ns()}"
+        background.submit(c.behind, build_kernels)
+        self.counters["built_behind"] = self.counters.get("built_behind", 0) + 1
+        return True
 
     def _traces_free_dims(self, c: _Closure) -> bool:
         """Whether a closure of a shapeless key sees a shape that varies between calls: a traced

@@ -1,0 +1,84 @@
+"""Kernels built behind the calls (tuning ``build_behind``, on with MLX's CPU backend): a new closure's first call
+answers eagerly and queues its kernels' build on the builder thread (``kernels/background.py``); its key's calls
+stay eager until the build is done, then the closure is traced here, verified against eager and trusted, its
+kernels already built (the builder traced a shadow of the same graph). Answers as ORT's CPU EP's throughout.
+The rest of the suite runs with it off (tests/conftest.py), since it counts traces and compiled calls."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+import ortmlx.compiled as C
+from ortmlx.kernels import background
+from ortmlx.testing import assert_close, session
+
+from models_basic import mlp
+
+ON = {"tuning": "build_behind=1", "device": "cpu"}
+
+
+def _feed(n: int, seed: int) -> dict:
+    return {"X": np.random.default_rng(seed).standard_normal((n, 16)).astype(np.float32)}
+
+
+def test_a_new_closure_answers_eagerly_until_its_kernels_are_built():
+    m = mlp()
+    with C.capture() as rs:
+        s = session(m, options=ON)
+    cpu = session(m, "CPUExecutionProvider", record=False)
+    (r,) = rs
+
+    def call(seed):
+        f = _feed(4, seed)
+        for g, w in zip(s.run(None, f), cpu.run(None, f)):
+            assert_close(g, w, what="mlx vs cpu")
+
+    call(0)                         # a key's first call: eager (eager_calls_before_trace)
+    call(1)                         # its second: the closure made, its kernels queued behind, answered eagerly
+    (c,) = r.closures()
+    key = c.behind
+    assert key is not None and c.traces == 0 and r.counters["built_behind"] == 1
+    assert background.wait(120) and background.done(key)
+    call(2)                         # built: traced here and verified
+    assert c.behind is None and c.traces == 1 and c.trusted
+    call(3)
+    assert r.counters["compiled_calls"] >= 1 and r.counters["built_behind"] == 1
+
+
+_PROBE = r"""
+import json, os, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import ortmlx, ortmlx.compiled as C
+from ortmlx.kernels import background
+from ortmlx.testing import session
+from ortmlx.version import mlx_cache_dir
+from models_basic import mlp
+ortmlx.register(genai=False)
+def files():
+    return sorted(f for _, _, fs in os.walk(mlx_cache_dir()) for f in fs if f.endswith(".so"))
+with C.capture() as rs:
+    s = session(mlp(), options={"tuning": "build_behind=1", "device": "cpu"})
+x = {"X": np.ones((4, 16), np.float32)}
+s.run(None, x); s.run(None, x)
+background.wait(120)
+built = files()
+s.run(None, x); s.run(None, x)
+print(json.dumps({"built": built, "after": files(), "compiled": rs[0].counters["compiled_calls"]}))
+"""
+
+
+def test_the_builders_kernels_are_the_closures(tmp_path):
+    """With an empty kernel cache, the builder's shadow builds kernels, and the closure traced here afterwards,
+    verified and replayed, builds none of its own."""
+    env = dict(os.environ, TMPDIR=str(tmp_path), ORTMLX_TUNING="")
+    here = os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run([sys.executable, "-c", _PROBE, here], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["built"], "the builder built no kernel"
+    assert got["after"] == got["built"] and got["compiled"] >= 1, got

@@ -9,6 +9,7 @@ poisons the closure (dropped, never called again) and the call answers from eage
 """
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import operator
@@ -415,7 +416,7 @@ class CompiledSubgraph:
 
         def build_kernels():
             with mx.stream(mx.cpu):
-                fn = compile_closure(shadow, n_in, out_types, config, {"traces": 0}, None, "")
+                fn = compile_closure(shadow, n_in, out_types, config, collections.defaultdict(int), None, "")
                 with TRACE_LOCK:
                     outs = fn(*dev)
                 mx.eval(*outs)

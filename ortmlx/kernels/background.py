@@ -39,10 +39,10 @@ def submit(key: str, build: Callable[[], object]) -> str:
             return st
         _state[key] = QUEUED
         _idle.clear()
+        _jobs.put((key, build))     # (under the lock: the worker cannot find the queue empty and set idle first)
         if _thread is None:
             _thread = threading.Thread(target=_worker, name="ortmlx-kernel-builder", daemon=True)
             _thread.start()
-    _jobs.put((key, build))
     return QUEUED
 
 

@@ -13,16 +13,18 @@ a column-major weight (each output's K contiguous: ``dtypes.device_copies``), fl
 - ``swiglu_gemv``: the SiLU gating of a merged gate/up row (``cuda_kernels.swiglu``), then ``row @ W`` (when
   the gate/up product did not make the gating: every block makes the whole gated row again).
 
-Rows (up to ``ROWS_MAX``: a batch's decode rows) are grid rows, each computed as a lone row is: a batch's row
-gets the bits that row gets alone. Every block makes its whole row (a few KB read from L2), so a product runs
-at most ``GRID_MAX`` blocks a row that take rounds of outputs; ``TPR`` threads split each output's K with 16-byte loads, and a thread's
-first weights are loaded into registers before the row is made (their latency overlaps its making).
+Rows (up to ``ROWS_MAX``, as tuning ``batch_rows`` allows: a batch's decode rows) are grid rows, each computed
+as a lone row is: a batch's row gets the bits that row gets alone. Every block makes its whole row (a few KB read
+from L2), so a product runs at most ``GRID_MAX`` blocks a row that take rounds of outputs; ``TPR`` threads split
+each output's K with 16-byte loads, and a thread's first weights are loaded into registers before the row is made
+(their latency overlaps its making).
 Used only where ``row_reason`` is None, in a build that may use the custom kernels
 (``cuda_kernels.enabled``). Measured on the H200: ``docs/performance.md`` (tuning keys ``fuse_rows``, ``gated_rows``).
 """
 from __future__ import annotations
 
 import functools
+import math
 import weakref
 
 from . import build
@@ -323,8 +325,8 @@ def grid_blocks(n: int, tpr: int) -> int:
 
 
 def row_reason(a, w, k: int) -> str | None:
-    """Why ``a`` (the rows' source: at most ``ROWS_MAX`` rows of its last dim) times ``w`` (a registered column-major [K, N] or
-    [1, K, N] weight of a's type) is not a case of these kernels (None: it is)."""
+    """Why ``a`` (the rows' source: its last dim; at most the build's ``row_limit`` rows) times ``w`` (a registered
+    column-major [K, N] or [1, K, N] weight of a's type) is not a case of these kernels (None: it is)."""
     if not col_major(w):
         return "not a column-major weight"
     if a.dtype != w.dtype or a.dtype not in _ATTN_DTYPES or w.ndim not in (2, 3) or (w.ndim == 3 and w.shape[0] != 1):
@@ -340,10 +342,7 @@ def row_reason(a, w, k: int) -> str | None:
 
 
 def _rows(shape) -> int:
-    r = 1
-    for d in shape[:-1]:
-        r *= d
-    return r
+    return math.prod(shape[:-1])
 
 
 def _launch(kernel, inputs, template, k: int, n: int, dtype, row_shape, extra_shapes=(), gating=None):

@@ -80,7 +80,7 @@ class Tuning:
     #: exp's fused kernel: kernels/background.py); off: the call builds them and waits
     build_behind: bool = True
     #: most rows (a batch's decode rows, a short prompt's) the row kernels take, each computed as it is alone
-    #: (kernels/cuda_rows.py, at most its ROWS_MAX); None: 1, a lone decode row (more rows: MLX's GEMM)
+    #: (kernels/cuda_rows.py, at most its ROWS_MAX); None: its ROWS_DEFAULT (more rows: MLX's GEMM)
     batch_rows: int | None = None
     #: shapeless closures compiled on a GPU too (off: MLX 0.32.4's CUDA backend ran them ~3x slower)
     gpu_shapeless: bool = False

@@ -33,6 +33,9 @@ from .cuda_kernels import NORM_THREADS, _ATTN_DTYPES, _f32_literal, _kernel
 #: most rows a product takes (a batch's decode rows, a short prompt's): each block makes one row and reads the
 #: weight's outputs it takes, so R rows read the weight R times (from L2 after the first); more go to MLX's GEMM
 ROWS_MAX = 16
+#: rows taken by default (tuning batch_rows unset): a batch of 4's step ran faster so, one of 16's no faster
+#: than through MLX's GEMM (docs/performance.md)
+ROWS_DEFAULT = 4
 #: most bytes of the row a block keeps in shared memory (static shared memory is limited to 48 KB a block)
 ROW_MAX_BYTES = 32 << 10
 #: threads of a block: rms_norm's NORM_THREADS (the row's sum of squares is summed in its order)

@@ -132,7 +132,7 @@ class BuildConfig:
                    half_nbits=pick("half_nbits", t.half_nbits, gpu),
                    poly_exp=pick("poly_exp", t.poly_exp, device == "cpu"),
                    build_behind=pick("build_behind", t.build_behind, True),
-                   row_limit=min(cuda_rows.ROWS_MAX, int(overrides.get("row_limit") or t.batch_rows or 1)))
+                   row_limit=min(cuda_rows.ROWS_MAX, int(overrides.get("row_limit") or t.batch_rows or cuda_rows.ROWS_DEFAULT)))
 
     def context(self, **fields) -> BuildContext:
         """A build's context with this config's choices for translators (``fields``: the build's own)."""

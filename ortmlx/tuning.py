@@ -76,6 +76,9 @@ class Tuning:
     #: float32 Exp and Sigmoid through a polynomial exp in MLX ops, one fused kernel (None: on MLX's CPU backend,
     #: whose own exp is scalar code; kernels/fastmath.py)
     poly_exp: bool | None = None
+    #: 2-D convolutions (one group, or depthwise) as one product over the kernel's shifted input views (im2col) or
+    #: a sum of per-channel products (kernels/ops/conv.py); None: off
+    conv_gemm: bool | None = None
     #: kernels a call would wait for built on a background thread while it answers without them (the polynomial
     #: exp's fused kernel: kernels/background.py); off: the call builds them and waits
     build_behind: bool = True

@@ -98,6 +98,8 @@ class BuildConfig:
     half_nbits: bool = False
     #: float32 Exp and Sigmoid through ``fastmath``'s polynomial exp (``BuildContext.poly_exp``)
     poly_exp: bool = False
+    #: 2-D convolutions as products over shifted input views (``BuildContext.conv_gemm``)
+    conv_gemm: bool = False
     #: kernels a call would wait for built on a background thread (``BuildContext.build_behind``)
     build_behind: bool = True
     #: most rows the row kernels take (``BuildContext.row_limit``)
@@ -131,12 +133,14 @@ class BuildConfig:
                    fused_attention=pick("fused_attention", t.fused_attention, gpu),
                    half_nbits=pick("half_nbits", t.half_nbits, gpu),
                    poly_exp=pick("poly_exp", t.poly_exp, device == "cpu"),
+                   conv_gemm=pick("conv_gemm", t.conv_gemm, False),
                    build_behind=pick("build_behind", t.build_behind, True),
                    row_limit=min(cuda_rows.ROWS_MAX, int(overrides.get("row_limit") or t.batch_rows or cuda_rows.ROWS_DEFAULT)))
 
     def context(self, **fields) -> BuildContext:
         """A build's context with this config's choices for translators (``fields``: the build's own)."""
         return BuildContext(fused_attention=self.fused_attention, half_nbits=self.half_nbits, poly_exp=self.poly_exp,
+                            conv_gemm=self.conv_gemm,
                             build_behind=self.build_behind, row_limit=self.row_limit, **fields)
 
 

@@ -1,0 +1,72 @@
+"""Tuning ``conv_gemm``: 2-D convolutions as products over the kernel's shifted input views (``kernels/ops/conv.py``)."""
+import mlx.core as mx
+import numpy as np
+import pytest
+from onnx import TensorProto as T
+from onnx import helper
+
+from ortmlx.kernels import build
+from ortmlx.kernels.ops import conv as C
+from ortmlx.testing import check_against_cpu, make_model
+
+CASES = {   # name: (N, C, H, W), M, group, attributes
+    "3x3": ((2, 6, 9, 11), 5, 1, dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])),
+    "stride2_asym_pads": ((1, 4, 12, 10), 8, 1, dict(kernel_shape=[3, 2], pads=[0, 1, 2, 0], strides=[2, 3])),
+    "dilated": ((1, 3, 13, 13), 4, 1, dict(kernel_shape=[3, 3], dilations=[2, 3], pads=[2, 2, 1, 1])),
+    "1x1": ((3, 16, 7, 5), 8, 1, dict(kernel_shape=[1, 1])),
+    "stem7x7s2": ((1, 3, 32, 32), 8, 1, dict(kernel_shape=[7, 7], strides=[2, 2], pads=[3, 3, 3, 3])),
+    "same_upper": ((1, 5, 10, 9), 6, 1, dict(kernel_shape=[4, 3], auto_pad="SAME_UPPER", strides=[2, 1])),
+    "depthwise": ((2, 12, 14, 14), 12, 12, dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])),
+    "depthwise_s2": ((1, 8, 15, 15), 8, 8, dict(kernel_shape=[5, 5], pads=[2, 2, 2, 2], strides=[2, 2])),
+    "grouped": ((1, 8, 9, 9), 4, 2, dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])),     # MLX's own convolution
+}
+
+
+def _model(shape, m, group, attrs, bias=True):
+    n, c, h, w = shape
+    k = attrs["kernel_shape"]
+    rng = np.random.default_rng(3)
+    inits = {"W": (rng.standard_normal((m, c // group, *k)) * 0.3).astype(np.float32)}
+    if bias:
+        inits["B"] = rng.standard_normal(m).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "W"] + (["B"] if bias else []), ["y"], group=group, **attrs)
+    return make_model([node], [("x", T.FLOAT, ["N", c, h, w])], [("y", T.FLOAT, None)], inits)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_answers_as_the_cpu_ep(name):
+    shape, m, group, attrs = CASES[name]
+    feeds = [{"x": np.random.default_rng(i).standard_normal(shape).astype(np.float32)} for i in range(2)]
+    for options in ({"tuning": "conv_gemm=1"}, {"no_compile": "1", "tuning": "conv_gemm=1"}):
+        check_against_cpu(_model(shape, m, group, attrs, bias=name != "1x1"), feeds, options=options)
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if n != "grouped"])
+def test_the_products_replace_mlx_convolution(name, monkeypatch):
+    """With the knob on, every case but a grouped one computes without ``mx.conv_general``, and agrees with it."""
+    shape, m, group, attrs = CASES[name]
+    rng = np.random.default_rng(0)
+    X = mx.array(rng.standard_normal(shape).astype(np.float32))
+    W = mx.array(rng.standard_normal((m, shape[1] // group, *attrs["kernel_shape"])).astype(np.float32))
+    kw = {k: v for k, v in attrs.items() if k != "kernel_shape"}
+    want = C.conv(X, W, group=group, **kw)
+    called = []
+    real = mx.conv_general
+    monkeypatch.setattr(mx, "conv_general", lambda *a, **k: called.append(1) or real(*a, **k))
+    with build.active(build.BuildContext(conv_gemm=True)):
+        got = C.conv(X, W, group=group, **kw)
+    assert not called
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-5)
+    with build.active(build.BuildContext(conv_gemm=False)):
+        C.conv(X, W, group=group, **kw)
+    assert called                                   # off: MLX's convolution
+
+
+def test_reasons():
+    x, w = mx.zeros((1, 5, 5, 4)), mx.zeros((4, 3, 3, 1))
+    assert C._gemm_reason(x, w, 4, [1, 1], [1, 1]) is None
+    assert "depthwise" in C._gemm_reason(x, mx.zeros((8, 3, 3, 2)), 2, [0, 0], [0, 0])
+    assert "1-D" in C._gemm_reason(mx.zeros((1, 5, 4)), mx.zeros((4, 3, 4)), 1, [0], [0])
+    assert "negative" in C._gemm_reason(x, mx.zeros((4, 3, 3, 4)), 1, [-1, 0], [0, 0])
+    with build.active(build.BuildContext(conv_gemm=True, shapeless=True)):
+        assert "shapeless" in C._gemm_reason(x, w, 4, [1, 1], [1, 1])

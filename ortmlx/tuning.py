@@ -76,8 +76,8 @@ class Tuning:
     #: float32 Exp and Sigmoid through a polynomial exp in MLX ops, one fused kernel (None: on MLX's CPU backend,
     #: whose own exp is scalar code; kernels/fastmath.py)
     poly_exp: bool | None = None
-    #: 2-D convolutions (one group, or depthwise) as one product over the kernel's shifted input views (im2col) or
-    #: a sum of per-channel products (kernels/ops/conv.py); None: off
+    #: 2-D convolutions as products over the kernel's shifted input views (kernels/ops/conv.py): on: every form
+    #: (1x1, depthwise, im2col); None: the device's (CPU: 1x1 and depthwise; GPU: all); off: MLX's convolution
     conv_gemm: bool | None = None
     #: kernels a call would wait for built on a background thread while it answers without them (the polynomial
     #: exp's fused kernel: kernels/background.py); off: the call builds them and waits

@@ -1,4 +1,4 @@
-"""Tuning ``conv_gemm``: 2-D convolutions as products over the kernel's shifted input views (``kernels/ops/conv.py``)."""
+"""Tuning ``conv_gemm``: 2-D convolutions as products over the kernel's shifted input views (``ops/conv.py``)."""
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -6,8 +6,10 @@ from onnx import TensorProto as T
 from onnx import helper
 
 from ortmlx.kernels import build
+from ortmlx.kernels.passes import BuildConfig
 from ortmlx.kernels.ops import conv as C
 from ortmlx.testing import check_against_cpu, make_model
+from ortmlx.tuning import Tuning
 
 CASES = {   # name: (N, C, H, W), M, group, attributes
     "3x3": ((2, 6, 9, 11), 5, 1, dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])),
@@ -53,11 +55,11 @@ def test_the_products_replace_mlx_convolution(name, monkeypatch):
     called = []
     real = mx.conv_general
     monkeypatch.setattr(mx, "conv_general", lambda *a, **k: called.append(1) or real(*a, **k))
-    with build.active(build.BuildContext(conv_gemm=True)):
+    with build.active(build.BuildContext(conv_gemm=C.GEMM_FORMS)):
         got = C.conv(X, W, group=group, **kw)
     assert not called
     np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-5)
-    with build.active(build.BuildContext(conv_gemm=False)):
+    with build.active(build.BuildContext(conv_gemm=frozenset())):
         C.conv(X, W, group=group, **kw)
     assert called                                   # off: MLX's convolution
 
@@ -68,5 +70,78 @@ def test_reasons():
     assert "depthwise" in C._gemm_reason(x, mx.zeros((8, 3, 3, 2)), 2, [0, 0], [0, 0])
     assert "1-D" in C._gemm_reason(mx.zeros((1, 5, 4)), mx.zeros((4, 3, 4)), 1, [0], [0])
     assert "negative" in C._gemm_reason(x, mx.zeros((4, 3, 3, 4)), 1, [-1, 0], [0, 0])
-    with build.active(build.BuildContext(conv_gemm=True, shapeless=True)):
+    with build.active(build.BuildContext(conv_gemm=C.GEMM_FORMS, shapeless=True)):
         assert "shapeless" in C._gemm_reason(x, w, 4, [1, 1], [1, 1])
+
+
+def test_forms():
+    x = mx.zeros((1, 5, 5, 4))
+    assert C._gemm_form(x, mx.zeros((6, 1, 1, 4)), 1, [0, 0], [0, 0])[0] == "pointwise"
+    assert C._gemm_form(x, mx.zeros((6, 3, 3, 4)), 1, [1, 1], [1, 1])[0] == "im2col"
+    assert C._gemm_form(x, mx.zeros((4, 3, 3, 1)), 4, [1, 1], [1, 1])[0] == "depthwise"
+    assert C._gemm_form(x, mx.zeros((8, 3, 3, 2)), 2, [1, 1], [1, 1])[0] is None
+
+
+def test_device_defaults_and_the_knob():
+    cpu, gpu = BuildConfig.for_device("cpu"), BuildConfig.for_device("gpu")
+    assert cpu.conv_gemm == {"pointwise", "depthwise"}          # MLX's CPU im2col measured slower than its conv
+    assert gpu.conv_gemm == C.GEMM_FORMS and gpu.conv_gemm_batch == 4 and cpu.conv_gemm_batch == 1
+    assert BuildConfig.for_device("gpu", Tuning.parse("conv_gemm=1")).conv_gemm_batch == 1
+    assert BuildConfig.for_device("cpu", Tuning.parse("conv_gemm=1")).conv_gemm == C.GEMM_FORMS
+    assert BuildConfig.for_device("gpu", Tuning.parse("conv_gemm=0")).conv_gemm == frozenset()
+    assert BuildConfig.for_device("cpu").context().conv_gemm == cpu.conv_gemm
+    assert gpu.context().conv_gemm_batch == 4
+
+
+def test_from_the_batch_given(monkeypatch):
+    rng = np.random.default_rng(4)
+    W = mx.array(rng.standard_normal((5, 4, 3, 3)).astype(np.float32))
+    called = _conv_calls(monkeypatch)
+    with build.active(build.BuildContext(conv_gemm=C.GEMM_FORMS, conv_gemm_batch=4)):
+        C.conv(mx.array(rng.standard_normal((4, 4, 6, 6)).astype(np.float32)), W)
+        assert not called
+        C.conv(mx.array(rng.standard_normal((3, 4, 6, 6)).astype(np.float32)), W)
+        assert called                               # below the batch: MLX's convolution
+
+
+def _conv_calls(monkeypatch) -> list:
+    called = []
+    real = mx.conv_general
+    monkeypatch.setattr(mx, "conv_general", lambda *a, **k: called.append(1) or real(*a, **k))
+    return called
+
+
+def test_only_the_chosen_forms(monkeypatch):
+    rng = np.random.default_rng(1)
+    X = mx.array(rng.standard_normal((2, 4, 8, 8)).astype(np.float32))
+    W3 = mx.array(rng.standard_normal((5, 4, 3, 3)).astype(np.float32))
+    W1 = mx.array(rng.standard_normal((5, 4, 1, 1)).astype(np.float32))
+    called = _conv_calls(monkeypatch)
+    with build.active(build.BuildContext(conv_gemm=frozenset({"pointwise", "depthwise"}))):
+        C.conv(X, W1)
+        assert not called
+        C.conv(X, W3, pads=[1, 1, 1, 1])
+        assert called                               # im2col not chosen: MLX's convolution
+
+
+def test_a_large_batch_goes_in_parts(monkeypatch):
+    """Over GEMM_MAX_COLUMNS the im2col product runs a few samples at a time (same answer); a sample alone over it
+    runs MLX's convolution."""
+    rng = np.random.default_rng(2)
+    X = mx.array(rng.standard_normal((5, 3, 9, 9)).astype(np.float32))
+    W = mx.array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32))
+    want = np.array(C.conv(X, W, pads=[1, 1, 1, 1]))
+    per = 9 * 9 * 3 * 3 * 3
+    concat = []
+    real_cat = mx.concatenate
+    monkeypatch.setattr(mx, "concatenate", lambda a, *r, **k: concat.append(len(a)) or real_cat(a, *r, **k))
+    monkeypatch.setattr(C, "GEMM_MAX_COLUMNS", 2 * per)
+    called = _conv_calls(monkeypatch)
+    with build.active(build.BuildContext(conv_gemm=C.GEMM_FORMS)):
+        got = C.conv(X, W, pads=[1, 1, 1, 1])
+    assert not called and concat[-1] == 3           # samples 0-1, 2-3, 4: three parts joined
+    np.testing.assert_allclose(np.array(got), want, rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(C, "GEMM_MAX_COLUMNS", per - 1)
+    with build.active(build.BuildContext(conv_gemm=C.GEMM_FORMS)):
+        C.conv(X, W, pads=[1, 1, 1, 1])
+    assert called

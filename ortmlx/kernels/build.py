@@ -8,7 +8,8 @@ A build is an eager run of a group's program or a compiled closure's trace. Its 
 - ``fused_attention``: whether a half-precision prompt's attention may run as MLX's fused kernel;
 - ``half_nbits``: whether a half-precision MatMulNBits product stays in half precision (else float32);
 - ``poly_exp``: whether float32 Exp and Sigmoid use ``fastmath``'s polynomial exp (MLX's CPU backend);
-- ``conv_gemm``: whether 2-D convolutions run as products over their shifted input views (``ops/conv.py``);
+- ``conv_gemm``: which forms of 2-D convolution run as products over their shifted input views (``ops/conv.py``),
+  from a batch of ``conv_gemm_batch``;
 - ``build_behind``: whether an eager build answers without a fused kernel not built yet, which is built on a
   background thread meanwhile (``kernels/background.py``);
 - ``row_limit``: the most rows ``cuda_rows``' product kernels take (1: a lone decode row);
@@ -32,7 +33,8 @@ class BuildContext:
     fused_attention: bool = False
     half_nbits: bool = False
     poly_exp: bool = False
-    conv_gemm: bool = False
+    conv_gemm: frozenset = frozenset()
+    conv_gemm_batch: int = 1
     build_behind: bool = False
     row_limit: int = 1
     shapeless: bool = False
@@ -86,10 +88,11 @@ def poly_exp() -> bool:
     return b is not None and b.poly_exp
 
 
-def conv_gemm() -> bool:
-    """Whether the build in progress runs 2-D convolutions as products over shifted views (``BuildContext.conv_gemm``)."""
+def conv_gemm(batch: int) -> frozenset:
+    """The forms of 2-D convolution the build in progress runs as products over shifted views at this batch
+    (``BuildContext.conv_gemm``: a subset of ``ops/conv.py``'s ``GEMM_FORMS``)."""
     b = _CURRENT.get()
-    return b is not None and b.conv_gemm
+    return b.conv_gemm if b is not None and batch >= b.conv_gemm_batch else frozenset()
 
 
 def build_behind() -> bool:

@@ -32,6 +32,7 @@ import numpy as np
 from ..errors import KernelError
 from ..ir import outer_refs
 from ..tuning import Tuning
+from .ops.conv import GEMM_FORMS
 from . import dtypes as dt
 from . import cuda_rows, merge, rowfold
 from .build import BuildContext
@@ -98,8 +99,10 @@ class BuildConfig:
     half_nbits: bool = False
     #: float32 Exp and Sigmoid through ``fastmath``'s polynomial exp (``BuildContext.poly_exp``)
     poly_exp: bool = False
-    #: 2-D convolutions as products over shifted input views (``BuildContext.conv_gemm``)
-    conv_gemm: bool = False
+    #: the forms of 2-D convolution run as products over shifted input views (``BuildContext.conv_gemm``)
+    conv_gemm: frozenset = frozenset()
+    #: the least batch at which they do (``BuildContext.conv_gemm_batch``)
+    conv_gemm_batch: int = 1
     #: kernels a call would wait for built on a background thread (``BuildContext.build_behind``)
     build_behind: bool = True
     #: most rows the row kernels take (``BuildContext.row_limit``)
@@ -111,6 +114,7 @@ class BuildConfig:
         the default)."""
         t = tuning or Tuning()
         gpu = device == "gpu"
+        conv = overrides.get("conv_gemm", t.conv_gemm)
         kernels = bool(overrides.get("cuda_kernels", t.cuda_kernels)) and gpu
         devc = bool(overrides.get("device_constants", t.device_constants))
 
@@ -133,15 +137,33 @@ class BuildConfig:
                    fused_attention=pick("fused_attention", t.fused_attention, gpu),
                    half_nbits=pick("half_nbits", t.half_nbits, gpu),
                    poly_exp=pick("poly_exp", t.poly_exp, device == "cpu"),
-                   conv_gemm=pick("conv_gemm", t.conv_gemm, False),
+                   conv_gemm=_conv_forms(conv, gpu),
+                   conv_gemm_batch=GPU_CONV_GEMM_BATCH if gpu and conv is None else 1,
                    build_behind=pick("build_behind", t.build_behind, True),
-                   row_limit=min(cuda_rows.ROWS_MAX, int(overrides.get("row_limit") or t.batch_rows or cuda_rows.ROWS_DEFAULT)))
+                   row_limit=min(cuda_rows.ROWS_MAX,
+                                 int(overrides.get("row_limit") or t.batch_rows or cuda_rows.ROWS_DEFAULT)))
 
     def context(self, **fields) -> BuildContext:
         """A build's context with this config's choices for translators (``fields``: the build's own)."""
         return BuildContext(fused_attention=self.fused_attention, half_nbits=self.half_nbits, poly_exp=self.poly_exp,
-                            conv_gemm=self.conv_gemm,
+                            conv_gemm=self.conv_gemm, conv_gemm_batch=self.conv_gemm_batch,
                             build_behind=self.build_behind, row_limit=self.row_limit, **fields)
+
+
+#: on a GPU, by default, convolutions of batches this large run as products: MLX 0.32.4's CUDA convolution (float32,
+#: TF32 off) made illegal memory accesses at batch 4-8 (never at 1-2), and at batch 1 the products were slower
+#: (docs/general_models.md)
+GPU_CONV_GEMM_BATCH = 4
+
+
+def _conv_forms(knob, gpu: bool) -> frozenset:
+    """``conv_gemm``'s forms: all (on), none (off), else the device's: on the CPU the 1x1 and depthwise forms (faster
+    there than MLX's convolution; im2col is slower); on the GPU all, from ``GPU_CONV_GEMM_BATCH``."""
+    if knob is None:
+        return GEMM_FORMS if gpu else frozenset({"pointwise", "depthwise"})
+    if isinstance(knob, frozenset):
+        return knob
+    return GEMM_FORMS if knob else frozenset()
 
 
 @dataclass

@@ -6,8 +6,6 @@ convolution of the stride-dilated input with the flipped kernel.
 """
 from __future__ import annotations
 
-import math
-
 import mlx.core as mx
 import numpy as np
 
@@ -88,37 +86,59 @@ def _conv_general(x, w, groups, **kw):
                            for g in range(groups)], axis=-1)
 
 
-#: most elements of the shifted views' product a convolution materializes (im2col); larger ones use MLX's own
+#: the forms ``_gemm_conv`` takes: a 1x1 kernel (one product), depthwise (per-channel products), im2col (one
+#: product over the concatenated views)
+GEMM_FORMS = frozenset({"pointwise", "depthwise", "im2col"})
+#: most elements of the shifted views one im2col product materializes; a larger batch goes in parts
 GEMM_MAX_COLUMNS = 1 << 26
 
 
-def _gemm_reason(x, w, groups, lo, hi) -> str | None:
-    """Why a channels-last 2-D convolution (x (N, H, W, C), w (M, kh, kw, C/g)) does not run as ``_gemm_conv``."""
+def _gemm_form(x, w, groups, lo, hi) -> tuple[str | None, str | None]:
+    """(form, None), or (None, why) a channels-last 2-D convolution (x (N, H, W, C), w (M, kh, kw, C/g)) does not
+    run as ``_gemm_conv``."""
     if x.ndim != 4:
-        return f"{x.ndim - 2}-D"
+        return None, f"{x.ndim - 2}-D"
     if build.shapeless():
-        return "a shapeless trace (static slices)"
+        return None, "a shapeless trace (static slices)"
     if min(*lo, *hi) < 0:
-        return "negative pads"
-    if groups != 1 and not (groups == x.shape[-1] == w.shape[0]):
-        return f"group {groups}: neither 1 nor depthwise"
-    return None
+        return None, "negative pads"
+    if groups == 1:
+        return ("pointwise" if w.shape[1] == w.shape[2] == 1 else "im2col"), None
+    if groups == x.shape[-1] == w.shape[0]:
+        return "depthwise", None
+    return None, f"group {groups}: neither 1 nor depthwise"
+
+
+def _gemm_reason(x, w, groups, lo, hi) -> str | None:
+    return _gemm_form(x, w, groups, lo, hi)[1]
 
 
 def _gemm_conv(x, w, groups, strides, lo, hi, dilations, out_sp):
     """A 2-D cross-correlation as products over the kernel's kh x kw shifted (strided, dilated) views v_ij of the
-    padded x: y = [v_00 .. v_ij ..] @ W^T (one group: im2col), or sum_ij v_ij * w_ij (depthwise: per channel)."""
+    padded x: y = [v_00 .. v_ij ..] @ W^T (one group: im2col), or sum_ij v_ij * w_ij (depthwise: per channel).
+    None where one sample's im2col columns alone exceed ``GEMM_MAX_COLUMNS``."""
     n, c = x.shape[0], x.shape[-1]
     kh, kw = w.shape[1], w.shape[2]
     (sh, sw), (dh, dw), (ho, wo) = strides, dilations, out_sp
+    per = ho * wo * kh * kw * c                     # one sample's im2col elements
+    if groups == 1 and kh * kw > 1 and per > GEMM_MAX_COLUMNS:
+        return None
     if any(lo) or any(hi):
         x = mx.pad(x, [(0, 0), (lo[0], hi[0]), (lo[1], hi[1]), (0, 0)])
     views = [x[:, i * dh:i * dh + sh * (ho - 1) + 1:sh, j * dw:j * dw + sw * (wo - 1) + 1:sw, :]
              for i in range(kh) for j in range(kw)]
     if groups == 1:
-        cols = views[0] if len(views) == 1 else mx.concatenate(views, axis=-1)
         m = w.shape[0]
-        return (cols.reshape(n * ho * wo, kh * kw * c) @ w.reshape(m, kh * kw * c).T).reshape(n, ho, wo, m)
+        wt = w.reshape(m, kh * kw * c).T
+        if len(views) == 1:
+            return (views[0].reshape(n * ho * wo, c) @ wt).reshape(n, ho, wo, m)
+        step = max(1, GEMM_MAX_COLUMNS // per)       # samples per product
+        parts = []
+        for s in range(0, n, step):
+            cols = mx.concatenate([v[s:s + step] for v in views], axis=-1)
+            b = cols.shape[0]
+            parts.append((cols.reshape(b * ho * wo, kh * kw * c) @ wt).reshape(b, ho, wo, m))
+        return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
     taps = w.reshape(c, kh * kw)
     y = views[0] * taps[:, 0]
     for t in range(1, kh * kw):
@@ -175,10 +195,11 @@ def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
         if any(o < 0 for o in out_sp):
             raise ValueError(f"kernel {list(kernel)} larger than padded input {list(X.shape[2:])}")
         return _no_products((X.shape[0], W.shape[0], *out_sp), B, X.dtype)
-    if (build.conv_gemm() and _gemm_reason(x, w, group, lo, hi) is None
-            and X.shape[0] * math.prod(out_sp) * math.prod(kernel) * W.shape[1] <= GEMM_MAX_COLUMNS):
+    forms = build.conv_gemm(X.shape[0])
+    y = None
+    if forms and _gemm_form(x, w, group, lo, hi)[0] in forms:
         y = _gemm_conv(x, w, group, strides, lo, hi, dilations, out_sp)
-    else:
+    if y is None:
         y = _conv_general(x, w, group, stride=strides, padding=(lo, hi), kernel_dilation=dilations)
     if B is not None:
         y = y + B.astype(y.dtype)

@@ -45,6 +45,9 @@ class Tuning:
     #: large results written by a kernel into page-locked staging memory, then copied into ORT's output buffer
     #: on several threads (GPU, with cuda_kernels; runtime/devread.py); off: read through managed memory
     direct_out: bool = True
+    #: host inputs and constants of 1 MB or more copied into page-locked staging on several threads, then read onto
+    #: the device by a kernel (GPU, with cuda_kernels; runtime/upload.py); off: MLX's own copy (mx.array)
+    direct_in: bool = True
     #: an MLP's SiLU gating as one step after the merged gate/up product (GPU, with cuda_kernels)
     fold_mlp: bool = True
     #: a decode row's norm and gating made inside the next product's kernel (GPU, with cuda_kernels)

@@ -9,6 +9,11 @@ new output buffer for each prompt, by each route: ``np.asarray`` and the driver'
 ``HOST_OUT_MAX`` does), a kernel writing page-locked memory then a host copy (what a smaller one does; one
 thread and several), and a kernel writing the destination itself once it is registered (``cuMemHostRegister``);
 also what first-touching the fresh pages costs alone. Medians of 7, ms and GB/s.
+
+``--upload``: a host input of that many MB (a kept buffer, as ORT's arena hands an EP its inputs) onto the
+device and consumed by one kernel, by each route: ``mx.array`` (MLX's copy into its own memory) and a host copy
+into page-locked staging (1 thread / the copy threads) followed by a kernel reading it
+(``cuda_kernels.copy_from_address``); the consuming kernel alone beside them. Medians of 15, ms and GB/s.
 """
 from __future__ import annotations
 
@@ -161,11 +166,61 @@ def large_reads(drv, sizes_mb: list[float], reps: int = 7) -> None:
     pool.shutdown()
 
 
+def uploads(drv, sizes_mb: list[float], reps: int = 15) -> None:
+    """Host inputs onto the device, route by route (see the module's docstring)."""
+    from ortmlx.kernels import cuda_driver, cuda_kernels
+    from ortmlx.runtime.devread import parallel_memmove
+    for mb in sizes_mb:
+        n = int(mb * (1 << 20)) // 16 * 16
+        host = (np.arange(n // 4, dtype=np.float32) % 977).astype(np.float32)
+        stage = cuda_driver.HostBuffer(drv, n)
+        src = mx.array([stage.device_address, n], dtype=mx.uint64)
+        dev = mx.array(host)
+        mx.eval(dev)
+        ts: dict = {}
+
+        def timed(name, f):
+            t = time.perf_counter()
+            f()
+            ts.setdefault(name, []).append(time.perf_counter() - t)
+
+        def staged(threads):
+            parallel_memmove(stage.host_address, host.ctypes.data, n, threads)
+            x = cuda_kernels.copy_from_address(src, n).view(mx.float32)
+            mx.eval(x + 1)
+
+        ok = []
+        for i in range(reps + 1):
+            timed("kernel alone (x + 1 on the device)", lambda: mx.eval(dev + 1))
+            timed("mx.array + kernel", lambda: mx.eval(mx.array(host) + 1))
+            timed("staging 1 thread + copy kernel + kernel", lambda: staged(1))
+            timed("staging threads + copy kernel + kernel", lambda: staged(8))
+            if i == 0:
+                parallel_memmove(stage.host_address, host.ctypes.data, n)
+                got = np.array(cuda_kernels.copy_from_address(src, n).view(mx.float32))
+                ok.append(bool(np.array_equal(got, host)))
+                ts.clear()
+        stage.free()
+        print(f"upload of a {mb:g} MB input ({n} bytes), medians of {reps}; staged copy equal: {ok[0]}")
+        for k, v in ts.items():
+            ms = 1e3 * statistics.median(v)
+            print(f"  {k:<42} {ms:9.3f} ms" + (f"  {n / ms / 1e6:7.2f} GB/s" if ms > 0 else ""))
+
+
 def main() -> None:
     import argparse
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--large", default="", help="comma list of MB: only the large reads")
+    ap.add_argument("--upload", default="", help="comma list of MB: only the uploads of host inputs")
     args = ap.parse_args()
+    if args.upload:
+        from ortmlx.kernels import cuda_driver
+        drv = cuda_driver.driver()
+        if drv is None:
+            print("no CUDA driver (MLX's CPU or Metal backend): nothing to measure")
+            return
+        uploads(drv, [float(x) for x in args.upload.split(",")])
+        return
     if args.large:
         from ortmlx.kernels import cuda_driver
         drv = cuda_driver.driver()

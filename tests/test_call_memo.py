@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from ortmlx.compiled import core, keys
+from ortmlx.kernels import dtypes as dt
 from ortmlx.compiled.result import RunResult
 from ortmlx.ep import _shim, compute
 from ortmlx.runtime.group import Group
@@ -254,7 +255,7 @@ def test_device_inputs_memo_uploads_exactly_the_host_arrays():
     each call's device inputs are the MLX arrays as given and the host arrays uploaded, whatever mix comes."""
     rng = random.Random(8)
     c = core._Closure((0, 2, 3, 5), {})
-    runner = SimpleNamespace(_in_types=[None] * 6)
+    runner = SimpleNamespace(_in_types=[None] * 6, program=SimpleNamespace(upload=dt.to_mx))
     for step in range(100):
         inputs = []
         for i in range(6):

@@ -294,7 +294,8 @@ class CompiledSubgraph:
         self._next = self._ahead_prev = None
         with mx.stream(mx_device(self.device)):
             try:
-                dev = [dt.to_mx(inputs[i], t) for i, t in zip(steady.idx, steady.types)]
+                up = self.program.upload
+                dev = [up(inputs[i], t) for i, t in zip(steady.idx, steady.types)]
                 with TRACE_LOCK:
                     outs = c.fn(*dev)
                 self._settled_eval(outs)
@@ -598,9 +599,10 @@ class CompiledSubgraph:
         else:
             up = [k for k, a in enumerate(dev) if not isinstance(a, mx.array)]
             c.dev_kinds, c.dev_up = kinds, up
+        upload = self.program.upload
         for k in up:
             a = dev[k]
-            dev[k] = dt.to_mx(np.asarray(a), self._in_types[c.dev_idx[k]] or dt.onnx_type_of(a))
+            dev[k] = upload(np.asarray(a), self._in_types[c.dev_idx[k]] or dt.onnx_type_of(a))
         return dev
 
     def _hoisted_values(self, c: _Closure, inputs: list) -> list:

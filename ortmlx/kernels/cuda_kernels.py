@@ -709,6 +709,41 @@ def copy_to_address(a: mx.array, target: mx.array) -> mx.array:
     return out
 
 
+_COPY_IN = r"""
+    const uint8_t* s = reinterpret_cast<const uint8_t*>(static_cast<uintptr_t>(source[0]));
+    uint8_t* d = reinterpret_cast<uint8_t*>(out);
+    const size_t nbytes = static_cast<size_t>(source[1]);
+    const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+    const size_t step = static_cast<size_t>(gridDim.x) * blockDim.x;
+    size_t k0 = 0;
+    if ((reinterpret_cast<uintptr_t>(s) & 15) == 0) {
+        const size_t n16 = nbytes / 16;
+        for (size_t k = i; k < n16; k += step) reinterpret_cast<uint4*>(d)[k] = reinterpret_cast<const uint4*>(s)[k];
+        k0 = n16 * 16;
+    }
+    for (size_t k = k0 + i; k < nbytes; k += step) d[k] = s[k];
+"""
+
+
+@functools.lru_cache(maxsize=1)
+def _copy_in_kernel():
+    return _kernel("ortmlx_copy_in", ["source"], ["out"], _COPY_IN)
+
+
+def copy_from_address(source: mx.array, nbytes: int) -> mx.array:
+    """A new uint8 array of ``nbytes`` bytes read from page-locked host memory: ``source`` is [device address,
+    byte count] (uint64), the count ``nbytes``; one kernel for every size."""
+    if source.dtype != mx.uint64 or source.shape != (2,):
+        raise ValueError(f"copy_from_address: source must be [address, bytes] as uint64, got {source.dtype} "
+                         f"of shape {source.shape}")
+    if nbytes <= 0:
+        raise ValueError("copy_from_address: an empty copy")
+    blocks = max(1, min(COPY_BLOCKS, -(-nbytes // (16 * COPY_THREADS))))
+    (out,) = _copy_in_kernel()(inputs=[source], grid=(blocks * COPY_THREADS, 1, 1), threadgroup=(COPY_THREADS, 1, 1),
+                               output_shapes=[(nbytes,)], output_dtypes=[mx.uint8])
+    return out
+
+
 def copy_to_host(a: mx.array, to_host: mx.array) -> mx.array:
     """Copy ``a``'s row-major bytes to page-locked host memory at the device address ``to_host`` holds
     (a one-element uint64 array; ``cuda_driver.HostBuffer``): one kernel, 16-byte stores when both ends

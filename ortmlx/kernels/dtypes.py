@@ -6,6 +6,8 @@ device only.
 """
 from __future__ import annotations
 
+from typing import Protocol
+
 import mlx.core as mx
 import numpy as np
 
@@ -108,6 +110,12 @@ def supported_on(t: int | None, device: str) -> bool:
     if t == DOUBLE:
         return device == "cpu"
     return t in MLX
+
+
+class Upload(Protocol):
+    """How a host array of element type ``t`` becomes an MLX array (``to_mx``, or the runtime's staged copy)."""
+
+    def __call__(self, a: np.ndarray, t: int) -> mx.array: ...
 
 
 def to_mx(a: np.ndarray, t: int) -> mx.array:

@@ -113,13 +113,16 @@ class Program:
     """A fused group resolved once: a step per node (``passes.resolve``), the graph rewrites its ``BuildConfig``
     turns on (``passes.run``), and its constants loaded into MLX; ``run``/``build`` evaluate it per call."""
 
-    def __init__(self, graph, device: str = "cpu", config: BuildConfig | None = None, **overrides):
+    def __init__(self, graph, device: str = "cpu", config: BuildConfig | None = None, upload: dt.Upload = dt.to_mx,
+                 **overrides):
         """``config``: the passes (default: ``BuildConfig.for_device(device, **overrides)``; an override is a
-        ``BuildConfig`` field, e.g. ``merge_matmuls=True``, and None keeps the default)."""
+        ``BuildConfig`` field, e.g. ``merge_matmuls=True``, and None keeps the default). ``upload``: how host arrays
+        (call inputs, constants) become MLX arrays (the runtime's staged copy on a GPU, ``runtime/upload.py``)."""
         cfg = config or BuildConfig.for_device(device, **overrides)
         self.graph = graph
         self.device = device
         self.config = cfg
+        self.upload = upload
         #: builds may use ``kernels/cuda_kernels.py`` (on a GPU of MLX's CUDA backend)
         self.cuda_kernels = cfg.cuda_kernels
         #: a compiled decode's row hints written by their kernel into page-locked host memory (compiled/core.py)
@@ -136,8 +139,8 @@ class Program:
         r = passes.run(Rewrite(graph, steps, self.types, memory_cap=MAX_VALUE_BYTES, nested=nested), cfg)
         self.steps: list[Step] = r.steps
         with mx.stream(mx_device(device)):
-            constants_mx = {k: dt.to_mx(v.reshape((1,) + v.shape) if k in r.lifted else v,
-                                        self.types.get(k) or dt.FROM_NUMPY[v.dtype])
+            constants_mx = {k: upload(v.reshape((1,) + v.shape) if k in r.lifted else v,
+                                      self.types.get(k) or dt.FROM_NUMPY[v.dtype])
                             for k, v in list(graph.constants.items()) + list(r.made.items())
                             if k not in set(self.inputs) and k not in r.gone}
             for k in r.widened:
@@ -370,7 +373,7 @@ class Program:
             v = self.constants.get(name) if name in self.host_constants else None
             if v is None:
                 a = np.asarray(a)
-                v = dt.to_mx(np.ascontiguousarray(a) if a.ndim else a, self.types.get(name) or dt.onnx_type_of(a))
+                v = self.upload(np.ascontiguousarray(a) if a.ndim else a, self.types.get(name) or dt.onnx_type_of(a))
             dev[name] = v
         return v
 

@@ -28,7 +28,7 @@ from ..errors import KernelError
 from ..kernels import dtypes as dt
 from ..kernels.interpreter import Program
 from ..kernels.passes import BuildConfig
-from . import devread, residency
+from . import devread, residency, upload
 from .kvbatch import KvBatches
 from .mirror import (MirrorSet, changed_rows, hint_bytes, mirrorable, predicted_rows, write_hinted, write_predicted,
                      write_rows)
@@ -96,7 +96,8 @@ class Group:
         self.stats = stats
         self.ffi = abi.ffi
         t = options.tuning
-        self.program = Program(plan, device, BuildConfig.for_device(device, t))
+        self.program = Program(plan, device, BuildConfig.for_device(device, t),
+                               upload=upload.uploader(device, t.direct_in))
         self.runner = make_runner(self.program, options, stats)
         self.out_names = list(plan.outputs)
         self.out_types = [plan.value(n).dtype for n in plan.outputs]

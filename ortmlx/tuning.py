@@ -82,6 +82,9 @@ class Tuning:
     #: 2-D convolutions as products over the kernel's shifted input views (kernels/ops/conv.py): on: every form
     #: (1x1, depthwise, im2col); None: the device's (CPU: 1x1 and depthwise; GPU: all); off: MLX's convolution
     conv_gemm: bool | None = None
+    #: a half-precision MatMul and the Add of its constant bias as one product, the bias added before the result
+    #: is rounded (kernels/passes.py fold_bias; None: on MLX's CPU backend, not yet measured on a GPU)
+    fold_bias: bool | None = None
     #: kernels a call would wait for built on a background thread while it answers without them (the polynomial
     #: exp's fused kernel: kernels/background.py); off: the call builds them and waits
     build_behind: bool = True

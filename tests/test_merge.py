@@ -114,7 +114,7 @@ def _attention_graph(extra_output: bool):
 @pytest.mark.parametrize("extra_output", [False, True], ids=["folded", "add-output-kept"])
 def test_qkv_bias_folded_into_attention(extra_output):
     g, feeds = _attention_graph(extra_output)
-    folded, plain = Program(g, fold_qkv_bias=True), Program(g, fold_qkv_bias=False)
+    folded, plain = Program(g, fold_qkv_bias=True, fold_bias=False), Program(g, fold_qkv_bias=False, fold_bias=False)
     names = [st.node.name for st in folded.steps]
     if extra_output:                                   # the Add's output is needed: nothing folds
         assert names == ["proj", "bias", "attn"], names
@@ -130,7 +130,8 @@ def test_qkv_bias_fold_needs_a_private_constant():
     g.nodes.append(Node("reuse", "Neg", "", 13, ["b"], ["nb"]))     # the bias is read elsewhere too
     g.outputs.append("nb")
     g.values["nb"] = ValueInfo("nb", T.FLOAT16)
-    assert [st.node.name for st in Program(g, fold_qkv_bias=True).steps] == ["proj", "bias", "attn", "reuse"]
+    assert [st.node.name for st in Program(g, fold_qkv_bias=True, fold_bias=False).steps] == \
+        ["proj", "bias", "attn", "reuse"]
 
 
 def test_lifted_weights_answer_the_same():
@@ -155,6 +156,15 @@ def test_lifted_weights_answer_the_same():
             np.testing.assert_array_equal(dt.host(a), dt.host(b), err_msg=f"{name} (merged: {merge_matmuls})")
 
 
+def test_qkv_bias_fold_comes_first():
+    """With both passes on, the attention takes the bias (``fold_qkv_bias``) and the product stays alone."""
+    g, feeds = _attention_graph(False)
+    p = Program(g, fold_qkv_bias=True, fold_bias=True)
+    assert [st.node.name for st in p.steps] == ["proj", "attn"] and p.steps[0].outputs == ["xw"]
+    for name, a, b in zip(g.outputs, p.run(feeds), Program(g, fold_qkv_bias=True, fold_bias=False).run(feeds)):
+        np.testing.assert_array_equal(dt.host(a), dt.host(b), err_msg=name)
+
+
 def test_qkv_bias_not_folded_for_split_qkv():
     """Only a packed QKV's bias folds: with separate key/value inputs the Add stays a node."""
     g, _ = _attention_graph(False)
@@ -163,7 +173,7 @@ def test_qkv_bias_not_folded_for_split_qkv():
     for n in ("k", "v"):
         g.inputs.append(n)
         g.values[n] = ValueInfo(n, T.FLOAT16)
-    assert [st.node.name for st in Program(g, fold_qkv_bias=True).steps] == ["proj", "bias", "attn"]
+    assert [st.node.name for st in Program(g, fold_qkv_bias=True, fold_bias=False).steps] == ["proj", "bias", "attn"]
 
 
 @pytest.mark.parametrize("t", [T.FLOAT16, T.BFLOAT16], ids=["fp16", "bf16"])

@@ -159,6 +159,41 @@ def qkv_bias_folds(graph) -> dict[int, tuple]:
     return folds
 
 
+def bias_product_folds(graph, types: dict) -> dict[int, tuple]:
+    """id(MatMul node) -> (its Add node, the bias constant) for every half-precision (float16/bfloat16) MatMul of a
+    constant 2-D weight [K, N] whose output only ``Add(., bias)`` reads and is not a graph output, the bias a
+    1-D constant (N,) nothing else reads: the two can run as one product that adds the bias before rounding
+    (``matmul_bias``), as ORT's kernels do."""
+    producers = graph.producers()
+    consumers = graph.consumers(implicit=True)
+    outputs = set(graph.outputs)
+    folds = {}
+    for add in graph.nodes:
+        if add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.inputs) != 2 or \
+                types.get(add.outputs[0]) not in (dt.FLOAT16, dt.BFLOAT16):
+            continue
+        for x, bias in (add.inputs, add.inputs[::-1]):
+            mm = producers.get(x)
+            c = graph.constants.get(bias)
+            if mm is None or c is None or mm.op_type != "MatMul" or mm.domain not in ("", "ai.onnx") or x in outputs \
+                    or len(consumers.get(x, ())) != 1 or len(consumers.get(bias, ())) != 1 or bias in outputs:
+                continue
+            w = graph.constants.get(mm.inputs[1])
+            if w is not None and np.ndim(w) == 2 and np.shape(c) == (np.shape(w)[1],) and mm.inputs[0] not in graph.constants:
+                folds[id(mm)] = (add, bias)
+                break
+    return folds
+
+
+def matmul_bias(A, B, bias):
+    """``A @ B + bias`` rounded once (a MatMul and its bias Add as one step, ``bias_product_folds``): MLX's addmm adds
+    the bias in the product's float32 accumulator, where two steps round the product to the half type first.
+    A weight widened to float32 (``widened_weights``) widens A and the bias too, the result rounded back."""
+    if A.dtype == B.dtype:
+        return mx.addmm(bias.astype(A.dtype), A, B)
+    return mx.addmm(bias.astype(B.dtype), A.astype(B.dtype), B).astype(A.dtype)
+
+
 def step_readers(graph, steps) -> dict[str, list]:
     """Value -> what reads it once the program's steps are made (merged and folded steps read other values
     than the graph's nodes): the steps by their inputs, and control-flow nodes by the outer values their
@@ -216,7 +251,8 @@ def widened_weights(graph, steps, types: dict, dtype_name) -> set[str]:
             continue
         # a control-flow node reading it from a body (``step_readers``: the node itself) is no MatMul
         if all(getattr(st, "node", st).op_type == "MatMul" and st.node.domain in ("", "ai.onnx")
-               and len(st.inputs) == 2 and st.inputs[1] == name and st.inputs[0] != name for st in sts):
+               and (len(st.inputs) == 2 or st.opdef.fn is matmul_bias) and st.inputs[1] == name
+               and st.inputs[0] != name for st in sts):
             out.add(name)
     return out
 

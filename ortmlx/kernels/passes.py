@@ -82,6 +82,8 @@ class BuildConfig:
     merge_matmuls: bool = False
     fold_mlp: bool = False
     fold_qkv_bias: bool = False
+    #: a half-precision MatMul and its bias Add as one product rounded once (``fold_bias``)
+    fold_bias: bool = False
     lift_weights: bool = True
     widen_weights: bool = False
     dense_nbits: bool = False
@@ -127,6 +129,7 @@ class BuildConfig:
                    merge_matmuls=pick("merge_matmuls", None, devc and gpu),
                    fold_mlp=pick("fold_mlp", None if t.fold_mlp else False, kernels),
                    fold_qkv_bias=pick("fold_qkv_bias", None, kernels),
+                   fold_bias=pick("fold_bias", t.fold_bias, device == "cpu"),
                    lift_weights=pick("lift_weights", t.lift_weights, True),
                    widen_weights=pick("widen_weights", t.widen_weights, device == "cpu"),
                    dense_nbits=pick("dense_nbits", t.dense_nbits, device == "cpu"),
@@ -243,6 +246,25 @@ def fold_qkv_bias(r: Rewrite, cfg: BuildConfig) -> None:
     r.steps = [st for st in r.steps if id(st.node) not in adds]
 
 
+def fold_bias(r: Rewrite, cfg: BuildConfig) -> None:
+    folds = merge.bias_product_folds(r.graph, r.types)
+    if not folds:
+        return
+    folded, present = set(), {id(st.node) for st in r.steps}
+    for k, st in enumerate(r.steps):
+        f = folds.get(id(st.node))
+        if f is None or id(f[0]) not in present or st.inputs != list(st.node.inputs) or \
+                st.outputs != list(st.node.outputs):
+            continue                                # (a merged product, or an Add folded elsewhere: both stay)
+        add, bias = f
+        r.steps[k] = dataclasses.replace(
+            st, inputs=list(st.inputs) + [bias], outputs=list(add.outputs), out_types=[r.types.get(add.outputs[0])],
+            in_types=list(st.in_types) + [r.types.get(bias)],
+            opdef=dataclasses.replace(st.opdef, fn=merge.matmul_bias, wants_ctx=False), ctx=None)
+        folded.add(id(add))
+    r.steps = [st for st in r.steps if id(st.node) not in folded]
+
+
 def lift_weights(r: Rewrite, cfg: BuildConfig) -> None:
     shapes = {k: np.shape(v) for k, v in list(r.graph.constants.items()) + list(r.made.items())}
     r.lifted = merge.lifted_weights(r.graph, r.steps, shapes)
@@ -292,6 +314,7 @@ PASSES: list[tuple[Callable, Callable]] = [
     (merge_siblings, lambda c: c.merge_matmuls),
     (fold_qkv_bias, lambda c: c.fold_qkv_bias),
     (fold_mlp, lambda c: c.fold_mlp and c.merge_matmuls),
+    (fold_bias, lambda c: c.fold_bias),
     (lift_weights, lambda c: c.lift_weights),
     (widen_weights, lambda c: c.widen_weights),
     (dense_nbits, lambda c: c.dense_nbits),

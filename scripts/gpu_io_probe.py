@@ -213,22 +213,15 @@ def main() -> None:
     ap.add_argument("--large", default="", help="comma list of MB: only the large reads")
     ap.add_argument("--upload", default="", help="comma list of MB: only the uploads of host inputs")
     args = ap.parse_args()
-    if args.upload:
-        from ortmlx.kernels import cuda_driver
-        drv = cuda_driver.driver()
-        if drv is None:
-            print("no CUDA driver (MLX's CPU or Metal backend): nothing to measure")
+    for sizes, measure in ((args.upload, uploads), (args.large, large_reads)):
+        if sizes:
+            from ortmlx.kernels import cuda_driver
+            drv = cuda_driver.driver()
+            if drv is None:
+                print("no CUDA driver (MLX's CPU or Metal backend): nothing to measure")
+                return
+            measure(drv, [float(x) for x in sizes.split(",")])
             return
-        uploads(drv, [float(x) for x in args.upload.split(",")])
-        return
-    if args.large:
-        from ortmlx.kernels import cuda_driver
-        drv = cuda_driver.driver()
-        if drv is None:
-            print("no CUDA driver (MLX's CPU or Metal backend): nothing to measure")
-            return
-        large_reads(drv, [float(x) for x in args.large.split(",")])
-        return
     small = np.array([[5]], np.int32)
     x24, x300, x324 = (mx.zeros((k * 1024,), mx.uint8) + 1 for k in (24, 300, 324))
     mx.eval(x24, x300, x324)

@@ -66,12 +66,12 @@ def test_the_products_replace_mlx_convolution(name, monkeypatch):
 
 def test_reasons():
     x, w = mx.zeros((1, 5, 5, 4)), mx.zeros((4, 3, 3, 1))
-    assert C._gemm_reason(x, w, 4, [1, 1], [1, 1]) is None
-    assert "depthwise" in C._gemm_reason(x, mx.zeros((8, 3, 3, 2)), 2, [0, 0], [0, 0])
-    assert "1-D" in C._gemm_reason(mx.zeros((1, 5, 4)), mx.zeros((4, 3, 4)), 1, [0], [0])
-    assert "negative" in C._gemm_reason(x, mx.zeros((4, 3, 3, 4)), 1, [-1, 0], [0, 0])
+    assert C._gemm_form(x, w, 4, [1, 1], [1, 1])[1] is None
+    assert "depthwise" in C._gemm_form(x, mx.zeros((8, 3, 3, 2)), 2, [0, 0], [0, 0])[1]
+    assert "1-D" in C._gemm_form(mx.zeros((1, 5, 4)), mx.zeros((4, 3, 4)), 1, [0], [0])[1]
+    assert "negative" in C._gemm_form(x, mx.zeros((4, 3, 3, 4)), 1, [-1, 0], [0, 0])[1]
     with build.active(build.BuildContext(conv_gemm=C.GEMM_FORMS, shapeless=True)):
-        assert "shapeless" in C._gemm_reason(x, w, 4, [1, 1], [1, 1])
+        assert "shapeless" in C._gemm_form(x, w, 4, [1, 1], [1, 1])[1]
 
 
 def test_forms():

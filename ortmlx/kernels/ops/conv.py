@@ -109,10 +109,6 @@ def _gemm_form(x, w, groups, lo, hi) -> tuple[str | None, str | None]:
     return None, f"group {groups}: neither 1 nor depthwise"
 
 
-def _gemm_reason(x, w, groups, lo, hi) -> str | None:
-    return _gemm_form(x, w, groups, lo, hi)[1]
-
-
 def _gemm_conv(x, w, groups, strides, lo, hi, dilations, out_sp):
     """A 2-D cross-correlation as products over the kernel's kh x kw shifted (strided, dilated) views v_ij of the
     padded x: y = [v_00 .. v_ij ..] @ W^T (one group: im2col), or sum_ij v_ij * w_ij (depthwise: per channel).

@@ -164,8 +164,6 @@ def _conv_forms(knob, gpu: bool) -> frozenset:
     there than MLX's convolution; im2col is slower); on the GPU all, from ``GPU_CONV_GEMM_BATCH``."""
     if knob is None:
         return GEMM_FORMS if gpu else frozenset({"pointwise", "depthwise"})
-    if isinstance(knob, frozenset):
-        return knob
     return GEMM_FORMS if knob else frozenset()
 
 

@@ -3,11 +3,13 @@
     python scripts/half_error_probe.py models/out/qwen2-tiny-fp16-cuda --seeds 10     # logits, 10 random prompts
     python scripts/half_error_probe.py models/out/qwen2-tiny-fp16-cuda --nodes        # every node's output, 1 prompt
     python scripts/half_error_probe.py MODEL_DIR --env ORTMLX_TUNING=fold_bias=0      # an A/B: set before import
+    python scripts/half_error_probe.py MODEL_DIR --device gpu --cuda --nodes          # next to ORT's CUDA EP
 
 One prompt of ``--tokens`` random ids (no past) runs through the genai model's graph: ORT's CPU EP on the graph
 cast to float32 (``arch_cases.float32_graph``) is the reference; the MLX EP (device ``--device``) and ORT's CPU
 EP each run the half graph. Each distance is max |EP - reference| / max |reference|; the ratio is MLX EP / CPU EP
-(DEVELOPERS.md's half-precision check, with ORT's CPU EP where no CUDA EP is). ``--nodes`` exposes every node's
+(DEVELOPERS.md's half-precision check, with ORT's CPU EP where no CUDA EP is; ``--cuda`` adds ORT's CUDA EP on the
+half graph, and the ratio is then MLX EP / CUDA EP, the policy's bound). ``--nodes`` exposes every node's
 output as a graph output, so passes that fold a node into the next (``fold_bias``) do not apply there.
 """
 from __future__ import annotations
@@ -30,6 +32,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--nodes", action="store_true", help="every node's output, not only the logits")
     ap.add_argument("--device", default="cpu", choices=("cpu", "gpu"), help="the MLX EP's device")
+    ap.add_argument("--cuda", action="store_true", help="also ORT's CUDA EP on the half graph (the ratio's bound)")
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="set before ortmlx is imported")
     args = ap.parse_args(argv)
     for kv in args.env:
@@ -54,9 +57,14 @@ def main(argv=None) -> int:
         p16, _ = _exposed(onnx, d16, args.nodes)
         so = ort.SessionOptions()
         so.log_severity_level = 3
-        sessions = {name: ort.InferenceSession(p, so, providers=prov) for name, p, prov in (
-            ("ref", p32, ["CPUExecutionProvider"]), ("cpu", p16, ["CPUExecutionProvider"]),
-            ("mlx", p16, [("MLXExecutionProvider", {"device": args.device})]))}
+        engines = [("ref", p32, ["CPUExecutionProvider"]), ("cpu", p16, ["CPUExecutionProvider"]),
+                   ("mlx", p16, [("MLXExecutionProvider", {"device": args.device})])]
+        if args.cuda:
+            engines.append(("cuda", p16, ["CUDAExecutionProvider"]))
+        sessions = {name: ort.InferenceSession(p, so, providers=prov) for name, p, prov in engines}
+        if args.cuda and "CUDAExecutionProvider" not in sessions["cuda"].get_providers():
+            raise SystemExit("--cuda: ORT's CUDA EP is not available in this onnxruntime")
+        bound = "cuda" if args.cuda else "cpu"
         ratios = []
         for seed in range(args.seeds):
             feeds = _feeds(np, sessions["cpu"], cfg, args.tokens, seed)
@@ -69,14 +77,16 @@ def main(argv=None) -> int:
                 r = res["ref"].get(out)
                 if r is None or out not in res["mlx"] or not np.issubdtype(r.dtype, np.floating) or not r.size:
                     continue
-                a, b = _rel(np, res["mlx"][out], r), _rel(np, res["cpu"][out], r)
+                a, c = _rel(np, res["mlx"][out], r), _rel(np, res["cpu"][out], r)
+                b = _rel(np, res["cuda"][out], r) if args.cuda else c
                 ratio = a / b if b else float("inf")
                 if out == "logits":
                     ratios.append(ratio)
                 label = f"seed {seed}" if not args.nodes else node[-60:]
-                print(f"{label:60s} {op:32s} MLX EP {a:9.2e}  CPU EP {b:9.2e}  ratio {ratio:5.2f}")
+                cuda = f"  CUDA EP {b:9.2e}" if args.cuda else ""
+                print(f"{label:60s} {op:32s} MLX EP {a:9.2e}  CPU EP {c:9.2e}{cuda}  ratio {ratio:5.2f}")
         if len(ratios) > 1:
-            print(f"logits over {len(ratios)} prompts: ratio MLX EP / CPU EP median {statistics.median(ratios):.2f}, "
+            print(f"logits over {len(ratios)} prompts: ratio MLX EP / {bound.upper()} EP median {statistics.median(ratios):.2f}, "
                   f"max {max(ratios):.2f}, above 1.0 in {sum(r > 1 for r in ratios)}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

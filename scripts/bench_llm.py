@@ -17,7 +17,9 @@ builder's fp16 graphs) and the MLX EP on MLX's CPU; sizes shrink (the tiny model
 Cases (--only, comma separated; default all but cold, in this order):
   cold      a fresh host as far as one can be made: each engine (and the MLX EP eager, no_compile=1) in a new
             process whose kernel caches are empty (MLX_PTX_CACHE_DIR, CUDA_CACHE_PATH, TMPDIR: new directories);
-            process start to the first token of a 128-token prompt, and to the 16th (the OS's file cache stays warm)
+            process start to the first token of a 128-token prompt, and to the 16th (the OS's file cache stays warm);
+            then the MLX EP in a new process after `python -m ortmlx warmup` filled its empty kernel cache (as at install);
+            --cold-variants picks those extra MLX EP runs
   stall     after one generation, 17 prompt lengths <= 4096 drawn with a fixed seed: each first call's TTFT over
             the warm TTFT at its length; the slowest ratio is reported
   prefill   TTFT (append_tokens + the first generated token) at 128 / 512 / 2048 / 4096: the first call at each
@@ -83,6 +85,10 @@ ENGINES = ("cuda", "cuda_graph", "mlx")
 CASES = ("cold", "stall", "prefill", "decode", "batch", "accuracy", "host")
 #: what --only runs when not given ("cold" rebuilds every MLX kernel: minutes on a GPU, so it is asked for)
 DEFAULT_CASES = tuple(c for c in CASES if c != "cold")
+#: the cold case's extra MLX EP runs (--cold-variants): name -> provider options; "warmed" first runs
+#: `python -m ortmlx warmup` into the empty kernel cache (as an install step would); "rerun" runs in the kernel
+#: caches the MLX EP's own run filled (a new process on a host that ran the model before)
+COLD_VARIANTS = {"eager": {"no_compile": "1"}, "warmed": {}, "prefill_eager": {"no_compile": "prefill"}, "rerun": {}}
 
 #: sizes and counts; --smoke takes the second set (the tiny model's context is 256 positions)
 FULL = dict(sizes=["0.5b", "1.5b"], precisions=["fp16", "int4"], prefill=[128, 512, 2048, 4096], stall_n=17,
@@ -733,17 +739,29 @@ class Bench:
         n_new = 16
         runs = [(e, e, {}) for e in self.live(M)]
         if any(e == "mlx" for e, _, _ in runs):
-            runs.append(("mlx_eager", "mlx", {"no_compile": "1"}))
+            runs += [(f"mlx_{v}", "mlx", COLD_VARIANTS[v]) for v in self.args.cold_variants.split(",") if v]
+        roots = {}
         for name, kind, extra in runs:
-            root = tempfile.mkdtemp(prefix=f"cold-{name}.", dir=self.tmp)
+            reuse = roots.get("mlx") if name == "mlx_rerun" else None
+            root = roots[name] = reuse or tempfile.mkdtemp(prefix=f"cold-{name}.", dir=self.tmp)
             env = dict(self.env)
             for var in ("MLX_PTX_CACHE_DIR", "CUDA_CACHE_PATH", "TMPDIR"):
                 env[var] = os.path.join(root, var.lower())
-                os.makedirs(env[var])
+                os.makedirs(env[var], exist_ok=reuse is not None)
             lim = self.budget.limit(LIMITS["cold"])
             if lim < 5:
                 self.fail(M, f"cold {name}", "no time left in the budget")
                 continue
+            warmup_s = None
+            if name == "mlx_warmed":     # the kernel cache filled ahead by `ortmlx warmup` (as at install)
+                cmd = [sys.executable, "-m", "ortmlx", "warmup", M["dirs"]["mlx"], "--max-length",
+                       str(M["decode_max_len"]), "--up-to", str(c["prompt"]), "--device", self.args.mlx_device]
+                cmd += [f"--option={kv}" for kv in self.args.mlx_option]
+                rc, _, warmup_s = run_limited(cmd, lim, self.log, env)
+                if rc != 0:
+                    self.fail(M, f"cold {name}", f"ortmlx warmup exited {rc} after {warmup_s:.1f} s")
+                    continue
+                lim = self.budget.limit(LIMITS["cold"])
             t0 = time.monotonic()
             w = Worker(self.spec(M, kind, extra), self.log, env)
             try:
@@ -759,8 +777,9 @@ class Bench:
             first = (t1 - t0) + r["generator_ms"] / 1e3 + r["ttft_ms"] / 1e3
             out[name] = {"start_to_loaded_s": t1 - t0, "load_s": load["load_s"], "ttft_ms": r["ttft_ms"],
                          "start_to_first_token_s": first, "start_to_last_token_s": (t1 - t0) + r["total_s"],
-                         "tokens": r["tokens_out"], "kernel_files": r["kernel_files"]}
-            self.say(f"  [{M['name']}] cold {name}: process start to first token {first:.2f} s (loaded after "
+                         "tokens": r["tokens_out"], "kernel_files": r["kernel_files"], "warmup_s": warmup_s}
+            ahead = "" if warmup_s is None else f" after `ortmlx warmup` ({warmup_s:.1f} s)"
+            self.say(f"  [{M['name']}] cold {name}{ahead}: process start to first token {first:.2f} s (loaded after "
                      f"{t1 - t0:.1f} s, TTFT {r['ttft_ms'] / 1e3:.2f} s), to token {r['tokens_out']} "
                      f"{out[name]['start_to_last_token_s']:.2f} s; kernel files written: {r['kernel_files']}")
 
@@ -1072,10 +1091,14 @@ def print_table(b: Bench, M: dict) -> None:
             "s, lower", ".2f")
         add("cold: start to 16th token", [cd.get(e, {}).get("start_to_last_token_s") for e in engines],
             "s, lower", ".2f")
-        if "mlx_eager" in cd:
-            add("cold: MLX EP eager, first / 16th", [(f"{cd['mlx_eager']['start_to_first_token_s']:.2f} / "
-                                                      f"{cd['mlx_eager']['start_to_last_token_s']:.2f}")
-                                                     if e == "mlx" else None for e in engines], "s", "s")
+        for v in COLD_VARIANTS:
+            w = cd.get(f"mlx_{v}")
+            if w is None:
+                continue
+            ahead = f"{w['warmup_s']:.1f} / " if w.get("warmup_s") is not None else ""
+            add(f"cold: MLX EP {v} ({COLD_VARIANTS[v] or 'default options'}), {'warmup / ' if ahead else ''}"
+                "first / 16th", [f"{ahead}{w['start_to_first_token_s']:.2f} / {w['start_to_last_token_s']:.2f}"
+                                 if e == "mlx" else None for e in engines], "s", "s")
     pf = M.get("prefill", {})
     for L in M.get("prefill_lens", []) if pf else []:
         add(f"TTFT {L} warm", [pf.get(e, {}).get(str(L), {}).get("warm_ms") for e in engines], "ms, lower", ".2f")
@@ -1185,6 +1208,8 @@ def main(argv=None) -> int:
     ap.add_argument("--mlx-device", choices=("cpu", "gpu", "auto"), help="default gpu (--smoke: cpu)")
     ap.add_argument("--mlx-option", action="append", default=[], metavar="KEY=VALUE",
                     help="MLX EP provider option (device, no_compile, trace, verbose, disable_ops, tuning)")
+    ap.add_argument("--cold-variants", default="eager,warmed",
+                    help=f"the cold case's extra MLX EP runs, comma list of {','.join(COLD_VARIANTS)} (or empty)")
     ap.add_argument("--prefill", help="comma list of prompt lengths (default 128,512,2048,4096)")
     ap.add_argument("--batches", help="comma list of batch sizes (default 1,4,16)")
     ap.add_argument("--new-tokens", type=int)

@@ -99,6 +99,9 @@ class Tuning:
     blas: bool = True
     #: process-wide, environment only: OpenBLAS threads (None: min(4, cores))
     blas_threads: int | None = None
+    #: process-wide, environment only: our custom CUDA kernels' NVRTC builds kept in MLX's kernel cache, so a new
+    #: process loads them instead of building them again (kernels/cuda_cache.py)
+    kernel_cache: bool = True
 
     @classmethod
     def parse(cls, text: str | None, base: "Tuning | None" = None, where: str = ENV) -> "Tuning":

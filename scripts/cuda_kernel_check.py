@@ -1,15 +1,14 @@
-"""Compile-check the custom CUDA kernels (``ortmlx/kernels/cuda_kernels.py``) without a GPU.
+"""Compile-check the custom CUDA kernels (``ortmlx/kernels/cuda_kernels.py``, ``cuda_rows.py``) without a GPU.
 
-    python scripts/cuda_kernel_check.py --checker DIR
+    python scripts/cuda_kernel_check.py [--nvrtc LIBNVRTC] [--include DIR ...] [--arch sm_90a]
 
-``DIR`` holds ``nvrtc_check.py``: a module with ``check_kernel(name, input_names, input_dtypes,
-output_names, output_dtypes, source, header=, template=) -> (ok, log)`` that assembles the source the
-way MLX's ``cuda_kernel`` does and compiles it with NVRTC as MLX's JIT does (MLX's device headers,
-``--device-as-default-execution-space``, ``sm_90a``). One was built for this project from PyPI's
-``nvidia-cuda-nvrtc`` / ``nvidia-cuda-runtime`` 13 wheels, MLX's device headers at the installed version
-and CCCL 3.1.3's libcudacxx (``docs/developing.md``). Every kernel is compiled for float16, bfloat16 and
-float32 with representative template values; any error or warning fails (exit 1). A compile check is not
-a test: the kernels' behaviour is tested on a GPU (``tests/test_cuda_kernels.py``).
+Each kernel's source is assembled as MLX's ``cuda_kernel`` assembles it and compiled with NVRTC as
+``kernels/cuda_cache.py`` builds it for MLX's kernel cache (MLX's flags, the stand-in for MLX's device header):
+for float16, bfloat16 and float32 with representative template values. NVRTC and the headers come from PyPI's
+``nvidia-cuda-nvrtc`` / ``nvidia-cuda-runtime`` 13 wheels and the ``mlx-cuda-13`` wheel's ``mlx/include``
+(found beside an installed MLX CUDA build, else give ``--nvrtc`` and three ``--include``: MLX's include
+directory, its ``cccl`` directory, the CUDA runtime's include directory). Any error fails (exit 1).
+A compile check is not a test: the kernels' behaviour is tested on a GPU (``tests/test_cuda_kernels.py``).
 """
 from __future__ import annotations
 
@@ -88,22 +87,50 @@ def cases():
     yield ("copy_from_address", "ortmlx_copy_in_x", ["source"], ["uint64"], ["out"], ["uint8"], ck._COPY_IN, "", [])
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--checker", required=True, help="directory holding nvrtc_check.py")
-    args = ap.parse_args(argv)
-    sys.path.insert(0, args.checker)
-    import nvrtc_check
+def check_all(nvrtc, includes: list[str], arch: str = "sm_90a", quiet: bool = False) -> int:
+    """Compile every case; the number with errors or warnings."""
+    from ortmlx.kernels import cuda_cache as cc
+    opts = ["--device-as-default-execution-space", f"--gpu-architecture={arch}"] + [f"--include-path={p}"
+                                                                                   for p in includes]
     bad = 0
     for label, name, ins, in_t, outs, out_t, src, head, tmpl in cases():
-        ok, log = nvrtc_check.check_kernel(name, ins, in_t, outs, out_t, src, header=head, template=tmpl)
-        noise = [ln for ln in log.splitlines() if "warning" in ln or "error" in ln]
-        bad += (not ok) or bool(noise)
-        print(f"{'ok ' if ok and not noise else 'BAD'} {label}")
-        for ln in noise[:6]:
-            print(f"    {ln}")
-    print(f"{bad} kernel(s) with errors or warnings")
-    return 1 if bad else 0
+        func = cc.kernel_name(name, tmpl)
+        text = cc.mlx_source(func, head, src, ins, [(t, 2) for t in in_t], outs, out_t, tmpl)
+        try:
+            nvrtc.compile(text, cc.module_name(func, text) + ".cu", "mlx::core::cu::" + func, opts,
+                          {cc.STANDIN_NAME: cc.STANDIN})
+            ok, log = True, ""
+        except cc.NvrtcError as e:
+            ok, log = False, str(e)
+        bad += not ok
+        if not quiet or not ok:
+            print(f"{'ok ' if ok else 'BAD'} {label}")
+            for ln in log.splitlines()[:6]:
+                print(f"    {ln}")
+    if not quiet:
+        print(f"{bad} kernel(s) with errors")
+    return bad
+
+
+def main(argv=None) -> int:
+    from ortmlx.kernels import cuda_cache as cc
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nvrtc", help="libnvrtc.so path (default: the one loaded by MLX, else the nvidia wheel's)")
+    ap.add_argument("--include", action="append", default=[], help="an include directory (default MLX's)")
+    ap.add_argument("--arch", default="sm_90a")
+    args = ap.parse_args(argv)
+    lib = args.nvrtc or cc.loaded_nvrtc()
+    if lib is None:
+        import glob
+        import importlib.util
+        spec = importlib.util.find_spec("nvidia")
+        found = [p for r in (spec.submodule_search_locations if spec else []) for p in
+                 glob.glob(os.path.join(r, "cu13", "lib", "libnvrtc.so.13"))]
+        if not found:
+            print("cuda_kernel_check: no libnvrtc found: pip install nvidia-cuda-nvrtc, or give --nvrtc")
+            return 2
+        lib = found[0]
+    return 1 if check_all(cc.Nvrtc(lib), args.include or cc.include_paths(), args.arch) else 0
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import hashlib
 import mlx.core as mx
 import numpy as np
 
-from . import build, consts
+from . import build, consts, cuda_cache
 
 #: warps per block of ``decode_attention`` (each strides over the keys, ATTN_KEYS at a time)
 ATTN_WARPS = 8
@@ -79,11 +79,13 @@ def enabled() -> bool:
 
 def _kernel(prefix: str, input_names: list, output_names: list, source: str, header: str = "",
             ensure_row_contiguous: bool = True):
-    """``mx.fast.cuda_kernel`` named ``prefix`` + a hash of its text (MLX keys compiled kernels by name);
-    ``ensure_row_contiguous=False``: inputs are passed as they lie (the source reads their strides)."""
-    tag = hashlib.sha1((header + source).encode()).hexdigest()[:12]
-    return mx.fast.cuda_kernel(name=f"{prefix}_{tag}", input_names=input_names, output_names=output_names,
-                               source=source, header=header, ensure_row_contiguous=ensure_row_contiguous)
+    """``mx.fast.cuda_kernel`` named ``prefix`` + a hash of its text (MLX keys compiled kernels by name), its builds
+    kept in MLX's kernel cache across processes (``cuda_cache``); ``ensure_row_contiguous=False``: inputs are passed
+    as they lie (the source reads their strides)."""
+    name = f"{prefix}_{hashlib.sha1((header + source).encode()).hexdigest()[:12]}"
+    fn = mx.fast.cuda_kernel(name=name, input_names=input_names, output_names=output_names,
+                             source=source, header=header, ensure_row_contiguous=ensure_row_contiguous)
+    return cuda_cache.CachedKernel(name, input_names, output_names, source, header, fn)
 
 
 def _f32_literal(x: float) -> str:

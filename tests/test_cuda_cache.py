@@ -1,0 +1,199 @@
+"""kernels/cuda_cache.py: our custom kernels' builds kept in MLX's kernel cache under MLX's own module names.
+
+On any machine: libstdc++'s string hash (against g++'s), MLX's cache paths, the builder writing and finding a
+module (a stand-in compiler), the kernel wrapper. With NVRTC installed (``nvidia-cuda-nvrtc``, MLX's shipped
+headers): every kernel compiles against the stand-in header. On MLX's CUDA backend: the reproduced source is
+MLX's, a new process loads the module instead of building it, and its results are MLX's build's bit for bit.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from ortmlx.kernels import cuda_cache as cc
+from ortmlx.kernels import cuda_kernels
+
+GPU = cuda_kernels.cuda_backend()
+SAMPLES = [b"", b"a", b"abcdefg", b"abcdefgh", b"abcdefghi", bytes(range(256)) * 3, cc.STANDIN.encode()]
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_std_hash_is_libstdcxx_string_hash(tmp_path):
+    prog = tmp_path / "h.cpp"
+    prog.write_text(textwrap.dedent("""
+        #include <cstdio>
+        #include <fstream>
+        #include <sstream>
+        #include <string>
+        int main(int argc, char** argv) {
+          for (int i = 1; i < argc; ++i) {
+            std::ifstream f(argv[i], std::ios::binary); std::stringstream ss; ss << f.rdbuf();
+            std::printf("%zx\\n", std::hash<std::string>{}(ss.str()));
+          }
+        }"""))
+    exe = tmp_path / "h"
+    subprocess.run(["g++", "-O1", "-o", str(exe), str(prog)], check=True, capture_output=True)
+    files = []
+    for i, data in enumerate(SAMPLES):
+        p = tmp_path / f"s{i}"
+        p.write_bytes(data)
+        files.append(str(p))
+    want = subprocess.run([str(exe), *files], check=True, capture_output=True, text=True).stdout.split()
+    assert [f"{cc.std_hash(d):x}" for d in SAMPLES] == want
+
+
+def test_names_and_paths_follow_mlx():
+    tmpl = [("T", mx.float16), ("N", 4), ("B", True), ("C", False)]
+    assert cc.kernel_name("k", tmpl) == "custom_kernel_k_float16_t_4_t_f"
+    src = cc.mlx_source("custom_kernel_k", "// head\n", "out[0] = x[x_strides[0]];", ["x", "y"],
+                        [("float16", 2), ("int32", 0)], ["out"], ["float32"], tmpl)
+    assert "    const __half* x,\n    const __grid_constant__ Strides x_strides,\n" in src
+    assert "    const int32_t* y,\n    float* out) {\n" in src     # a 0-d input: no shape arguments
+    assert "  using T = __half;\n  constexpr int N = 4;\n  constexpr bool B = true;\n  constexpr bool C = false;\n" \
+        in src
+    assert src.startswith(cc.DEFAULT_HEADER + "// head\nnamespace mlx::core::cu {")
+    assert cc.module_name("f", src) == f"f_{cc.std_hash(src.encode()):x}"
+    assert cc.ptx_path("/c", "m" * 10) == "/c/" + "m" * 10 + ".ptx"
+    long = "a" * 245 + "b" * 245 + "c" * 7
+    assert cc.ptx_path("/c", long) == "/c/" + "a" * 245 + "/" + "b" * 245 + "/" + "c" * 7 + ".ptx"
+
+
+class _FakeNvrtc:
+    def __init__(self, fail=None):
+        self.calls, self.fail = [], fail
+
+    def compile(self, src, file, name, options, headers):
+        self.calls.append((file, name, options, headers))
+        if self.fail:
+            raise cc.NvrtcError(self.fail)
+        return b"CUBIN" + src.encode()[:8], "_Z_lowered"
+
+
+def test_builder_writes_the_module_mlx_reads_then_finds_it(tmp_path):
+    nv = _FakeNvrtc()
+    b = cc.Builder(nv, "sm_90a", ["/inc"], str(tmp_path))
+    src = "__global__ void f() {}"
+    assert b.ensure("custom_kernel_f", src) == "built"
+    path = cc.ptx_path(str(tmp_path), cc.module_name("custom_kernel_f", src))
+    assert open(path, "rb").read() == b"CUBIN" + src.encode()[:8]
+    assert open(path[:-4] + ".txt").read() == "mlx::core::cu::custom_kernel_f\t_Z_lowered\n"
+    file, name, options, headers = nv.calls[0]
+    assert name == "mlx::core::cu::custom_kernel_f" and headers == {cc.STANDIN_NAME: cc.STANDIN}
+    assert options[:2] == ["--device-as-default-execution-space", "--gpu-architecture=sm_90a"]
+    assert "--include-path=/inc" in options
+    assert b.ensure("custom_kernel_f", src) == "cached" and len(nv.calls) == 1
+    assert not glob.glob(str(tmp_path / "*.tmp"))
+    assert b.counts == {"cached": 1, "built": 1, "failed": 0}
+
+
+def test_a_failed_build_writes_nothing(tmp_path):
+    b = cc.Builder(_FakeNvrtc(fail="error: identifier is undefined"), "sm_90a", [], str(tmp_path))
+    st = b.ensure("custom_kernel_g", "x")
+    assert st.startswith("failed: ") and "undefined" in st
+    assert os.listdir(tmp_path) == [] and b.counts["failed"] == 1
+
+
+def test_cached_kernel_prepares_each_instantiation_once(monkeypatch):
+    got, made = [], []
+    monkeypatch.setattr(cc.CachedKernel, "prepare", lambda self, *a: made.append(a) or "built")
+    k = cc.CachedKernel("k", ["x"], ["out"], "src", "", lambda **kw: got.append(kw) or ["r"])
+    x16, x32 = mx.zeros((2, 3), mx.float16), mx.zeros((2, 3), mx.float32)
+    for x in (x16, x16, x32):
+        assert k(inputs=[x], output_dtypes=[x.dtype], template=[("T", x.dtype)], grid=(1, 1, 1)) == ["r"]
+    assert made == [([("T", mx.float16)], [("float16", 2)], ["float16"]),
+                    ([("T", mx.float32)], [("float32", 2)], ["float32"])]
+    assert [kw["grid"] for kw in got] == [(1, 1, 1)] * 3 and got[0]["inputs"][0] is x16
+
+
+@pytest.mark.skipif(GPU, reason="on a machine without MLX's CUDA backend")
+def test_builder_is_off_without_a_cuda_device(monkeypatch):
+    monkeypatch.setattr(cc, "_builder", [])
+    monkeypatch.setattr(cc, "_reason", [])
+    assert cc.builder() is None and cc.reason()
+
+
+def _nvrtc_setup():
+    """(library, include paths) of an installed NVRTC wheel and MLX's shipped headers, else None."""
+    import importlib.util
+    spec = importlib.util.find_spec("nvidia")
+    roots = list(spec.submodule_search_locations) if spec and spec.submodule_search_locations else []
+    libs = [p for r in roots for p in glob.glob(os.path.join(r, "cu13", "lib", "libnvrtc.so.13"))]
+    incs = cc.include_paths()
+    if not libs or not all(os.path.isdir(p) for p in incs) or len(incs) < 3:
+        return None
+    return libs[0], incs
+
+
+@pytest.mark.skipif(_nvrtc_setup() is None, reason="needs the nvidia-cuda-nvrtc wheel and MLX's CUDA headers")
+def test_every_kernel_compiles_against_the_standin():
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+    from cuda_kernel_check import check_all
+    lib, incs = _nvrtc_setup()
+    assert check_all(cc.Nvrtc(lib), incs, "sm_90a", quiet=True) == 0
+
+
+# ------------------------------------------------------------------ on MLX's CUDA backend
+_CHILD = """
+import json, sys, time
+import mlx.core as mx
+import numpy as np
+import ortmlx
+from ortmlx.kernels import build, cuda_cache, cuda_kernels
+rng = np.random.default_rng(0)
+x = mx.array(rng.standard_normal((3, 896)).astype(np.float16))
+s = mx.array(rng.standard_normal((3, 896)).astype(np.float16))
+g = mx.array(rng.standard_normal((896,)).astype(np.float16))
+t0 = time.perf_counter()
+with build.active(build.BuildContext(cuda_kernels=True)):
+    out, total = cuda_kernels.rms_norm(x, g, 1e-6, skip=s)
+    mx.eval(out, total)
+b = cuda_cache.builder()
+print(json.dumps({"s": time.perf_counter() - t0, "out": np.array(out).tolist(), "sum": np.array(total).tolist(),
+                  "counts": b.counts if b else None, "reason": cuda_cache.reason(),
+                  "failures": b.failures if b else []}))
+"""
+
+
+def _child(cache: str, kernel_cache: bool) -> dict:
+    import json
+    env = dict(os.environ, MLX_PTX_CACHE_DIR=cache, ORTMLX_TUNING="" if kernel_cache else "kernel_cache=0")
+    r = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not GPU, reason="needs MLX's CUDA backend")
+def test_mlx_source_is_what_mlx_builds(capfd):
+    k = cuda_kernels._norm_kernel(1e-6)
+    x = mx.zeros((3, 896), mx.float16)
+    g = mx.zeros((896,), mx.float16)
+    tmpl = [("T", mx.float16), ("HIDDEN", 896), ("HAS_SKIP", True), ("HAS_BIAS", False)]
+    k.fn(inputs=[x, x, x, g], output_dtypes=[mx.float16, mx.float16], output_shapes=[x.shape, x.shape],
+         template=tmpl, grid=(32, 3, 1), threadgroup=(32, 1, 1), verbose=True)
+    printed = capfd.readouterr().out
+    src = cc.mlx_source(cc.kernel_name(k.name, tmpl), k.header, k.source, k.input_names,
+                        [("float16", 2)] * 3 + [("float16", 1)], k.output_names, ["float16", "float16"], tmpl)
+    body = printed.split("```\n", 1)[1].rsplit("\n```", 1)[0]
+    assert body == src
+
+
+@pytest.mark.skipif(not GPU, reason="needs MLX's CUDA backend")
+def test_a_new_process_loads_the_kernel_mlx_would_build(tmp_path):
+    first = _child(str(tmp_path / "on"), True)
+    assert first["reason"] is None and first["counts"]["built"] >= 1 and not first["failures"], first
+    again = _child(str(tmp_path / "on"), True)
+    assert again["counts"]["cached"] >= 1 and again["counts"]["built"] == 0, again
+    mlx_own = _child(str(tmp_path / "off"), False)
+    assert mlx_own["counts"] is None and "kernel_cache=0" in mlx_own["reason"]
+    assert not glob.glob(str(tmp_path / "off" / "custom_kernel_*.ptx"))      # MLX writes none of its own
+    for r in (first, again):
+        assert r["out"] == mlx_own["out"] and r["sum"] == mlx_own["sum"]
+    print(f"first launch: built here {first['s']:.2f} s, loaded {again['s']:.2f} s, MLX's build {mlx_own['s']:.2f} s")

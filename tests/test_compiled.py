@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 
 import mlx.core as mx
 import numpy as np
@@ -454,3 +455,32 @@ def test_slow_first_call_says_so_once_per_process(monkeypatch, capfd):
     assert len(lines) == 1, err
     assert lines[0].startswith("MLXExecutionProvider: the first general call at new shapes (group ")
     assert f"kept under {core.mlx_cache_dir()}" in lines[0] and "warmup" not in lines[0], lines[0]
+
+
+def test_a_long_first_call_says_so_while_it_runs(monkeypatch, capfd):
+    """A closure's first call still running after HEADS_UP_S prints one line before it ends (the kernels being
+    built, where they are kept), once per process; one shorter than that prints none."""
+    import ortmlx.compiled.core as core
+    monkeypatch.setattr(core, "_HEADS_UP", [])
+    monkeypatch.setattr(core, "_NOTICED", [])
+    monkeypatch.setattr(core, "BUILD_NOTICE_S", 1e9)
+    monkeypatch.setattr(core, "HEADS_UP_S", 60.0)
+    s, _rs = compiled_session(mlp())
+    for _ in range(3):
+        s.run(None, feed(3))
+    assert "building MLX kernels" not in capfd.readouterr().err
+    real = core.CompiledSubgraph._apply
+
+    def slow(self, *a, **k):
+        time.sleep(0.3)
+        return real(self, *a, **k)
+    monkeypatch.setattr(core.CompiledSubgraph, "_apply", slow)
+    monkeypatch.setattr(core, "HEADS_UP_S", 0.05)
+    for _ in range(2):
+        s, _rs = compiled_session(mlp())
+        for _ in range(3):
+            s.run(None, feed(3))
+    lines = [ln for ln in capfd.readouterr().err.splitlines() if "building MLX kernels" in ln]
+    assert len(lines) == 1 and lines[0].startswith("MLXExecutionProvider: building MLX kernels for the first general "
+                                                   "call at new shapes (group "), lines
+    assert f"later processes load them from {core.mlx_cache_dir()}" in lines[0]

@@ -41,6 +41,10 @@ SEEN_KEYS = 256
 #: a closure's first call longer than this (seconds) is said on the console, once per process
 BUILD_NOTICE_S = 1.0
 _NOTICED: list = []
+#: a closure's first call still running after this many seconds says so while it runs, once per process (a host's
+#: first run builds every kernel: a minute or more on a GPU, with nothing else on the console)
+HEADS_UP_S = 3.0
+_HEADS_UP: list = []
 #: MLX's trace state is process-global: one trace at a time (re-entrant for nested groups)
 TRACE_LOCK = threading.RLock()
 
@@ -479,7 +483,12 @@ class CompiledSubgraph:
         self.counters["verify_calls"] += 1
         sig = call.sig
         first, t0 = c.calls == 0, time.perf_counter()
-        got = self._apply(c, call, None)
+        timer = self._heads_up() if first else None
+        try:
+            got = self._apply(c, call, None)
+        finally:
+            if timer is not None:
+                timer.cancel()
         if first:
             self._built(time.perf_counter() - t0)
         if got is None or got is GUARD_FAILED:
@@ -689,6 +698,24 @@ class CompiledSubgraph:
                              f"{seconds:.1f} s tracing and building MLX kernels (kept under {mlx_cache_dir()}); later "
                              "calls replay it." + (" `python -m ortmlx warmup MODEL_DIR` prepares a genai model's "
                                                    "prompt sizes ahead." if self.label != "general" else "") + "\n")
+
+    def _heads_up(self) -> threading.Timer | None:
+        """A timer that says, once per process, that kernels are being built when a closure's first call runs past
+        ``HEADS_UP_S`` (cancelled when the call returns)."""
+        if _HEADS_UP or _NOTICED:
+            return None
+
+        def say():
+            if not _HEADS_UP:
+                _HEADS_UP.append(True)
+                sys.stderr.write(f"MLXExecutionProvider: building MLX kernels for the first {self.label} call at new "
+                                 f"shapes (group {self.name}); on a host's first run this takes a minute or more, "
+                                 f"later processes load them from {mlx_cache_dir()}\n")
+                sys.stderr.flush()
+        t = threading.Timer(HEADS_UP_S, say)
+        t.daemon = True
+        t.start()
+        return t
 
     def _poison(self, c: _Closure, why: str) -> None:
         c.poisoned = why

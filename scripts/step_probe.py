@@ -3,6 +3,8 @@
     python scripts/step_probe.py MODEL_DIR [--tokens 96] [--option key=value ...] [--env K=V ...]
     python scripts/step_probe.py MODEL_DIR --prompt 128,2048 --max-length 4104 --tokens 5   # prompts
     python scripts/step_probe.py MODEL_DIR --batch 16              # a batch's decode step (static batching)
+    python scripts/step_probe.py MODEL_DIR --prompt 128 --max-length 4104 --tokens 4 --env "" \
+        --env PROBE_NO_DECODE=1,PROBE_SAME_IDS=1,PROBE_BENCH_MIN=1,PROBE_FIRST_GEN=1   # bench_llm's TTFT loop
 
 Wraps the EP's per-call stages with ``perf_counter`` timers (a few hundred ns each) and runs a
 greedy genai generation on the MLX EP: per decode token (median of the second half), the time in
@@ -144,7 +146,8 @@ def child(model_dir: str, opts: dict, tokens: int, prompts: list[int] | None = N
 
     ml = (max_length or max(prompts) + tokens) if prompts else None
     # a test build's context (256 for the small ones) raised to the prompts' buffer
-    model, _ = mg.load_model(model_dir, "mlx", opts, overlay={"model": {"context_length": ml}} if ml else None)
+    overlay = {"model": {"context_length": ml}} if ml and os.environ.get("PROBE_NO_OVERLAY") != "1" else None
+    model, _ = mg.load_model(model_dir, "mlx", opts, overlay=overlay)
     if prompts:
         return {"prompts": prompt_calls(model, acc, prompts, ml, tokens)}
     ids = np.arange(100, 107, dtype=np.int32)
@@ -179,18 +182,29 @@ def prompt_calls(model, acc: dict, prompts: list[int], max_length: int, calls: i
 
     rng = np.random.default_rng(0)
     res = {}
+    # bench_llm's TTFT loop, part by part (set through --env): no decode step between prompts, the same prompt
+    # every call, min_length of the prompt + 1, and (PROBE_FIRST_GEN) its check's generation before them
+    no_decode, same_ids, bench_min = (os.environ.get(k) == "1" for k in ("PROBE_NO_DECODE", "PROBE_SAME_IDS",
+                                                                       "PROBE_BENCH_MIN"))
+    if os.environ.get("PROBE_FIRST_GEN") == "1":       # bench_llm's check before: a generation in a 256-token buffer
+        g = og.Generator(model, mg.search_options(model, 256, 256))
+        g.append_tokens(rng.integers(100, 480, prompts[0]).astype(np.int32))
+        for _ in range(16):
+            g.generate_next_token()
+        del g
     for prompt in prompts:
         rows = []
+        same = rng.integers(100, 480, prompt).astype(np.int32)
         for k in range(calls + 2):
-            ids = rng.integers(100, 480, prompt).astype(np.int32)
+            ids = same if same_ids else rng.integers(100, 480, prompt).astype(np.int32)
             t0 = time.perf_counter()
-            g = og.Generator(model, mg.search_options(model, max_length, max_length))
+            g = og.Generator(model, mg.search_options(model, max_length, prompt + 1 if bench_min else max_length))
             acc.clear()
             t = time.perf_counter()
             g.append_tokens(ids)
             row = dict(acc, token=time.perf_counter() - t, **{"genai.generator": t - t0})
             # what bench_llm's TTFT adds to the prompt (the first token's sampling), and the first decode step
-            for key in ("genai.sample_after_prompt", "genai.first_decode_step"):
+            for key in ("genai.sample_after_prompt",) + (() if no_decode else ("genai.first_decode_step",)):
                 t = time.perf_counter()
                 g.generate_next_token()
                 row[key] = time.perf_counter() - t

@@ -101,6 +101,15 @@ def test_a_failed_build_writes_nothing(tmp_path):
     assert os.listdir(tmp_path) == [] and b.counts["failed"] == 1
 
 
+def test_a_failed_write_leaves_no_file(tmp_path, monkeypatch):
+    def refuse(src, dst):
+        raise OSError("disk full")
+    monkeypatch.setattr(cc.os, "replace", refuse)
+    b = cc.Builder(_FakeNvrtc(), "sm_90a", [], str(tmp_path))
+    assert b.ensure("custom_kernel_h", "y") == "failed: disk full"
+    assert os.listdir(tmp_path) == []
+
+
 def test_cached_kernel_prepares_each_instantiation_once(monkeypatch):
     got, made = [], []
     monkeypatch.setattr(cc.CachedKernel, "prepare", lambda self, *a: made.append(a) or "built")

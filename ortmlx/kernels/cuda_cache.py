@@ -272,9 +272,13 @@ def _write(path: str, cubin: bytes, names: bytes) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     for p, data in ((path[:-4] + ".txt", names), (path, cubin)):
         tmp = f"{p}.{os.getpid()}.{threading.get_ident()}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, p)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, p)
+        finally:
+            if os.path.exists(tmp):         # (a failed write: nothing half-written is left for MLX to find)
+                os.remove(tmp)
 
 
 _builder: list = []         # [Builder | None]: made at the first launch (None: off here, with the reason)

@@ -15,11 +15,11 @@ With --smoke the two CUDA columns run on ORT's CPU EP (value_info stripped, whic
 builder's fp16 graphs) and the MLX EP on MLX's CPU; sizes shrink (the tiny model, prompts <= 128 tokens).
 
 Cases (--only, comma separated; default all but cold, in this order):
-  cold      a fresh host as far as one can be made: each engine (and the MLX EP eager, no_compile=1) in a new
-            process whose kernel caches are empty (MLX_PTX_CACHE_DIR, CUDA_CACHE_PATH, TMPDIR: new directories);
+  cold      a fresh host as far as one can be made: each engine in a new process whose kernel caches are empty
+            (MLX_PTX_CACHE_DIR, CUDA_CACHE_PATH, TMPDIR: new directories);
             process start to the first token of a 128-token prompt, and to the 16th (the OS's file cache stays warm);
-            then the MLX EP in a new process after `python -m ortmlx warmup` filled its empty kernel cache (as at install);
-            --cold-variants picks those extra MLX EP runs
+            then extra MLX EP runs (--cold-variants): eager, after `python -m ortmlx warmup` filled the empty kernel
+            cache (as at install), prompts eager, and in the caches its own run filled (rerun)
   stall     after one generation, 17 prompt lengths <= 4096 drawn with a fixed seed: each first call's TTFT over
             the warm TTFT at its length; the slowest ratio is reported
   prefill   TTFT (append_tokens + the first generated token) at 128 / 512 / 2048 / 4096: the first call at each

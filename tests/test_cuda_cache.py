@@ -53,13 +53,21 @@ def test_std_hash_is_libstdcxx_string_hash(tmp_path):
 def test_names_and_paths_follow_mlx():
     tmpl = [("T", mx.float16), ("N", 4), ("B", True), ("C", False)]
     assert cc.kernel_name("k", tmpl) == "custom_kernel_k_float16_t_4_t_f"
-    src = cc.mlx_source("custom_kernel_k", "// head\n", "out[0] = x[x_strides[0]];", ["x", "y"],
-                        [("float16", 2), ("int32", 0)], ["out"], ["float32"], tmpl)
+    body = "out[0] = x[x_strides[0]] + y[0] * y_shape[0] + z_ndim;"
+    src = cc.mlx_source("custom_kernel_k", "// head\n", body, ["x", "y", "z"],
+                        [("float16", 2), ("int32", 0), ("bfloat16", 3)], ["out", "o2"], ["float32", "uint8"], tmpl)
     assert "    const __half* x,\n    const __grid_constant__ Strides x_strides,\n" in src
-    assert "    const int32_t* y,\n    float* out) {\n" in src     # a 0-d input: no shape arguments
+    # a 0-d input gets no shape arguments, even when the source names them
+    assert "    const int32_t* y,\n    const __nv_bfloat16* z,\n    const __grid_constant__ int z_ndim,\n" in src
+    assert "    float* out,\n    uint8_t* o2) {\n" in src
     assert "  using T = __half;\n  constexpr int N = 4;\n  constexpr bool B = true;\n  constexpr bool C = false;\n" \
         in src
-    assert src.startswith(cc.DEFAULT_HEADER + "// head\nnamespace mlx::core::cu {")
+    assert src.startswith('\n#include "mlx/backend/cuda/device/utils.cuh"\n\n#include <cooperative_groups.h>\n\n'
+                          "// head\nnamespace mlx::core::cu {\n\nnamespace cg = cooperative_groups;\n\n"
+                          "__global__ void custom_kernel_k(\n")
+    assert src.endswith(body + "\n}\n\n} // namespace mlx::core::cu\n")
+    assert cc.mlx_source("f", "", "s", [], [], ["o"], ["float32"], []).endswith("float* o) {\ns\n}\n\n} // namespace "
+                                                                               "mlx::core::cu\n")
     assert cc.module_name("f", src) == f"f_{cc.std_hash(src.encode()):x}"
     assert cc.ptx_path("/c", "m" * 10) == "/c/" + "m" * 10 + ".ptx"
     long = "a" * 245 + "b" * 245 + "c" * 7
@@ -110,6 +118,40 @@ def test_a_failed_write_leaves_no_file(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == []
 
 
+def test_cache_dir_is_mlxs(monkeypatch, tmp_path):
+    import tempfile
+    monkeypatch.setenv("MLX_PTX_CACHE_DIR", str(tmp_path))
+    assert cc.cache_dir() == str(tmp_path)
+    monkeypatch.setenv("MLX_PTX_CACHE_DIR", "")              # MLX keeps no cache then: nothing is written
+    assert cc.cache_dir() is None
+    monkeypatch.delenv("MLX_PTX_CACHE_DIR")
+    assert cc.cache_dir() == os.path.join(tempfile.gettempdir(), "mlx", mx.__version__, "ptx")
+
+
+def test_a_failing_builder_never_reaches_the_call(monkeypatch):
+    def broken():
+        raise RuntimeError("boom")
+    monkeypatch.setattr(cc, "builder", broken)
+    got = []
+    k = cc.CachedKernel("k", ["x"], ["out"], "src", "", lambda **kw: got.append(kw) or ["r"])
+    x = mx.zeros((2,), mx.float32)
+    assert k(inputs=[x], output_dtypes=[mx.float32], template=[("T", mx.float32)]) == ["r"]
+    assert list(k.seen.values()) == ["failed: RuntimeError: boom"]
+    assert k(inputs=[x], output_dtypes=[mx.float32], template=[("T", object())]) == ["r"]   # MLX's to refuse
+    assert k(inputs=[1.0], output_dtypes=[mx.float32]) == ["r"] and len(got) == 3
+
+
+def test_our_kernels_stay_clear_of_mlxs_header_names():
+    """Our kernel texts may not name what MLX's device header declares beyond the stand-in's: a definition there
+    would be MLX's in MLX's build and ours in ours, under one module name."""
+    import re
+    from ortmlx.kernels import cuda_rows
+    for mod in (cuda_kernels, cuda_rows):
+        text = open(mod.__file__).read()
+        for name in cc.MLX_HEADER_NAMES:
+            assert not re.search(rf"\b{name}\b", text), (mod.__name__, name)
+
+
 def test_cached_kernel_prepares_each_instantiation_once(monkeypatch):
     got, made = [], []
     monkeypatch.setattr(cc.CachedKernel, "prepare", lambda self, *a: made.append(a) or "built")
@@ -120,6 +162,9 @@ def test_cached_kernel_prepares_each_instantiation_once(monkeypatch):
     assert made == [([("T", mx.float16)], [("float16", 2)], ["float16"]),
                     ([("T", mx.float32)], [("float32", 2)], ["float32"])]
     assert [kw["grid"] for kw in got] == [(1, 1, 1)] * 3 and got[0]["inputs"][0] is x16
+    for v in (True, 1):                     # two instantiations (custom_kernel_k_t, custom_kernel_k_1)
+        k(inputs=[x16], output_dtypes=[x16.dtype], template=[("N", v)])
+    assert [m[0] for m in made[2:]] == [[("N", True)], [("N", 1)]]
 
 
 @pytest.mark.skipif(GPU, reason="on a machine without MLX's CUDA backend")
@@ -206,3 +251,43 @@ def test_a_new_process_loads_the_kernel_mlx_would_build(tmp_path):
     for r in (first, again):
         assert r["out"] == mlx_own["out"] and r["sum"] == mlx_own["sum"]
     print(f"first launch: built here {first['s']:.2f} s, loaded {again['s']:.2f} s, MLX's build {mlx_own['s']:.2f} s")
+
+
+_SENTINEL = """
+import json, os
+import mlx.core as mx
+import numpy as np
+import ortmlx
+from ortmlx.kernels import build, cuda_cache as cc, cuda_kernels
+x = mx.array(np.random.default_rng(0).standard_normal((3, 896)).astype(np.float16))
+g = mx.ones((896,), mx.float16)
+k = cuda_kernels._norm_kernel(1e-6)
+tmpl = [("T", mx.float16), ("HIDDEN", 896), ("HAS_SKIP", True), ("HAS_BIAS", False)]
+ins = [("float16", 2), ("float16", 2), ("float16", 1), ("float16", 1)]
+func = cc.kernel_name(k.name, tmpl)
+real = cc.mlx_source(func, k.header, k.source, k.input_names, ins, k.output_names, ["float16", "float16"], tmpl)
+# the same parameters as the real kernel's (the names its source uses, kept in comments), a body that writes 7
+body = "if (blockIdx.x == 0 && threadIdx.x == 0) { out[0] = T(7.0f); }\n" + \
+    "\n".join("// " + line for line in k.source.splitlines())
+fake = cc.mlx_source(func, k.header, body, k.input_names, ins, k.output_names, ["float16", "float16"], tmpl)
+assert cc.shape_infos(body, k.input_names) == cc.shape_infos(k.source, k.input_names)
+b = cc.builder()
+cubin, lowered = b.nvrtc.compile(fake, "fake.cu", "mlx::core::cu::" + func, b.options, {cc.STANDIN_NAME: cc.STANDIN})
+cc._write(cc.ptx_path(b.dir, cc.module_name(func, real)), cubin, f"mlx::core::cu::{func}\\t{lowered}\\n".encode())
+with build.active(build.BuildContext(cuda_kernels=True)):
+    out, _ = cuda_kernels.rms_norm(x, g, 1e-6, skip=x)
+    mx.eval(out)
+print(json.dumps({"first": float(np.array(out)[0, 0]), "counts": b.counts}))
+"""
+
+
+@pytest.mark.skipif(not GPU, reason="needs MLX's CUDA backend")
+def test_mlx_launches_the_module_written_under_its_name(tmp_path):
+    """A stand-in kernel (it writes 7) written under the module name of rms_norm's source is what MLX launches:
+    the name, the path and the mangled-name file are the ones MLX reads."""
+    import json
+    env = dict(os.environ, MLX_PTX_CACHE_DIR=str(tmp_path), ORTMLX_TUNING="")
+    r = subprocess.run([sys.executable, "-c", _SENTINEL], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["first"] == 7.0 and got["counts"]["cached"] == 1, got

@@ -18,9 +18,15 @@ import ctypes
 import os
 import threading
 
-#: MLX releases whose ``cuda_kernel`` source layout and module naming this reproduces (checked on a GPU by
-#: tests/test_cuda_cache.py against MLX's own printed source)
-MLX_VERSIONS = ("0.32.",)
+#: MLX releases whose ``cuda_kernel`` source layout, module naming and device header this was checked against on a
+#: GPU (tests/test_cuda_cache.py: MLX's own printed source, its build's results); another release: off
+MLX_VERSIONS = ("0.32.4",)
+
+#: names MLX's device header declares in ``mlx::core::cu`` besides ``Shape``/``Strides`` (MLX 0.32): a kernel text
+#: defining one would get MLX's in MLX's build and its own in ours under the same module name
+#: (tests/test_cuda_cache.py keeps our kernels clear of them)
+MLX_HEADER_NAMES = ("Limits", "LoopedElemToLoc", "elem_to_loc", "elem_to_loc_nd", "finite_max", "finite_min",
+                    "is_aligned", "load_vector", "store_vector", "unsafe_load_vector", "AlignedVector")
 
 #: the one MLX header the generated source includes, replaced by what our kernels use of it: ``Shape`` and
 #: ``Strides`` laid out as MLX passes them (MLX_NDIM from MLX's shipped config.h), the half types
@@ -136,11 +142,15 @@ def ptx_path(cache_dir: str, module: str) -> str:
     return os.path.join(cache_dir, *parts, module[off:] + ".ptx")
 
 
-def cache_dir() -> str:
-    """MLX's CUDA kernel cache (``ptx_cache_dir``: ``MLX_PTX_CACHE_DIR``, else ``$TMPDIR/mlx/<version>/ptx``)."""
+def cache_dir() -> str | None:
+    """MLX's CUDA kernel cache (``ptx_cache_dir``: ``MLX_PTX_CACHE_DIR``, else ``$TMPDIR/mlx/<version>/ptx``); None
+    where MLX keeps none (the variable set empty)."""
     import tempfile
     import mlx.core as mx
-    return os.environ.get("MLX_PTX_CACHE_DIR") or os.path.join(tempfile.gettempdir(), "mlx", mx.__version__, "ptx")
+    d = os.environ.get("MLX_PTX_CACHE_DIR")
+    if d is not None:
+        return os.path.abspath(d) if d else None
+    return os.path.join(tempfile.gettempdir(), "mlx", mx.__version__, "ptx")
 
 
 class NvrtcError(RuntimeError):
@@ -207,30 +217,32 @@ class Nvrtc:
 
 
 def loaded_nvrtc() -> str | None:
-    """The path of the NVRTC library mapped into this process (libmlx's, on MLX's CUDA backend), or None."""
+    """The path of the NVRTC library mapped into this process (libmlx's, on MLX's CUDA backend); None when there is
+    none, or more than one (another library's NVRTC beside MLX's: which is MLX's is not known)."""
+    found = set()
     try:
         with open("/proc/self/maps") as f:
             for line in f:
                 p = line.rsplit(None, 1)[-1]
                 if os.path.basename(p).startswith("libnvrtc.so"):
-                    return p
+                    found.add(os.path.realpath(p))
     except OSError:
-        pass
-    return None
+        return None
+    return found.pop() if len(found) == 1 else None
 
 
-def include_paths() -> list[str]:
+def include_paths(cuda_major: int = 13) -> list[str]:
     """MLX's NVRTC include paths (``include_path_args``): its bundled headers and CCCL, then the CUDA runtime's
-    headers (the ``nvidia`` package beside MLX, else ``CUDA_HOME``/``CUDA_PATH``/``/usr/local/cuda``)."""
+    headers (the ``nvidia`` package beside MLX of its CUDA major, else ``CUDA_HOME``/``CUDA_PATH``/
+    ``/usr/local/cuda``)."""
     import mlx
     root = os.path.dirname(os.path.abspath(mlx.__path__[0] if hasattr(mlx, "__path__") else mlx.__file__))
     mlx_dir = os.path.join(root, "mlx")
     paths = [p for p in (os.path.join(mlx_dir, "include"), os.path.join(mlx_dir, "include", "cccl"))
              if os.path.isdir(p)]
-    for sub in ("cu13", "cuda_runtime"):
-        p = os.path.join(root, "nvidia", sub, "include")
-        if os.path.isdir(p):
-            return paths + [p]
+    p = os.path.join(root, "nvidia", "cu13" if cuda_major >= 13 else "cuda_runtime", "include")
+    if os.path.isdir(p):
+        return paths + [p]
     home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
     return paths + [os.path.join(home, "include")]
 
@@ -260,7 +272,7 @@ class Builder:
                                                         {STANDIN_NAME: STANDIN})
                     _write(path, cubin, f"mlx::core::cu::{func}\t{lowered}\n".encode())
                     st = "built"
-                except (NvrtcError, OSError) as e:
+                except Exception as e:  # noqa: BLE001 - MLX builds it itself
                     st = f"failed: {e}"
                     self.failures.append(f"{func}: {e}")
             self.counts[st.split(":")[0]] += 1
@@ -306,11 +318,14 @@ def builder() -> Builder | None:
         elif "compute_capability_major" not in info:
             why = "no CUDA device"
         elif lib is None:
-            why = "no NVRTC library loaded"
+            why = "not one NVRTC library loaded"
+        elif cache_dir() is None:
+            why = "MLX_PTX_CACHE_DIR is empty: MLX keeps no kernel cache"
         else:
             major, minor = int(info["compute_capability_major"]), int(info["compute_capability_minor"])
             arch = f"sm_{major}{minor}{'a' if major >= 9 else ''}"
-            b = Builder(Nvrtc(lib), arch, include_paths(), cache_dir())
+            nv = Nvrtc(lib)
+            b = Builder(nv, arch, include_paths(nv.version[0]), cache_dir())
     except Exception as e:  # noqa: BLE001 - MLX builds the kernels itself then
         b, why = None, f"{type(e).__name__}: {e}"
     _builder.append(b)
@@ -335,22 +350,24 @@ class CachedKernel:
     def __call__(self, *, inputs, output_dtypes, template=None, **kw):
         template = list(template or [])
         try:
-            key = (tuple((n, v if isinstance(v, (bool, int)) else dtype_name(v)) for n, v in template),
+            key = (tuple((n, type(v).__name__, v if isinstance(v, (bool, int)) else dtype_name(v))
+                         for n, v in template),
                    tuple((dtype_name(a.dtype), a.ndim) for a in inputs), tuple(dtype_name(t) for t in output_dtypes))
-        except AttributeError:      # a scalar input: MLX makes it an array, left to MLX's own build
+        except Exception:  # noqa: BLE001 - a scalar input or an odd template: left to MLX (its own build, its error)
             key = None
         if key is not None and key not in self.seen:
             self.seen[key] = self.prepare(template, list(key[1]), list(key[2]))
         return self.fn(inputs=inputs, output_dtypes=output_dtypes, template=template, **kw)
 
     def prepare(self, template: list, inputs: list, output_dtypes: list) -> str:
-        b = builder()
-        if b is None:
-            return "off"
+        """The builder's answer for one instantiation; never raises (MLX builds it itself on any failure)."""
         try:
+            b = builder()
+            if b is None:
+                return "off"
             func = kernel_name(self.name, template)
             src = mlx_source(func, self.header, self.source, self.input_names, inputs, self.output_names,
                              output_dtypes, template)
-        except (KeyError, ValueError) as e:
-            return f"failed: {e}"
-        return b.ensure(func, src)
+            return b.ensure(func, src)
+        except Exception as e:  # noqa: BLE001
+            return f"failed: {type(e).__name__}: {e}"

@@ -8,6 +8,7 @@ MLX's, a new process loads the module instead of building it, and its results ar
 from __future__ import annotations
 
 import glob
+import io
 import os
 import shutil
 import subprocess
@@ -116,6 +117,21 @@ def test_a_failed_write_leaves_no_file(tmp_path, monkeypatch):
     b = cc.Builder(_FakeNvrtc(), "sm_90a", [], str(tmp_path))
     assert b.ensure("custom_kernel_h", "y") == "failed: disk full"
     assert os.listdir(tmp_path) == []
+
+
+def test_nvrtc_is_mlxs_among_several(monkeypatch, tmp_path):
+    import builtins
+    libs = {n: tmp_path / n for n in ("libnvrtc.so.12", "libnvrtc.so.13")}
+    for p in libs.values():
+        p.write_bytes(b"")
+    maps = "".join(f"7f00-7f10 r-xp 0 0:0 0 {p}\n" for p in libs.values()) + "7f20-7f30 r-xp 0 0:0 0 /x/libc.so.6\n"
+    real_open = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda f, *a, **k: io.StringIO(maps) if f == "/proc/self/maps"
+                        else real_open(f, *a, **k))
+    assert cc.loaded_nvrtc(13) == str(libs["libnvrtc.so.13"]) and cc.loaded_nvrtc(12) == str(libs["libnvrtc.so.12"])
+    assert cc.loaded_nvrtc(None) is None and cc.loaded_nvrtc(11) is None       # which is MLX's is not known
+    maps = f"7f00-7f10 r-xp 0 0:0 0 {libs['libnvrtc.so.12']}\n"
+    assert cc.loaded_nvrtc(None) == str(libs["libnvrtc.so.12"])
 
 
 def test_cache_dir_is_mlxs(monkeypatch, tmp_path):

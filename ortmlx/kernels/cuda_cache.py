@@ -216,9 +216,9 @@ class Nvrtc:
             lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
-def loaded_nvrtc() -> str | None:
-    """The path of the NVRTC library mapped into this process (libmlx's, on MLX's CUDA backend); None when there is
-    none, or more than one (another library's NVRTC beside MLX's: which is MLX's is not known)."""
+def loaded_nvrtc(major: int | None = None) -> str | None:
+    """The path of the NVRTC library mapped into this process (libmlx's, on MLX's CUDA backend): the one there is,
+    or the one of CUDA ``major`` (MLX's build) among several; None when that leaves none or more than one."""
     found = set()
     try:
         with open("/proc/self/maps") as f:
@@ -228,7 +228,16 @@ def loaded_nvrtc() -> str | None:
                     found.add(os.path.realpath(p))
     except OSError:
         return None
+    if len(found) > 1 and major is not None:
+        found = {p for p in found if os.path.basename(p).startswith(f"libnvrtc.so.{major}")}
     return found.pop() if len(found) == 1 else None
+
+
+def mlx_cuda_major() -> int | None:
+    """The CUDA major MLX was built for (its ``mlx-cuda-N`` distribution), None when not known."""
+    from ..version import mlx_backends
+    majors = [int(d.rsplit("-", 1)[1]) for d in mlx_backends() if d.startswith("mlx-cuda-")]
+    return majors[0] if len(majors) == 1 else None
 
 
 def include_paths(cuda_major: int = 13) -> list[str]:
@@ -310,7 +319,7 @@ def builder() -> Builder | None:
         except TuningError:
             on = True
         info = mx.device_info(mx.gpu) if on and mx.cuda.is_available() else {}
-        lib = loaded_nvrtc()
+        lib = loaded_nvrtc(mlx_cuda_major()) if on else None
         if not on:
             why = "tuning kernel_cache=0"
         elif not any(mx.__version__.startswith(v) for v in MLX_VERSIONS):
@@ -318,7 +327,7 @@ def builder() -> Builder | None:
         elif "compute_capability_major" not in info:
             why = "no CUDA device"
         elif lib is None:
-            why = "not one NVRTC library loaded"
+            why = "no NVRTC library of MLX's loaded (or several)"
         elif cache_dir() is None:
             why = "MLX_PTX_CACHE_DIR is empty: MLX keeps no kernel cache"
         else:

@@ -2,8 +2,8 @@
 
 MLX 0.32 compiles a custom kernel with NVRTC at its first launch in every process and never writes the result to
 its kernel cache (``get_jit_module(..., use_disk_cache=false)`` in its ``custom_kernel.cpp``), although it looks
-there first. So each new process paid an NVRTC build for every instantiation of every kernel (a 0.5B model's
-first generation: ~20 s on a warm host, docs/performance.md). Here, before MLX's first launch of an
+there first. So each new process paid an NVRTC build for every instantiation of every kernel (numbers:
+docs/performance.md, "a new process's first token"). Here, before MLX's first launch of an
 instantiation in a process, the source MLX will build is written out as MLX writes it (``mlx_source``), named as
 MLX names the module (the kernel's name and libstdc++'s ``std::hash`` of that source, ``module_name``) and, when
 the cache lacks it, compiled with the NVRTC library MLX itself loaded, with MLX's flags and include paths and a

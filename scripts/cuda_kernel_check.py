@@ -90,8 +90,7 @@ def cases():
 def check_all(nvrtc, includes: list[str], arch: str = "sm_90a", quiet: bool = False) -> int:
     """Compile every case; the number with errors or warnings."""
     from ortmlx.kernels import cuda_cache as cc
-    opts = ["--device-as-default-execution-space", f"--gpu-architecture={arch}"] + [f"--include-path={p}"
-                                                                                   for p in includes]
+    opts = cc.nvrtc_options(arch, includes)
     bad = 0
     for label, name, ins, in_t, outs, out_t, src, head, tmpl in cases():
         func = cc.kernel_name(name, tmpl)

@@ -29,7 +29,7 @@ MLX_HEADER_NAMES = ("Limits", "LoopedElemToLoc", "elem_to_loc", "elem_to_loc_nd"
                     "is_aligned", "load_vector", "store_vector", "unsafe_load_vector", "AlignedVector")
 
 #: the one MLX header the generated source includes, replaced by what our kernels use of it: ``Shape`` and
-#: ``Strides`` laid out as MLX passes them (MLX_NDIM from MLX's shipped config.h), the half types
+#: ``Strides`` laid out as MLX passes them (MAX_NDIM from MLX's shipped config.h), the half types
 STANDIN_NAME = "mlx/backend/cuda/device/utils.cuh"
 STANDIN = """#pragma once
 #include "mlx/backend/cuda/device/config.h"
@@ -256,13 +256,18 @@ def include_paths(cuda_major: int = 13) -> list[str]:
     return paths + [os.path.join(home, "include")]
 
 
+def nvrtc_options(arch: str, includes: list[str]) -> list[str]:
+    """MLX's NVRTC options (``compile`` in its ``jit_module.cpp``) for ``arch`` (``sm_90a``) and include paths."""
+    return ["--device-as-default-execution-space", f"--gpu-architecture={arch}"] + [f"--include-path={p}"
+                                                                                   for p in includes]
+
+
 class Builder:
     """Builds missing instantiations into MLX's cache; one per process (``builder()``)."""
 
     def __init__(self, nvrtc: Nvrtc, arch: str, includes: list[str], directory: str):
         self.nvrtc, self.arch, self.includes, self.dir = nvrtc, arch, includes, directory
-        self.options = ["--device-as-default-execution-space", f"--gpu-architecture={arch}"] + \
-            [f"--include-path={p}" for p in includes]
+        self.options = nvrtc_options(arch, includes)
         self.lock = threading.Lock()
         self.counts = {"cached": 0, "built": 0, "failed": 0}
         self.failures: list[str] = []

@@ -118,17 +118,10 @@ def main(argv=None) -> int:
     ap.add_argument("--include", action="append", default=[], help="an include directory (default MLX's)")
     ap.add_argument("--arch", default="sm_90a")
     args = ap.parse_args(argv)
-    lib = args.nvrtc or cc.loaded_nvrtc()
+    lib = args.nvrtc or cc.loaded_nvrtc() or cc.wheel_nvrtc()
     if lib is None:
-        import glob
-        import importlib.util
-        spec = importlib.util.find_spec("nvidia")
-        found = [p for r in (spec.submodule_search_locations if spec else []) for p in
-                 glob.glob(os.path.join(r, "cu13", "lib", "libnvrtc.so.13"))]
-        if not found:
-            print("cuda_kernel_check: no libnvrtc found: pip install nvidia-cuda-nvrtc, or give --nvrtc")
-            return 2
-        lib = found[0]
+        print("cuda_kernel_check: no libnvrtc found: pip install nvidia-cuda-nvrtc, or give --nvrtc")
+        return 2
     return 1 if check_all(cc.Nvrtc(lib), args.include or cc.include_paths(), args.arch) else 0
 
 

@@ -192,14 +192,10 @@ def test_builder_is_off_without_a_cuda_device(monkeypatch):
 
 def _nvrtc_setup():
     """(library, include paths) of an installed NVRTC wheel and MLX's shipped headers, else None."""
-    import importlib.util
-    spec = importlib.util.find_spec("nvidia")
-    roots = list(spec.submodule_search_locations) if spec and spec.submodule_search_locations else []
-    libs = [p for r in roots for p in glob.glob(os.path.join(r, "cu13", "lib", "libnvrtc.so.13"))]
-    incs = cc.include_paths()
-    if not libs or not all(os.path.isdir(p) for p in incs) or len(incs) < 3:
+    lib, incs = cc.wheel_nvrtc(), cc.include_paths()
+    if lib is None or not all(os.path.isdir(p) for p in incs) or len(incs) < 3:
         return None
-    return libs[0], incs
+    return lib, incs
 
 
 @pytest.mark.skipif(_nvrtc_setup() is None, reason="needs the nvidia-cuda-nvrtc wheel and MLX's CUDA headers")

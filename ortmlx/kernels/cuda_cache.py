@@ -233,6 +233,17 @@ def loaded_nvrtc(major: int | None = None) -> str | None:
     return found.pop() if len(found) == 1 else None
 
 
+def wheel_nvrtc(major: int = 13) -> str | None:
+    """The NVRTC library of an installed ``nvidia-cuda-nvrtc`` wheel of CUDA ``major`` (``nvidia/cu13/lib``), or None:
+    for building the kernels where MLX has none loaded (``scripts/cuda_kernel_check.py``)."""
+    import glob
+    import importlib.util
+    spec = importlib.util.find_spec("nvidia")
+    roots = list(spec.submodule_search_locations) if spec and spec.submodule_search_locations else []
+    found = [p for r in roots for p in glob.glob(os.path.join(r, f"cu{major}", "lib", f"libnvrtc.so.{major}"))]
+    return found[0] if found else None
+
+
 def mlx_cuda_major() -> int | None:
     """The CUDA major MLX was built for (its ``mlx-cuda-N`` distribution), None when not known."""
     from ..version import mlx_backends
@@ -325,21 +336,22 @@ def builder() -> Builder | None:
             on = True
         info = mx.device_info(mx.gpu) if on and mx.cuda.is_available() else {}
         lib = loaded_nvrtc(mlx_cuda_major()) if on else None
+        directory = cache_dir()
         if not on:
             why = "tuning kernel_cache=0"
-        elif not any(mx.__version__.startswith(v) for v in MLX_VERSIONS):
+        elif mx.__version__ not in MLX_VERSIONS:
             why = f"MLX {mx.__version__} is not one of {MLX_VERSIONS}"
         elif "compute_capability_major" not in info:
             why = "no CUDA device"
         elif lib is None:
             why = "no NVRTC library of MLX's loaded (or several)"
-        elif cache_dir() is None:
+        elif directory is None:
             why = "MLX_PTX_CACHE_DIR is empty: MLX keeps no kernel cache"
         else:
             major, minor = int(info["compute_capability_major"]), int(info["compute_capability_minor"])
             arch = f"sm_{major}{minor}{'a' if major >= 9 else ''}"
             nv = Nvrtc(lib)
-            b = Builder(nv, arch, include_paths(nv.version[0]), cache_dir())
+            b = Builder(nv, arch, include_paths(nv.version[0]), directory)
     except Exception as e:  # noqa: BLE001 - MLX builds the kernels itself then
         b, why = None, f"{type(e).__name__}: {e}"
     _builder.append(b)

@@ -192,6 +192,7 @@ def run_case(arch: str, target: str, precision: str, n: int = 64, device: str = 
         a = mg.forced_logits(model, ids, forced_ref)
         b = mg.forced_logits(ref_model, ids, forced_ref)
         res["logits_rel"] = _rel(a, b)
+        res["steps_rel"] = _steps(a, b)
         res["half_rtol"] = HALF_RTOL.get(precision, HALF_RTOL["fp16"])
         try:      # the CPU EP on the same half graph, where it has the kernels (float16; no bfloat16 ones)
             cpu_half = mg.load_model(path, "cpu")[0]
@@ -205,10 +206,15 @@ def run_case(arch: str, target: str, precision: str, n: int = 64, device: str = 
     return res
 
 
+def _steps(xs, ys) -> list[float]:
+    """max |x - y| / max |y| at each teacher-forced step (the first is the prompt's)."""
+    import numpy as np
+    return [float(np.abs(x - y).max() / np.abs(y).max()) for x, y in zip(xs, ys)]
+
+
 def _rel(xs, ys) -> float:
     """max |x - y| / max |y| over teacher-forced steps."""
-    import numpy as np
-    return float(max(np.abs(x - y).max() / np.abs(y).max() for x, y in zip(xs, ys)))
+    return max(_steps(xs, ys))
 
 
 def _gpu_name() -> str:
@@ -240,6 +246,7 @@ def cuda_reference(path, ids, n, got, ref, forced, mlx_logits, ref_logits) -> di
     out["agree"] = agree(got, toks)                 # the tokens cell on the GPU: MLX EP vs CUDA EP
     out["cuda_agree_vs_fp32"] = agree(toks, ref)
     out["cuda_vs_fp32"] = _rel(c, ref_logits)
+    out["cuda_steps_rel"] = _steps(c, ref_logits)
     out["mlx_vs_cuda"] = _rel(mlx_logits, c)
     return out
 

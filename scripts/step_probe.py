@@ -58,6 +58,9 @@ STAGES = [
     ("ortmlx.runtime.group", "Group", "_copy", "copy_out.host_outputs"),
     ("ortmlx.ep.compute", "ComputeInfo", "_copy", "copy_out.host_outputs"),
     ("ortmlx.runtime.mirror", None, "hint_bytes", "copy_out.hint_read"),
+    ("ortmlx.ep.compute", "_Sink", "allocate", "copy_out.allocate"),                 # (ORT's output buffers)
+    ("ortmlx.runtime.devread", "DriverReader", "write_result", "copy_out.direct"),   # (a large result, by a kernel)
+    ("ortmlx.runtime.devread", None, "parallel_memmove", "copy_out.direct.memmove"),
     ("ortmlx.ep.mirror", None, "hint_bytes", "copy_out.hint_read"),
     ("ortmlx.compiled.core", "CompiledSubgraph", "run", "run"),
     ("ortmlx.compiled.keys", "Keys", "key", "run.key"),

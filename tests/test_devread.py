@@ -428,6 +428,71 @@ def test_parallel_memmove_uses_the_threads(monkeypatch):
         assert all(t.startswith("ortmlx-copy") for t, _, _ in seen[:-1])
 
 
+def test_populate_faults_pages_in_and_keeps_their_bytes():
+    raw = np.random.default_rng(1).integers(0, 256, (3 << 20) + 77, dtype=np.uint8)
+    want = raw.copy()
+    assert devread.populate(raw.ctypes.data + 5, raw.nbytes - 9) == devread.POPULATE
+    assert np.array_equal(raw, want)
+
+
+def test_prefault_goes_chunk_by_chunk_in_whole_pages(monkeypatch):
+    seen = []
+    monkeypatch.setattr(devread, "POPULATE", True)
+    monkeypatch.setattr(devread, "populate", lambda a, n: seen.append((a, n)))
+    base, n, chunk = 0x10000 + 3, (9 << 20) + 11, 4 << 20
+    devread._settle(devread.prefault(base, n, chunk))
+    assert [a for a, _ in seen] == sorted(a for a, _ in seen), "not in the copy's order"
+    assert sum(k for _, k in seen) == n and seen[0][0] == base
+    assert all(a + k == b for (a, k), (b, _) in zip(seen, seen[1:]))
+    assert all(k % 4096 == 0 for (a, k) in seen if (a - base + k) % chunk and a + k != base + n)
+    assert all((a - base) // chunk == (a - base + k - 1) // chunk for a, k in seen), "a slice across two chunks"
+    monkeypatch.setattr(devread, "POPULATE", False)
+    seen.clear()
+    assert devread.prefault(base, n, chunk) == [] and seen == []
+
+
+def test_a_write_returns_only_after_its_prefault(small_direct, monkeypatch):
+    """The copy never waits for the prefault (it changes no byte), but the write does not return before every slice
+    of it is done, failed or not: nothing of a call runs on after it."""
+    import threading
+    import time
+    monkeypatch.setattr(devread, "STAGE_CHUNK", 2 << 20)
+    monkeypatch.setattr(devread, "POPULATE", True)
+    running = []
+    real = devread.populate
+
+    def slow(a, n):
+        running.append(1)
+        time.sleep(0.02)
+        ok = real(a, n)
+        running.pop()
+        return ok
+    monkeypatch.setattr(devread, "populate", slow)
+    a = ((mx.arange((5 << 20) + 3) * 7) % 241).astype(mx.uint8)
+    mx.eval(a)
+    for fails in (False, True):
+        r, d = reader(fake_copier)
+        raw = np.full(a.nbytes + 10, 0xAB, np.uint8)
+        if fails:                           # the first chunk's kernel fails while the prefault runs
+            monkeypatch.setattr(devread.mx, "eval", lambda *x: (_ for _ in ()).throw(RuntimeError("kernel failed")))
+        ok = r.write_result(raw.ctypes.data + 5, a)
+        assert not running, "a prefault still running after the write returned"
+        assert ok != fails and r.direct_failed == int(fails)
+        if not fails:
+            assert np.array_equal(raw[5:5 + a.nbytes], np.asarray(a))
+        assert (raw[:5] == 0xAB).all() and (raw[5 + a.nbytes:] == 0xAB).all()
+    assert threading.active_count() < 64
+
+
+def test_prefault_off_touches_nothing(small_direct, monkeypatch):
+    monkeypatch.setattr(devread, "prefault", lambda *a: pytest.fail("prefault with prefault=False"))
+    d = FakeDriver()
+    r = devread.DriverReader(Driver(d, ffi), fake_copier, prefault=False)
+    a = (mx.arange(1 << 12) % 251).astype(mx.uint8)
+    out = np.zeros(1 << 12, np.uint8)
+    assert r.write_result(out.ctypes.data, a) and np.array_equal(out, np.arange(1 << 12) % 251)
+
+
 def test_direct_write_only_for_large_results(small_direct):
     r, d = reader(fake_copier)
     small = mx.arange(8, dtype=mx.float32)               # 32 bytes: under the threshold

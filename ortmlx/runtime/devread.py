@@ -11,7 +11,8 @@ evaluated MLX array (``dtypes.to_numpy``), which MLX returns only once the array
 
 Large results skip the host view: ``write_result`` has a kernel write the result's bytes into a
 page-locked staging buffer (``cuda_kernels.copy_to_address``), then host threads copy them into ORT's
-output buffer, whose fresh pages fault in on every thread at once. Results larger than ``STAGE_CHUNK``
+output buffer, whose fresh pages other threads fault in ahead of the copy (``prefault``: faulting them in by
+the copy itself was most of its time). Results larger than ``STAGE_CHUNK``
 go through two such buffers in turn, the kernel filling one while the threads empty the other: a new,
 larger prompt allocates no page-locked memory (hundreds of ms for a 4,096-token prompt's logits).
 A host view of a device buffer first makes MLX copy it into managed memory, whose pages then migrate
@@ -22,6 +23,7 @@ Page-locking ORT's buffer for the kernel instead costs more than the copy
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +34,7 @@ import numpy as np
 from ..kernels import cuda_kernels
 from ..kernels.cuda_driver import Driver, DriverError, HostBuffer
 from ..kernels.cuda_driver import driver as _open_driver
+from ..tuning import Tuning
 
 
 #: a staging buffer grows in steps of this many bytes (and by a quarter at least), up to ``STAGE_CHUNK``
@@ -43,6 +46,67 @@ COPY_THREADS = max(1, min(8, os.cpu_count() or 1))
 _COPY_CHUNK_MIN = 1 << 20
 _pool: list = []            # [ThreadPoolExecutor] once a copy needs one
 _pool_lock = threading.Lock()
+_PAGE = mmap.PAGESIZE
+#: madvise(2)'s MADV_POPULATE_WRITE (Linux 5.14): pages faulted in writable, their contents unchanged
+_MADV_POPULATE_WRITE = 23
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_fault_pool: list = []      # [ThreadPoolExecutor]: prefault's threads, apart from the copy's
+
+
+def _copy_pool() -> ThreadPoolExecutor:
+    with _pool_lock:
+        if not _pool:
+            _pool.append(ThreadPoolExecutor(max(1, COPY_THREADS - 1), thread_name_prefix="ortmlx-copy"))
+        return _pool[0]
+
+
+def populate(addr: int, n: int) -> bool:
+    """Fault the pages of host memory [addr, addr + n) in, writable, their bytes unchanged (``MADV_POPULATE_WRITE``);
+    False where the kernel lacks it."""
+    lo = addr & ~(_PAGE - 1)
+    return _libc.madvise(lo, addr + n - lo, _MADV_POPULATE_WRITE) == 0
+
+
+def _populate_works() -> bool:
+    m = mmap.mmap(-1, 2 * _PAGE)
+    view = ctypes.c_char.from_buffer(m)
+    addr = ctypes.addressof(view)
+    del view                        # (no export left when the map closes)
+    try:
+        return populate(addr, 2 * _PAGE)
+    finally:
+        m.close()
+
+
+#: whether this kernel populates pages on request (else ``prefault`` does nothing)
+POPULATE = _populate_works()
+
+
+def prefault(addr: int, n: int, chunk: int) -> list:
+    """``populate`` of [addr, addr + n) on threads of their own, ``chunk`` bytes at a time in address order (the order
+    the copy goes in), each cut into whole-page slices of at least 1 MiB: the futures ([] where the kernel has no
+    populate). The copy never waits for them: populating changes no byte, so either may reach a page first."""
+    if not POPULATE:
+        return []
+    with _pool_lock:
+        if not _fault_pool:
+            _fault_pool.append(ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="ortmlx-fault"))
+    pool = _fault_pool[0]
+    futs = []
+    for c in range(0, n, chunk):
+        m = min(chunk, n - c)
+        k = max(1, min(COPY_THREADS, m // _COPY_CHUNK_MIN))
+        per = -(-m // k)
+        step = -(-per // _PAGE) * _PAGE
+        futs += [pool.submit(populate, addr + c + i, min(step, m - i)) for i in range(0, m, step)]
+    return futs
+
+
+def _settle(futures: list) -> None:
+    """Wait for every future (an exception in one is its own business: populating is only a speed-up)."""
+    for f in futures:
+        f.exception()
 
 
 def parallel_memmove(dst: int, src: int, n: int, threads: int = COPY_THREADS) -> None:
@@ -55,10 +119,8 @@ def parallel_memmove(dst: int, src: int, n: int, threads: int = COPY_THREADS) ->
     per = -(-n // k)
     step = -(-per // 4096) * 4096                   # whole pages to each thread
     cuts = list(range(0, n, step))
-    with _pool_lock:
-        if not _pool:
-            _pool.append(ThreadPoolExecutor(max(1, COPY_THREADS - 1), thread_name_prefix="ortmlx-copy"))
-    futs = [_pool[0].submit(ctypes.memmove, dst + i, src + i, step) for i in cuts[:-1]]
+    pool = _copy_pool()
+    futs = [pool.submit(ctypes.memmove, dst + i, src + i, step) for i in cuts[:-1]]
     ctypes.memmove(dst + cuts[-1], src + cuts[-1], n - cuts[-1])
     for f in futs:
         f.result()
@@ -101,8 +163,10 @@ class DriverReader(Reader):
 
     driver = True
 
-    def __init__(self, drv: Driver, copier=None):
+    def __init__(self, drv: Driver, copier=None, prefault: bool = True):
         self._drv = drv
+        #: ``_write`` faults the destination's pages in while the device computes (``prefault``)
+        self.prefault = prefault
         self.copies = 0
         self.failed = 0         # driver errors seen: after 3, every read is numpy's
         #: (result, [device address, bytes] uint64) -> the one byte ordering the copy's kernel (tests: a stand-in)
@@ -147,6 +211,7 @@ class DriverReader(Reader):
         self-test takes a small one to run the two-buffer path)."""
         copy = self._copier or cuda_kernels.copy_to_address
         chunk = chunk or STAGE_CHUNK
+        faults: list = []
         with self._stage_lock:          # one set of staging buffers per process: sessions on other threads wait
             try:
                 stages = self._staging(n, chunk)
@@ -163,6 +228,8 @@ class DriverReader(Reader):
                     mx.async_eval(done)
                     return done, buf, s * item, (e - s) * item
                 nxt = launch(0)
+                if self.prefault:
+                    faults = prefault(addr, n, per * item)
                 for k in range(len(cuts)):
                     done, buf, off, m = nxt
                     mx.eval(done)                           # this chunk's kernel has finished
@@ -171,6 +238,8 @@ class DriverReader(Reader):
             except Exception:  # noqa: BLE001 - any failure: the caller copies through the host as usual
                 self.direct_failed += 1
                 return False
+            finally:
+                _settle(faults)                             # (nothing of this call left running after it)
         self.direct_writes += 1
         return True
 
@@ -212,7 +281,7 @@ def _probe_driver():
     if drv is None:
         return None
     try:
-        r = DriverReader(drv)
+        r = DriverReader(drv, prefault=Tuning.from_env().prefault_out)
         a = mx.arange(4099, dtype=mx.int32, stream=mx.gpu) * 3 + 1
         mx.eval(a)
         src = np.asarray(a)

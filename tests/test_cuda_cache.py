@@ -265,7 +265,7 @@ def test_a_new_process_loads_the_kernel_mlx_would_build(tmp_path):
     print(f"first launch: built here {first['s']:.2f} s, loaded {again['s']:.2f} s, MLX's build {mlx_own['s']:.2f} s")
 
 
-_SENTINEL = """
+_SENTINEL = r"""
 import json, os
 import mlx.core as mx
 import numpy as np
@@ -285,7 +285,7 @@ fake = cc.mlx_source(func, k.header, body, k.input_names, ins, k.output_names, [
 assert cc.shape_infos(body, k.input_names) == cc.shape_infos(k.source, k.input_names)
 b = cc.builder()
 cubin, lowered = b.nvrtc.compile(fake, "fake.cu", "mlx::core::cu::" + func, b.options, {cc.STANDIN_NAME: cc.STANDIN})
-cc._write(cc.ptx_path(b.dir, cc.module_name(func, real)), cubin, f"mlx::core::cu::{func}\\t{lowered}\\n".encode())
+cc._write(cc.ptx_path(b.dir, cc.module_name(func, real)), cubin, f"mlx::core::cu::{func}\t{lowered}\n".encode())
 with build.active(build.BuildContext(cuda_kernels=True)):
     out, _ = cuda_kernels.rms_norm(x, g, 1e-6, skip=x)
     mx.eval(out)

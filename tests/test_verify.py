@@ -96,8 +96,8 @@ def test_float16_rounding_passes_and_wrong_closures_do_not(wrong):
     got = (w32 + 5e-3 * scale * rng.choice([-1.0, 1.0], want.shape)).astype(np.float16)
     if wrong == "row":
         got[-1] = (rng.standard_normal(512) * scale).astype(np.float16)
-    elif wrong == "element":        # one element off by 5e-2 of the scale
-        got[3, 10] = np.float16(w32[3, 10] + 5e-2 * scale)
+    elif wrong == "element":        # one element off by 0.15 of the scale (a deep graph drifts a few by ~1e-2)
+        got[3, 10] = np.float16(w32[3, 10] + 0.15 * scale)
     elif wrong == "stale":
         got[5] = want[4]
     elif wrong == "sign":
@@ -110,21 +110,23 @@ def test_float16_rounding_passes_and_wrong_closures_do_not(wrong):
 
 @pytest.mark.parametrize("case", ["few_near", "one_far", "many_near", "float32"])
 def test_a_deep_half_graphs_few_drifted_elements_pass(case):
-    """A 24-layer float16 prompt closure left 2 of 525,312 KV elements 1.1e-2 of their RMS off eager: a few such
-    elements (at most ``OUTLIERS`` of them, each within 3e-2 of the scale) pass in half precision; one at 5e-2, or
-    more of them than that share, or float32 outputs, do not."""
+    """A 24-layer float16 prompt closure left 2 (another host: 54) of 525,312 KV elements ~1e-2 of their RMS off
+    eager: a few such elements (at most ``OUTLIERS`` of them, each within 0.1 of the scale) pass in half precision;
+    one at 0.15, more of them than that share, or float32 outputs, do not."""
     rng = np.random.default_rng(7)
     dtype = np.float32 if case == "float32" else np.float16
     want = (9 * rng.standard_normal(200_000)).astype(dtype)
     w32 = want.astype(np.float64)
     scale = float(np.sqrt(np.mean(w32 ** 2)))
     got = want.copy()
-    n = {"few_near": 20, "one_far": 1, "many_near": 21, "float32": 2}[case]      # int(1e-4 * 200,000) == 20
+    n = {"few_near": 200, "one_far": 1, "many_near": 201, "float32": 2}[case]      # int(1e-3 * 200,000) == 200
     at = rng.choice(want.size, n, replace=False)
-    off = (5e-2 if case == "one_far" else 2.5e-2) * scale
+    off = (0.15 if case == "one_far" else 0.09) * scale
     got[at] = (w32[at] + np.sign(w32[at]) * off).astype(dtype)
     why = mismatch([got], [want])
     assert why is None if case == "few_near" else (why is not None and "differ beyond rtol" in why), why
+    if why is not None:
+        assert "the furthest by" in why and "the differences' RMS" in why
 
 
 def test_nan_positions_and_integers():
@@ -162,8 +164,8 @@ def test_device_scale_is_the_host_scale():
     g[::97] += 0.05                                    # past rtol and 1e-4 of the RMS: the RMS is printed
     host, dev = host_mismatch([g], [w]), host_mismatch([mx.array(g)], [mx.array(w)], device=mx.cpu, device_min=0)
     rms = float(np.sqrt(np.mean(w.astype(np.float64) ** 2)))
-    h_rms = float(host.split("nonzero RMS ")[1].split(" ")[0])
-    d_rms = float(dev.split("nonzero RMS ")[1].split(" ")[0])
+    h_rms = float(host.split("nonzero RMS ")[1].split(",")[0])
+    d_rms = float(dev.split("nonzero RMS ")[1].split(",")[0])
     assert abs(h_rms - rms) < 1e-2 * rms and d_rms == h_rms, (host, dev)
     assert host.split(" of ")[0] == dev.split(" of ")[0]                # the same count of elements
 

@@ -108,25 +108,29 @@ def test_float16_rounding_passes_and_wrong_closures_do_not(wrong):
     assert why is None if wrong == "none" else (why is not None and "differ beyond rtol" in why), why
 
 
-@pytest.mark.parametrize("case", ["few_near", "one_far", "many_near", "float32"])
-def test_a_deep_half_graphs_few_drifted_elements_pass(case):
-    """A 24-layer float16 prompt closure left 2 (another host: 54) of 525,312 KV elements ~1e-2 of their RMS off
-    eager: a few such elements (at most ``OUTLIERS`` of them, each within 0.1 of the scale) pass in half precision;
-    one at 0.15, more of them than that share, or float32 outputs, do not."""
+@pytest.mark.parametrize("case", ["drift", "one_far", "noisy", "scaled", "float32"])
+def test_a_deep_half_graphs_drift_passes_as_a_whole(case):
+    """A 24-layer float16 prompt closure left up to 557 of 525,312 KV elements beyond 1e-2 of their RMS off eager
+    (the furthest 2.3e-2, the differences' RMS 4.9e-3): such drift passes in half precision; one element 0.15 of the
+    scale off, differences whose RMS is 1.5e-2 of it, a 0.4% rescale, or the drift in float32, do not."""
     rng = np.random.default_rng(7)
     dtype = np.float32 if case == "float32" else np.float16
     want = (9 * rng.standard_normal(200_000)).astype(dtype)
     w32 = want.astype(np.float64)
     scale = float(np.sqrt(np.mean(w32 ** 2)))
-    got = want.copy()
-    n = {"few_near": 200, "one_far": 1, "many_near": 201, "float32": 2}[case]      # int(1e-3 * 200,000) == 200
-    at = rng.choice(want.size, n, replace=False)
-    off = (0.15 if case == "one_far" else 0.09) * scale
-    got[at] = (w32[at] + np.sign(w32[at]) * off).astype(dtype)
-    why = mismatch([got], [want])
-    assert why is None if case == "few_near" else (why is not None and "differ beyond rtol" in why), why
+    noise = {"noisy": 1.5e-2, "scaled": 0.0}.get(case, 4e-3)
+    got64 = w32 + noise * scale * rng.standard_normal(want.shape)
+    if case == "scaled":
+        got64 = w32 * 1.004
+    if case in ("drift", "float32"):
+        at = rng.choice(want.size, 600, replace=False)
+        got64[at] += 2.3e-2 * scale * np.sign(w32[at])
+    if case == "one_far":
+        got64[123] += 0.15 * scale
+    why = mismatch([got64.astype(dtype)], [want])
+    assert why is None if case == "drift" else (why is not None and "differ beyond rtol" in why), why
     if why is not None:
-        assert "the furthest by" in why and "the differences' RMS" in why
+        assert "the furthest by" in why and "the least-squares factor" in why
 
 
 def test_nan_positions_and_integers():

@@ -102,8 +102,8 @@ class Tuning:
     #: process-wide, environment only: our custom CUDA kernels' NVRTC builds kept in MLX's kernel cache, so a new
     #: process loads them instead of building them again (kernels/cuda_cache.py)
     kernel_cache: bool = True
-    #: process-wide, environment only: a large result's fresh destination pages faulted in on the copy threads
-    #: while the device still computes it (runtime/devread.py)
+    #: process-wide, environment only: a large result's fresh destination pages faulted in by threads of their own
+    #: ahead of the copy into them (runtime/devread.py)
     prefault_out: bool = True
 
     @classmethod

@@ -428,27 +428,98 @@ def test_parallel_memmove_uses_the_threads(monkeypatch):
         assert all(t.startswith("ortmlx-copy") for t, _, _ in seen[:-1])
 
 
+def _resident(m, n_pages) -> list:
+    """mincore(2)'s residency of the first ``n_pages`` pages of mmap ``m``."""
+    import mmap
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    view = ctypes.c_char.from_buffer(m)
+    addr = ctypes.addressof(view)
+    del view
+    vec = (ctypes.c_ubyte * n_pages)()
+    assert libc.mincore(addr, n_pages * mmap.PAGESIZE, vec) == 0
+    return [v & 1 for v in vec], addr
+
+
 def test_populate_faults_pages_in_and_keeps_their_bytes():
+    import mmap
+    if not devread.POPULATE:
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE")
+    page = mmap.PAGESIZE
+    m = mmap.mmap(-1, 16 * page)
+    try:
+        before, addr = _resident(m, 16)
+        assert sum(before) == 0                         # a fresh anonymous map: nothing faulted in yet
+        assert devread.populate(addr + 2 * page + 5, 3 * page)       # pages 2..5 (an unaligned start)
+        after, _ = _resident(m, 16)
+        assert after == [0, 0, 1, 1, 1, 1] + [0] * 10, after
+        assert m[:] == bytes(16 * page)
+    finally:
+        m.close()
     raw = np.random.default_rng(1).integers(0, 256, (3 << 20) + 77, dtype=np.uint8)
     want = raw.copy()
-    assert devread.populate(raw.ctypes.data + 5, raw.nbytes - 9) == devread.POPULATE
+    assert devread.populate(raw.ctypes.data + 5, raw.nbytes - 9)
     assert np.array_equal(raw, want)
 
 
-def test_prefault_goes_chunk_by_chunk_in_whole_pages(monkeypatch):
-    seen = []
+def test_prefault_goes_chunk_by_chunk_in_page_sized_slices(monkeypatch):
+    made = []
     monkeypatch.setattr(devread, "POPULATE", True)
-    monkeypatch.setattr(devread, "populate", lambda a, n: seen.append((a, n)))
+    monkeypatch.setattr(devread, "populate", lambda a, n: None)
+
+    class Pool:                                         # records the order of submission
+        def submit(self, fn, a, n):
+            made.append((a, n))
+            from concurrent.futures import Future
+            f = Future()
+            f.set_result(None)
+            return f
+    monkeypatch.setattr(devread, "_fault_pool", [Pool()])
     base, n, chunk = 0x10000 + 3, (9 << 20) + 11, 4 << 20
-    devread._settle(devread.prefault(base, n, chunk))
-    assert [a for a, _ in seen] == sorted(a for a, _ in seen), "not in the copy's order"
-    assert sum(k for _, k in seen) == n and seen[0][0] == base
-    assert all(a + k == b for (a, k), (b, _) in zip(seen, seen[1:]))
-    assert all(k % 4096 == 0 for (a, k) in seen if (a - base + k) % chunk and a + k != base + n)
-    assert all((a - base) // chunk == (a - base + k - 1) // chunk for a, k in seen), "a slice across two chunks"
+    futs = []
+    devread.prefault(base, n, chunk, futs)
+    assert len(futs) == len(made) and made == sorted(made), "not in the copy's order"
+    assert sum(k for _, k in made) == n and made[0][0] == base
+    assert all(a + k == b for (a, k), (b, _) in zip(made, made[1:]))
+    assert all(k % 4096 == 0 for (a, k) in made if (a - base + k) % chunk and a + k != base + n)
+    assert all((a - base) // chunk == (a - base + k - 1) // chunk for a, k in made), "a slice across two chunks"
     monkeypatch.setattr(devread, "POPULATE", False)
-    seen.clear()
-    assert devread.prefault(base, n, chunk) == [] and seen == []
+    made.clear()
+    devread.prefault(base, n, chunk, futs := [])
+    assert futs == [] and made == []
+
+
+def test_a_prefault_that_fails_midway_leaves_nothing_running(small_direct, monkeypatch):
+    """Submitting fails after two slices (no thread to start): the write still waits for those two."""
+    import time
+    monkeypatch.setattr(devread, "STAGE_CHUNK", 2 << 20)
+    monkeypatch.setattr(devread, "POPULATE", True)
+    running = []
+
+    def slow(a, n):
+        running.append(1)
+        time.sleep(0.05)
+        running.pop()
+        return True
+    monkeypatch.setattr(devread, "populate", slow)
+    from concurrent.futures import ThreadPoolExecutor
+    real = ThreadPoolExecutor(2)
+    calls = []
+
+    class Pool:
+        def submit(self, fn, *a):
+            calls.append(1)
+            if len(calls) > 2:
+                raise RuntimeError("can't start new thread")
+            return real.submit(fn, *a)
+    monkeypatch.setattr(devread, "_fault_pool", [Pool()])
+    a = ((mx.arange((5 << 20) + 3) * 7) % 241).astype(mx.uint8)
+    mx.eval(a)
+    r, d = reader(fake_copier)
+    raw = np.zeros(a.nbytes, np.uint8)
+    assert not r.write_result(raw.ctypes.data, a) and r.direct_failed == 1
+    assert not running, "a populate still running after the write returned"
+    real.shutdown()
 
 
 def test_a_write_returns_only_after_its_prefault(small_direct, monkeypatch):

@@ -83,24 +83,24 @@ def _populate_works() -> bool:
 POPULATE = _populate_works()
 
 
-def prefault(addr: int, n: int, chunk: int) -> list:
+def prefault(addr: int, n: int, chunk: int, futures: list) -> None:
     """``populate`` of [addr, addr + n) on threads of their own, ``chunk`` bytes at a time in address order (the order
-    the copy goes in), each cut into whole-page slices of at least 1 MiB: the futures ([] where the kernel has no
-    populate). The copy never waits for them: populating changes no byte, so either may reach a page first."""
+    the copy goes in), each cut into page-sized slices of at least 1 MiB; their futures are appended to ``futures``
+    as they are made (nothing where the kernel has no populate). The copy never waits for them: populating changes
+    no byte, so either may reach a page first."""
     if not POPULATE:
-        return []
+        return
     with _pool_lock:
         if not _fault_pool:
             _fault_pool.append(ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="ortmlx-fault"))
     pool = _fault_pool[0]
-    futs = []
     for c in range(0, n, chunk):
         m = min(chunk, n - c)
         k = max(1, min(COPY_THREADS, m // _COPY_CHUNK_MIN))
         per = -(-m // k)
         step = -(-per // _PAGE) * _PAGE
-        futs += [pool.submit(populate, addr + c + i, min(step, m - i)) for i in range(0, m, step)]
-    return futs
+        for i in range(0, m, step):
+            futures.append(pool.submit(populate, addr + c + i, min(step, m - i)))
 
 
 def _settle(futures: list) -> None:
@@ -165,7 +165,7 @@ class DriverReader(Reader):
 
     def __init__(self, drv: Driver, copier=None, prefault: bool = True):
         self._drv = drv
-        #: ``_write`` faults the destination's pages in while the device computes (``prefault``)
+        #: ``_write`` has the destination's pages faulted in ahead of its copy (``prefault``)
         self.prefault = prefault
         self.copies = 0
         self.failed = 0         # driver errors seen: after 3, every read is numpy's
@@ -229,7 +229,7 @@ class DriverReader(Reader):
                     return done, buf, s * item, (e - s) * item
                 nxt = launch(0)
                 if self.prefault:
-                    faults = prefault(addr, n, per * item)
+                    prefault(addr, n, per * item, faults)
                 for k in range(len(cuts)):
                     done, buf, off, m = nxt
                     mx.eval(done)                           # this chunk's kernel has finished
@@ -280,8 +280,9 @@ def _probe_driver():
     drv = _open_driver()
     if drv is None:
         return None
+    prefault_on = Tuning.from_env().prefault_out        # (a malformed setting: its one-line error, not numpy reads)
     try:
-        r = DriverReader(drv, prefault=Tuning.from_env().prefault_out)
+        r = DriverReader(drv, prefault=prefault_on)
         a = mx.arange(4099, dtype=mx.int32, stream=mx.gpu) * 3 + 1
         mx.eval(a)
         src = np.asarray(a)

@@ -484,3 +484,66 @@ def test_a_long_first_call_says_so_while_it_runs(monkeypatch, capfd):
     assert len(lines) == 1 and lines[0].startswith("MLXExecutionProvider: building MLX kernels for the first general "
                                                    "call at new shapes (group "), lines
     assert f"later processes load them from {core.mlx_cache_dir()}" in lines[0]
+
+
+# ---------------------------------------------------------------------------- an If of constants (Phi-3 LongRoPE)
+CACHE_LONG = RNG.standard_normal((8, 3)).astype(np.float32)
+CACHE_SHORT = RNG.standard_normal((4, 3)).astype(np.float32)
+
+
+def rope_if(computed_branch: bool = False):
+    """genai's LongRoPE idiom: the rotary cache an If picks by the mask's length (> 4: the long one), both branches
+    constants; ``y = sum(x) + cache``. ``computed_branch``: the long branch computes its cache from x instead."""
+    then_nodes = [helper.make_node("Constant", [], ["long"], value=helper.make_tensor(
+        "v", T.FLOAT, CACHE_LONG.shape, CACHE_LONG.reshape(-1).tolist()))]
+    if computed_branch:
+        then_nodes = [helper.make_node("Mul", ["x", "x"], ["long"])]
+    then_g = helper.make_graph(then_nodes, "then", [], [helper.make_tensor_value_info("long", T.FLOAT, None)])
+    else_g = helper.make_graph([helper.make_node("Constant", [], ["short"], value=helper.make_tensor(
+        "v", T.FLOAT, CACHE_SHORT.shape, CACHE_SHORT.reshape(-1).tolist()))], "else", [],
+        [helper.make_tensor_value_info("short", T.FLOAT, None)])
+    nodes = [helper.make_node("Shape", ["mask"], ["shape"]),
+             helper.make_node("Gather", ["shape", "one"], ["len"], axis=0),
+             helper.make_node("Greater", ["len", "four"], ["long_ctx"]),
+             helper.make_node("If", ["long_ctx"], ["cache"], then_branch=then_g, else_branch=else_g),
+             helper.make_node("ReduceSum", ["x"], ["s"], keepdims=1),
+             helper.make_node("Add", ["s", "cache"], ["y"])]
+    return make_model(nodes, [("x", T.FLOAT, [1, "L"]), ("mask", T.INT64, [1, "L"])], [("y", T.FLOAT, None)],
+                      {"one": np.array(1, np.int64), "four": np.array(4, np.int64)})
+
+
+def rope_feed(n):
+    return {"x": RNG.standard_normal((1, n)).astype(np.float32), "mask": np.ones((1, n), np.int64)}
+
+
+def test_an_if_of_constants_is_traced_each_branch_by_its_key():
+    """Shape-keyed closures take the branch the key's length picks: traced per key, equal to the CPU EP's."""
+    m = rope_if()
+    s, rs = compiled_session(m)
+    check(s, m, [rope_feed(n) for n in (3, 3, 6, 6, 3, 6, 4, 4, 5, 5)])
+    (r,) = rs
+    # each length's first call eager, its second traced and verified, later ones replayed
+    assert r.trace_counts() == [1, 1, 1, 1] and r.counters["verify_calls"] == 4
+    assert r.counters["compiled_calls"] == 2 and r.counters["poisoned_closures"] == 0
+
+
+def test_a_shapeless_key_hoists_the_if_and_feeds_its_cache_as_data(shapeless_everywhere):
+    """Under one shapeless key (the growing mask of a decode) the If runs per call outside the trace and its
+    cache enters the closure as data: a trace per cache shape, every call equal to eager's across the switch."""
+    s, (r,) = compiled_session(rope_if())
+    sl = _shapeless(r)
+    for n in (2, 3, 4, 5, 6, 7, 3, 8):
+        f = rope_feed(n)
+        got = sl.run([f["x"], f["mask"]]).outputs
+        want = r.program.run([f["x"], f["mask"]])
+        assert_close(np.asarray(got[0]), np.asarray(want[0]), what=f"n={n}")
+    (c,) = sl.closures()
+    assert c.hoist == ("cache",) and not c.poisoned and c.trusted
+    assert sl.counters["compiled_calls"] == 6 and sl.counters["verify_calls"] == 2
+
+
+def test_an_if_that_computes_is_never_traced():
+    m = rope_if(computed_branch=True)
+    s, rs = compiled_session(m)
+    check(s, m, [rope_feed(n) for n in (3, 3, 6, 6)])
+    assert all(r.counters["traces"] == 0 for r in rs)

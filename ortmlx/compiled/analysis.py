@@ -42,10 +42,19 @@ class HostPlan:
         return None
 
 
+def constant_if(st) -> bool:
+    """An If whose branches are constants alone (no outer values, every node a Constant): taking a branch reads
+    no data, so the If is host work on its condition (Phi-3 LongRoPE's rotary caches, chosen by the length)."""
+    if st.node.op_type != "If" or not st.bodies:
+        return False
+    return all(not names and all(b.node.op_type == "Constant" for b in prog.steps)
+               for prog, names in st.bodies.values())
+
+
 def static_reason(program) -> str | None:
     """Why no trace of this program can be attempted, from its nodes alone."""
     for st in program.steps:
-        if st.node.has_subgraphs:
+        if st.node.has_subgraphs and not constant_if(st):
             return f"{st.node.label}: control-flow node"
         if st.opdef.host_computed:
             return f"{st.node.label}: reads data on the host"

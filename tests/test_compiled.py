@@ -547,3 +547,56 @@ def test_an_if_that_computes_is_never_traced():
     s, rs = compiled_session(m)
     check(s, m, [rope_feed(n) for n in (3, 3, 6, 6)])
     assert all(r.counters["traces"] == 0 for r in rs)
+
+
+# ---------------------------------------------------------------------------- shapes a decode key fixes
+def router_like():
+    """LFM2-MoE's router idiom: a value reshaped by its own shape's leading dims (Shape -> Slice -> Concat ->
+    Reshape) next to the growing mask's sum: x's dims are fixed by the key, the mask's length is not."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Shape", ["r"], ["shape"]),
+             helper.make_node("Slice", ["shape", "zero", "two"], ["lead"]),
+             helper.make_node("Concat", ["lead", "minus_one"], ["to"], axis=0),
+             helper.make_node("Reshape", ["r", "to"], ["flat"]),
+             helper.make_node("Cast", ["mask"], ["maskf"], to=T.FLOAT),
+             helper.make_node("ReduceSum", ["maskf"], ["n"], keepdims=0),
+             helper.make_node("Add", ["flat", "n"], ["y"])]
+    return make_model(nodes, [("x", T.FLOAT, ["batch_size", "sequence_length", 2, 4]),
+                              ("mask", T.INT64, ["batch_size", "total_sequence_length"])],
+                      [("y", T.FLOAT, ["batch_size", "sequence_length", 8])],
+                      {"zero": np.array([0], np.int64), "two": np.array([2], np.int64),
+                       "minus_one": np.array([-1], np.int64)})
+
+
+def _free_mask(program) -> frozenset:
+    """The key's free dims: the mask's length, (its input index, axis 1)."""
+    return frozenset({(program.inputs.index("mask"), 1)})
+
+
+def test_a_shape_the_decode_key_fixes_is_baked_not_refused(shapeless_everywhere):
+    """A traced value's shape whose declared dims are all fixed by the key (batch_size, sequence_length, numbers)
+    is baked like a constant, though the mask's length (a free dim) makes the trace shapeless: the closure traces
+    and matches eager at every length (before, "values computed from traced shapes would be baked (to)")."""
+    s, (r,) = compiled_session(router_like())
+    p = r.program
+    sl = C.CompiledSubgraph(p, CompiledConfig("test", SHAPELESS), free_dims=_free_mask(p),
+                            tuning=Tuning(gpu_shapeless=True, build_behind=False))
+    x = RNG.standard_normal((1, 1, 2, 4)).astype(np.float32)
+    for n in (3, 4, 5, 6, 9):
+        feeds = {"x": x, "mask": np.ones((1, n), np.int64)}
+        ins = [feeds[k] for k in p.inputs]
+        assert_close(np.asarray(sl.run(ins).outputs[0]), np.asarray(r.program.run(ins)[0]), what=f"n={n}")
+    (c,) = sl.closures()
+    assert c.fn is not None and c.trusted and not c.poisoned and c.shapeless and c.traces == 1
+    assert sl.counters["compiled_calls"] == 3 and sl.counters["verify_calls"] == 2
+
+
+def test_keyed_shapes_reads_the_declared_dims():
+    from ortmlx.compiled.analysis import keyed_shapes
+    s, (r,) = compiled_session(router_like())
+    p = r.program
+    keyed = keyed_shapes(p, _free_mask(p))
+    assert keyed("r") and keyed("x") and keyed("y")             # batch_size, sequence_length, numbers
+    assert not keyed("mask") and not keyed("flat")              # total_sequence_length: free; unknown dims
+    both = _free_mask(p) | {(p.inputs.index("x"), 1)}
+    assert not keyed_shapes(p, both)("r")                       # sequence_length free too

@@ -9,6 +9,7 @@ reason when the group cannot be traced at all.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,13 +68,15 @@ def is_attention(program) -> bool:
     return any(st.node.op_type in ATTENTION_OPS for st in program.steps)
 
 
-def host_plan(program, env: dict, hoist: bool = False) -> HostPlan:
+def host_plan(program, env: dict, hoist: bool = False, keyed=None) -> HostPlan:
     """Replay ``Program.build``'s host decisions using the values of an eager call (``env``).
 
     Pass 1 finds which steps run on the host and which group inputs they read by value.
     Pass 2 follows two taints: *traced* (computed from traced inputs' data) and *shaped*
     (computed from traced inputs' shapes: a trace bakes them). With ``hoist``, shaped
     values that only feed traced computations become closure inputs computed per call.
+    ``keyed(name)``: whether a value's shape is fixed by the closure's key (``keyed_shapes``); the shape of such a
+    traced value is no shaped value.
     """
     reason = static_reason(program)
     if reason:
@@ -122,7 +125,8 @@ def host_plan(program, env: dict, hoist: bool = False) -> HostPlan:
         for o in outs:
             producer[o] = k
         if on_host[k]:
-            if t_in or any(n in shaped for n in names):
+            if any(n in shaped for n in names) or (t_in and not (
+                    od.shape_only and keyed is not None and all(keyed(n) for n in names if n in traced))):
                 shaped.update(outs)
         elif t_in:
             traced.update(outs)
@@ -147,6 +151,30 @@ def host_plan(program, env: dict, hoist: bool = False) -> HostPlan:
     if leaked:
         return HostPlan(frozenset(host_inputs), tuple(need), host_outputs, None)
     return HostPlan(frozenset(host_inputs), (), host_outputs, None, tuple(need), frozenset(steps))
+
+
+def keyed_shapes(program, free: frozenset):
+    """``host_plan``'s ``keyed`` for a key that leaves the group inputs' dims ``free`` ((input, axis)) free and fixes
+    the others: a value whose declared shape has only whole-number dims and names (or expressions, e.g.
+    ``batch_size * sequence_length``) of the fixed input dims. A declared shape that is wrong bakes a wrong
+    value, which the verification at a second length catches."""
+    g = program.graph
+    fixed, loose = set(), set()
+    for i, n in enumerate(program.inputs):
+        for ax, d in enumerate(g.value(n).shape or ()):
+            if isinstance(d, str):
+                (loose if (i, ax) in free else fixed).add(d)
+    fixed -= loose
+
+    def keyed(name: str) -> bool:
+        shape = g.value(name).shape
+        return shape is not None and all(
+            isinstance(d, int) or (isinstance(d, str) and set(_NAME.findall(d)) <= fixed and _NAME.search(d))
+            for d in shape)
+    return keyed
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _ancestors(program, names, producer: dict) -> set[int]:

@@ -27,7 +27,7 @@ from ..kernels.ops.reduction import reduce_sum_ints_host
 from ..tuning import Tuning
 from ..version import mlx_cache_dir
 from . import ahead, hoist_form
-from .analysis import HostPlan, hoist_free_work, host_plan, static_reason
+from .analysis import HostPlan, hoist_free_work, host_plan, keyed_shapes, static_reason
 from .config import CompiledConfig
 from .keys import Keys, is_empty, shapes_of
 from .trace import compile_closure
@@ -374,7 +374,9 @@ class CompiledSubgraph:
             self._fallback(self._plans[k1])
             return ref
         try:
-            new = host_plan(self.trace_program, env, hoist=self.config.shapeless)
+            keyed = keyed_shapes(self.trace_program, self.keys.free_dims) \
+                if self.config.shapeless and self.keys.free_dims is not None else None
+            new = host_plan(self.trace_program, env, hoist=self.config.shapeless, keyed=keyed)
             if self.config.shapeless and not new.shapeless_reason():
                 new = hoist_free_work(self.trace_program, env, new, self.keys.free_inputs())
         except Exception as e:  # noqa: BLE001

@@ -527,19 +527,78 @@ def test_an_if_of_constants_is_traced_each_branch_by_its_key():
     assert r.counters["compiled_calls"] == 2 and r.counters["poisoned_closures"] == 0
 
 
-def test_a_shapeless_key_hoists_the_if_and_feeds_its_cache_as_data(shapeless_everywhere):
-    """Under one shapeless key (the growing mask of a decode) the If runs per call outside the trace and its
-    cache enters the closure as data: a trace per cache shape, every call equal to eager's across the switch."""
+def decode_if():
+    """The If of ``rope_if`` in a decode's shape: the mask (its length free under the key) only picks the cache."""
+    then_g = helper.make_graph([helper.make_node("Constant", [], ["long"], value=helper.make_tensor(
+        "v", T.FLOAT, CACHE_LONG.shape, CACHE_LONG.reshape(-1).tolist()))], "then", [],
+        [helper.make_tensor_value_info("long", T.FLOAT, None)])
+    else_g = helper.make_graph([helper.make_node("Constant", [], ["short"], value=helper.make_tensor(
+        "v", T.FLOAT, CACHE_SHORT.shape, CACHE_SHORT.reshape(-1).tolist()))], "else", [],
+        [helper.make_tensor_value_info("short", T.FLOAT, None)])
+    nodes = [helper.make_node("Shape", ["mask"], ["shape"]),
+             helper.make_node("Gather", ["shape", "one"], ["len"], axis=0),
+             helper.make_node("Greater", ["len", "four"], ["long_ctx"]),
+             helper.make_node("If", ["long_ctx"], ["cache"], then_branch=then_g, else_branch=else_g),
+             helper.make_node("Add", ["x", "cache"], ["y"])]
+    return make_model(nodes, [("x", T.FLOAT, ["batch_size", 1]),
+                              ("mask", T.INT64, ["batch_size", "total_sequence_length"])], [("y", T.FLOAT, None)],
+                      {"one": np.array(1, np.int64), "four": np.array(4, np.int64)})
+
+
+def test_a_decode_key_hoists_the_if_and_traces_each_cache(shapeless_everywhere):
+    """Under a decode key whose free dim (the mask's length) only the If reads, the If runs per call outside the
+    trace and its cache enters the closure as data; the trace keeps fixed shapes, so each cache shape is traced
+    once (MLX retraces on an input's new shape), and every call equals eager's across the switch and back."""
+    s, (r,) = compiled_session(decode_if())
+    p = r.program
+    sl = C.CompiledSubgraph(p, CompiledConfig("test", SHAPELESS), free_dims=frozenset({(p.inputs.index("mask"), 1)}),
+                            tuning=Tuning(gpu_shapeless=True, build_behind=False))
+    x = RNG.standard_normal((1, 1)).astype(np.float32)
+    for n in (2, 3, 4, 5, 6, 7, 3, 8):
+        f = {"x": x, "mask": np.ones((1, n), np.int64)}
+        ins = [f[k] for k in p.inputs]
+        assert_close(np.asarray(sl.run(ins).outputs[0]), np.asarray(p.run(ins)[0]), what=f"n={n}")
+    (c,) = sl.closures()
+    assert c.hoist == ("cache",) and not c.shapeless and not c.poisoned and c.trusted and c.traces == 2
+    assert sl.counters["compiled_calls"] == 6 and sl.counters["verify_calls"] == 2
+
+
+def test_an_if_hoisted_out_of_a_shapeless_trace_answers_eagerly(shapeless_everywhere):
+    """When a traced input keeps a free dim the trace is shapeless and would not see the cache's shape change
+    (a baked row count going stale): that key answers eagerly."""
     s, (r,) = compiled_session(rope_if())
     sl = _shapeless(r)
-    for n in (2, 3, 4, 5, 6, 7, 3, 8):
+    for n in (2, 3, 5, 6):
         f = rope_feed(n)
         got = sl.run([f["x"], f["mask"]]).outputs
-        want = r.program.run([f["x"], f["mask"]])
-        assert_close(np.asarray(got[0]), np.asarray(want[0]), what=f"n={n}")
+        assert_close(np.asarray(got[0]), np.asarray(r.program.run([f["x"], f["mask"]])[0]), what=f"n={n}")
     (c,) = sl.closures()
-    assert c.hoist == ("cache",) and not c.poisoned and c.trusted
-    assert sl.counters["compiled_calls"] == 6 and sl.counters["verify_calls"] == 2
+    assert c.poisoned and "shapeless" in c.poisoned and sl.counters["compiled_calls"] == 0
+
+
+def test_a_prompt_with_an_if_of_constants_is_not_padded_to_a_bucket():
+    """Padding the mask to a bucket would pick the If's branch by the bucket's length, not the prompt's."""
+    from ortmlx.compiled.attention import BucketedPrefill
+    cache = helper.make_graph([helper.make_node("Constant", [], ["c"], value=helper.make_tensor(
+        "v", T.FLOAT, [1, 1, 4], [1.0] * 4))], "b", [], [helper.make_tensor_value_info("c", T.FLOAT, None)])
+    nodes = [helper.make_node("Shape", ["mask"], ["shape"]),
+             helper.make_node("Gather", ["shape", "one"], ["len"], axis=0),
+             helper.make_node("Greater", ["len", "th"], ["long_ctx"]),
+             helper.make_node("If", ["long_ctx"], ["cache"], then_branch=cache, else_branch=cache),
+             helper.make_node("Mul", ["x", "cache"], ["y"]),
+             helper.make_node("Identity", ["past"], ["present"])]
+    m = make_model(nodes, [("x", T.FLOAT, ["batch_size", "sequence_length", 4]),
+                           ("mask", T.INT64, ["batch_size", "total_sequence_length"]),
+                           ("past", T.FLOAT, ["batch_size", 1, "past_sequence_length", 4])],
+                   [("y", T.FLOAT, ["batch_size", "sequence_length", 4]),
+                    ("present", T.FLOAT, ["batch_size", 1, "past_sequence_length", 4])],
+                   {"one": np.array(1, np.int64), "th": np.array(20, np.int64)})
+    s, (r,) = compiled_session(m)
+    p = r.program
+    bp = BucketedPrefill(p, tuning=Tuning(build_behind=False))
+    f = {"x": np.ones((1, 18, 4), np.float32), "mask": np.ones((1, 18), np.int64),
+         "past": np.zeros((1, 1, 64, 4), np.float32)}
+    assert bp.bucket([f[k] for k in p.inputs]) is None
 
 
 def test_an_if_that_computes_is_never_traced():
@@ -600,3 +659,34 @@ def test_keyed_shapes_reads_the_declared_dims():
     assert not keyed("mask") and not keyed("flat")              # total_sequence_length: free; unknown dims
     both = _free_mask(p) | {(p.inputs.index("x"), 1)}
     assert not keyed_shapes(p, both)("r")                       # sequence_length free too
+
+
+def test_a_wrongly_declared_shape_is_caught_at_the_next_verification(shapeless_everywhere):
+    """v is declared [batch_size, sequence_length] (fixed by the key) but is the mask's [batch_size,
+    total_sequence_length]: its baked length would make a later condition wrong at lengths the outputs' comparison
+    does not reach, so each verification compares v's shape with the traced one and poisons the closure."""
+    nodes = [helper.make_node("Cast", ["mask"], ["v"], to=T.FLOAT),
+             helper.make_node("Shape", ["v"], ["shape"]),
+             helper.make_node("Gather", ["shape", "one"], ["len"], axis=0),
+             helper.make_node("Greater", ["len", "five"], ["gt"]),
+             helper.make_node("Cast", ["gt"], ["gtf"], to=T.FLOAT),
+             helper.make_node("Add", ["gtf", "one_f"], ["scale"]),
+             helper.make_node("Mul", ["x", "scale"], ["xs"]),
+             helper.make_node("ReduceSum", ["v"], ["n"], keepdims=0),
+             helper.make_node("Add", ["xs", "n"], ["y"])]
+    m = make_model(nodes, [("x", T.FLOAT, ["batch_size", "sequence_length", 4]),
+                           ("mask", T.INT64, ["batch_size", "total_sequence_length"])],
+                   [("y", T.FLOAT, ["batch_size", "sequence_length", 4])],
+                   {"one": np.array(1, np.int64), "five": np.array(5, np.int64), "one_f": np.array(1.0, np.float32)})
+    m.graph.value_info.append(helper.make_tensor_value_info("v", T.FLOAT, ["batch_size", "sequence_length"]))
+    s, (r,) = compiled_session(m)
+    p = r.program
+    sl = C.CompiledSubgraph(p, CompiledConfig("test", SHAPELESS), free_dims=frozenset({(p.inputs.index("mask"), 1)}),
+                            tuning=Tuning(gpu_shapeless=True, build_behind=False))
+    x = np.ones((1, 1, 4), np.float32)
+    for n in (3, 4, 5, 6, 7):
+        f = {"x": x, "mask": np.ones((1, n), np.int64)}
+        ins = [f[k] for k in p.inputs]
+        assert_close(np.asarray(sl.run(ins).outputs[0]), np.asarray(p.run(ins)[0]), what=f"n={n}")
+    (c,) = sl.closures()
+    assert c.poisoned and "changed under one key" in c.poisoned and sl.counters["compiled_calls"] == 0

@@ -29,6 +29,8 @@ class HostPlan:
     reason: str | None                 # why this group cannot be traced (None: it can)
     hoist: tuple[str, ...] = ()        # shape-derived values fed to a shapeless closure as data
     hoist_steps: frozenset[int] = frozenset()   # steps that compute them (run per call, not traced)
+    #: traced values whose shapes were baked as the key's (``keyed``): checked unchanged at every verification
+    keyed: tuple[str, ...] = ()
 
     def shapeless_reason(self) -> str | None:
         """Why a shapeless trace of this plan could bake something wrong (None: nothing found)."""
@@ -75,9 +77,16 @@ def host_plan(program, env: dict, hoist: bool = False, keyed=None) -> HostPlan:
     Pass 2 follows two taints: *traced* (computed from traced inputs' data) and *shaped*
     (computed from traced inputs' shapes: a trace bakes them). With ``hoist``, shaped
     values that only feed traced computations become closure inputs computed per call.
-    ``keyed(name)``: whether a value's shape is fixed by the closure's key (``keyed_shapes``); the shape of such a
-    traced value is no shaped value.
+    ``keyed(name)``: whether a value's declared shape is fixed by the closure's key (``keyed_shapes``); the shape of
+    such a traced value is no shaped value, and the plan lists those values (``HostPlan.keyed``) so that each
+    verification checks their shapes did not change.
     """
+    used: set[str] = set()
+    plan = _host_plan(program, env, hoist, keyed, used)
+    return dataclasses.replace(plan, keyed=tuple(sorted(used))) if used and plan.reason is None else plan
+
+
+def _host_plan(program, env: dict, hoist: bool, keyed, used: set) -> HostPlan:
     reason = static_reason(program)
     if reason:
         return HostPlan(frozenset(), (), frozenset(), reason)
@@ -125,9 +134,12 @@ def host_plan(program, env: dict, hoist: bool = False, keyed=None) -> HostPlan:
         for o in outs:
             producer[o] = k
         if on_host[k]:
+            fixed = [n for n in names if n in traced]
             if any(n in shaped for n in names) or (t_in and not (
-                    od.shape_only and keyed is not None and all(keyed(n) for n in names if n in traced))):
+                    od.shape_only and keyed is not None and all(keyed(n) for n in fixed))):
                 shaped.update(outs)
+            elif t_in:
+                used.update(fixed)
         elif t_in:
             traced.update(outs)
             uses.extend((k, n) for i, n in enumerate(st.inputs)

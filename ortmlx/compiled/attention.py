@@ -14,6 +14,7 @@ from ..kernels.registry import MS, norm_domain
 from ..tuning import Tuning
 from .config import DECODE, PREFILL, PREFILL_EXACT
 
+from .analysis import constant_if
 from .core import Call, CompiledSubgraph
 from .result import RunResult
 from .decode_ops import (gather_block_quantized_traced, gather_elements_traced, gather_traced, gqa_growing_traced,
@@ -80,9 +81,10 @@ class BucketedPrefill(CompiledSubgraph):
         self.rows = rope_rows(program)
         #: steps a padded prompt changes: a windowed KV cache (GroupQueryAttention sliding_window_cache=1)
         #: needs seqlens_k + 1 >= S (ORT rejects a padded prompt); a causal convolution's present state is
-        #: the input's last positions (the padding's). Such groups prefill shape-keyed (``prefill_exact``)
+        #: the input's last positions (the padding's); an If of constants may pick its branch by the padded
+        #: length (Phi-3 LongRoPE's caches). Such groups prefill shape-keyed (``prefill_exact``)
         self.windowed = any((st.node.op_type == "GroupQueryAttention" and st.attrs.get("sliding_window_cache", 0))
-                            or st.node.op_type in UNPADDABLE for st in program.steps)
+                            or st.node.op_type in UNPADDABLE or constant_if(st) for st in program.steps)
         g = program.graph
         self.out_seq = [(j, ax) for j, n in enumerate(program.outputs)
                         for ax, d in enumerate(g.value(n).shape or ()) if d == SEQ_DIM_NAME]

@@ -27,7 +27,7 @@ from ..kernels.ops.reduction import reduce_sum_ints_host
 from ..tuning import Tuning
 from ..version import mlx_cache_dir
 from . import ahead, hoist_form
-from .analysis import HostPlan, hoist_free_work, host_plan, keyed_shapes, static_reason
+from .analysis import HostPlan, constant_if, hoist_free_work, host_plan, keyed_shapes, static_reason
 from .config import CompiledConfig
 from .keys import Keys, is_empty, shapes_of
 from .trace import compile_closure
@@ -87,7 +87,7 @@ class _Closure:
     __slots__ = ("fn", "dev_idx", "pick", "dev_kinds", "dev_up", "host_vals", "traces", "calls", "verified",
                  "trusted", "poisoned", "guarded",
                  "guard_fails", "hoist", "hoist_prog", "trace_prog", "shapeless", "hints", "hint_starts", "sink",
-                 "host_outs", "hint_at", "hoist_run", "ahead_kinds", "ahead_misses", "ahead_hv", "behind")
+                 "host_outs", "hint_at", "hoist_run", "ahead_kinds", "ahead_misses", "ahead_hv", "behind", "keyed")
 
     def __init__(self, dev_idx: tuple[int, ...], host_vals: dict[int, np.ndarray | None]):
         self.fn = None
@@ -106,6 +106,8 @@ class _Closure:
         self.trusted = False
         self.poisoned: str | None = None
         self.guarded = False            # the last output is a guard (set while tracing)
+        #: the shapes of the values the plan baked as the key's (``HostPlan.keyed``), at the call that traced
+        self.keyed: dict[str, tuple] = {}
         self.guard_fails = 0
         self.shapeless = False          # traced with mx.compile(shapeless=True)
         #: row hints of the trace: [(output j, input i, row shape, item size)]; their rows and starts are one
@@ -264,7 +266,12 @@ class CompiledSubgraph:
                 if background.state(c.behind) == background.QUEUED:
                     return self._eager(inputs, probe)       # its kernels are still being built
                 c.behind = None             # built (or failed: the verification below builds them here)
-            ref, _ = self._eager_env(inputs, probe)
+            ref, env = self._eager_env(inputs, probe)
+            moved = [n for n, shape in c.keyed.items() if np.shape(env[n]) != shape]
+            if moved:                   # a declared shape the plan took as the key's changed: baked wrong
+                self._poison(c, f"{moved[0]}'s shape {np.shape(env[moved[0]])} changed under one key "
+                                f"(traced at {c.keyed[moved[0]]}; its declared dims are the key's)")
+                return ref
             self._verify(c, call, ref)
             return ref
 
@@ -403,6 +410,7 @@ class CompiledSubgraph:
                                "every call, new keys run eagerly")
                 return ref
             self._closures[key] = c = self._new_closure(new, call.inputs)
+            c.keyed = {n: np.shape(env[n]) for n in new.keyed}
             self.counters["keys"] = len(self._closures)
         if c.fn is not None and not (self._behind and self._build_behind(c, call)):
             self._verify(c, call, ref)
@@ -467,6 +475,11 @@ class CompiledSubgraph:
             if fast is not None:
                 c.hoist_run = hoist_form.checked(fast, c.hoist_run, c.hoist, self._fallback)
         c.shapeless = self.config.shapeless and self._traces_free_dims(c)
+        if c.shapeless and any(constant_if(self.trace_program.steps[k]) for k in plan.hoist_steps):
+            # its branches' outputs may differ in shape, which a shapeless trace would not see
+            c.poisoned = "an If hoisted out of a shapeless trace (the shapes of its outputs are not in the key)"
+            self._fallback(c.poisoned)
+            return c
         if c.shapeless and self.device == "gpu" and not self.tuning.gpu_shapeless:
             c.poisoned = ("a shapeless closure on a GPU runs eagerly (MLX 0.32.4's CUDA backend ran them ~3x slower "
                           "than eager; tuning gpu_shapeless=1 compiles them; docs/compiled.md)")

@@ -168,8 +168,8 @@ def _host_plan(program, env: dict, hoist: bool, keyed, used: set) -> HostPlan:
 def keyed_shapes(program, free: frozenset):
     """``host_plan``'s ``keyed`` for a key that leaves the group inputs' dims ``free`` ((input, axis)) free and fixes
     the others: a value whose declared shape has only whole-number dims and names (or expressions, e.g.
-    ``batch_size * sequence_length``) of the fixed input dims. A declared shape that is wrong bakes a wrong
-    value, which the verification at a second length catches."""
+    ``batch_size * sequence_length``) of the fixed input dims. A wrong declaration would bake a wrong value: the
+    plan lists the values taken so (``HostPlan.keyed``), and each verification checks their shapes unchanged."""
     g = program.graph
     fixed, loose = set(), set()
     for i, n in enumerate(program.inputs):

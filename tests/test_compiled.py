@@ -491,9 +491,9 @@ CACHE_LONG = RNG.standard_normal((8, 3)).astype(np.float32)
 CACHE_SHORT = RNG.standard_normal((4, 3)).astype(np.float32)
 
 
-def rope_if(computed_branch: bool = False):
-    """genai's LongRoPE idiom: the rotary cache an If picks by the mask's length (> 4: the long one), both branches
-    constants; ``y = sum(x) + cache``. ``computed_branch``: the long branch computes its cache from x instead."""
+def _cache_if(computed_branch: bool = False) -> list:
+    """genai's LongRoPE idiom: nodes making ``cache``, the rotary cache an If picks by the mask's length (> 4: the
+    long one), both branches constants. ``computed_branch``: the long branch computes its cache from x instead."""
     then_nodes = [helper.make_node("Constant", [], ["long"], value=helper.make_tensor(
         "v", T.FLOAT, CACHE_LONG.shape, CACHE_LONG.reshape(-1).tolist()))]
     if computed_branch:
@@ -502,14 +502,21 @@ def rope_if(computed_branch: bool = False):
     else_g = helper.make_graph([helper.make_node("Constant", [], ["short"], value=helper.make_tensor(
         "v", T.FLOAT, CACHE_SHORT.shape, CACHE_SHORT.reshape(-1).tolist()))], "else", [],
         [helper.make_tensor_value_info("short", T.FLOAT, None)])
-    nodes = [helper.make_node("Shape", ["mask"], ["shape"]),
-             helper.make_node("Gather", ["shape", "one"], ["len"], axis=0),
-             helper.make_node("Greater", ["len", "four"], ["long_ctx"]),
-             helper.make_node("If", ["long_ctx"], ["cache"], then_branch=then_g, else_branch=else_g),
-             helper.make_node("ReduceSum", ["x"], ["s"], keepdims=1),
-             helper.make_node("Add", ["s", "cache"], ["y"])]
+    return [helper.make_node("Shape", ["mask"], ["shape"]),
+            helper.make_node("Gather", ["shape", "one"], ["len"], axis=0),
+            helper.make_node("Greater", ["len", "four"], ["long_ctx"]),
+            helper.make_node("If", ["long_ctx"], ["cache"], then_branch=then_g, else_branch=else_g)]
+
+
+_IF_CONSTS = {"one": np.array(1, np.int64), "four": np.array(4, np.int64)}
+
+
+def rope_if(computed_branch: bool = False):
+    """``_cache_if`` and ``y = sum(x) + cache``, x as long as the mask."""
+    nodes = _cache_if(computed_branch) + [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=1),
+                                          helper.make_node("Add", ["s", "cache"], ["y"])]
     return make_model(nodes, [("x", T.FLOAT, [1, "L"]), ("mask", T.INT64, [1, "L"])], [("y", T.FLOAT, None)],
-                      {"one": np.array(1, np.int64), "four": np.array(4, np.int64)})
+                      _IF_CONSTS)
 
 
 def rope_feed(n):
@@ -528,21 +535,10 @@ def test_an_if_of_constants_is_traced_each_branch_by_its_key():
 
 
 def decode_if():
-    """The If of ``rope_if`` in a decode's shape: the mask (its length free under the key) only picks the cache."""
-    then_g = helper.make_graph([helper.make_node("Constant", [], ["long"], value=helper.make_tensor(
-        "v", T.FLOAT, CACHE_LONG.shape, CACHE_LONG.reshape(-1).tolist()))], "then", [],
-        [helper.make_tensor_value_info("long", T.FLOAT, None)])
-    else_g = helper.make_graph([helper.make_node("Constant", [], ["short"], value=helper.make_tensor(
-        "v", T.FLOAT, CACHE_SHORT.shape, CACHE_SHORT.reshape(-1).tolist()))], "else", [],
-        [helper.make_tensor_value_info("short", T.FLOAT, None)])
-    nodes = [helper.make_node("Shape", ["mask"], ["shape"]),
-             helper.make_node("Gather", ["shape", "one"], ["len"], axis=0),
-             helper.make_node("Greater", ["len", "four"], ["long_ctx"]),
-             helper.make_node("If", ["long_ctx"], ["cache"], then_branch=then_g, else_branch=else_g),
-             helper.make_node("Add", ["x", "cache"], ["y"])]
-    return make_model(nodes, [("x", T.FLOAT, ["batch_size", 1]),
-                              ("mask", T.INT64, ["batch_size", "total_sequence_length"])], [("y", T.FLOAT, None)],
-                      {"one": np.array(1, np.int64), "four": np.array(4, np.int64)})
+    """``_cache_if`` in a decode's shape: the mask (its length free under the key) only picks the cache."""
+    return make_model(_cache_if() + [helper.make_node("Add", ["x", "cache"], ["y"])],
+                      [("x", T.FLOAT, ["batch_size", 1]), ("mask", T.INT64, ["batch_size", "total_sequence_length"])],
+                      [("y", T.FLOAT, None)], _IF_CONSTS)
 
 
 def test_a_decode_key_hoists_the_if_and_traces_each_cache(shapeless_everywhere):

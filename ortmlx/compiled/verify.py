@@ -146,23 +146,25 @@ def _device_differ(g: mx.array, w: mx.array) -> str | None:
     n = _total(mx.sum(m) for _, m in fins)
     rms = top * float(np.sqrt(sq / max(n, 1)))
 
-    def bad(gc, wc):
+    def absdiff(gc, wc):
         g32, w32 = f32(gc, wc)
-        return ~(close(gc, wc) | (mx.abs(g32 - w32) <= srtol * rms))
+        return mx.abs(g32 - w32)
+
+    def bad(gc, wc):
+        return ~(close(gc, wc) | (absdiff(gc, wc) <= srtol * rms))
 
     nb = _total(mx.sum(bad(gc, wc)) for gc, wc in parts)
     if nb == 0:
         return None
 
-    def diff(gc, wc):
-        g32, w32 = f32(gc, wc)
-        d = mx.abs(g32 - w32)
+    def finite_diff(gc, wc):
+        d = absdiff(gc, wc)
         return mx.where(mx.isfinite(d), d, 0.0)
 
-    worst = max(_total([mx.max(mx.where(bad(gc, wc), mx.abs(gc.astype(mx.float32) - wc.astype(mx.float32)), 0.0))])
-                for gc, wc in parts)
-    dev = unit * float(np.sqrt(max(_total([mx.max(mx.mean(mx.square(diff(gc, wc) / unit).reshape(-1, row), axis=-1))])
-                                   for gc, wc in parts)))
+    worst = max(_total([mx.max(mx.where(bad(gc, wc), absdiff(gc, wc), 0.0))]) for gc, wc in parts)
+    dev = unit * float(np.sqrt(max(
+        _total([mx.max(mx.mean(mx.square(finite_diff(gc, wc) / unit).reshape(-1, row), axis=-1))])
+        for gc, wc in parts)))
 
     def cross(gc, m, w32):
         return _sum64(mx.where(m, gc.astype(mx.float32) / unit * (w32 / unit), 0.0))

@@ -54,11 +54,18 @@ _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _fault_pool: list = []      # [ThreadPoolExecutor]: prefault's threads, apart from the copy's
 
 
-def _copy_pool() -> ThreadPoolExecutor:
+def _lazy_pool(holder: list, workers: int, prefix: str) -> ThreadPoolExecutor:
+    """The pool ``holder`` keeps, made on first use."""
     with _pool_lock:
-        if not _pool:
-            _pool.append(ThreadPoolExecutor(max(1, COPY_THREADS - 1), thread_name_prefix="ortmlx-copy"))
-        return _pool[0]
+        if not holder:
+            holder.append(ThreadPoolExecutor(workers, thread_name_prefix=prefix))
+        return holder[0]
+
+
+def _slice_bytes(n: int, k: int) -> int:
+    """Bytes of each of ``k`` slices of ``n`` bytes, in whole pages (the last slice takes what is left)."""
+    per = -(-n // k)
+    return -(-per // _PAGE) * _PAGE
 
 
 def populate(addr: int, n: int) -> bool:
@@ -90,15 +97,10 @@ def prefault(addr: int, n: int, chunk: int, futures: list) -> None:
     no byte, so either may reach a page first."""
     if not POPULATE:
         return
-    with _pool_lock:
-        if not _fault_pool:
-            _fault_pool.append(ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="ortmlx-fault"))
-    pool = _fault_pool[0]
+    pool = _lazy_pool(_fault_pool, COPY_THREADS, "ortmlx-fault")
     for c in range(0, n, chunk):
         m = min(chunk, n - c)
-        k = max(1, min(COPY_THREADS, m // _COPY_CHUNK_MIN))
-        per = -(-m // k)
-        step = -(-per // _PAGE) * _PAGE
+        step = _slice_bytes(m, max(1, min(COPY_THREADS, m // _COPY_CHUNK_MIN)))
         for i in range(0, m, step):
             futures.append(pool.submit(populate, addr + c + i, min(step, m - i)))
 
@@ -116,10 +118,9 @@ def parallel_memmove(dst: int, src: int, n: int, threads: int = COPY_THREADS) ->
     if k == 1:
         ctypes.memmove(dst, src, n)
         return
-    per = -(-n // k)
-    step = -(-per // 4096) * 4096                   # whole pages to each thread
+    step = _slice_bytes(n, k)
     cuts = list(range(0, n, step))
-    pool = _copy_pool()
+    pool = _lazy_pool(_pool, max(1, COPY_THREADS - 1), "ortmlx-copy")
     futs = [pool.submit(ctypes.memmove, dst + i, src + i, step) for i in cuts[:-1]]
     ctypes.memmove(dst + cuts[-1], src + cuts[-1], n - cuts[-1])
     for f in futs:

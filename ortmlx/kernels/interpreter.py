@@ -19,6 +19,7 @@ from . import build, consts, cuda_rows, merge, passes
 from . import cuda_kernels as ck
 from . import dtypes as dt
 from .build import BuildContext
+from .ops import conv
 from .passes import BuildConfig, Rewrite, Step, resolve
 from .registry import OpDef
 
@@ -138,9 +139,14 @@ class Program:
         steps = [resolve(graph, node, list(node.inputs), self.types, device, nested) for node in graph.nodes]
         r = passes.run(Rewrite(graph, steps, self.types, memory_cap=MAX_VALUE_BYTES, nested=nested), cfg)
         self.steps: list[Step] = r.steps
+        conv_w = conv.weights(graph) - r.lifted - set(r.made) - set(r.made_mx)
+
+        def stored(k, v):
+            if k in r.lifted:
+                return v.reshape((1,) + v.shape)
+            return np.ascontiguousarray(conv.to_channels_last(v)) if k in conv_w else v
         with mx.stream(mx_device(device)):
-            constants_mx = {k: upload(v.reshape((1,) + v.shape) if k in r.lifted else v,
-                                      self.types.get(k) or dt.FROM_NUMPY[v.dtype])
+            constants_mx = {k: upload(stored(k, v), self.types.get(k) or dt.FROM_NUMPY[v.dtype])
                             for k, v in list(graph.constants.items()) + list(r.made.items())
                             if k not in set(self.inputs) and k not in r.gone}
             for k in r.widened:
@@ -152,6 +158,8 @@ class Program:
                 made = dt.device_copies(constants_mx, self._matmul_weights(graph) |
                                         {merge.merged_name(g) for g in r.groups})
                 cuda_rows.register_col_major(constants_mx[k] for k in made)
+            for k in conv_w & constants_mx.keys():      # uploaded channels-last: back to ONNX's axes, as a view
+                constants_mx[k] = conv.to_channels_first(constants_mx[k])
         self.constants = constants_mx
         consts.register(constants_mx.values())     # their casts are made once (consts.cast)
         #: small integer/bool constants also live on the host, so shape math on them stays there

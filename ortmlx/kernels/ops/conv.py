@@ -41,6 +41,15 @@ def to_channels_first(x):
     return x.transpose(0, x.ndim - 1, *range(1, x.ndim - 1))
 
 
+def weights(graph) -> frozenset:
+    """Constants that are the weight of an ai.onnx Conv: ``interpreter.Program`` keeps each (M, C/g, k...) as a
+    view of a row-major (M, k..., C/g) copy, whose ``to_channels_last`` is then row-contiguous: MLX's convolution
+    takes it as it lies, where it copies any other layout on every call."""
+    return frozenset(n.inputs[1] for n in graph.nodes
+                     if n.op_type == "Conv" and n.domain in ("", "ai.onnx") and len(n.inputs) > 1
+                     and n.inputs[1] in graph.constants and np.ndim(graph.constants[n.inputs[1]]) >= 3)
+
+
 def same_pads(in_sizes, kernel, strides, dilations, auto_pad):
     """(begin, end) pads of SAME_UPPER / SAME_LOWER: output = ceil(input / stride)."""
     lo, hi = [], []

@@ -169,12 +169,11 @@ def large_reads(drv, sizes_mb: list[float], reps: int = 7) -> None:
 def uploads(drv, sizes_mb: list[float], reps: int = 15) -> None:
     """Host inputs onto the device, route by route (see the module's docstring)."""
     from ortmlx.kernels import cuda_driver, cuda_kernels
-    from ortmlx.runtime.devread import parallel_memmove
+    from ortmlx.runtime.upload import Stage
     for mb in sizes_mb:
         n = int(mb * (1 << 20)) // 16 * 16
         host = (np.arange(n // 4, dtype=np.float32) % 977).astype(np.float32)
-        stage = cuda_driver.HostBuffer(drv, n)
-        src = mx.array([stage.device_address, n], dtype=mx.uint64)
+        stage = Stage(drv, n, cuda_driver.HostBuffer)
         dev = mx.array(host)
         mx.eval(dev)
         ts: dict = {}
@@ -185,8 +184,7 @@ def uploads(drv, sizes_mb: list[float], reps: int = 15) -> None:
             ts.setdefault(name, []).append(time.perf_counter() - t)
 
         def staged(threads):
-            parallel_memmove(stage.host_address, host.ctypes.data, n, threads)
-            x = cuda_kernels.copy_from_address(src, n).view(mx.float32)
+            x = stage.fill(host.ctypes.data, n, cuda_kernels.copy_from_address, threads=threads > 1).view(mx.float32)
             mx.eval(x + 1)
 
         ok = []
@@ -196,8 +194,7 @@ def uploads(drv, sizes_mb: list[float], reps: int = 15) -> None:
             timed("staging 1 thread + copy kernel + kernel", lambda: staged(1))
             timed("staging threads + copy kernel + kernel", lambda: staged(8))
             if i == 0:
-                parallel_memmove(stage.host_address, host.ctypes.data, n)
-                got = np.array(cuda_kernels.copy_from_address(src, n).view(mx.float32))
+                got = np.array(stage.fill(host.ctypes.data, n, cuda_kernels.copy_from_address).view(mx.float32))
                 ok.append(bool(np.array_equal(got, host)))
                 ts.clear()
         stage.free()

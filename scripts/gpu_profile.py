@@ -3,6 +3,10 @@ the same way), through PyTorch's profiler (CUPTI sees MLX's CUDA work in the sam
 the CUDA API calls the host makes (CUDA graph building and launching dominate) and the GPU kernels.
 
     python scripts/gpu_profile.py MODEL_DIR [--hf HF_DIR] [--tokens 8] [--option key=value ...]
+    python scripts/gpu_profile.py --general resnet18,bert [--batch 1] [--tokens 20]
+
+``--general``: models of ``models/build_general.py`` (full preset), each call of the MLX EP and of ORT's CUDA EP
+(``use_tf32=0``) in turn, per call: wall time, the host's CUDA API calls and the GPU's kernels.
 
 Needs torch with CUDA next to MLX's CUDA backend (the benchmark host has both).
 """
@@ -24,7 +28,7 @@ def summarize(prof, label: str, n: int) -> None:
     rows = [(e.key, e.count, e.self_cpu_time_total, getattr(e, "self_device_time_total", 0))
             for e in prof.key_averages()]
     api = sorted((r for r in rows if r[0].startswith("cu") and r[2] > 0), key=lambda r: -r[2])
-    print(f"\n== {label}, per token ({n} tokens)\nCUDA API calls: count, host us")
+    print(f"\n== {label}, per call ({n} calls)\nCUDA API calls: count, host us")
     for k, c, cpu, _ in api[:14]:
         print(f"  {k:<40} {c / n:8.1f} {cpu / n:10.1f}")
     ker = sorted((r for r in rows if r[3] > 0), key=lambda r: -r[3])
@@ -33,13 +37,60 @@ def summarize(prof, label: str, n: int) -> None:
         print(f"  {k[:72]:<72} {c / n:7.1f} {g / n:9.1f}")
 
 
+def profile_general(args) -> int:
+    """``--general``: per call of each engine on each model, wall time, CUDA API calls and kernels."""
+    import onnxruntime as ort
+    from torch.profiler import ProfilerActivity, profile
+
+    import ortmlx
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models"))
+    import build_general as B
+    ortmlx.register(genai=False)
+    mlx_opts = {"device": "gpu", **dict(o.split("=", 1) for o in args.option)}
+    engines = {"MLX EP": [("MLXExecutionProvider", mlx_opts)],
+               "ORT CUDA EP": [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]}
+    n = args.tokens
+    for name in args.general.split(","):
+        path = B.build(name, "full")
+        feeds = B.feeds(path, args.batch, seed=1)
+        outs = {}
+        for label, providers in engines.items():
+            so = ort.SessionOptions()
+            so.log_severity_level = 3
+            s = ort.InferenceSession(path, so, providers=providers)
+            for _ in range(6):                  # warm-up: traces, verification, kernel JIT
+                outs[label] = s.run(None, feeds)
+            t = time.perf_counter()
+            for _ in range(n):
+                s.run(None, feeds)
+            plain = (time.perf_counter() - t) / n
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                t = time.perf_counter()
+                for _ in range(n):
+                    s.run(None, feeds)
+                dt = (time.perf_counter() - t) / n
+            print(f"\n{name} batch {args.batch}, {label}: {plain * 1e3:.3f} ms a call ({dt * 1e3:.3f} under the "
+                  "profiler)")
+            summarize(prof, f"{name}, {label}", n)
+            del s
+        a, b = outs["MLX EP"], outs["ORT CUDA EP"]
+        print(f"max |MLX - CUDA EP| over outputs: {max(float(np.max(np.abs(x - y))) for x, y in zip(a, b)):.3g}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("model_dir")
+    ap.add_argument("model_dir", nargs="?")
+    ap.add_argument("--general", default="", help="comma-separated build_general.py models instead of MODEL_DIR")
+    ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--hf", help="also profile mlx-lm on this checkpoint (float16), stepped one token at a time")
     ap.add_argument("--tokens", type=int, default=8)
     ap.add_argument("--option", action="append", default=[], help="MLX EP option key=value")
     args = ap.parse_args(argv)
+    if args.general:
+        return profile_general(args)
+    if not args.model_dir:
+        ap.error("MODEL_DIR or --general is needed")
     import mlx.core as mx
     import onnxruntime_genai as og
     from torch.profiler import ProfilerActivity, profile

@@ -25,11 +25,11 @@ class _Buffer:
 
 
 def _reads(log):
-    def copier(source, n):
-        addr, count = (int(v) for v in np.array(source))
-        assert count == n
+    def copier(stage, n):
+        addr = int(np.array(stage).reshape(-1)[0])
+        assert ctypes.c_uint64.from_address(addr).value == n            # the header's count
         log.append(n)
-        return mx.array(np.frombuffer(ctypes.string_at(addr, n), np.uint8).copy())
+        return mx.array(np.frombuffer(ctypes.string_at(addr + U._HEADER, n), np.uint8).copy())
     return copier
 
 
@@ -54,22 +54,94 @@ def test_large_arrays_go_through_both_buffers_in_turn():
     np.testing.assert_array_equal(np.array(got), a)
 
 
+def test_small_arrays_each_take_a_buffer_of_the_ring():
+    log = []
+    u = U.Uploader(None, copier=_reads(log), buffer=_Buffer)
+    arrs = [np.arange(k + 2, dtype=np.int64) * 3 - k for k in range(U.SMALL_SLOTS + 3)]
+    got = [u(a, dt.INT64) for a in arrs]             # more than the ring: the first buffers are written again
+    assert log == [a.nbytes for a in arrs] and u.small_uploads == len(arrs) and u.uploads == 0
+    for a, g in zip(arrs, got):
+        np.testing.assert_array_equal(np.array(g), a)
+    n = u.small_uploads
+    scalar = u(np.array(2.5, np.float32), dt.FLOAT)             # MLX's scalar pool: no fault to save
+    assert scalar.shape == () and float(scalar) == 2.5 and u.small_uploads == n
+    pair = u(np.array([7, -1], np.int32), dt.INT32)
+    assert pair.tolist() == [7, -1] and u.small_uploads == n
+
+
+class _Lazy:
+    """A copy that reads its buffer only when evaluated, as the kernel does."""
+
+    def __init__(self, addr, n):
+        self.addr, self.n, self.bytes = addr, n, None
+
+    def run(self):
+        if self.bytes is None:
+            self.bytes = ctypes.string_at(self.addr + U._HEADER, self.n)
+
+    def view(self, m):
+        return self
+
+    def reshape(self, shape):
+        return self
+
+
+class _MX:
+    """mlx.core, with ``eval`` running ``_Lazy`` copies."""
+
+    def __getattr__(self, k):
+        return getattr(mx, k)
+
+    @staticmethod
+    def eval(*xs):
+        for x in xs:
+            x.run() if isinstance(x, _Lazy) else mx.eval(x)
+
+
+def test_a_buffer_is_written_again_only_after_its_last_copy_has_run(monkeypatch):
+    monkeypatch.setattr(U, "mx", _MX())
+    copies = []
+
+    def copier(stage, n):
+        copies.append(_Lazy(int(np.array(stage).reshape(-1)[0]), n))
+        return copies[-1]
+    u = U.Uploader(None, copier=copier, buffer=_Buffer)
+    arrs = [np.full(4, k, np.int32) for k in range(2 * U.SMALL_SLOTS + 1)]       # 16 bytes each
+    for a in arrs:                       # nothing evaluated: the ring's wrap-around must run the old copies
+        u(a, dt.INT32)
+    assert [c.bytes is not None for c in copies] == [True] * (U.SMALL_SLOTS + 1) + [False] * U.SMALL_SLOTS
+    for c, a in zip(copies, arrs):
+        c.run()
+        assert c.bytes == a.tobytes()
+
+
 def test_small_odd_or_failing_inputs_take_mlx_copy():
     log = []
     u = U.Uploader(None, copier=_reads(log), buffer=_Buffer)
-    small = np.ones(1000, np.float32)
-    np.testing.assert_array_equal(np.array(u(small, dt.FLOAT)), small)
     big = np.ones((2048, 1024), np.float32)
     np.testing.assert_array_equal(np.array(u(big[:, ::2], dt.FLOAT)), big[:, ::2])     # not row-major
     np.testing.assert_array_equal(np.array(u(np.ones(1 << 21, bool), dt.BOOL)), np.ones(1 << 21, bool))
-    assert not log and u.uploads == 0
+    np.testing.assert_array_equal(np.array(u(np.ones(0, np.float32), dt.FLOAT)), np.ones(0, np.float32))
+    assert not log and u.uploads == 0 and u.small_uploads == 0
 
-    def broken(source, n):
+    def broken(stage, n):
         raise RuntimeError("no kernel")
     b = U.Uploader(None, copier=broken, buffer=_Buffer)
     for _ in range(4):
         np.testing.assert_array_equal(np.array(b(big, dt.FLOAT)), big)
     assert b.failed == 3                                 # then never tried again
+
+
+def test_inside_a_trace_small_arrays_take_mlx_copy():
+    """A trace would replay the copy kernel from a buffer since reused: small uploads there are MLX's copies."""
+    from ortmlx.kernels import build
+    log = []
+    u = U.Uploader(None, copier=_reads(log), buffer=_Buffer)
+    a = np.arange(6, dtype=np.float32)
+    with build.active(build.BuildContext(tracing=True)):
+        got = u(a, dt.FLOAT)
+    assert not log and u.small_uploads == 0
+    np.testing.assert_array_equal(np.array(got), a)
 
 
 def test_off_the_gpu_it_is_mlx_copy():
@@ -78,14 +150,23 @@ def test_off_the_gpu_it_is_mlx_copy():
 
 
 @pytest.mark.skipif(not GPU, reason="needs MLX's CUDA backend and the custom kernels")
-@pytest.mark.parametrize("n", [1 << 20, (1 << 20) + 12, 3 * U.STAGE_BYTES + 4096])
+@pytest.mark.parametrize("n", [12, 4100, (1 << 20) - 2, 1 << 20, (1 << 20) + 12, 3 * U.STAGE_BYTES + 4096])
 def test_on_the_gpu(n):
     u = U.uploader("gpu")
     a = (np.arange(n // 2) % 30011).astype(np.float16)
-    before = u.uploads
+    before = u.uploads + u.small_uploads
     got = u(a, dt.FLOAT16)
-    assert u.uploads == before + 1
+    assert u.uploads + u.small_uploads == before + 1
     np.testing.assert_array_equal(np.array(got + 0), a)
+
+
+@pytest.mark.skipif(not GPU, reason="needs MLX's CUDA backend and the custom kernels")
+def test_on_the_gpu_lazy_small_copies_around_the_ring():
+    u = U.uploader("gpu")
+    arrs = [np.arange(k, k + 5, dtype=np.int64) for k in range(3 * U.SMALL_SLOTS)]
+    got = [u(a, dt.INT64) for a in arrs]              # none evaluated until the ring wraps
+    for a, g in zip(arrs, got):
+        np.testing.assert_array_equal(np.array(g * 1), a)
 
 
 @pytest.mark.skipif(not GPU, reason="needs MLX's CUDA backend and the custom kernels")
@@ -101,3 +182,20 @@ def test_a_session_stages_its_large_inputs():
     feeds = [{"x": np.random.default_rng(i).standard_normal((1024, 1024)).astype(np.float32)} for i in range(3)]
     check_against_cpu(model, feeds)
     assert u.uploads >= before + 3
+
+
+@pytest.mark.skipif(not GPU, reason="needs MLX's CUDA backend and the custom kernels")
+def test_a_session_stages_its_small_inputs():
+    from onnx import TensorProto as T
+    from onnx import helper
+
+    from ortmlx.testing import check_against_cpu, make_model
+    nodes = [helper.make_node("Add", ["x", "y"], ["s"]), helper.make_node("Mul", ["s", "x"], ["z"])]
+    model = make_model(nodes, [("x", T.FLOAT, [1, 4]), ("y", T.FLOAT, [1, 4])], [("z", T.FLOAT, None)], {})
+    u = U.uploader("gpu")
+    before = u.small_uploads
+    rng = np.random.default_rng(0)
+    feeds = [{"x": rng.standard_normal((1, 4)).astype(np.float32), "y": rng.standard_normal((1, 4)).astype(np.float32)}
+             for _ in range(3 * U.SMALL_SLOTS)]
+    check_against_cpu(model, feeds)
+    assert u.small_uploads >= before + len(feeds)

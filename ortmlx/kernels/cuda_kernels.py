@@ -711,10 +711,13 @@ def copy_to_address(a: mx.array, target: mx.array) -> mx.array:
     return out
 
 
+#: ``stage[0]`` is the device address of a page-locked buffer: its first 8 bytes the byte count, the bytes from
+#: ``COPY_IN_HEADER`` on (16-byte aligned)
 _COPY_IN = r"""
-    const uint8_t* s = reinterpret_cast<const uint8_t*>(static_cast<uintptr_t>(source[0]));
+    const uint8_t* base = reinterpret_cast<const uint8_t*>(static_cast<uintptr_t>(stage[0]));
+    const size_t nbytes = static_cast<size_t>(*reinterpret_cast<const uint64_t*>(base));
+    const uint8_t* s = base + 16;
     uint8_t* d = reinterpret_cast<uint8_t*>(out);
-    const size_t nbytes = static_cast<size_t>(source[1]);
     const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
     const size_t step = static_cast<size_t>(gridDim.x) * blockDim.x;
     size_t k0 = 0;
@@ -725,23 +728,27 @@ _COPY_IN = r"""
     }
     for (size_t k = k0 + i; k < nbytes; k += step) d[k] = s[k];
 """
+#: bytes of a staging buffer before its payload (``copy_from_address``)
+COPY_IN_HEADER = 16
 
 
 @functools.lru_cache(maxsize=1)
 def _copy_in_kernel():
-    return _kernel("ortmlx_copy_in", ["source"], ["out"], _COPY_IN)
+    return _kernel("ortmlx_copy_in", ["stage"], ["out"], _COPY_IN)
 
 
-def copy_from_address(source: mx.array, nbytes: int) -> mx.array:
-    """A new uint8 array of ``nbytes`` bytes read from page-locked host memory: ``source`` is [device address,
-    byte count] (uint64), the count ``nbytes``; one kernel for every size."""
-    if source.dtype != mx.uint64 or source.shape != (2,):
-        raise ValueError(f"copy_from_address: source must be [address, bytes] as uint64, got {source.dtype} "
-                         f"of shape {source.shape}")
+def copy_from_address(stage: mx.array, nbytes: int) -> mx.array:
+    """A new uint8 array of ``nbytes`` bytes read from page-locked host memory: ``stage`` (one uint64, made once
+    per buffer and kept on the device: no call writes memory the kernel would fault in) is the buffer's device
+    address; the buffer holds the byte count (``nbytes``, uint64) and, from ``COPY_IN_HEADER`` on, the bytes.
+    One kernel for every size."""
+    if stage.dtype != mx.uint64 or stage.size != 1:
+        raise ValueError(f"copy_from_address: stage must be one uint64 address, got {stage.dtype} "
+                         f"of shape {stage.shape}")
     if nbytes <= 0:
         raise ValueError("copy_from_address: an empty copy")
     blocks = max(1, min(COPY_BLOCKS, -(-nbytes // (16 * COPY_THREADS))))
-    (out,) = _copy_in_kernel()(inputs=[source], grid=(blocks * COPY_THREADS, 1, 1), threadgroup=(COPY_THREADS, 1, 1),
+    (out,) = _copy_in_kernel()(inputs=[stage], grid=(blocks * COPY_THREADS, 1, 1), threadgroup=(COPY_THREADS, 1, 1),
                                output_shapes=[(nbytes,)], output_dtypes=[mx.uint8])
     return out
 

@@ -45,8 +45,9 @@ class Tuning:
     #: large results written by a kernel into page-locked staging memory, then copied into ORT's output buffer
     #: on several threads (GPU, with cuda_kernels; runtime/devread.py); off: read through managed memory
     direct_out: bool = True
-    #: host inputs and constants of 1 MB or more copied into page-locked staging on several threads, then read onto
-    #: the device by a kernel (GPU, with cuda_kernels; runtime/upload.py); off: MLX's own copy (mx.array)
+    #: host inputs and constants over 8 bytes copied into page-locked staging (1 MB or more: on several threads),
+    #: then read into device memory by a kernel (GPU, with cuda_kernels; runtime/upload.py); off: MLX's own copy
+    #: (mx.array, managed memory)
     direct_in: bool = True
     #: an MLP's SiLU gating as one step after the merged gate/up product (GPU, with cuda_kernels)
     fold_mlp: bool = True

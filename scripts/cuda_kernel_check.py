@@ -84,7 +84,8 @@ def cases():
                ck._COPY_HOST.replace("NBYTES", "303872ull"), "", [])
         yield (f"copy_to_address {t}", "ortmlx_copy_any_x", ["src", "sink"], [t, "uint64"], ["done"], ["uint8"],
                ck._COPY_ANY, "", [])
-    yield ("copy_from_address", "ortmlx_copy_in_x", ["stage"], ["uint64"], ["out"], ["uint8"], ck._COPY_IN, "", [])
+    yield ("copy_from_address", "ortmlx_copy_in_x", ["stage", "limit"], ["uint64", "uint8"], ["out"], ["uint8"],
+           ck._COPY_IN, "", [])
 
 
 def check_all(nvrtc, includes: list[str], arch: str = "sm_90a", quiet: bool = False) -> int:

@@ -76,8 +76,9 @@ class _Lazy:
         self.addr, self.n, self.bytes = addr, n, None
 
     def run(self):
-        if self.bytes is None:
-            self.bytes = ctypes.string_at(self.addr + U._HEADER, self.n)
+        if self.bytes is None:          # the count from the header, bounded by the output's size (the kernel's rule)
+            self.bytes = ctypes.string_at(self.addr + U._HEADER, min(ctypes.c_uint64.from_address(self.addr).value,
+                                                                     self.n))
 
     def view(self, m):
         return self
@@ -98,19 +99,43 @@ class _MX:
             x.run() if isinstance(x, _Lazy) else mx.eval(x)
 
 
-def test_a_buffer_is_written_again_only_after_its_last_copy_has_run(monkeypatch):
-    monkeypatch.setattr(U, "mx", _MX())
-    copies = []
-
+def _lazy_copier(copies):
     def copier(stage, n):
         copies.append(_Lazy(int(np.array(stage).reshape(-1)[0]), n))
         return copies[-1]
-    u = U.Uploader(None, copier=copier, buffer=_Buffer)
-    arrs = [np.full(4, k, np.int32) for k in range(2 * U.SMALL_SLOTS + 1)]       # 16 bytes each
+    return copier
+
+
+def test_a_buffer_is_written_again_only_after_its_last_copy_has_run(monkeypatch):
+    monkeypatch.setattr(U, "mx", _MX())
+    copies = []
+    u = U.Uploader(None, copier=_lazy_copier(copies), buffer=_Buffer)
+    arrs = [np.full(4 + k % 3, k, np.int32) for k in range(2 * U.SMALL_SLOTS + 1)]   # 16-24 bytes: counts differ
     for a in arrs:                       # nothing evaluated: the ring's wrap-around must run the old copies
         u(a, dt.INT32)
     assert [c.bytes is not None for c in copies] == [True] * (U.SMALL_SLOTS + 1) + [False] * U.SMALL_SLOTS
     for c, a in zip(copies, arrs):
+        c.run()
+        assert c.bytes == a.tobytes()
+
+
+def test_each_thread_has_a_ring_of_its_own(monkeypatch):
+    """Only the thread that made a copy can tell that it has run (MLX keeps a thread's streams to itself): another
+    thread's uploads never wait for, run or overwrite it."""
+    import threading
+    monkeypatch.setattr(U, "mx", _MX())
+    copies = []
+    u = U.Uploader(None, copier=_lazy_copier(copies), buffer=_Buffer)
+    mine = [np.full(5, k, np.int32) for k in range(U.SMALL_SLOTS)]
+    for a in mine:                                  # this thread's ring full of copies not yet run
+        u(a, dt.INT32)
+    theirs = [np.full(6, -k, np.int32) for k in range(U.SMALL_SLOTS + 2)]
+    t = threading.Thread(target=lambda: [u(a, dt.INT32) for a in theirs])
+    t.start()
+    t.join()
+    assert [c.bytes is None for c in copies[:U.SMALL_SLOTS]] == [True] * U.SMALL_SLOTS
+    assert u.failed == 0 and u.small_uploads == len(mine) + len(theirs)
+    for c, a in zip(copies, mine):
         c.run()
         assert c.bytes == a.tobytes()
 
@@ -167,6 +192,22 @@ def test_on_the_gpu_lazy_small_copies_around_the_ring():
     got = [u(a, dt.INT64) for a in arrs]              # none evaluated until the ring wraps
     for a, g in zip(arrs, got):
         np.testing.assert_array_equal(np.array(g * 1), a)
+
+
+@pytest.mark.skipif(not GPU, reason="needs MLX's CUDA backend and the custom kernels")
+def test_on_the_gpu_a_wrong_count_cannot_write_past_the_copy():
+    """The kernel copies at most its output's size, whatever the header says (a count of 2^40 unbounded would read
+    far past the buffer: an illegal address)."""
+    from ortmlx.kernels.cuda_driver import driver
+    st = U.Stage(driver(), 4096, U.HostBuffer)
+    data = (np.arange(4096) % 253).astype(np.uint8)
+    ctypes.memmove(st.buf.host_address + U._HEADER, data.ctypes.data, data.size)
+    for count, n in ((1 << 40, 4000), (4096, 40), (4096, 1000)):
+        ctypes.c_uint64.from_address(st.buf.host_address).value = count
+        np.testing.assert_array_equal(np.array(cuda_kernels.copy_from_address(st.address, n)), data[:n])
+    ctypes.c_uint64.from_address(st.buf.host_address).value = 24            # fewer: those bytes are copied
+    np.testing.assert_array_equal(np.array(cuda_kernels.copy_from_address(st.address, 64))[:24], data[:24])
+    st.free()
 
 
 @pytest.mark.skipif(not GPU, reason="needs MLX's CUDA backend and the custom kernels")

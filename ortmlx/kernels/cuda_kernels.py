@@ -712,16 +712,19 @@ def copy_to_address(a: mx.array, target: mx.array) -> mx.array:
 
 
 #: ``stage[0]`` is the device address of a page-locked buffer: its first 8 bytes the byte count, the bytes from
-#: ``COPY_IN_HEADER`` on (16-byte aligned)
+#: ``COPY_IN_HEADER`` on (16-byte aligned); ``limit`` (a broadcast, never read) has the output's size, so a count
+#: the host wrote wrong cannot write past the output
 _COPY_IN = r"""
     const uint8_t* base = reinterpret_cast<const uint8_t*>(static_cast<uintptr_t>(stage[0]));
-    const size_t nbytes = static_cast<size_t>(*reinterpret_cast<const uint64_t*>(base));
+    const size_t want = static_cast<size_t>(*reinterpret_cast<const uint64_t*>(base));
+    const size_t room = static_cast<size_t>(limit_shape[0]);
+    const size_t nbytes = want < room ? want : room;
     const uint8_t* s = base + 16;
     uint8_t* d = reinterpret_cast<uint8_t*>(out);
     const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
     const size_t step = static_cast<size_t>(gridDim.x) * blockDim.x;
     size_t k0 = 0;
-    if ((reinterpret_cast<uintptr_t>(s) & 15) == 0) {
+    if (((reinterpret_cast<uintptr_t>(s) | reinterpret_cast<uintptr_t>(d)) & 15) == 0) {
         const size_t n16 = nbytes / 16;
         for (size_t k = i; k < n16; k += step) reinterpret_cast<uint4*>(d)[k] = reinterpret_cast<const uint4*>(s)[k];
         k0 = n16 * 16;
@@ -734,7 +737,12 @@ COPY_IN_HEADER = 16
 
 @functools.lru_cache(maxsize=1)
 def _copy_in_kernel():
-    return _kernel("ortmlx_copy_in", ["stage"], ["out"], _COPY_IN)
+    return _kernel("ortmlx_copy_in", ["stage", "limit"], ["out"], _COPY_IN, ensure_row_contiguous=False)
+
+
+@functools.lru_cache(maxsize=1)
+def _zero_byte() -> mx.array:
+    return mx.array(0, mx.uint8)
 
 
 def copy_from_address(stage: mx.array, nbytes: int) -> mx.array:
@@ -748,7 +756,8 @@ def copy_from_address(stage: mx.array, nbytes: int) -> mx.array:
     if nbytes <= 0:
         raise ValueError("copy_from_address: an empty copy")
     blocks = max(1, min(COPY_BLOCKS, -(-nbytes // (16 * COPY_THREADS))))
-    (out,) = _copy_in_kernel()(inputs=[stage], grid=(blocks * COPY_THREADS, 1, 1), threadgroup=(COPY_THREADS, 1, 1),
+    limit = mx.broadcast_to(_zero_byte(), (nbytes,))
+    (out,) = _copy_in_kernel()(inputs=[stage, limit], grid=(blocks * COPY_THREADS, 1, 1), threadgroup=(COPY_THREADS, 1, 1),
                                output_shapes=[(nbytes,)], output_dtypes=[mx.uint8])
     return out
 

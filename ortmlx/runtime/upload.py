@@ -8,8 +8,9 @@ every plain array is instead copied by the host into page-locked staging memory 
 (``cuda_kernels.copy_from_address``; large ones 10-14 GB/s for 16-40 MB, ``scripts/gpu_io_probe.py
 --upload``). A large input (``UPLOAD_MIN`` and more) goes through two buffers in turn, the host filling one while
 the kernel reads the other, and is evaluated before it returns. A small one takes the next of a ring of
-``SMALL_SLOTS`` buffers and returns lazily, its copy run with the graph that reads it; a buffer is written again
-only once its last copy has run (as a rule long before: each call is evaluated before the next). Inside a
+``SMALL_SLOTS`` buffers (one ring per thread) and returns lazily, its copy run with the graph that reads it; a
+buffer is written again only once its last copy has run (as a rule long before: each call is evaluated before the
+next). Inside a
 compiled closure's trace small arrays take MLX's copy: a trace would replay the copy from a buffer since reused;
 so do arrays of ``SCALAR_BYTES`` or less, which MLX keeps in a pool the GPU reads in place.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
@@ -51,7 +53,7 @@ class Stage:
         self.buf = buffer(drv, -(-(nbytes + _HEADER) // 4096) * 4096)
         self.capacity = self.buf.nbytes - _HEADER
         a = mx.array(self.buf.device_address, dtype=mx.uint64)
-        self.address = mx.bitwise_or(a, mx.array(0, mx.uint64))     # (a kernel's copy: device memory)
+        self.address = mx.bitwise_or(a, mx.array(0, mx.uint64))     # a kernel's result: no host write ever again
         mx.eval(self.address)
         self.pending = None
 
@@ -86,8 +88,9 @@ class Uploader:
         self._copier = copier or cuda_kernels.copy_from_address
         self._buffer = buffer
         self._stage: list[Stage] = []
-        self._small: list[Stage | None] = [None] * SMALL_SLOTS
-        self._next = 0
+        #: each thread's small ring: MLX keeps a thread's streams to itself, so only the thread that made a copy
+        #: can tell that it has run (another thread's eval of it fails or returns before the kernel has run)
+        self._local = threading.local()
         self._lock = threading.Lock()
         self.uploads = 0
         self.small_uploads = 0
@@ -116,17 +119,24 @@ class Uploader:
         """``a`` (row-major, under ``UPLOAD_MIN`` bytes) as a lazy MLX array of type ``m`` through the next small
         buffer."""
         n = int(a.nbytes)
-        with self._lock:
-            i = self._next
-            self._next = (i + 1) % SMALL_SLOTS
-            st = self._small[i]
-            if st is None or st.capacity < n:
-                if st is not None:
-                    st.free()
-                    self._small[i] = None
-                st = self._small[i] = Stage(self._drv, max(n, 4096 - _HEADER), self._buffer)
-            flat = st.fill(int(a.ctypes.data), n, self._copier)
+        ring = self.ring()
+        i = ring.next
+        ring.next = (i + 1) % SMALL_SLOTS
+        st = ring.stages[i]
+        if st is None or st.capacity < n:
+            if st is not None:
+                st.free()
+                ring.stages[i] = None
+            st = ring.stages[i] = Stage(self._drv, max(n, 4096 - _HEADER), self._buffer)
+        flat = st.fill(int(a.ctypes.data), n, self._copier)
         return flat.view(m).reshape(a.shape)
+
+    def ring(self) -> "_Ring":
+        """This thread's small buffers (made on its first small upload; freed when the thread ends)."""
+        r = getattr(self._local, "ring", None)
+        if r is None:
+            r = self._local.ring = _Ring([None] * SMALL_SLOTS)
+        return r
 
     def staged(self, a: np.ndarray, m, chunk: int = STAGE_BYTES) -> mx.array:
         """``a`` (row-major) as an evaluated MLX array of type ``m`` through the large buffers (``chunk``: bytes a
@@ -155,6 +165,12 @@ class Uploader:
             else:
                 self._stage.append(b)
         return self._stage[:count]
+
+
+@dataclass
+class _Ring:
+    stages: list
+    next: int = 0
 
 
 _lock = threading.Lock()

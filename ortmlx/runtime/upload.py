@@ -10,9 +10,8 @@ every plain array is instead copied by the host into page-locked staging memory 
 the kernel reads the other, and is evaluated before it returns. A small one takes the next of a ring of
 ``SMALL_SLOTS`` buffers (one ring per thread) and returns lazily, its copy run with the graph that reads it; a
 buffer is written again only once its last copy has run (as a rule long before: each call is evaluated before the
-next). Inside a
-compiled closure's trace small arrays take MLX's copy: a trace would replay the copy from a buffer since reused;
-so do arrays of ``SCALAR_BYTES`` or less, which MLX keeps in a pool the GPU reads in place.
+next). Inside a compiled closure's trace small arrays take MLX's copy: a trace would replay the copy from a buffer
+since reused; so do arrays of ``SCALAR_BYTES`` or less, which MLX keeps in a pool the GPU reads in place.
 
 ``uploader(device, enabled)`` is the ``Upload`` (``dtypes.to_mx``'s signature) a session's program uses for its
 call inputs and constants: this one on MLX's CUDA backend once its self-test passed, else ``dtypes.to_mx``.

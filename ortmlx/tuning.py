@@ -81,7 +81,8 @@ class Tuning:
     #: whose own exp is scalar code; kernels/fastmath.py)
     poly_exp: bool | None = None
     #: 2-D convolutions as products over the kernel's shifted input views (kernels/ops/conv.py): on: every form
-    #: (1x1, depthwise, im2col); None: the device's (CPU: 1x1 and depthwise; GPU: all); off: MLX's convolution
+    #: (1x1, depthwise, shifted, im2col); None: the device's (CPU: 1x1, depthwise and shifted; GPU: all but
+    #: shifted, from batch 4); off: MLX's convolution
     conv_gemm: bool | None = None
     #: a half-precision MatMul and the Add of its constant bias as one product, the bias added before the result
     #: is rounded (kernels/passes.py fold_bias; None: on MLX's CPU backend, not yet measured on a GPU)

@@ -21,6 +21,8 @@ CASES = {   # name: (N, C, H, W), M, group, attributes
     "depthwise": ((2, 12, 14, 14), 12, 12, dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])),
     "depthwise_s2": ((1, 8, 15, 15), 8, 8, dict(kernel_shape=[5, 5], pads=[2, 2, 2, 2], strides=[2, 2])),
     "grouped": ((1, 8, 9, 9), 4, 2, dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])),     # MLX's own convolution
+    "shifted": ((1, 4, 64, 70), 6, 1, dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])),   # 4,480 positions
+    "shifted_dilated": ((2, 3, 48, 50), 5, 1, dict(kernel_shape=[3, 2], dilations=[2, 3], pads=[2, 0, 1, 3])),
 }
 
 
@@ -78,14 +80,18 @@ def test_forms():
     x = mx.zeros((1, 5, 5, 4))
     assert C._gemm_form(x, mx.zeros((6, 1, 1, 4)), 1, [0, 0], [0, 0])[0] == "pointwise"
     assert C._gemm_form(x, mx.zeros((6, 3, 3, 4)), 1, [1, 1], [1, 1])[0] == "im2col"
+    big, w3 = mx.zeros((2, 48, 48, 4)), mx.zeros((6, 3, 3, 4))       # 2 x 48 x 48 = 4,608 output positions
+    assert C._gemm_form(big, w3, 1, [1, 1], [1, 1], (1, 1), (48, 48))[0] == "shifted"
+    assert C._gemm_form(big, w3, 1, [1, 1], [1, 1], (2, 1), (24, 48))[0] == "im2col"       # strided
+    assert C._gemm_form(big[:1], w3, 1, [1, 1], [1, 1], (1, 1), (48, 48))[0] == "im2col"   # 2,304 positions
     assert C._gemm_form(x, mx.zeros((4, 3, 3, 1)), 4, [1, 1], [1, 1])[0] == "depthwise"
     assert C._gemm_form(x, mx.zeros((8, 3, 3, 2)), 2, [1, 1], [1, 1])[0] is None
 
 
 def test_device_defaults_and_the_knob():
     cpu, gpu = BuildConfig.for_device("cpu"), BuildConfig.for_device("gpu")
-    assert cpu.conv_gemm == {"pointwise", "depthwise"}          # MLX's CPU im2col measured slower than its conv
-    assert gpu.conv_gemm == C.GEMM_FORMS and gpu.conv_gemm_batch == 4 and cpu.conv_gemm_batch == 1
+    assert cpu.conv_gemm == {"pointwise", "depthwise", "shifted"}     # MLX's CPU im2col measured slower than its conv
+    assert gpu.conv_gemm == C.GEMM_FORMS - {"shifted"} and gpu.conv_gemm_batch == 4 and cpu.conv_gemm_batch == 1
     assert BuildConfig.for_device("gpu", Tuning.parse("conv_gemm=1")).conv_gemm_batch == 1
     assert BuildConfig.for_device("cpu", Tuning.parse("conv_gemm=1")).conv_gemm == C.GEMM_FORMS
     assert BuildConfig.for_device("gpu", Tuning.parse("conv_gemm=0")).conv_gemm == frozenset()
@@ -145,3 +151,40 @@ def test_a_large_batch_goes_in_parts(monkeypatch):
     with build.active(build.BuildContext(conv_gemm=C.GEMM_FORMS)):
         C.conv(X, W, pads=[1, 1, 1, 1])
     assert called
+
+
+@pytest.mark.parametrize("name", ["3x3", "dilated", "same_upper", "shifted_dilated"])
+def test_stride_one_as_shifted_products(name, monkeypatch):
+    """The shifted form: no ``mx.conv_general``, no im2col concatenation, MLX's convolution's answer; where it is not
+    among the forms, im2col takes a convolution the shifted form would have."""
+    shape, m, group, attrs = CASES[name]
+    rng = np.random.default_rng(5)
+    X = mx.array(rng.standard_normal(shape).astype(np.float32))
+    W = mx.array(rng.standard_normal((m, shape[1], *attrs["kernel_shape"])).astype(np.float32))
+    kw = {k: v for k, v in attrs.items() if k not in ("kernel_shape", "strides")}
+    want = np.array(C.conv(X, W, **kw))
+    monkeypatch.setattr(C, "SHIFTED_MIN_POSITIONS", 1)
+    called = _conv_calls(monkeypatch)
+    concat = []
+    real_cat = mx.concatenate
+    monkeypatch.setattr(mx, "concatenate", lambda a, *r, **k: concat.append(len(a)) or real_cat(a, *r, **k))
+    with build.active(build.BuildContext(conv_gemm=frozenset({"shifted"}))):
+        got = C.conv(X, W, **kw)
+    assert not called and not concat
+    np.testing.assert_allclose(np.array(got), want, rtol=1e-5, atol=1e-5)
+    with build.active(build.BuildContext(conv_gemm=frozenset({"im2col"}))):
+        got = C.conv(X, W, **kw)
+    assert not called and concat                    # im2col
+    np.testing.assert_allclose(np.array(got), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_large_stride_one_convolution_by_default_on_the_cpu(monkeypatch):
+    shape, m, group, attrs = CASES["shifted"]
+    feeds = [{"x": np.random.default_rng(i).standard_normal(shape).astype(np.float32)} for i in range(2)]
+    calls = []
+    real = C._shifted_conv
+    monkeypatch.setattr(C, "_shifted_conv", lambda *a: calls.append(1) or real(*a))
+    for options in ({"device": "cpu"}, {"device": "cpu", "no_compile": "1"}):
+        n = len(calls)
+        check_against_cpu(_model(shape, m, group, attrs), feeds, options=options)
+        assert len(calls) > n

@@ -160,10 +160,11 @@ GPU_CONV_GEMM_BATCH = 4
 
 
 def _conv_forms(knob, gpu: bool) -> frozenset:
-    """``conv_gemm``'s forms: all (on), none (off), else the device's: on the CPU the 1x1 and depthwise forms (faster
-    there than MLX's convolution; im2col is slower); on the GPU all, from ``GPU_CONV_GEMM_BATCH``."""
+    """``conv_gemm``'s forms: all (on), none (off), else the device's: on the CPU the 1x1, depthwise and shifted forms
+    (faster there than MLX's convolution; im2col is slower); on the GPU all but shifted (not yet measured there),
+    from ``GPU_CONV_GEMM_BATCH``."""
     if knob is None:
-        return GEMM_FORMS if gpu else frozenset({"pointwise", "depthwise"})
+        return GEMM_FORMS - {"shifted"} if gpu else frozenset({"pointwise", "depthwise", "shifted"})
     return GEMM_FORMS if knob else frozenset()
 
 

@@ -95,16 +95,20 @@ def _conv_general(x, w, groups, **kw):
                            for g in range(groups)], axis=-1)
 
 
-#: the forms ``_gemm_conv`` takes: a 1x1 kernel (one product), depthwise (per-channel products), im2col (one
-#: product over the concatenated views)
-GEMM_FORMS = frozenset({"pointwise", "depthwise", "im2col"})
+#: the forms ``_gemm_conv`` takes: a 1x1 kernel (one product), depthwise (per-channel products), shifted (a product
+#: per kernel tap, summed: stride 1, one group; ``_shifted_conv``), im2col (one product over the concatenated views)
+GEMM_FORMS = frozenset({"pointwise", "depthwise", "shifted", "im2col"})
 #: most elements of the shifted views one im2col product materializes; a larger batch goes in parts
 GEMM_MAX_COLUMNS = 1 << 26
+#: least output positions (batch x height x width) of a shifted convolution: with fewer, MLX's CPU convolution was
+#: faster (docs/performance.md, "What the defaults do": conv_gemm)
+SHIFTED_MIN_POSITIONS = 4096
 
 
-def _gemm_form(x, w, groups, lo, hi) -> tuple[str | None, str | None]:
+def _gemm_form(x, w, groups, lo, hi, strides=(1, 1), out_sp=None) -> tuple[str | None, str | None]:
     """(form, None), or (None, why) a channels-last 2-D convolution (x (N, H, W, C), w (M, kh, kw, C/g)) does not
-    run as ``_gemm_conv``."""
+    run as ``_gemm_conv``; a "shifted" one may also run as "im2col". ``out_sp``: the output's (H, W) (None: unknown,
+    never shifted)."""
     if x.ndim != 4:
         return None, f"{x.ndim - 2}-D"
     if build.shapeless():
@@ -112,7 +116,10 @@ def _gemm_form(x, w, groups, lo, hi) -> tuple[str | None, str | None]:
     if min(*lo, *hi) < 0:
         return None, "negative pads"
     if groups == 1:
-        return ("pointwise" if w.shape[1] == w.shape[2] == 1 else "im2col"), None
+        if w.shape[1] == w.shape[2] == 1:
+            return "pointwise", None
+        big = out_sp is not None and x.shape[0] * out_sp[0] * out_sp[1] >= SHIFTED_MIN_POSITIONS
+        return ("shifted" if big and tuple(strides) == (1, 1) else "im2col"), None
     if groups == x.shape[-1] == w.shape[0]:
         return "depthwise", None
     return None, f"group {groups}: neither 1 nor depthwise"
@@ -149,6 +156,29 @@ def _gemm_conv(x, w, groups, strides, lo, hi, dilations, out_sp):
     for t in range(1, kh * kw):
         y = y + views[t] * taps[:, t]
     return y
+
+
+def _shifted_conv(x, w, lo, hi, dilations):
+    """A stride-1 2-D cross-correlation as sum_ij P[o_ij : o_ij + L] @ w_ij^T: P is the padded x flattened to
+    (positions, C), with one more zero row under each sample so that every tap's rows stay inside it, and
+    o_ij = i dh Wp + j dw. Each tap's rows are a contiguous slice (no im2col copy); the products also fill the
+    rows of the padding's columns, which are cropped (Wp / Wo more work)."""
+    n, c = x.shape[0], x.shape[-1]
+    m, kh, kw = w.shape[0], w.shape[1], w.shape[2]
+    dh, dw = dilations
+    hp, wp = x.shape[1] + lo[0] + hi[0], x.shape[2] + lo[1] + hi[1]
+    ho, wo = hp - (kh - 1) * dh, wp - (kw - 1) * dw
+    rows = (hp + 1) * wp                            # one sample's rows, the extra one included
+    flat = mx.pad(x, [(0, 0), (lo[0], hi[0] + 1), (lo[1], hi[1]), (0, 0)]).reshape(n * rows, c)
+    taps = w.transpose(1, 2, 3, 0)                  # (kh, kw, C, M): each tap's w^T contiguous
+    span = (n - 1) * rows + ho * wp                 # from the first output row to the last sample's last
+    y = None
+    for i in range(kh):
+        for j in range(kw):
+            o = i * dh * wp + j * dw
+            y = flat[o:o + span] @ taps[i, j] if y is None else mx.addmm(y, flat[o:o + span], taps[i, j])
+    y = mx.pad(y, [(0, n * rows - span), (0, 0)]).reshape(n, hp + 1, wp, m)
+    return y[:, :ho, :wo, :]
 
 
 def _no_products(shape: tuple, B, dtype):
@@ -202,7 +232,10 @@ def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
         return _no_products((X.shape[0], W.shape[0], *out_sp), B, X.dtype)
     forms = build.conv_gemm(X.shape[0])
     y = None
-    if forms and _gemm_form(x, w, group, lo, hi)[0] in forms:
+    form = _gemm_form(x, w, group, lo, hi, strides, out_sp)[0] if forms else None
+    if form == "shifted" and form in forms:
+        y = _shifted_conv(x, w, lo, hi, dilations)
+    elif (form == "shifted" and "im2col" in forms) or form in forms:
         y = _gemm_conv(x, w, group, strides, lo, hi, dilations, out_sp)
     if y is None:
         y = _conv_general(x, w, group, stride=strides, padding=(lo, hi), kernel_dilation=dilations)

@@ -170,7 +170,7 @@ def _shifted_conv(x, w, lo, hi, dilations):
     ho, wo = hp - (kh - 1) * dh, wp - (kw - 1) * dw
     rows = (hp + 1) * wp                            # one sample's rows, the extra one included
     flat = mx.pad(x, [(0, 0), (lo[0], hi[0] + 1), (lo[1], hi[1]), (0, 0)]).reshape(n * rows, c)
-    taps = w.transpose(1, 2, 3, 0)                  # (kh, kw, C, M): each tap's w^T contiguous
+    taps = mx.contiguous(w.transpose(1, 2, 3, 0))   # (kh, kw, C, M), one copy: each tap's w^T a row-major (C, M)
     span = (n - 1) * rows + ho * wp                 # from the first output row to the last sample's last
     y = None
     for i in range(kh):

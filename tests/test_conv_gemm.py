@@ -117,6 +117,14 @@ def _conv_calls(monkeypatch) -> list:
     return called
 
 
+def _concat_calls(monkeypatch) -> list:
+    """The number of arrays each ``mx.concatenate`` joined (im2col's columns)."""
+    joined = []
+    real = mx.concatenate
+    monkeypatch.setattr(mx, "concatenate", lambda a, *r, **k: joined.append(len(a)) or real(a, *r, **k))
+    return joined
+
+
 def test_only_the_chosen_forms(monkeypatch):
     rng = np.random.default_rng(1)
     X = mx.array(rng.standard_normal((2, 4, 8, 8)).astype(np.float32))
@@ -138,9 +146,7 @@ def test_a_large_batch_goes_in_parts(monkeypatch):
     W = mx.array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32))
     want = np.array(C.conv(X, W, pads=[1, 1, 1, 1]))
     per = 9 * 9 * 3 * 3 * 3
-    concat = []
-    real_cat = mx.concatenate
-    monkeypatch.setattr(mx, "concatenate", lambda a, *r, **k: concat.append(len(a)) or real_cat(a, *r, **k))
+    concat = _concat_calls(monkeypatch)
     monkeypatch.setattr(C, "GEMM_MAX_COLUMNS", 2 * per)
     called = _conv_calls(monkeypatch)
     with build.active(build.BuildContext(conv_gemm=C.GEMM_FORMS)):
@@ -165,9 +171,7 @@ def test_stride_one_as_shifted_products(name, monkeypatch):
     want = np.array(C.conv(X, W, **kw))
     monkeypatch.setattr(C, "SHIFTED_MIN_POSITIONS", 1)
     called = _conv_calls(monkeypatch)
-    concat = []
-    real_cat = mx.concatenate
-    monkeypatch.setattr(mx, "concatenate", lambda a, *r, **k: concat.append(len(a)) or real_cat(a, *r, **k))
+    concat = _concat_calls(monkeypatch)
     with build.active(build.BuildContext(conv_gemm=frozenset({"shifted"}))):
         got = C.conv(X, W, **kw)
     assert not called and not concat

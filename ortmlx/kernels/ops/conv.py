@@ -107,7 +107,7 @@ SHIFTED_MIN_POSITIONS = 4096
 
 def _gemm_form(x, w, groups, lo, hi, strides=(1, 1), out_sp=None) -> tuple[str | None, str | None]:
     """(form, None), or (None, why) a channels-last 2-D convolution (x (N, H, W, C), w (M, kh, kw, C/g)) does not
-    run as ``_gemm_conv``; a "shifted" one may also run as "im2col". ``out_sp``: the output's (H, W) (None: unknown,
+    run as products; a "shifted" one (``_shifted_conv``) may also run as "im2col" (``_gemm_conv``). ``out_sp``: the output's (H, W) (None: unknown,
     never shifted)."""
     if x.ndim != 4:
         return None, f"{x.ndim - 2}-D"
@@ -233,9 +233,11 @@ def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
     forms = build.conv_gemm(X.shape[0])
     y = None
     form = _gemm_form(x, w, group, lo, hi, strides, out_sp)[0] if forms else None
-    if form == "shifted" and form in forms:
+    if form == "shifted" and form not in forms:
+        form = "im2col"                             # it takes every one-group convolution
+    if form == "shifted":
         y = _shifted_conv(x, w, lo, hi, dilations)
-    elif (form == "shifted" and "im2col" in forms) or form in forms:
+    elif form in forms:
         y = _gemm_conv(x, w, group, strides, lo, hi, dilations, out_sp)
     if y is None:
         y = _conv_general(x, w, group, stride=strides, padding=(lo, hi), kernel_dilation=dilations)

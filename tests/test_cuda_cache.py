@@ -76,6 +76,8 @@ def test_names_and_paths_follow_mlx():
 
 
 class _FakeNvrtc:
+    path = "libnvrtc-stand-in.so"
+
     def __init__(self, fail=None):
         self.calls, self.fail = [], fail
 
@@ -98,9 +100,10 @@ def test_builder_writes_the_module_mlx_reads_then_finds_it(tmp_path):
     assert name == "mlx::core::cu::custom_kernel_f" and headers == {cc.STANDIN_NAME: cc.STANDIN}
     assert options[:2] == ["--device-as-default-execution-space", "--gpu-architecture=sm_90a"]
     assert "--include-path=/inc" in options
-    assert b.ensure("custom_kernel_f", src) == "cached" and len(nv.calls) == 1
-    assert not glob.glob(str(tmp_path / "*.tmp"))
-    assert b.counts == {"cached": 1, "built": 1, "failed": 0}
+    assert b.ensure("custom_kernel_f", src) == "built" and len(nv.calls) == 1          # remembered
+    assert cc.Builder(nv, "sm_90a", [], str(tmp_path)).ensure("custom_kernel_f", src) == "cached"
+    assert len(nv.calls) == 1 and not glob.glob(str(tmp_path / "*.tmp"))
+    assert b.counts == {"cached": 0, "built": 1, "failed": 0}
 
 
 def test_a_failed_build_writes_nothing(tmp_path):
@@ -183,6 +186,125 @@ def test_cached_kernel_prepares_each_instantiation_once(monkeypatch):
     assert [m[0] for m in made[2:]] == [[("N", True)], [("N", 1)]]
 
 
+# a worker that speaks nvrtc.serve's protocol: each job takes DELAY s; a job whose name holds "fail" is refused, one
+# whose name holds "die" ends the worker unanswered
+_FAKE_WORKER = """
+import importlib.util, json, os, sys, time
+spec = importlib.util.spec_from_file_location("nvrtc", {path!r})      # (as the real worker: no package import)
+nvrtc = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(nvrtc)
+write_module = nvrtc.write_module
+for line in sys.stdin:
+    job = json.loads(line)
+    time.sleep({delay})
+    if "die" in job["name"]:
+        sys.exit(3)
+    if "fail" in job["name"]:
+        print(json.dumps({{"ok": False, "error": "NvrtcError: refused"}}), flush=True)
+        continue
+    write_module(job["path"], b"CUBIN" + job["name"].encode(), (job["name"] + "\\t_Z\\n").encode())
+    print(json.dumps({{"ok": True, "pid": os.getpid()}}), flush=True)
+"""
+
+
+def _pooled(tmp_path, workers: int, delay: float) -> cc.Builder:
+    script = tmp_path / "worker.py"
+    from ortmlx.kernels import nvrtc
+    script.write_text(_FAKE_WORKER.format(path=nvrtc.__file__, delay=delay))
+    b = cc.Builder(_FakeNvrtc(), "sm_90a", [], str(tmp_path / "cache"), workers=workers)
+    b.pool.command = [sys.executable, str(script)]
+    return b
+
+
+def test_workers_build_at_once_and_settle_waits_for_them(tmp_path):
+    import time
+    b = _pooled(tmp_path, workers=3, delay=1.0)
+    t0 = time.perf_counter()
+    assert [b.submit(f"custom_kernel_k{i}", f"src {i}") for i in range(6)] == ["queued"] * 6
+    assert b.submit("custom_kernel_k0", "src 0") == "queued" and b.pool.jobs.qsize() <= 6     # queued once
+    assert b.settle(30) and not b.flight
+    took = time.perf_counter() - t0
+    assert took < 4.5, took                  # six 1 s builds, three at a time (one at a time: 6 s)
+    assert b.counts == {"cached": 0, "built": 6, "failed": 0} and b.pool.live <= 3
+    for i in range(6):
+        mod = cc.module_name(f"custom_kernel_k{i}", f"src {i}")
+        assert open(cc.ptx_path(b.dir, mod), "rb").read() == f"CUBINmlx::core::cu::custom_kernel_k{i}".encode()
+        assert b.submit(f"custom_kernel_k{i}", f"src {i}") == "built"
+    again = cc.Builder(_FakeNvrtc(), "sm_90a", [], b.dir, workers=3)
+    assert again.submit("custom_kernel_k5", "src 5") == "cached" and again.pool.live == 0
+
+
+def test_a_refused_or_lost_build_is_left_to_mlx(tmp_path):
+    b = _pooled(tmp_path, workers=2, delay=0.05)
+    for f in ("custom_kernel_fail", "custom_kernel_die", "custom_kernel_ok"):
+        assert b.submit(f, "s") == "queued"
+    assert b.settle(30)
+    assert b.state[b.job("custom_kernel_fail", "s")["path"]] == "failed: NvrtcError: refused"
+    assert b.state[b.job("custom_kernel_die", "s")["path"]] == "failed: the build worker exited"
+    assert b.ensure("custom_kernel_ok", "s") == "built" and b.counts == {"cached": 0, "built": 1, "failed": 2}
+    assert sorted(os.listdir(b.dir)) == sorted(os.path.basename(cc.ptx_path(b.dir, cc.module_name(
+        "custom_kernel_ok", "s")))[:-4] + e for e in (".ptx", ".txt"))
+    assert b.ensure("custom_kernel_late", "t") == "built"            # a new worker after the lost one
+
+
+def test_serve_answers_each_job(tmp_path):
+    from ortmlx.kernels import nvrtc
+    import json
+    out, nv = io.StringIO(), _FakeNvrtc()
+    (tmp_path / "plain").write_text("")
+    job = {"src": "abc", "file": "a.cu", "name": "n", "options": ["-x"], "headers": {"h": "t"}}
+    jobs = [json.dumps(dict(job, path=str(tmp_path / "m.ptx"))), "not json",
+            json.dumps(dict(job, path=str(tmp_path / "plain" / "m.ptx")))]          # (under a file: unwritable)
+    nvrtc.serve(nv, iter(jobs), out)
+    replies = [json.loads(x) for x in out.getvalue().splitlines()]
+    assert [r["ok"] for r in replies] == [True, False, False] and len(nv.calls) == 2
+    assert nv.calls[0] == ("a.cu", "n", ["-x"], {"h": "t"})
+    assert (tmp_path / "m.ptx").read_bytes() == b"CUBINabc" and (tmp_path / "m.txt").read_text() == "n\t_Z_lowered\n"
+    assert replies[1]["error"].startswith("JSONDecodeError") and "Error" in replies[2]["error"]
+
+
+def test_a_graph_build_queues_its_kernels_and_a_lone_call_waits(monkeypatch):
+    from ortmlx.kernels import build
+    calls = []
+
+    class Stub:
+        def submit(self, func, src):
+            calls.append(("submit", func))
+            return "queued"
+
+        def ensure(self, func, src):
+            calls.append(("ensure", func))
+            return "built"
+    monkeypatch.setattr(cc, "builder", lambda: Stub())
+    k = cc.CachedKernel("k", ["x"], ["out"], "src", "", lambda **kw: ["r"])
+    x = mx.zeros((2,), mx.float32)
+    with build.active(build.BuildContext()):
+        k(inputs=[x], output_dtypes=[mx.float32], template=[("T", mx.float32)])
+    k(inputs=[x], output_dtypes=[mx.float32], template=[("T", mx.float16)])
+    assert calls == [("submit", "custom_kernel_k_float"), ("ensure", "custom_kernel_k_float16_t")]
+    assert list(k.seen.values()) == ["queued", "built"]
+
+
+def test_eager_runs_and_traces_wait_for_their_builds(monkeypatch):
+    """An eager run's graph build and a closure's trace each end by waiting for the kernel builds they queued."""
+    from onnx import TensorProto as T
+    from onnx import helper
+    import ortmlx.compiled as C
+    from ortmlx.testing import make_model, session
+    model = make_model([helper.make_node("Relu", ["x"], ["h"]), helper.make_node("Neg", ["h"], ["y"])],
+                       [("x", T.FLOAT, ["N", 4])], [("y", T.FLOAT, ["N", 4])], {})
+    seen = []
+    monkeypatch.setattr(cc, "settle", lambda: seen.append(C.tracing()))
+    x = {"x": np.arange(8, dtype=np.float32).reshape(2, 4) - 3}
+    session(model, options={"no_compile": "1"}).run(None, x)
+    assert seen == [False]
+    seen.clear()
+    s = session(model)
+    for _ in range(3):
+        np.testing.assert_array_equal(s.run(None, x)[0], -np.maximum(x["x"], 0))
+    assert True in seen                  # the trace's own wait
+
+
 @pytest.mark.skipif(GPU, reason="on a machine without MLX's CUDA backend")
 def test_builder_is_off_without_a_cuda_device(monkeypatch):
     monkeypatch.setattr(cc, "_builder", [])
@@ -220,7 +342,8 @@ g = mx.array(rng.standard_normal((896,)).astype(np.float16))
 t0 = time.perf_counter()
 with build.active(build.BuildContext(cuda_kernels=True)):
     out, total = cuda_kernels.rms_norm(x, g, 1e-6, skip=s)
-    mx.eval(out, total)
+cuda_cache.settle()                 # as a build's end does: its kernels' builds done before its eval
+mx.eval(out, total)
 b = cuda_cache.builder()
 print(json.dumps({"s": time.perf_counter() - t0, "out": np.array(out).tolist(), "sum": np.array(total).tolist(),
                   "counts": b.counts if b else None, "reason": cuda_cache.reason(),
@@ -285,7 +408,7 @@ fake = cc.mlx_source(func, k.header, body, k.input_names, ins, k.output_names, [
 assert cc.shape_infos(body, k.input_names) == cc.shape_infos(k.source, k.input_names)
 b = cc.builder()
 cubin, lowered = b.nvrtc.compile(fake, "fake.cu", "mlx::core::cu::" + func, b.options, {cc.STANDIN_NAME: cc.STANDIN})
-cc._write(cc.ptx_path(b.dir, cc.module_name(func, real)), cubin, f"mlx::core::cu::{func}\t{lowered}\n".encode())
+cc.write_module(cc.ptx_path(b.dir, cc.module_name(func, real)), cubin, f"mlx::core::cu::{func}\t{lowered}\n".encode())
 with build.active(build.BuildContext(cuda_kernels=True)):
     out, _ = cuda_kernels.rms_norm(x, g, 1e-6, skip=x)
     mx.eval(out)

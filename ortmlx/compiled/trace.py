@@ -13,7 +13,7 @@ import math
 import mlx.core as mx
 import numpy as np
 
-from ..kernels import build, cuda_driver, cuda_kernels
+from ..kernels import build, cuda_cache, cuda_driver, cuda_kernels
 from ..kernels import dtypes as dt
 from ..stats import SessionStats
 from .config import CompiledConfig
@@ -82,6 +82,7 @@ def compile_closure(c, n_group_inputs: int, out_types: list, config: CompiledCon
             c.guarded = bool(guards)
             if guards:
                 outs.append(_guard_value(guards, shapeless))
+            cuda_cache.settle()             # the trace's kernel builds, run at once, done before its first eval
             return outs
 
     return mx.compile(body, shapeless=shapeless)

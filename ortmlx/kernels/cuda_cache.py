@@ -9,14 +9,24 @@ MLX names the module (the kernel's name and libstdc++'s ``std::hash`` of that so
 the cache lacks it, compiled with the NVRTC library MLX itself loaded, with MLX's flags and include paths and a
 stand-in for the one MLX header the source includes (``STANDIN``: the types our kernels use); the cubin and its
 mangled name are written where MLX looks (``ptx_path``), file by file through a rename. MLX then loads it
-instead of building it. Anything that fails leaves MLX to build the kernel as before; a source that differs from
+instead of building it. NVRTC builds one program at a time in a process, so the builds run in worker processes
+(``kernels/nvrtc.py``), one per core: the instantiations a graph build (an eager run or a trace) asks for are
+queued as it meets them, and its end waits for them (``settle``) before its evaluation launches them. Anything that fails leaves MLX to build the kernel as before; a source that differs from
 MLX's only misses the cache. Tuning ``kernel_cache=0`` (environment only) turns it off.
 """
 from __future__ import annotations
 
-import ctypes
+import json
 import os
+import queue
+import subprocess
+import sys
 import threading
+import time
+
+from . import build
+from . import nvrtc as _nvrtc
+from .nvrtc import Nvrtc, NvrtcError, write_module
 
 #: MLX releases whose ``cuda_kernel`` source layout, module naming and device header this was checked against on a
 #: GPU (tests/test_cuda_cache.py: MLX's own printed source, its build's results); another release: off
@@ -153,69 +163,6 @@ def cache_dir() -> str | None:
     return os.path.join(tempfile.gettempdir(), "mlx", mx.__version__, "ptx")
 
 
-class NvrtcError(RuntimeError):
-    pass
-
-
-class Nvrtc:
-    """The NVRTC library MLX loaded (found among the process's mapped libraries), through ctypes."""
-
-    def __init__(self, path: str):
-        self.path = path
-        lib = self.lib = ctypes.CDLL(path)
-        P, C, S = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t
-        for fn, args in (("nvrtcCreateProgram", [ctypes.POINTER(P), C, C, ctypes.c_int, ctypes.POINTER(C),
-                                                 ctypes.POINTER(C)]),
-                         ("nvrtcAddNameExpression", [P, C]),
-                         ("nvrtcCompileProgram", [P, ctypes.c_int, ctypes.POINTER(C)]),
-                         ("nvrtcGetProgramLogSize", [P, ctypes.POINTER(S)]),
-                         ("nvrtcGetProgramLog", [P, C]),
-                         ("nvrtcGetLoweredName", [P, C, ctypes.POINTER(C)]),
-                         ("nvrtcGetCUBINSize", [P, ctypes.POINTER(S)]),
-                         ("nvrtcGetCUBIN", [P, C]),
-                         ("nvrtcDestroyProgram", [ctypes.POINTER(P)]),
-                         ("nvrtcVersion", [ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)])):
-            f = getattr(lib, fn)
-            f.argtypes, f.restype = args, ctypes.c_int
-        major, minor = ctypes.c_int(), ctypes.c_int()
-        self._check(lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "nvrtcVersion")
-        self.version = (major.value, minor.value)
-
-    @staticmethod
-    def _check(rc: int, what: str) -> None:
-        if rc != 0:
-            raise NvrtcError(f"{what} failed with nvrtcResult {rc}")
-
-    def compile(self, src: str, file: str, name: str, options: list[str],
-                headers: dict[str, str]) -> tuple[bytes, str]:
-        """(cubin, ``name``'s lowered name) of ``src`` compiled with ``options``; ``headers``: include name ->
-        text, found before the include paths."""
-        lib, prog = self.lib, ctypes.c_void_p()
-        hn = (ctypes.c_char_p * len(headers))(*[k.encode() for k in headers])
-        ht = (ctypes.c_char_p * len(headers))(*[v.encode() for v in headers.values()])
-        self._check(lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), file.encode(), len(headers), ht, hn),
-                    "nvrtcCreateProgram")
-        try:
-            self._check(lib.nvrtcAddNameExpression(prog, name.encode()), "nvrtcAddNameExpression")
-            opts = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
-            rc = lib.nvrtcCompileProgram(prog, len(options), opts)
-            if rc != 0:
-                size = ctypes.c_size_t()
-                lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-                log = ctypes.create_string_buffer(size.value + 1)
-                lib.nvrtcGetProgramLog(prog, log)
-                raise NvrtcError(f"{file}: {log.value.decode(errors='replace').strip()[:400]}")
-            lowered = ctypes.c_char_p()
-            self._check(lib.nvrtcGetLoweredName(prog, name.encode(), ctypes.byref(lowered)), "nvrtcGetLoweredName")
-            size = ctypes.c_size_t()
-            self._check(lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)), "nvrtcGetCUBINSize")
-            buf = ctypes.create_string_buffer(size.value)
-            self._check(lib.nvrtcGetCUBIN(prog, buf), "nvrtcGetCUBIN")
-            return buf.raw, lowered.value.decode()
-        finally:
-            lib.nvrtcDestroyProgram(ctypes.byref(prog))
-
-
 def loaded_nvrtc(major: int | None = None) -> str | None:
     """The path of the NVRTC library mapped into this process (libmlx's, on MLX's CUDA backend): the one there is,
     or the one of CUDA ``major`` (MLX's build) among several; None when that leaves none or more than one."""
@@ -273,49 +220,162 @@ def nvrtc_options(arch: str, includes: list[str]) -> list[str]:
                                                                                    for p in includes]
 
 
-class Builder:
-    """Builds missing instantiations into MLX's cache; one per process (``builder()``)."""
+#: worker processes that build at once (NVRTC builds one program at a time per process), at most
+WORKERS_MAX = 16
+#: seconds a worker process waits for another job before it exits
+WORKER_IDLE_S = 10.0
+#: the longest ``settle`` waits for the builds in flight (a build takes ~1-5 s); then MLX builds what is left itself
+SETTLE_TIMEOUT_S = 120.0
 
-    def __init__(self, nvrtc: Nvrtc, arch: str, includes: list[str], directory: str):
+
+def worker_count() -> int:
+    """Worker processes for this machine: one per core, at most ``WORKERS_MAX`` (1: builds in this process)."""
+    return max(1, min(WORKERS_MAX, os.cpu_count() or 1))
+
+
+class _Pool:
+    """Worker processes (``command``: one that serves ``nvrtc.serve``'s protocol), each fed by a thread of this
+    process; a worker starts with its thread when more jobs are queued than threads are idle, and exits after
+    ``WORKER_IDLE_S`` without one. ``done(job, error)`` is called once per job (error None: built)."""
+
+    def __init__(self, command: list[str], workers: int, done):
+        self.command, self.workers, self.done = command, workers, done
+        self.jobs: "queue.Queue[dict]" = queue.Queue()
+        self.lock = threading.Lock()
+        self.live = self.idle = 0
+
+    def put(self, job: dict) -> None:
+        with self.lock:
+            self.jobs.put(job)
+            if self.jobs.qsize() > self.idle and self.live < self.workers:     # (more queued than idle threads)
+                self.live += 1
+                self.idle += 1
+                threading.Thread(target=self._feed, name="ortmlx-nvrtc-feed", daemon=True).start()
+
+    def _feed(self) -> None:
+        proc = None
+        try:
+            while True:
+                try:
+                    job = self.jobs.get(timeout=WORKER_IDLE_S)
+                except queue.Empty:
+                    with self.lock:                     # (checked under the lock ``put`` queues under)
+                        if self.jobs.empty():
+                            self.live -= 1
+                            self.idle -= 1
+                            return
+                    continue
+                with self.lock:
+                    self.idle -= 1
+                error = None
+                try:
+                    if proc is None or proc.poll() is not None:
+                        proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                stderr=subprocess.DEVNULL, text=True)
+                    proc.stdin.write(json.dumps(job) + "\n")
+                    proc.stdin.flush()
+                    line = proc.stdout.readline()
+                    reply = json.loads(line) if line else {"ok": False, "error": "the build worker exited"}
+                    error = None if reply.get("ok") else str(reply.get("error"))
+                except Exception as e:  # noqa: BLE001 - that kernel is left to MLX
+                    error = f"{type(e).__name__}: {e}"
+                with self.lock:
+                    self.idle += 1
+                self.done(job, error)
+        finally:
+            if proc is not None and proc.poll() is None:
+                proc.stdin.close()
+                proc.wait()
+
+
+class Builder:
+    """Builds missing instantiations into MLX's cache; one per process (``builder()``). With ``workers`` > 1 the
+    builds run in that many worker processes at once (``submit``); ``settle`` waits for them before an evaluation
+    that may launch them."""
+
+    def __init__(self, nvrtc: Nvrtc, arch: str, includes: list[str], directory: str, workers: int = 1):
         self.nvrtc, self.arch, self.includes, self.dir = nvrtc, arch, includes, directory
         self.options = nvrtc_options(arch, includes)
         self.lock = threading.Lock()
         self.counts = {"cached": 0, "built": 0, "failed": 0}
         self.failures: list[str] = []
+        self.state: dict[str, str] = {}             # module path -> "queued", "built" or "failed: why"
+        self.flight: dict[str, threading.Event] = {}
+        self.pool = None if workers <= 1 else _Pool(
+            [sys.executable, "-I", "-S", _nvrtc.__file__, nvrtc.path], workers, self._done)
+
+    def job(self, func: str, src: str) -> dict:
+        mod = module_name(func, src)
+        return {"src": src, "file": mod + ".cu", "name": "mlx::core::cu::" + func, "options": self.options,
+                "headers": {STANDIN_NAME: STANDIN}, "path": ptx_path(self.dir, mod)}
+
+    def submit(self, func: str, src: str) -> str:
+        """``"cached"`` when MLX's cache holds the module of ``src``; ``"queued"`` when a worker builds it now;
+        without workers ``"built"`` when built into it here, else ``"failed: why"`` (MLX builds it itself then)."""
+        job = self.job(func, src)
+        path = job["path"]
+        with self.lock:
+            st = self.state.get(path)
+            if st is not None:
+                return st
+            if os.path.exists(path):
+                self.counts["cached"] += 1
+                return "cached"
+            if self.pool is not None:
+                self.state[path] = "queued"
+                self.flight[path] = threading.Event()
+                self.pool.put(job)
+                return "queued"
+            try:
+                _nvrtc.build(self.nvrtc, job)
+                st = "built"
+            except Exception as e:  # noqa: BLE001 - MLX builds it itself
+                st = f"failed: {e}"
+            self._record(func, path, st)
+            return st
+
+    def _record(self, func: str, path: str, st: str) -> None:
+        self.state[path] = st
+        self.counts[st.split(":")[0]] += 1
+        if st != "built":
+            self.failures.append(f"{func}: {st[len('failed: '):]}")
+
+    def _done(self, job: dict, error: str | None) -> None:
+        with self.lock:
+            self._record(job["name"].rsplit("::", 1)[-1], job["path"], "built" if error is None else f"failed: {error}")
+            ev = self.flight.pop(job["path"])
+        ev.set()
+
+    def settle(self, timeout: float = SETTLE_TIMEOUT_S) -> bool:
+        """Wait for every build in flight; False when ``timeout`` passed first."""
+        end = time.monotonic() + timeout
+        while True:
+            with self.lock:
+                ev = next(iter(self.flight.values()), None)
+            if ev is None:
+                return True
+            if not ev.wait(max(0.0, end - time.monotonic())):
+                return False
 
     def ensure(self, func: str, src: str) -> str:
-        """``"cached"`` when MLX's cache holds the module of ``src``, ``"built"`` when built into it now, else
-        ``"failed: why"`` (MLX builds it itself then)."""
-        mod = module_name(func, src)
-        path = ptx_path(self.dir, mod)
-        with self.lock:
-            if os.path.exists(path):
-                st = "cached"
-            else:
-                try:
-                    cubin, lowered = self.nvrtc.compile(src, mod + ".cu", "mlx::core::cu::" + func, self.options,
-                                                        {STANDIN_NAME: STANDIN})
-                    _write(path, cubin, f"mlx::core::cu::{func}\t{lowered}\n".encode())
-                    st = "built"
-                except Exception as e:  # noqa: BLE001 - MLX builds it itself
-                    st = f"failed: {e}"
-                    self.failures.append(f"{func}: {e}")
-            self.counts[st.split(":")[0]] += 1
+        """``submit``, then the build's end waited for: ``"cached"``, ``"built"`` or ``"failed: why"``."""
+        st = self.submit(func, src)
+        if st == "queued":
+            path = self.job(func, src)["path"]
+            with self.lock:
+                ev = self.flight.get(path)
+            if ev is not None:
+                ev.wait(SETTLE_TIMEOUT_S)
+            with self.lock:
+                st = self.state[path]
         return st
 
 
-def _write(path: str, cubin: bytes, names: bytes) -> None:
-    """The names (``.txt``) then the module (``.ptx``, which MLX checks first), each through a rename."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    for p, data in ((path[:-4] + ".txt", names), (path, cubin)):
-        tmp = f"{p}.{os.getpid()}.{threading.get_ident()}.tmp"
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, p)
-        finally:
-            if os.path.exists(tmp):         # (a failed write: nothing half-written is left for MLX to find)
-                os.remove(tmp)
+def settle() -> None:
+    """Wait for this process's kernel builds in flight (before an evaluation that may launch them; free when none
+    is)."""
+    if _builder and _builder[0] is not None and _builder[0].flight:
+        _builder[0].settle()
 
 
 _builder: list = []         # [Builder | None]: made at the first launch (None: off here, with the reason)
@@ -351,7 +411,7 @@ def builder() -> Builder | None:
             major, minor = int(info["compute_capability_major"]), int(info["compute_capability_minor"])
             arch = f"sm_{major}{minor}{'a' if major >= 9 else ''}"
             nv = Nvrtc(lib)
-            b = Builder(nv, arch, include_paths(nv.version[0]), directory)
+            b = Builder(nv, arch, include_paths(nv.version[0]), directory, worker_count())
     except Exception as e:  # noqa: BLE001 - MLX builds the kernels itself then
         b, why = None, f"{type(e).__name__}: {e}"
     _builder.append(b)
@@ -394,6 +454,7 @@ class CachedKernel:
             func = kernel_name(self.name, template)
             src = mlx_source(func, self.header, self.source, self.input_names, inputs, self.output_names,
                              output_dtypes, template)
-            return b.ensure(func, src)
+            # inside a graph build the builds run at once, waited for when it ends (``settle``); else now
+            return b.submit(func, src) if build.current() is not None else b.ensure(func, src)
         except Exception as e:  # noqa: BLE001
             return f"failed: {type(e).__name__}: {e}"

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import KernelError
 from .. import ir
-from . import build, consts, cuda_rows, merge, passes
+from . import build, consts, cuda_cache, cuda_rows, merge, passes
 from . import cuda_kernels as ck
 from . import dtypes as dt
 from .build import BuildContext
@@ -215,12 +215,16 @@ class Program:
         (integer outputs, every input a host value). ``ctx``: the build's context (a trace passes its own);
         by default a fresh one, the custom CUDA kernels allowed per ``kernels`` (default: when the program
         asked for them and they are usable)."""
-        if ctx is None:
-            if kernels is None:
-                kernels = self.cuda_kernels and ck.usable()
-            ctx = self.config.context(cuda_kernels=kernels)
+        if ctx is not None:                 # (a trace's: it waits for the kernel builds when it ends)
+            with build.active(ctx):
+                return self._build(inputs, env, host_extra, ctx)
+        if kernels is None:
+            kernels = self.cuda_kernels and ck.usable()
+        ctx = self.config.context(cuda_kernels=kernels)
         with build.active(ctx):
-            return self._build(inputs, env, host_extra, ctx)
+            env = self._build(inputs, env, host_extra, ctx)
+        cuda_cache.settle()                 # the build's kernel builds, run at once, done before its eval
+        return env
 
     def _build(self, inputs: list[Any], env: dict | None, host_extra: dict | None, ctx: BuildContext) -> dict[str, Any]:
         if env is None:

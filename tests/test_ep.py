@@ -176,13 +176,13 @@ SAME_ADDRESS_RUNS = [
 ]
 
 
+@pytest.mark.parametrize("n", [1, 9])
 @pytest.mark.parametrize("case", [c[0] for c in SAME_ADDRESS_RUNS])
-def test_inputs_at_a_kept_address_are_read_again(case):
-    """With many inputs the gather keeps the view of an input whose address, rank, dims and type did not change
-    (``ortmlx_same_inputs``); one at the same address with other dims, or rewritten in place, answers as the
-    CPU EP does."""
+def test_inputs_at_a_kept_address_are_read_again(case, n):
+    """The gather keeps the view of an input whose address, rank, dims and type did not change
+    (``ortmlx_same_inputs``; a group of one input as of many); one at the same address with other dims, or
+    rewritten in place, answers as the CPU EP does."""
     make_x0, why = next((f, w) for c, f, w in SAME_ADDRESS_RUNS if c == case)
-    n = 9
     nodes = [h.make_node("Sum", [f"X{i}" for i in range(n)], ["Y"])]
     m = make_model(nodes, [(f"X{i}", T.FLOAT, ["a", "b"]) for i in range(n)], [("Y", T.FLOAT, None)])
     mlx, cpu = session(m), session(m, "CPUExecutionProvider", record=False)

@@ -17,9 +17,6 @@ from ..runtime.group import Gathered, Group, may_alias
 from ..trace import Probe
 from .errors import ORT_INVALID_ARGUMENT, EpError
 
-#: groups with at least this many inputs keep their input views between calls (ComputeInfo.gather)
-CACHED_VIEWS_FROM = 8
-
 #: the gather helper's rank for an omitted optional input (size_t -1)
 _OMITTED = (1 << 64) - 1
 #: bytes per element of each plain element type
@@ -132,7 +129,8 @@ class ComputeInfo:
         self.address = int(ffi.cast("uintptr_t", c))
         self.calls = 0
         self._observed = ep.stats.observed
-        self._fill = self._fill_addresses
+        #: ``Gathered.fill`` of every call: the address map, made when asked, for a group that reads it
+        self._fill = self._fill_addresses if self.group.wants_addresses else None
 
     def release(self) -> None:
         if self.group is not None:
@@ -176,9 +174,9 @@ class ComputeInfo:
         """The call's inputs (numpy views of ORT's input buffers, None: an omitted optional input) and its
         output buffers.
 
-        With many inputs (a decode step's KV buffers), an input at the same address with the same rank,
-        dims and type as in the last gather keeps its view, and ``b.redo`` lists the others: one C compare
-        (``ortmlx_same_inputs``), then Python work only for the inputs that changed."""
+        An input at the same address with the same rank, dims and type as in the last gather keeps its view,
+        and ``b.redo`` lists the others: one C compare (``ortmlx_same_inputs``), then Python work only for the
+        inputs that changed (a decode step's KV buffers stay; a steady call on the same buffers makes no view)."""
         abi, ffi = self.abi, self.abi.ffi
         b = getattr(self._tls, "b", None)
         if b is None:
@@ -187,17 +185,14 @@ class ComputeInfo:
         b.prev_token, b.token, b.redo = b.token, next(_GATHERS), None
         abi.check(abi.gather_inputs(abi.api, kctx, self.n_in, b.data, b.dims, b.ndims, b.types))
         views = b.views
-        if self.n_in >= CACHED_VIEWS_FROM:
+        redo = range(self.n_in)
+        if self.n_in:
             k = abi.same_inputs(self.n_in, abi.max_rank, b.data, b.dims, b.ndims, b.types, b.prev_data,
                                 b.prev_dims, b.prev_ndims, b.prev_types, b.last_ok, b.changed)
             if b.last_ok:
-                redo = ffi.unpack(b.changed, k)
+                redo = ffi.unpack(b.changed, k) if k else []
                 if b.uncached:
                     redo = sorted(b.uncached.union(redo))
-            else:
-                redo = range(self.n_in)
-        else:
-            redo = range(self.n_in)
         b.last_ok = False               # set again once every view below is made
         arrays = list(views)
         for i in redo:
@@ -205,14 +200,14 @@ class ComputeInfo:
             arrays[i] = a = self._view(b, i)
             if a is not None and a.size and b.types[i] not in dt.CARRIERS:
                 views[i] = a
-        if self.n_in >= CACHED_VIEWS_FROM:
+        if redo:
             b.uncached = {i for i in redo if views[i] is None}
-            b.last_ok = True
-            if isinstance(redo, list):
-                b.redo = redo
+        b.last_ok = True
+        if isinstance(redo, list):
+            b.redo = redo
         g = b.call
         g.inputs, g.addr, g.token, g.prev_token, g.redo = arrays, b.addr, b.token, b.prev_token, b.redo
-        g.fill = self._fill if self.group.wants_addresses else None
+        g.fill = self._fill
         b.sink.kctx = kctx
         return g, b.sink
 

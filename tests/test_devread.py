@@ -301,6 +301,29 @@ def test_numpy_reader_copies_to_an_address_in_logical_order(name):
     assert (raw[src.nbytes:] == 0xAB).all()
 
 
+def _results() -> dict:
+    """Evaluated MLX results: row-major, and strided views whose buffer is not in logical order."""
+    a = mx.arange(24, dtype=mx.float32).reshape(4, 6)
+    out = {"rows": a * 2, "transposed": a.T, "sliced": a[:, 1:4], "broadcast": mx.broadcast_to(a[:1], (3, 6)),
+           "scalar": mx.array(7.5), "bf16": (a / 3).astype(mx.bfloat16), "bf16_t": (a / 3).astype(mx.bfloat16).T,
+           "bool": a > 5, "int64": a.astype(mx.int64)[::2]}
+    mx.eval(*out.values())
+    return out
+
+
+@pytest.mark.parametrize("name", list(_results()))
+def test_numpy_reader_copies_a_result_in_logical_order(name):
+    """``copy_result`` (a replayed call's output): one memmove from MLX's buffer when it is row-major, else the host
+    view's copy; either way the bytes of ``copy_to_address`` of the host view, nothing past them."""
+    from ortmlx.kernels.dtypes import to_numpy
+    r = _results()[name]
+    want = np.ascontiguousarray(to_numpy(r)).tobytes()
+    raw = np.full(r.nbytes + 16, 0xAB, np.uint8)
+    devread.NUMPY.copy_result(ffi.cast("void*", raw.ctypes.data), r, ffi)
+    assert raw[:r.nbytes].tobytes() == want
+    assert (raw[r.nbytes:] == 0xAB).all()
+
+
 def test_numpy_reader_never_copies_object_pointers():
     src = np.array(["a", "b"], dtype=object)
     raw = np.zeros(64, np.uint8)

@@ -154,6 +154,7 @@ class CompiledSubgraph:
         #: the calls' shape keys (``keys.py``)
         self.keys = Keys(len(program.inputs), config.shapeless, free_dims)
         self.device = program.device
+        self._mx_device = mx_device(self.device)
         self.static_reason = static_reason(program)
         self._in_types = [program.types.get(n) for n in program.inputs]
         self._out_types = [program.types.get(n) for n in program.outputs]
@@ -213,7 +214,7 @@ class CompiledSubgraph:
 
     def _run(self, inputs: list, probe, since: tuple | None) -> "list | RunResult":
         self._answered = None
-        with mx.stream(mx_device(self.device)):
+        with mx.stream(self._mx_device):
             if self.released or self.static_reason:
                 return self._eager(inputs, probe)
             if not compile_thread():
@@ -303,7 +304,7 @@ class CompiledSubgraph:
         if c.fn is None or c.poisoned or self.released:
             return None
         self._next = self._ahead_prev = None
-        with mx.stream(mx_device(self.device)):
+        with mx.stream(self._mx_device):
             try:
                 up = self.program.upload
                 dev = [up(inputs[i], t) for i, t in zip(steady.idx, steady.types)]

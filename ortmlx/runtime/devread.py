@@ -32,6 +32,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..kernels import cuda_kernels
+from ..kernels.dtypes import to_numpy
 from ..kernels.cuda_driver import Driver, DriverError, HostBuffer
 from ..kernels.cuda_driver import driver as _open_driver
 from ..tuning import Tuning
@@ -145,6 +146,16 @@ class Reader:
         else:
             np.copyto(np.frombuffer(ffi.buffer(ptr, src.nbytes), src.dtype).reshape(src.shape), src)
 
+    def copy_result(self, ptr, r: mx.array, ffi) -> None:
+        """Copy evaluated MLX result ``r`` (not empty) into ``r.nbytes`` bytes of host memory at ``ptr`` (ORT's output
+        buffer): one ``memmove`` from MLX's own buffer when it is row-major (no NumPy view made), else as
+        ``copy_to_address`` copies its host view."""
+        mv = memoryview(r)
+        if mv.c_contiguous:
+            ffi.memmove(ptr, mv, mv.nbytes)
+        else:
+            self.copy_to_address(ptr, to_numpy(r), ffi)
+
     def read(self, src: np.ndarray) -> np.ndarray:
         """A private host copy of ``src``."""
         return np.array(src, copy=True)
@@ -198,6 +209,9 @@ class DriverReader(Reader):
     def copy_to_address(self, ptr, src: np.ndarray, ffi) -> None:
         if not (self._plain(src) and self._copy(int(ffi.cast("uintptr_t", ptr)), src)):
             super().copy_to_address(ptr, src, ffi)
+
+    def copy_result(self, ptr, r: mx.array, ffi) -> None:
+        self.copy_to_address(ptr, to_numpy(r), ffi)     # (the driver's copy reads MLX's memory where it lies)
 
     def direct(self, nbytes: int) -> bool:
         return nbytes >= cuda_kernels.DIRECT_MIN and self.direct_failed < 3 and \

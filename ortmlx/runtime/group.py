@@ -203,11 +203,17 @@ class Group:
         input's buffer (a shared buffer) ends replays for this group: later calls keep mirrors (``write_outputs``)."""
         ptrs = sink.allocate(list(map(_SHAPE, results))).tolist()
         moved = 0
-        for j, (p, r, t) in enumerate(zip(ptrs, results, self.out_types)):
-            if self._direct_one(r, j) and self.read.write_result(p, r):
+        cast, read, types, direct = self.ffi.cast, self.read, self.out_types, self._direct
+        for j, (p, r) in enumerate(zip(ptrs, results)):
+            if direct and self._direct_one(r, j) and read.write_result(p, r):
                 moved += r.nbytes
+            elif not r.size:
                 continue
-            moved += self._copy(self.ffi.cast("void*", p), dt.to_numpy(r), t)
+            elif types[j] in dt.CARRIERS:
+                moved += self._copy(cast("void*", p), dt.to_numpy(r), types[j])
+            else:
+                read.copy_result(cast("void*", p), r, self.ffi)
+                moved += r.nbytes
         ins = g.addr.tolist()
         if any(p in ins for p in ptrs):
             self._steady, self._replays = None, False

@@ -247,6 +247,17 @@ def test_a_refused_or_lost_build_is_left_to_mlx(tmp_path):
     assert b.ensure("custom_kernel_late", "t") == "built"            # a new worker after the lost one
 
 
+def test_workers_only_where_the_interpreter_can_start_them(monkeypatch):
+    monkeypatch.setattr(cc.os, "cpu_count", lambda: 64)
+    for exe, n in (("/usr/bin/python3", cc.WORKERS_MAX), ("/opt/venv/bin/python3.12", cc.WORKERS_MAX),
+                   ("/usr/bin/my-app", 1), ("", 1)):
+        monkeypatch.setattr(cc.sys, "executable", exe)
+        assert cc.worker_count() == n, exe
+    monkeypatch.setattr(cc.sys, "executable", "/usr/bin/python3")
+    monkeypatch.setattr(cc.os, "cpu_count", lambda: 1)
+    assert cc.worker_count() == 1
+
+
 def test_serve_answers_each_job(tmp_path):
     from ortmlx.kernels import nvrtc
     import json

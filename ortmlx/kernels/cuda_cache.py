@@ -229,7 +229,11 @@ SETTLE_TIMEOUT_S = 120.0
 
 
 def worker_count() -> int:
-    """Worker processes for this machine: one per core, at most ``WORKERS_MAX`` (1: builds in this process)."""
+    """Worker processes for this machine: one per core, at most ``WORKERS_MAX``; 1 (builds in this process) where
+    ``sys.executable`` is not a Python interpreter (an application embedding Python) or there is one core."""
+    import re
+    if not re.fullmatch(r"(python|pypy)[0-9.]*(\.exe)?", os.path.basename(sys.executable or "")):
+        return 1
     return max(1, min(WORKERS_MAX, os.cpu_count() or 1))
 
 

@@ -258,6 +258,15 @@ def test_workers_only_where_the_interpreter_can_start_them(monkeypatch):
     assert cc.worker_count() == 1
 
 
+def test_the_worker_script_needs_only_the_standard_library(tmp_path):
+    """The pool runs ``nvrtc.py`` by path with ``-I -S`` (no site-packages): it gets as far as loading NVRTC."""
+    from ortmlx.kernels import nvrtc
+    r = subprocess.run([sys.executable, "-I", "-S", nvrtc.__file__, str(tmp_path / "libnvrtc-missing.so")],
+                       input="", capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "OSError" in r.stderr and "libnvrtc-missing.so" in r.stderr, r.stderr[-500:]
+    assert "ImportError" not in r.stderr and "ModuleNotFoundError" not in r.stderr
+
+
 def test_serve_answers_each_job(tmp_path):
     from ortmlx.kernels import nvrtc
     import json

@@ -1,8 +1,16 @@
 import os
+import tempfile
 
 import pytest
 
 os.environ.setdefault("ORTMLX_TEST", "1")
+# Each pytest-xdist worker keeps MLX's kernel caches ($TMPDIR/mlx) to itself: MLX's CPU backend writes a kernel's
+# source and library in place, so another process building the same kernel at once could load a half-written one.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _tmp = os.path.join(tempfile.gettempdir(), "ortmlx-tests-" + os.environ["PYTEST_XDIST_WORKER"])
+    os.makedirs(_tmp, exist_ok=True)
+    os.environ["TMPDIR"] = _tmp
+    tempfile.tempdir = None
 # Calls answer as they did before kernels built behind them (tuning build_behind): the suite counts traces and
 # compiled calls, which would otherwise depend on how fast the builder thread is. test_build_behind.py turns it on.
 os.environ.setdefault("ORTMLX_TUNING", "build_behind=0")

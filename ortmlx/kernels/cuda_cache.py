@@ -11,14 +11,16 @@ stand-in for the one MLX header the source includes (``STANDIN``: the types our 
 mangled name are written where MLX looks (``ptx_path``), file by file through a rename. MLX then loads it
 instead of building it. NVRTC builds one program at a time in a process, so the builds run in worker processes
 (``kernels/nvrtc.py``), one per core: the instantiations a graph build (an eager run or a trace) asks for are
-queued as it meets them, and its end waits for them (``settle``) before its evaluation launches them. Anything that fails leaves MLX to build the kernel as before; a source that differs from
-MLX's only misses the cache. Tuning ``kernel_cache=0`` (environment only) turns it off.
+queued as it meets them, and its end waits for them (``settle``) before its evaluation launches them. Anything
+that fails leaves MLX to build the kernel as before; a source that differs from MLX's only misses the cache.
+Tuning ``kernel_cache=0`` (environment only) turns it off.
 """
 from __future__ import annotations
 
 import json
 import os
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -231,7 +233,6 @@ SETTLE_TIMEOUT_S = 120.0
 def worker_count() -> int:
     """Worker processes for this machine: one per core, at most ``WORKERS_MAX``; 1 (builds in this process) where
     ``sys.executable`` is not a Python interpreter (an application embedding Python) or there is one core."""
-    import re
     if not re.fullmatch(r"(python|pypy)[0-9.]*(\.exe)?", os.path.basename(sys.executable or "")):
         return 1
     return max(1, min(WORKERS_MAX, os.cpu_count() or 1))
@@ -316,7 +317,9 @@ class Builder:
     def submit(self, func: str, src: str) -> str:
         """``"cached"`` when MLX's cache holds the module of ``src``; ``"queued"`` when a worker builds it now;
         without workers ``"built"`` when built into it here, else ``"failed: why"`` (MLX builds it itself then)."""
-        job = self.job(func, src)
+        return self._submit(func, self.job(func, src))
+
+    def _submit(self, func: str, job: dict) -> str:
         path = job["path"]
         with self.lock:
             st = self.state.get(path)
@@ -363,15 +366,15 @@ class Builder:
 
     def ensure(self, func: str, src: str) -> str:
         """``submit``, then the build's end waited for: ``"cached"``, ``"built"`` or ``"failed: why"``."""
-        st = self.submit(func, src)
+        job = self.job(func, src)
+        st = self._submit(func, job)
         if st == "queued":
-            path = self.job(func, src)["path"]
             with self.lock:
-                ev = self.flight.get(path)
+                ev = self.flight.get(job["path"])
             if ev is not None:
                 ev.wait(SETTLE_TIMEOUT_S)
             with self.lock:
-                st = self.state[path]
+                st = self.state[job["path"]]
         return st
 
 

@@ -234,6 +234,19 @@ def test_workers_build_at_once_and_settle_waits_for_them(tmp_path):
     assert again.submit("custom_kernel_k5", "src 5") == "cached" and again.pool.live == 0
 
 
+def test_a_build_past_the_wait_is_given_up_once(tmp_path):
+    import time
+    b = _pooled(tmp_path, workers=2, delay=1.5)
+    assert b.submit("custom_kernel_slow", "s") == "queued"
+    t0 = time.perf_counter()
+    assert not b.settle(0.2) and not b.flight
+    assert b.state[b.job("custom_kernel_slow", "s")["path"]] == "failed: not built within 0.2 s"
+    assert b.settle(5) and time.perf_counter() - t0 < 1.0          # nothing left to wait for
+    time.sleep(2.0)                                                 # its late answer changes nothing
+    assert b.counts == {"cached": 0, "built": 0, "failed": 1}
+    assert b.state[b.job("custom_kernel_slow", "s")["path"]].startswith("failed: not built")
+
+
 def test_a_refused_or_lost_build_is_left_to_mlx(tmp_path):
     b = _pooled(tmp_path, workers=2, delay=0.05)
     for f in ("custom_kernel_fail", "custom_kernel_die", "custom_kernel_ok"):

@@ -349,12 +349,15 @@ class Builder:
 
     def _done(self, job: dict, error: str | None) -> None:
         with self.lock:
+            ev = self.flight.pop(job["path"], None)
+            if ev is None:                  # given up on (``settle``): its late answer changes nothing
+                return
             self._record(job["name"].rsplit("::", 1)[-1], job["path"], "built" if error is None else f"failed: {error}")
-            ev = self.flight.pop(job["path"])
         ev.set()
 
     def settle(self, timeout: float = SETTLE_TIMEOUT_S) -> bool:
-        """Wait for every build in flight; False when ``timeout`` passed first."""
+        """Wait for every build in flight; False when ``timeout`` passed first: those still in flight are then given
+        up on (recorded failed, left to MLX), so a stuck worker delays one evaluation, not every later one."""
         end = time.monotonic() + timeout
         while True:
             with self.lock:
@@ -362,6 +365,12 @@ class Builder:
             if ev is None:
                 return True
             if not ev.wait(max(0.0, end - time.monotonic())):
+                with self.lock:
+                    late, self.flight = self.flight, {}
+                    for path in late:
+                        self._record(os.path.basename(path), path, f"failed: not built within {timeout:g} s")
+                for e in late.values():
+                    e.set()
                 return False
 
     def ensure(self, func: str, src: str) -> str:
@@ -371,8 +380,8 @@ class Builder:
         if st == "queued":
             with self.lock:
                 ev = self.flight.get(job["path"])
-            if ev is not None:
-                ev.wait(SETTLE_TIMEOUT_S)
+            if ev is not None and not ev.wait(SETTLE_TIMEOUT_S):
+                self.settle(0.0)            # (gives it up, with any other build as late)
             with self.lock:
                 st = self.state[job["path"]]
         return st

@@ -1,6 +1,6 @@
 """NVRTC through ctypes, and the worker process that builds our kernels into MLX's kernel cache.
 
-Imported by ``kernels/cuda_cache.py``, and run as a script by file path (``python -I nvrtc.py LIBNVRTC``) in the
+Imported by ``kernels/cuda_cache.py``, and run as a script by file path (``python -I -S nvrtc.py LIBNVRTC``) in the
 worker processes that build several kernels at once: NVRTC compiles one program at a time in a process (two
 threads of one process built no faster than one), so parallel builds take processes. Standard library only, so a
 worker starts without importing ortmlx, MLX or ONNX Runtime. A worker reads one JSON job a line on stdin

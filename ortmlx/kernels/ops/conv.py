@@ -107,8 +107,8 @@ SHIFTED_MIN_POSITIONS = 4096
 
 def _gemm_form(x, w, groups, lo, hi, strides=(1, 1), out_sp=None) -> tuple[str | None, str | None]:
     """(form, None), or (None, why) a channels-last 2-D convolution (x (N, H, W, C), w (M, kh, kw, C/g)) does not
-    run as products; a "shifted" one (``_shifted_conv``) may also run as "im2col" (``_gemm_conv``). ``out_sp``: the output's (H, W) (None: unknown,
-    never shifted)."""
+    run as products; a "shifted" one (``_shifted_conv``) may also run as "im2col" (``_gemm_conv``). ``out_sp``:
+    the output's (H, W) (None: unknown, never shifted)."""
     if x.ndim != 4:
         return None, f"{x.ndim - 2}-D"
     if build.shapeless():

@@ -114,7 +114,9 @@ IMM = [  # (A dtype, B dtype, A shape, B shape, a_zp, b_zp ('' none, 's' scalar,
     (T.UINT8, T.UINT8, (4, 8), (8, 5), "s", "s"),
     (T.INT8, T.INT8, (2, 3, 16), (16, 6), "s", "c"),
     (T.UINT8, T.INT8, (3, 7), (2, 7, 4), "", ""),
-    (T.INT8, T.UINT8, (5, 300), (300, 3), "s", "c"),        # K = 300: > float32's proven depth, CPU float64
+    (T.INT8, T.UINT8, (5, 300), (300, 3), "s", "c"),        # K = 300: > float32's exact depth, two chunks
+    (T.UINT8, T.INT8, (2, 3, 600), (600, 4), "s", "c"),     # three chunks (the last padded), A batched
+    (T.UINT8, T.UINT8, (3, 517), (2, 517, 5), "s", "s"),    # B batched, A broadcast over it
     (T.UINT8, T.UINT8, (2, 1, 4, 8), (3, 8, 2), "s", ""),
 ]
 
@@ -165,6 +167,17 @@ def test_qlinear_matmul(q, f, sa, sb, per_col):
     node = helper.make_node("QLinearMatMul", ["a", "as", "az", "b", "bs", "bz", "ys", "yz"], ["y"])
     m = make_model([node], [("a", q, sa), ("b", q, sb)], [("y", q, None)], inits)
     check(m, {"a": _ints(q, sa, 1), "b": _ints(q, sb, 2)})
+
+
+def test_matmul_integer_deep_sums_exact():
+    """K = 3,001 of 255 x 255: float32 alone rounds the sum (195,140,032 for 195,140,025); chunks of at most
+    ``_MAX_K_F32`` summed in int32 give it exactly, on any device."""
+    m = make_model([helper.make_node("MatMulInteger", ["a", "b"], ["y"])],
+                   [("a", T.UINT8, (2, 3001)), ("b", T.UINT8, (3001, 3))], [("y", T.INT32, None)])
+    s = session(m)
+    assert not unclaimed_ops(s), unclaimed_ops(s)
+    y = s.run(None, {"a": np.full((2, 3001), 255, np.uint8), "b": np.full((3001, 3), 255, np.uint8)})[0]
+    assert (y == 255 * 255 * 3001).all(), y
 
 
 def test_matmul_integer_unknown_depth_refused():

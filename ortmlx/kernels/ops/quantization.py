@@ -245,9 +245,8 @@ def _imm_check(a, b, azp, bzp, scales=()):
         k = view.shape(a)[-1]
         if not isinstance(k, int):
             return "the inner dimension K is not known at claim time (exactness cannot be proven)"
-        limit = _MAX_K_INT32 if view.device == "cpu" else _MAX_K_F32
-        if k > limit:
-            return f"K = {k} > {limit}: the integer sum is not provably exact (or would wrap in int32)"
+        if k > _MAX_K_INT32:
+            return f"K = {k} > {_MAX_K_INT32}: the integer sum could wrap ORT's int32 accumulator"
         n = view.shape(b)[-1]
         reason = (_scalar_or_vector(view, azp, None, "A's zero point")
                   or _scalar_or_vector(view, bzp, n if isinstance(n, int) else None, "B's zero point"))
@@ -272,25 +271,38 @@ def _exact_float(k: int, device: str):
     return mx.float64
 
 
-def _int_product(A, B, a_zero_point, b_zero_point, device):
-    """(A - a_zp) @ (B - b_zp) as exact int32 (float32 within the proven depth, else float64 on the CPU)."""
-    ft = _exact_float(A.shape[-1], device)
-    a = A.astype(ft) if a_zero_point is None else A.astype(ft) - a_zero_point.astype(ft).reshape(())
-    b = B.astype(ft) if b_zero_point is None else B.astype(ft) - b_zero_point.astype(ft).reshape(-1)
-    return (a @ b).astype(mx.int32)
+def _int_product(A, B, a_zero_point, b_zero_point):
+    """(A - a_zp) @ (B - b_zp) as exact int32: float32 products over depths of at most ``_MAX_K_F32`` (exact
+    there), their sums in int32 as ORT accumulates. A deeper K is cut into such chunks (zero-padded), one
+    batched product over the chunks, then an int32 sum (no float64: MLX's GPU backends have none)."""
+    f, k = mx.float32, A.shape[-1]
+    a = A.astype(f) if a_zero_point is None else A.astype(f) - a_zero_point.astype(f).reshape(())
+    b = B.astype(f) if b_zero_point is None else B.astype(f) - b_zero_point.astype(f).reshape(-1)
+    if k <= _MAX_K_F32:
+        return (a @ b).astype(mx.int32)
+    c = -(-k // _MAX_K_F32)
+    pad = c * _MAX_K_F32 - k
+    nb = max(a.ndim, b.ndim) - 2
+    a = a.reshape((1,) * (nb + 2 - a.ndim) + a.shape)
+    b = b.reshape((1,) * (nb + 2 - b.ndim) + b.shape)
+    a = mx.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, pad)])
+    b = mx.pad(b, [(0, 0)] * (b.ndim - 2) + [(0, pad), (0, 0)])
+    a = mx.moveaxis(a.reshape(a.shape[:-1] + (c, _MAX_K_F32)), -2, 0)          # [c, ..., M, chunk]
+    b = mx.moveaxis(b.reshape(b.shape[:-2] + (c, _MAX_K_F32, b.shape[-1])), -3, 0)   # [c, ..., chunk, N]
+    return mx.sum((a @ b).astype(mx.int32), axis=0).astype(mx.int32)
 
 
 @register("MatMulInteger", 10, check=_imm_check(0, 1, 2, 3))
-def matmul_integer(A, B, a_zero_point=None, b_zero_point=None, *, ctx):
+def matmul_integer(A, B, a_zero_point=None, b_zero_point=None):
     """int32 (A - a_zp) @ (B - b_zp); b_zp scalar or per column."""
-    return _int_product(A, B, a_zero_point, b_zero_point, ctx.device)
+    return _int_product(A, B, a_zero_point, b_zero_point)
 
 
 @register("QLinearMatMul", 10, check=_imm_check(0, 3, 2, 5, ((1, "a_scale", False), (4, "b_scale", True),
                                                             (6, "y_scale", False))))
 def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, *, ctx):
     """y = saturate(round_half_even(float32(int32 product) * (a_scale * b_scale / y_scale)) + y_zp)."""
-    acc = _int_product(a, b, a_zero_point, b_zero_point, ctx.device)
+    acc = _int_product(a, b, a_zero_point, b_zero_point)
     f = mx.float32
     scale = (a_scale.astype(f).reshape(()) * b_scale.astype(f).reshape(-1)) / y_scale.astype(f).reshape(())
     q = mx.round(acc.astype(f) * scale) + y_zero_point.astype(f).reshape(())

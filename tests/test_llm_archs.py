@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 
+import mlx.core as mx
 import pytest
 
 pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (pip install .[genai])")
@@ -72,6 +73,20 @@ def test_arch_case(arch, target, precision):
     if arch == "gemma2":        # the windowed layer's decode is compiled (one shapeless trace)
         parts = {p["label"]: p for p in r["decode"]["parts"]}
         assert parts["decode"]["traces"] == [1] and parts["decode"]["compiled_calls"] == N - 3, parts["decode"]
+
+
+@pytest.mark.skipif(not (hasattr(mx, "cuda") and mx.cuda.is_available()), reason="MLX's CUDA backend only")
+def test_longrope_decode_compiled_on_gpu():
+    """Phi-3 LongRoPE's decode closure traces again when its If switches from the short to the long RoPE cache
+    (new input shapes). On a GPU the closure's kernels write page-locked host memory (the KV rows, the
+    logits), which the second trace shares: it must lay that memory out as the first did, and then decode
+    stays compiled (it ran eagerly from the switch on before)."""
+    if _built("phi3-longrope", "cuda", "fp16") is None:
+        pytest.skip("phi3-longrope -e cuda fp16 not built")
+    r = arch_cases.run_case("phi3-longrope", "cuda", "fp16", N, "gpu", OUT)
+    parts = {p["label"]: p for p in r["decode"]["parts"]}
+    assert parts["decode"]["poisoned"] == "" and parts["decode"]["traces"] == [2], parts["decode"]
+    assert parts["decode"]["compiled_calls"] == N - 3, parts["decode"]
 
 
 _ALL = [c for c in bl.matrix() if not bl.ARCHS[c[0]].skip]

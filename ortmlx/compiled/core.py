@@ -87,7 +87,7 @@ class _Closure:
     __slots__ = ("fn", "dev_idx", "pick", "dev_kinds", "dev_up", "host_vals", "traces", "calls", "verified",
                  "trusted", "poisoned", "guarded",
                  "guard_fails", "hoist", "hoist_prog", "trace_prog", "shapeless", "hints", "hint_starts", "sink",
-                 "host_outs", "hint_at", "hoist_run", "ahead_kinds", "ahead_misses", "ahead_hv", "behind", "keyed")
+                 "host_outs", "hint_at", "sink_layout", "hoist_run", "ahead_kinds", "ahead_misses", "ahead_hv", "behind", "keyed")
 
     def __init__(self, dev_idx: tuple[int, ...], host_vals: dict[int, np.ndarray | None]):
         self.fn = None
@@ -119,6 +119,9 @@ class _Closure:
         #: outputs its kernels write to ``sink``: [(output j, first byte, end, shape, NumPy type)] (set while tracing)
         self.host_outs: list = []
         self.hint_at = 0                # where in ``sink`` the hints' bytes start (after the outputs')
+        #: the sink's layout at the first trace (hints, their starts, host outputs, guard): a retrace (new input
+        #: shapes) shares the sink and the reading of it, so it must lay the bytes out the same
+        self.sink_layout: tuple | None = None
         #: calls made ahead (``ahead.py``): per device input, what the next call passes (None: not learnt);
         #: made-ahead graphs in a row that did not fit; the last call's hoisted host values
         self.ahead_kinds: tuple | None = None

@@ -59,8 +59,7 @@ def compile_closure(c, n_group_inputs: int, out_types: list, config: CompiledCon
             guards, hints = ctx.guards, list(ctx.hints)
             meta = _hinted_outputs(hints, outs, {id(inputs[i]): i for i in dev_idx})
             c.hints = [m for m in meta if m is not None]
-            if to_host and c.sink is not None:
-                raise Untraceable("a closure whose kernels write host memory is traced once")
+            retrace = to_host and c.sink is not None
             # outputs read on the host (the logits) go to host memory too, ahead of the hints' bytes
             host_outs = _host_outputs(outs, hints, [inputs[i] for i in dev_idx],
                                       cuda_kernels.DIRECT_MIN if program.direct_out else None) \
@@ -82,6 +81,12 @@ def compile_closure(c, n_group_inputs: int, out_types: list, config: CompiledCon
             c.guarded = bool(guards)
             if guards:
                 outs.append(_guard_value(guards, shapeless))
+            if c.sink is not None:
+                mine = (tuple(c.hints), tuple(c.hint_starts.tolist()) if c.hints else (), hint_at, tuple(layout),
+                        c.guarded)
+                if retrace and mine != c.sink_layout:
+                    raise Untraceable("a retrace of a closure whose kernels write host memory lays it out otherwise")
+                c.sink_layout = mine
             cuda_cache.settle()             # the trace's kernel builds, run at once, done before its first eval
             return outs
 

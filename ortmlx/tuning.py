@@ -61,6 +61,9 @@ class Tuning:
     widen_weights: bool | None = None
     #: MatMulNBits weights dequantized to float32 once (None: on with MLX's CPU backend)
     dense_nbits: bool | None = None
+    #: half-precision MatMulNBits made plain MatMuls over their weights dequantized once to the half type, so the
+    #: fp16 paths take them (merged products, row kernels; None: on a GPU with cuda_kernels, while they fit)
+    half_dense_nbits: bool | None = None
     #: mx.compile's mode
     compile_mode: str = "enabled"
     #: a GPU eval started asynchronously with the heap settled meanwhile (compiled/core.py)

@@ -120,6 +120,8 @@ class Program:
         ``BuildConfig`` field, e.g. ``merge_matmuls=True``, and None keeps the default). ``upload``: how host arrays
         (call inputs, constants) become MLX arrays (the runtime's staged copy on a GPU, ``runtime/upload.py``)."""
         cfg = config or BuildConfig.for_device(device, **overrides)
+        if cfg.half_dense_nbits:
+            graph = merge.nbits_as_matmuls(graph) or graph
         self.graph = graph
         self.device = device
         self.config = cfg

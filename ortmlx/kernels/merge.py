@@ -305,3 +305,53 @@ def matmul_dense_nbits(A, W, scales=None, zero_points=None, g_idx=None, bias=Non
     if bias is not None:
         y = y + bias.astype(mx.float32)
     return y.astype(A.dtype)
+
+
+#: most bytes of half weights ``nbits_as_matmuls`` makes for one group (they stay on the host and the device)
+HALF_DENSE_MAX = 4 << 30
+
+
+def nbits_as_matmuls(graph, cap: int = HALF_DENSE_MAX):
+    """A copy of ``graph`` whose com.microsoft 4-bit MatMulNBits with half-precision A and constant weights (no
+    g_idx, bias or prepacked layout) are ai.onnx MatMuls over their (K, N) weights dequantized once to A's type, or
+    None (none such, or their weights would take more than ``cap`` bytes). The dequantized value is the
+    translator's (q - zero point) * scale, rounded once to the half type (4 bits only: wider values lose more
+    to that rounding than ORT's CPU EP, which dequantizes in float32).
+
+    The passes then treat an int4 model as its fp16 form: merged siblings, column-major device weights and,
+    for decode rows, the row kernels (``cuda_rows``) with the norm and gating folded in. MLX's quantized
+    product on a GPU runs one kernel per projection with the norms and gating as kernels of their own."""
+    from ..ir import Graph, Node, ValueInfo
+    readers = graph.consumers(implicit=True)
+    picked = []
+    for n in graph.nodes:
+        if n.op_type != "MatMulNBits" or n.domain != "com.microsoft":
+            continue
+        names = list(n.inputs) + [""] * (6 - len(n.inputs))
+        a = n.attrs
+        half = graph.value(names[0]).dtype
+        if half not in (dt.FLOAT16, dt.BFLOAT16) or a.get("bits", 4) != 4 or names[4] or names[5] \
+                or a.get("weight_prepacked", 0) \
+                or any(a.get(x) is None for x in ("K", "N", "block_size")) or len(n.outputs) != 1:
+            continue
+        consts_ = [names[1], names[2]] + ([names[3]] if names[3] else [])
+        if all(c in graph.constants for c in consts_) and np.asarray(graph.constants[names[1]]).dtype == np.uint8:
+            picked.append((n, names, a, half))
+    if not picked or sum(2 * a["K"] * a["N"] for _, _, a, _ in picked) > cap:
+        return None
+    constants, values, swap = dict(graph.constants), dict(graph.values), {}
+    for n, names, a, half in picked:
+        name = f"{names[1]}::half"
+        with mx.stream(mx.cpu):
+            w = nbits_weight(graph, names, a).T.astype(dt.MLX[half])
+            w = np.array(w.view(mx.uint16) if half == dt.BFLOAT16 else w)     # bf16 constants travel as bits
+        constants[name] = w
+        values[name] = ValueInfo(name, half, (a["K"], a["N"]))
+        swap[id(n)] = Node(n.name, "MatMul", "", 13, [names[0], name], list(n.outputs), {}, n.index)
+    gone = {i for n, names, _, _ in picked for i in names[1:4] if i}
+    users = {id(n) for n, _, _, _ in picked}
+    for c in gone:
+        if all(id(r) in users for r in readers.get(c, ())) and c not in graph.outputs:
+            constants.pop(c, None)
+    return Graph([swap.get(id(n), n) for n in graph.nodes], list(graph.inputs), list(graph.outputs), values,
+                 constants, graph.name)

@@ -16,6 +16,10 @@ dense_nbits    MatMulNBits weights dequantized to float32 once           MLX's C
 fuse_rows      a decode row's norm / gating made in the next product     GPU with the custom CUDA kernels
 ============== ======================================================== =====================================
 
+Before the passes (``half_dense_nbits``: GPU with the custom CUDA kernels, while the weights fit), half-precision
+MatMulNBits become MatMuls over their weights dequantized once to the half type (``merge.nbits_as_matmuls``),
+so the passes above treat an int4 model as its fp16 form.
+
 ``BuildConfig.for_device`` resolves the defaults (and the ``Tuning`` knobs that switch them); a pass is a
 function ``(Rewrite, BuildConfig) -> None`` testable on a hand-made graph.
 """
@@ -87,6 +91,8 @@ class BuildConfig:
     lift_weights: bool = True
     widen_weights: bool = False
     dense_nbits: bool = False
+    #: half MatMulNBits as MatMuls over weights dequantized once to the half type (``merge.nbits_as_matmuls``)
+    half_dense_nbits: bool = False
     fuse_rows: bool = False
     #: fuse_rows also folds the MLP's gating into the down product
     gated_rows: bool = True
@@ -133,6 +139,7 @@ class BuildConfig:
                    lift_weights=pick("lift_weights", t.lift_weights, True),
                    widen_weights=pick("widen_weights", t.widen_weights, device == "cpu"),
                    dense_nbits=pick("dense_nbits", t.dense_nbits, device == "cpu"),
+                   half_dense_nbits=pick("half_dense_nbits", t.half_dense_nbits, kernels and devc),
                    fuse_rows=pick("fuse_rows", None if t.fuse_rows else False, kernels),
                    gated_rows=pick("gated_rows", t.gated_rows, True),
                    pinned_hints=bool(overrides.get("pinned_hints", t.pinned_hints)) and kernels,

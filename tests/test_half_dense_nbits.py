@@ -111,6 +111,10 @@ def test_session_answers_as_the_cpu_ep(bits, bs, K, zp):
                           rtol=2e-3, atol=2e-3, options=ON)
     ops = {st.node.op_type for run in rs for st in run.program.steps}
     assert ops == {"MatMul"}, ops
+    # the weight lives on the device; its host copy was let go after the build
+    made = {k: v for run in rs for k, v in run.program.graph.constants.items() if k.endswith("::half")}
+    assert made and all(v.size == 0 for v in made.values()), {k: v.shape for k, v in made.items()}
+    assert all(run.program.constants[k].shape == (K, 24) for run in rs for k in made)
 
 
 def test_default_on_a_gpu_only():

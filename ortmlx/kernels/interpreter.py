@@ -120,6 +120,7 @@ class Program:
         ``BuildConfig`` field, e.g. ``merge_matmuls=True``, and None keeps the default). ``upload``: how host arrays
         (call inputs, constants) become MLX arrays (the runtime's staged copy on a GPU, ``runtime/upload.py``)."""
         cfg = config or BuildConfig.for_device(device, **overrides)
+        source = graph
         if cfg.half_dense_nbits:
             graph = merge.nbits_as_matmuls(graph) or graph
         self.graph = graph
@@ -169,6 +170,11 @@ class Program:
                                if k in constants_mx and v.size <= HOST_MAX_ELEMS
                                and dt.FROM_NUMPY.get(np.asarray(v).dtype) in dt.INTS | {dt.BOOL}
                                and self.types.get(k) != dt.BFLOAT16 and self.types.get(k) not in dt.CARRIERS}
+        if graph is not source:
+            # the half weights nbits_as_matmuls made live on the device now: their host copies go (nothing
+            # after the build reads a program's graph constants)
+            for k in set(graph.constants) - set(source.constants):
+                graph.constants[k] = np.empty((0,) * np.ndim(graph.constants[k]), graph.constants[k].dtype)
 
     @staticmethod
     def _matmul_weights(graph) -> frozenset:

@@ -124,3 +124,22 @@ def test_default_on_a_gpu_only():
     assert not BuildConfig.for_device("gpu", Tuning(cuda_kernels=False)).half_dense_nbits
     assert not BuildConfig.for_device("cpu").half_dense_nbits
     assert not BuildConfig.for_device("gpu", Tuning(half_dense_nbits=False)).half_dense_nbits
+
+
+def test_bfloat16_weight_travels_as_bits():
+    """bf16 A and scales (bits in uint16, as the graph holds bf16 constants): the weight is the bf16 of the same
+    values, held as its bits and typed BFLOAT16."""
+    import mlx.core as mx
+    g = _graph(64, 8, 4, 32, zp=True, a_type=dt.BFLOAT16)
+    s16 = np.asarray(mx.array(g.constants["s"].astype(np.float32)).astype(mx.bfloat16).view(mx.uint16))
+    g.constants["s"] = s16
+    new = merge.nbits_as_matmuls(g)
+    name = new.nodes[0].inputs[1]
+    w = new.constants[name]
+    assert w.dtype == np.uint16 and new.values[name].dtype == dt.BFLOAT16
+    scales = np.asarray(mx.array(s16).view(mx.bfloat16).astype(mx.float32))
+    kb = g.constants["B"].shape[1]
+    q = np.stack([(g.constants["B"] >> (4 * j)) & 15 for j in range(2)], -1).reshape(8, kb, -1).astype(np.int64)
+    z = np.stack([(g.constants["z"].reshape(8, -1) >> (4 * j)) & 15 for j in range(2)], -1).reshape(8, -1)[:, :kb]
+    f32 = ((q - z[..., None]) * scales.reshape(8, kb, 1)).reshape(8, -1).T.astype(np.float32)    # exact in float32
+    np.testing.assert_array_equal(w, np.asarray(mx.array(f32).astype(mx.bfloat16).view(mx.uint16)))

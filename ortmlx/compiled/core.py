@@ -87,7 +87,8 @@ class _Closure:
     __slots__ = ("fn", "dev_idx", "pick", "dev_kinds", "dev_up", "host_vals", "traces", "calls", "verified",
                  "trusted", "poisoned", "guarded",
                  "guard_fails", "hoist", "hoist_prog", "trace_prog", "shapeless", "hints", "hint_starts", "sink",
-                 "host_outs", "hint_at", "sink_layout", "hoist_run", "ahead_kinds", "ahead_misses", "ahead_hv", "behind", "keyed")
+                 "host_outs", "hint_at", "sink_layout", "hoist_run", "ahead_kinds", "ahead_misses", "ahead_hv",
+                 "behind", "keyed")
 
     def __init__(self, dev_idx: tuple[int, ...], host_vals: dict[int, np.ndarray | None]):
         self.fn = None

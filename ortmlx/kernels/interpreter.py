@@ -122,7 +122,7 @@ class Program:
         cfg = config or BuildConfig.for_device(device, **overrides)
         source = graph
         if cfg.half_dense_nbits:
-            # a quarter of what MLX may hold at most, as dense_nbits takes (the packed weights stay beside them)
+            # at most a quarter of what MLX may hold, as dense_nbits
             graph = merge.nbits_as_matmuls(graph, min(merge.HALF_DENSE_MAX, MAX_VALUE_BYTES // 4)) or graph
         self.graph = graph
         self.device = device

@@ -187,7 +187,7 @@ def test_cached_kernel_prepares_each_instantiation_once(monkeypatch):
 
 
 # a worker that speaks nvrtc.serve's protocol: each job takes DELAY s; a job whose name holds "fail" is refused, one
-# whose name holds "die" ends the worker unanswered
+# whose name holds "die" ends the worker unanswered, one whose name holds "linger" closes its output and exits 1 s later
 _FAKE_WORKER = """
 import importlib.util, json, os, sys, time
 spec = importlib.util.spec_from_file_location("nvrtc", {path!r})      # (as the real worker: no package import)
@@ -198,6 +198,10 @@ for line in sys.stdin:
     job = json.loads(line)
     time.sleep({delay})
     if "die" in job["name"]:
+        sys.exit(3)
+    if "linger" in job["name"]:
+        os.close(1)
+        time.sleep(1.0)
         sys.exit(3)
     if "fail" in job["name"]:
         print(json.dumps({{"ok": False, "error": "NvrtcError: refused"}}), flush=True)
@@ -214,6 +218,18 @@ def _pooled(tmp_path, workers: int, delay: float) -> cc.Builder:
     b = cc.Builder(_FakeNvrtc(), "sm_90a", [], str(tmp_path / "cache"), workers=workers)
     b.pool.command = [sys.executable, str(script)]
     return b
+
+
+def test_a_worker_that_stops_answering_gets_no_more_jobs(tmp_path):
+    """A worker whose output ends before it has exited: the next job goes to a new worker (written to the
+    exiting one, it was lost as well)."""
+    b = _pooled(tmp_path, workers=2, delay=0.01)
+    b.pool.workers = 1                      # one feeder thread: both jobs go through it, in order
+    for f in ("custom_kernel_linger", "custom_kernel_ok"):
+        assert b.submit(f, "s") == "queued"
+    assert b.settle(30)
+    assert b.state[b.job("custom_kernel_linger", "s")["path"]] == "failed: the build worker exited"
+    assert b.state[b.job("custom_kernel_ok", "s")["path"]] == "built"
 
 
 def test_workers_build_at_once_and_settle_waits_for_them(tmp_path):

@@ -238,6 +238,18 @@ def worker_count() -> int:
     return max(1, min(WORKERS_MAX, os.cpu_count() or 1))
 
 
+def _reaped(proc):
+    """None, once a worker that stopped answering is gone: the next job starts a new one (an exiting worker
+    may not have exited yet when ``poll`` looks, and a job written to it would be lost too)."""
+    if proc is not None:
+        try:
+            proc.kill()
+            proc.wait(timeout=5)
+        except Exception:  # noqa: BLE001 - gone or unkillable: either way it gets no more jobs
+            pass
+    return None
+
+
 class _Pool:
     """Worker processes (``command``: one that serves ``nvrtc.serve``'s protocol), each fed by a thread of this
     process; a worker starts with its thread when more jobs are queued than threads are idle, and exits after
@@ -282,8 +294,11 @@ class _Pool:
                     line = proc.stdout.readline()
                     reply = json.loads(line) if line else {"ok": False, "error": "the build worker exited"}
                     error = None if reply.get("ok") else str(reply.get("error"))
+                    if not line:
+                        proc = _reaped(proc)
                 except Exception as e:  # noqa: BLE001 - that kernel is left to MLX
                     error = f"{type(e).__name__}: {e}"
+                    proc = _reaped(proc)
                 with self.lock:
                     self.idle += 1
                 self.done(job, error)

@@ -11,7 +11,7 @@ from ortmlx import compiled as C
 from ortmlx import ir
 from ortmlx.kernels import merge
 from ortmlx.kernels import dtypes as dt
-from ortmlx.testing import check_against_cpu
+from ortmlx.testing import check_against_cpu, make_model
 
 F16 = TensorProto.FLOAT16
 ON = {"tuning": "half_dense_nbits=1"}
@@ -96,7 +96,6 @@ def _model(K, N, bits, bs, zp):
         inits["z"] = rng.integers(0, 256, N * (-(-kb * bits // 8)), dtype=np.uint8)
         ins.append("z")
     node = helper.make_node("MatMulNBits", ins, ["Y"], domain="com.microsoft", K=K, N=N, bits=bits, block_size=bs)
-    from ortmlx.testing import make_model
     return make_model([node], [("A", F16, ["M", K])], [("Y", F16, None)], inits, extra_opsets={"com.microsoft": 1})
 
 

@@ -268,15 +268,25 @@ def dense_nbits(graph, steps) -> dict[int, tuple[str, dict, set]]:
     for k, st in enumerate(steps):
         if st.node.op_type != "MatMulNBits" or st.node.domain != "com.microsoft":
             continue
-        names = list(st.inputs) + [""] * (6 - len(st.inputs))
         a = {**{n: v for n, v in st.opdef.attrs.items() if n in ("bits", "accuracy_level", "weight_prepacked")},
              **st.attrs}
-        if names[4] or a.get("weight_prepacked", 0) or any(a.get(x) is None for x in ("K", "N", "block_size")):
-            continue
-        consts_ = [names[1], names[2]] + ([names[3]] if names[3] else [])
-        if all(c in graph.constants for c in consts_) and np.asarray(graph.constants[names[1]]).dtype == np.uint8:
+        found = _nbits_constants(graph, st.inputs, a)
+        if found is not None:
+            names, consts_ = found
             out[k] = (names[1], a, {c for c in consts_ if len(readers.get(c, ())) == 1 and c not in graph.outputs})
     return out
+
+
+def _nbits_constants(graph, inputs: list[str], attrs: dict) -> tuple[list[str], list[str]] | None:
+    """(a MatMulNBits' inputs padded to six, its weight's constants: packed, scales, zero points) when that weight
+    is constant (packed uint8, no g_idx, not prepacked, K, N and block_size known), else None."""
+    names = list(inputs) + [""] * (6 - len(inputs))
+    if names[4] or attrs.get("weight_prepacked", 0) or any(attrs.get(x) is None for x in ("K", "N", "block_size")):
+        return None
+    consts_ = [names[1], names[2]] + ([names[3]] if names[3] else [])
+    if all(c in graph.constants for c in consts_) and np.asarray(graph.constants[names[1]]).dtype == np.uint8:
+        return names, consts_
+    return None
 
 
 def nbits_weight(graph, names: list[str], attrs: dict):
@@ -325,18 +335,12 @@ def nbits_as_matmuls(graph, cap: int = HALF_DENSE_MAX):
     readers = graph.consumers(implicit=True)
     picked = []
     for n in graph.nodes:
-        if n.op_type != "MatMulNBits" or n.domain != "com.microsoft":
+        if n.op_type != "MatMulNBits" or n.domain != "com.microsoft" or len(n.outputs) != 1:
             continue
-        names = list(n.inputs) + [""] * (6 - len(n.inputs))
-        a = n.attrs
-        half = graph.value(names[0]).dtype
-        if half not in (dt.FLOAT16, dt.BFLOAT16) or a.get("bits", 4) != 4 or names[4] or names[5] \
-                or a.get("weight_prepacked", 0) \
-                or any(a.get(x) is None for x in ("K", "N", "block_size")) or len(n.outputs) != 1:
-            continue
-        consts_ = [names[1], names[2]] + ([names[3]] if names[3] else [])
-        if all(c in graph.constants for c in consts_) and np.asarray(graph.constants[names[1]]).dtype == np.uint8:
-            picked.append((n, names, a, half))
+        a, half = n.attrs, graph.value(n.inputs[0]).dtype
+        found = _nbits_constants(graph, n.inputs, a)
+        if found is not None and half in (dt.FLOAT16, dt.BFLOAT16) and a.get("bits", 4) == 4 and not found[0][5]:
+            picked.append((n, found[0], a, half))
     if not picked or sum(2 * a["K"] * a["N"] for _, _, a, _ in picked) > cap:
         return None
     constants, values, swap = dict(graph.constants), dict(graph.values), {}

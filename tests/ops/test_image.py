@@ -33,7 +33,16 @@ GEOM = [  # (x shape, scales, sizes)
     ((1, 2, 7, 9), [1, 1, 0.6, 0.5], None),    # down
     ((1, 1, 5, 4), None, [1, 1, 3, 7]),        # sizes (mixed)
     ((2, 3, 6), [1, 1, 1.7], None),            # 3-D input, last axis
+    ((1, 2, 3, 4), [1, 1, 2, 3], None),        # whole-number factors: nearest as repeats where the taps allow
 ]
+
+
+def test_nearest_repeats_found_only_where_they_are():
+    from ortmlx.kernels.ops.image import _repeats
+    assert _repeats(np.repeat(np.arange(5), 3)[:, None]) == 3
+    assert _repeats(np.arange(5)[:, None]) == 0                       # the same positions: no repeat
+    assert _repeats(np.array([0, 0, 1, 1, 2, 3])[:, None]) == 0       # not every position twice
+    assert _repeats(np.array([0, 1, 1, 2, 2, 3])[:, None]) == 0       # shifted (align_corners-like)
 
 
 @pytest.mark.parametrize("nearest_mode", ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"])

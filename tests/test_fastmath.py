@@ -109,7 +109,22 @@ def test_builder_keeps_a_failed_builds_reason(monkeypatch):
     assert background.submit("t.fail", lambda: None).startswith("failed")      # not retried
 
 
-@pytest.mark.parametrize("op", ["Exp", "Sigmoid"])
+def test_softmax_takes_the_polynomial_where_exp_does(monkeypatch):
+    from ortmlx.kernels.ops.softmax import _softmax
+    calls = []
+    real = fastmath._exp_compiled
+    monkeypatch.setattr(fastmath, "_exp_compiled", lambda x: calls.append(x.shape) or real(x))
+    x = mx.array(np.random.default_rng(2).standard_normal((4, 3, 512)).astype(np.float32) * 20)
+    want = np.asarray(mx.softmax(x, axis=1, precise=True))
+    with build.active(POLY):
+        got = np.asarray(_softmax(x, 1))
+    with build.active(build.BuildContext(poly_exp=True, shapeless=True)):
+        _softmax(x, 1)
+    assert calls == [(4, 3, 512)]
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("op", ["Exp", "Sigmoid", "Softmax"])
 @pytest.mark.parametrize("options", [None, {"tuning": "poly_exp=0"}], ids=["poly", "off"])
 def test_nodes_answer_as_the_cpu_ep(op, options):
     """On the MLX EP's default device here (the CPU backend: poly_exp on), large inputs with special values."""

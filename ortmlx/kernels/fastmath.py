@@ -46,7 +46,9 @@ _exp_compiled = mx.compile(_exp_body)
 POLY_MIN = 1024
 
 
-def _poly(x: mx.array) -> bool:
+def polynomial(x: mx.array) -> bool:
+    """Whether ``exp`` of ``x`` takes the polynomial in this build (float32, ``POLY_MIN`` elements or more,
+    ``build.poly_exp``, not a shapeless trace)."""
     return x.dtype == mx.float32 and x.size >= POLY_MIN and build.poly_exp() and not build.shapeless()
 
 
@@ -67,9 +69,9 @@ def _poly_exp(x: mx.array) -> mx.array:
 
 def exp(x: mx.array) -> mx.array:
     """e^x: float32 through the polynomial when the build asks for it (``build.poly_exp``), else ``mx.exp``."""
-    return _poly_exp(x) if _poly(x) else mx.exp(x)
+    return _poly_exp(x) if polynomial(x) else mx.exp(x)
 
 
 def sigmoid(x: mx.array) -> mx.array:
     """1 / (1 + e^-x), with ``exp``'s e^-x."""
-    return 1.0 / (1.0 + _poly_exp(-x)) if _poly(x) else mx.sigmoid(x)
+    return 1.0 / (1.0 + _poly_exp(-x)) if polynomial(x) else mx.sigmoid(x)

@@ -11,6 +11,7 @@ import mlx.core as mx
 import numpy as np
 
 from .. import dtypes as dt
+from .. import fastmath
 from ..registry import register
 
 FLOATS = dt.FLOATS
@@ -26,8 +27,13 @@ def _axis(axis, ndim):
 
 
 def _softmax(x, axis):
-    """Numerically stable softmax along one axis, float32 arithmetic for half types."""
+    """Numerically stable softmax along one axis, float32 arithmetic for half types: e^(x - max) / sum, the
+    exponential through ``fastmath.exp`` where the build takes its polynomial (MLX's CPU backend: its own exp
+    is scalar code), else MLX's softmax."""
     xf = x.astype(mx.float32) if x.dtype in (mx.float16, mx.bfloat16) else x
+    if fastmath.polynomial(xf) and xf.shape[axis]:
+        e = fastmath.exp(xf - mx.max(xf, axis=axis, keepdims=True))
+        return (e / mx.sum(e, axis=axis, keepdims=True)).astype(x.dtype)
     return mx.softmax(xf, axis=axis, precise=True).astype(x.dtype)
 
 

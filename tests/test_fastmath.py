@@ -109,7 +109,7 @@ def test_builder_keeps_a_failed_builds_reason(monkeypatch):
     assert background.submit("t.fail", lambda: None).startswith("failed")      # not retried
 
 
-def test_softmax_takes_the_polynomial_where_exp_does(monkeypatch):
+def test_softmaxes_take_the_polynomial_where_exp_does(monkeypatch):
     from ortmlx.kernels.ops.softmax import _softmax
     calls = []
     real = fastmath._exp_compiled
@@ -122,9 +122,15 @@ def test_softmax_takes_the_polynomial_where_exp_does(monkeypatch):
         _softmax(x, 1)
     assert calls == [(4, 3, 512)]
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7)
+    from ortmlx.kernels.ops.softmax import _log_softmax
+    with build.active(POLY):
+        got = np.asarray(_log_softmax(x, 1))
+    assert calls == [(4, 3, 512)] * 2
+    s64 = np.asarray(x, np.float64) - np.asarray(x, np.float64).max(axis=1, keepdims=True)
+    np.testing.assert_allclose(got, s64 - np.log(np.exp(s64).sum(axis=1, keepdims=True)), rtol=1e-6, atol=1e-5)
 
 
-@pytest.mark.parametrize("op", ["Exp", "Sigmoid", "Softmax"])
+@pytest.mark.parametrize("op", ["Exp", "Sigmoid", "Softmax", "LogSoftmax"])
 @pytest.mark.parametrize("options", [None, {"tuning": "poly_exp=0"}], ids=["poly", "off"])
 def test_nodes_answer_as_the_cpu_ep(op, options):
     """On the MLX EP's default device here (the CPU backend: poly_exp on), large inputs with special values."""

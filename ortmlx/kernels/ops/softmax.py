@@ -38,12 +38,14 @@ def _softmax(x, axis):
 
 
 def _log_softmax(x, axis):
-    """Stable log-softmax along one axis; an empty tensor stays empty (MLX cannot max-reduce size 0)."""
+    """Stable log-softmax along one axis (its exp as ``_softmax``'s); an empty tensor stays empty (MLX cannot
+    max-reduce size 0)."""
     if x.size == 0:
         return x
     xf = x.astype(mx.float32) if x.dtype in (mx.float16, mx.bfloat16) else x
     s = xf - mx.stop_gradient(mx.max(xf, axis=axis, keepdims=True))
-    return (s - mx.log(mx.sum(mx.exp(s), axis=axis, keepdims=True))).astype(x.dtype)
+    e = fastmath.exp(s) if fastmath.polynomial(s) else mx.exp(s)
+    return (s - mx.log(mx.sum(e, axis=axis, keepdims=True))).astype(x.dtype)
 
 
 def _hardmax(x, axis):

@@ -317,7 +317,8 @@ def matmul_dense_nbits(A, W, scales=None, zero_points=None, g_idx=None, bias=Non
     return y.astype(A.dtype)
 
 
-#: most bytes of half weights ``nbits_as_matmuls`` makes for one group (they stay on the host and the device)
+#: most bytes of half weights ``nbits_as_matmuls`` makes for one group (device memory beside the packed ones
+#: that other nodes still read)
 HALF_DENSE_MAX = 4 << 30
 
 

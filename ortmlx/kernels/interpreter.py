@@ -123,7 +123,7 @@ class Program:
         source = graph
         if cfg.half_dense_nbits:
             # at most a quarter of what MLX may hold, as dense_nbits
-            graph = merge.nbits_as_matmuls(graph, min(merge.HALF_DENSE_MAX, MAX_VALUE_BYTES // 4)) or graph
+            graph = merge.nbits_as_matmuls(graph, min(merge.HALF_DENSE_MAX, MAX_VALUE_BYTES // 4), device) or graph
         self.graph = graph
         self.device = device
         self.config = cfg

@@ -6,6 +6,7 @@ import pytest
 from onnx import TensorProto as T
 
 from _ewutil import NP, check, node_model, rand, refusal
+from ortmlx.testing import session, unclaimed_ops
 
 rng = np.random.default_rng(4)
 FD = (T.FLOAT, T.FLOAT16, T.DOUBLE)
@@ -23,7 +24,34 @@ AXES = [None, [], [0], [-1], [0, 2], [1, -1], [0, 1, 2]]
 def test_reduce_dtypes(op, t, new, vr):
     x = rand(t, (2, 3, 4), rng, lo=vr[0], hi=vr[1])
     m = node_model(op, [t, T.INT64], [t], {"keepdims": 0}, max(new, 20) if t == T.BOOL else new)
-    check(m, [{"x0": x, "x1": np.array([1], np.int64)}, {"x0": x, "x1": np.array([0, -1], np.int64)}], t)
+    feeds = [{"x0": x, "x1": np.array([1], np.int64)}, {"x0": x, "x1": np.array([0, -1], np.int64)}]
+    if op == "ReduceLogSumExp" and t in (T.INT32, T.INT64):
+        _check_int_logsumexp(m, feeds)
+    else:
+        check(m, feeds, t)
+
+
+def _check_int_logsumexp(m, feeds):
+    """Integer ReduceLogSumExp against NumPy's float64 log-sum-exp truncated to the type (ONNX's reference), not
+    ORT's CPU EP, which sums e^(x - max) in the integer type, so every term below 1 is dropped: it answers
+    trunc(max + log(#maxima)) (-2 for [-3, -3, -2], where log(e^-3 + e^-3 + e^-2) = -1.449)."""
+    s = session(m)
+    assert not unclaimed_ops(s), unclaimed_ops(s)
+    for f in feeds:
+        x = f["x0"]
+        axes = tuple(int(a) % x.ndim for a in f["x1"])
+        want = np.log(np.exp(x.astype(np.float64)).sum(axis=axes)).astype(x.dtype)
+        np.testing.assert_array_equal(s.run(None, f)[0], want)
+
+
+def test_int_logsumexp_is_the_reference_not_the_cpu_eps():
+    x = np.array([[[-3], [-3], [-2]], [[-1], [-3], [-3]]], np.int32)     # (2, 3, 1), over axis 1
+    m = node_model("ReduceLogSumExp", [T.INT32, T.INT64], [T.INT32], {"keepdims": 0}, 18)
+    feeds = {"x0": x, "x1": np.array([1], np.int64)}
+    assert session(m).run(None, feeds)[0].ravel().tolist() == [-1, 0]          # -1.449, -0.761 truncated
+    cpu = session(m, "CPUExecutionProvider", record=False).run(None, feeds)[0]
+    assert cpu.ravel().tolist() == [-2, -1]                                     # ORT's integer sum (above)
+    _check_int_logsumexp(m, [feeds])
 
 
 @pytest.mark.parametrize("op,new,vr", [(o, n, v) for o, ts, n, v in OPS], ids=str)

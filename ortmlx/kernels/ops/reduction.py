@@ -5,7 +5,9 @@ host-known second input. Empty axes reduce everything unless noop_with_empty_axe
 Reducing an empty set gives what ORT's CPU EP gives: 0 for sums and means, 1 for
 products, the type's lowest/highest value for max/min, -inf (the type's minimum for
 integers) for the log reductions. Integer L2/LogSum/LogSumExp/Mean compute in float
-and truncate, like ORT.
+and truncate, like ORT, except LogSumExp, which ORT (1.31) sums as e^(x - max) in the
+integer type, dropping every term below 1: it answers trunc(max + log(#maxima)); here it is
+ONNX's reference, the float log-sum-exp truncated (tests/ops/test_reduction.py).
 
 Integer ReduceSum is exact and wraps on overflow; ORT's CPU EP (1.31) sums integers through double
 and saturates: the two differ only on sums out of the type's range or, for int64, past 2**53

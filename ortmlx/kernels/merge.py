@@ -334,7 +334,6 @@ def nbits_as_matmuls(graph, cap: int = HALF_DENSE_MAX, device: str = "cpu"):
     product on a GPU runs one kernel per projection with the norms and gating as kernels of their own.
     The weights are made on ``device``'s stream (MLX's CPU takes seconds for a 0.5B model's, a GPU milliseconds)."""
     from ..ir import Graph, Node, ValueInfo
-    readers = graph.consumers(implicit=True)
     picked = []
     for n in graph.nodes:
         if n.op_type != "MatMulNBits" or n.domain != "com.microsoft" or len(n.outputs) != 1:
@@ -354,6 +353,7 @@ def nbits_as_matmuls(graph, cap: int = HALF_DENSE_MAX, device: str = "cpu"):
         constants[name] = w
         values[name] = ValueInfo(name, half, (a["K"], a["N"]))
         swap[id(n)] = Node(n.name, "MatMul", "", 13, [names[0], name], list(n.outputs), {}, n.index)
+    readers = graph.consumers(implicit=True)
     gone = {i for n, names, _, _ in picked for i in names[1:4] if i}
     users = {id(n) for n, _, _, _ in picked}
     for c in gone:

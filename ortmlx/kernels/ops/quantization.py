@@ -289,7 +289,7 @@ def _int_product(A, B, a_zero_point, b_zero_point):
     b = mx.pad(b, [(0, 0)] * (b.ndim - 2) + [(0, pad), (0, 0)])
     a = mx.moveaxis(a.reshape(a.shape[:-1] + (c, _MAX_K_F32)), -2, 0)          # [c, ..., M, chunk]
     b = mx.moveaxis(b.reshape(b.shape[:-2] + (c, _MAX_K_F32, b.shape[-1])), -3, 0)   # [c, ..., chunk, N]
-    return mx.sum((a @ b).astype(mx.int32), axis=0).astype(mx.int32)
+    return mx.sum((a @ b).astype(mx.int32), axis=0)
 
 
 @register("MatMulInteger", 10, check=_imm_check(0, 1, 2, 3))

@@ -262,6 +262,10 @@ def gqa_traced(decode: bool, padded: bool = False):
             if len(ab) != 4 or ab[0] not in (1, b) or ab[1] not in (1, nh) or ab[2] != s or ab[3] != tot:
                 raise Untraceable(f"traced GroupQueryAttention: attention_bias shape {ab}")
         sink = softmax_sink(x["head_sink"], a["smooth_softmax"], nh)
+        # a plain causal mask: a padded prompt's rows past its length are dropped; a lone prompt has none such
+        causal = first_prompt and (padded or b == 1)
+        if causal and not padded:
+            add_guard(build.memo(("gqa_full", id(sk), s), lambda: every(seqlens + 1 == s)))
         res = gqa_core(q, k, v, past_k, past_v, seqlens, total_sequence_length=present_len, num_heads=nh,
                        kv_num_heads=kvh, first_prompt=first_prompt, scale=a["scale"], softcap=a["softcap"],
                        local_window_size=a["local_window_size"],
@@ -269,7 +273,7 @@ def gqa_traced(decode: bool, padded: bool = False):
                        sin_cache=x["sin_cache"] if a["do_rotary"] else None,
                        rotary_interleaved=bool(a["rotary_interleaved"]), position_ids=None,
                        attention_bias=x["attention_bias"], sink=sink, in_place=decode, packed=packed,
-                       qkv_bias=x["qkv_bias"], kv_quant=kvq)
+                       qkv_bias=x["qkv_bias"], kv_quant=kvq, causal_prompt=causal)
         if not decode:
             return res
         # decode writes row seqlens_k (= past length, S == 1) into the buffer and leaves the others

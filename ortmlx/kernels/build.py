@@ -5,7 +5,8 @@ A build is an eager run of a group's program or a compiled closure's trace. Its 
 (a trace passes its own down), and translators and their helpers read it with ``current()``:
 
 - ``cuda_kernels``: whether the custom CUDA kernels may be used (``cuda_kernels.enabled``);
-- ``fused_attention``: whether a half-precision prompt's attention may run as MLX's fused kernel;
+- ``fused_attention``: whether a half-precision prompt's attention may run as MLX's fused kernel, from a prompt of
+  ``fused_attention_min`` tokens;
 - ``half_nbits``: whether a half-precision MatMulNBits product stays in half precision (else float32);
 - ``poly_exp``: whether float32 Exp and Sigmoid use ``fastmath``'s polynomial exp (MLX's CPU backend);
 - ``conv_gemm``: which forms of 2-D convolution run as products over their shifted input views (``ops/conv.py``),
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 class BuildContext:
     cuda_kernels: bool = False
     fused_attention: bool = False
+    fused_attention_min: int = 1
     half_nbits: bool = False
     poly_exp: bool = False
     conv_gemm: frozenset = frozenset()
@@ -70,10 +72,10 @@ def shapeless() -> bool:
     return b is not None and b.shapeless
 
 
-def fused_attention() -> bool:
-    """Whether the build in progress may run a prompt's attention as MLX's fused kernel."""
+def fused_attention(length: int) -> bool:
+    """Whether the build in progress may run the attention of a ``length``-token prompt as MLX's fused kernel."""
     b = _CURRENT.get()
-    return b is not None and b.fused_attention
+    return b is not None and b.fused_attention and length >= b.fused_attention_min
 
 
 def half_nbits() -> bool:

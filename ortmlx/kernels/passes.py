@@ -103,6 +103,8 @@ class BuildConfig:
     direct_out: bool = False
     #: a half-precision prompt's attention through MLX's fused kernel (``BuildContext.fused_attention``)
     fused_attention: bool = False
+    #: the least prompt length that takes it (``BuildContext.fused_attention_min``)
+    fused_attention_min: int = 1
     #: half-precision MatMulNBits products (``BuildContext.half_nbits``)
     half_nbits: bool = False
     #: float32 Exp and Sigmoid through ``fastmath``'s polynomial exp (``BuildContext.poly_exp``)
@@ -145,6 +147,8 @@ class BuildConfig:
                    pinned_hints=bool(overrides.get("pinned_hints", t.pinned_hints)) and kernels,
                    direct_out=bool(overrides.get("direct_out", t.direct_out)) and kernels,
                    fused_attention=pick("fused_attention", t.fused_attention, gpu),
+                   fused_attention_min=int(overrides.get("fused_attention_min") or t.fused_attention_min
+                                           or FUSED_ATTENTION_MIN),
                    half_nbits=pick("half_nbits", t.half_nbits, gpu),
                    poly_exp=pick("poly_exp", t.poly_exp, device == "cpu"),
                    conv_gemm=_conv_forms(conv, gpu),
@@ -155,10 +159,16 @@ class BuildConfig:
 
     def context(self, **fields) -> BuildContext:
         """A build's context with this config's choices for translators (``fields``: the build's own)."""
-        return BuildContext(fused_attention=self.fused_attention, half_nbits=self.half_nbits, poly_exp=self.poly_exp,
+        return BuildContext(fused_attention=self.fused_attention, fused_attention_min=self.fused_attention_min,
+                            half_nbits=self.half_nbits, poly_exp=self.poly_exp,
                             conv_gemm=self.conv_gemm, conv_gemm_batch=self.conv_gemm_batch,
                             build_behind=self.build_behind, row_limit=self.row_limit, **fields)
 
+
+#: the shortest prompt whose attention takes MLX's fused kernel (cuDNN's on CUDA) by default: cuDNN builds a graph for
+#: every new length, 0.5-0.7 s up to 151 tokens on a host's first sight of it (~40 ms from 256), where the float32
+#: ops take milliseconds and no slower warm; from 512 they are slower warm (docs/performance.md)
+FUSED_ATTENTION_MIN = 256
 
 #: on a GPU, by default, convolutions of batches this large run as products: MLX 0.32.4's CUDA convolution (float32,
 #: TF32 off) made illegal memory accesses at batch 4-8 (never at 1-2), and at batch 1 the products were slower

@@ -174,20 +174,26 @@ def fused_prompt_reason(q, k, softcap: float, attention_bias) -> str | None:
 
 
 def prompt_attention(q, k, v, qf, seqlens_k, past_len, total_len, *, alpha: float, softcap: float,
-                     local_window_size: int, sink, attention_bias):
+                     local_window_size: int, sink, attention_bias, causal: bool = False):
     """A first prompt's attention over its own keys: q (B,N,S,H), k, v (B,Nkv,S,H) after rotation; ``qf``: q in
     float32. Row b's query s sees keys t <= s, t < total_len[b] (and the local window) as ORT's CPU kernel.
 
     softmax(q k^T * alpha) v: MLX's fused kernel (``mx.fast.scaled_dot_product_attention``: cuDNN's on CUDA, the
-    softmax in float32) where the build allows it (``build.fused_attention``: a GPU by default) and
-    ``fused_prompt_reason`` has none, else scores, softmax and P @ V in float32."""
+    softmax in float32) where the build allows it for S tokens (``build.fused_attention``: a GPU, from
+    ``FUSED_ATTENTION_MIN``) and ``fused_prompt_reason`` has none, else scores, softmax and P @ V in float32.
+    ``causal``: the caller keeps no query row s >= total_len[b] (there are none, or it drops them), so with no
+    local window narrower than S the mask is plain causal, which the fused kernel takes as a flag."""
     b, n, s, h = q.shape
     kvn = k.shape[1]
-    mask = build.memo(("gqa_mask", id(seqlens_k), True, b, s, s, local_window_size),
-                      lambda: gqa_mask(past_len, total_len, s, s, local_window_size))
-    if build.fused_attention() and fused_prompt_reason(q, k, softcap, attention_bias) is None:
+
+    def mask():
+        return build.memo(("gqa_mask", id(seqlens_k), True, b, s, s, local_window_size),
+                          lambda: gqa_mask(past_len, total_len, s, s, local_window_size))
+    if build.fused_attention(s) and fused_prompt_reason(q, k, softcap, attention_bias) is None:
         sinks = None if sink is None else sink.astype(q.dtype)
-        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=alpha, mask=mask, sinks=sinks)
+        plain = causal and not 0 < local_window_size < s
+        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=alpha, mask="causal" if plain else mask(),
+                                                   sinks=sinks)
         return out.transpose(0, 2, 1, 3).reshape(b, s, n * h)
     group = n // kvn
     scores = (qf.reshape(b, kvn, group * s, h) @ k.astype(mx.float32).swapaxes(-1, -2)).reshape(b, n, s, s) * alpha
@@ -195,7 +201,7 @@ def prompt_attention(q, k, v, qf, seqlens_k, past_len, total_len, *, alpha: floa
         scores = softcap * mx.tanh(scores / softcap)
     if attention_bias is not None:          # (B|1, N|1, S, total_sequence_length == S)
         scores = scores + attention_bias.astype(mx.float32)[..., :s]
-    probs = attention_probs_softmax(scores, mask, sink)
+    probs = attention_probs_softmax(scores, mask(), sink)
     out = probs.reshape(b, kvn, group * s, s) @ v.astype(mx.float32)
     return out.reshape(b, n, s, h).transpose(0, 2, 1, 3).reshape(b, s, n * h).astype(q.dtype)
 
@@ -341,7 +347,7 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
              kv_num_heads: int, first_prompt: bool, scale: float = 0.0, softcap: float = 0.0,
              local_window_size: int = -1, cos_cache=None, sin_cache=None, position_ids=None,
              rotary_interleaved: bool = False, attention_bias=None, sink=None, in_place: bool = False,
-             packed: bool = False, qkv_bias=None, kv_quant=None):
+             packed: bool = False, qkv_bias=None, kv_quant=None, causal_prompt: bool = False):
     """GroupQueryAttention on MLX arrays, as ORT's CPU kernel computes it.
 
     q (B,S,N*H); k, v (B,S,Nkv*H); or ``packed``: q is the packed QKV ((B,S,(N+2*Nkv)*H) or its
@@ -355,6 +361,8 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
     packed only: added to the packed QKV first (in its type, as the Add node it replaces).
     ``kv_quant`` (a quantized KV cache, ``KVQuant``): past_key/value hold the quantized cache; the new rows
     are quantized into the presents and attention reads the dequantized presents (as ORT's CPU kernel).
+    ``causal_prompt``: a first prompt's rows past its total length are absent or dropped (``prompt_attention``'s
+    ``causal``).
     """
     nq = num_heads + kv_num_heads
     flat = q
@@ -437,7 +445,8 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
     if first_prompt and s > 1 and kv_quant is None:
         # a first prompt sees only its own S keys: no scores over the rest of the KV buffer
         out = prompt_attention(q, k, v, qf, seqlens_k, past_len, total_len, alpha=alpha, softcap=softcap,
-                               local_window_size=local_window_size, sink=sink, attention_bias=attention_bias)
+                               local_window_size=local_window_size, sink=sink, attention_bias=attention_bias,
+                               causal=causal_prompt)
         return (out, pk, pv, k, v) if in_place else (out, pk, pv)
     mask = build.memo(("gqa_mask", id(seqlens_k), first_prompt, b, s, present_len, local_window_size),
                        lambda: gqa_mask(past_len, total_len, s, present_len, local_window_size))
@@ -692,7 +701,8 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
                     softcap=softcap, local_window_size=local_window_size,
                     cos_cache=cos_cache if do_rotary else None, sin_cache=sin_cache if do_rotary else None,
                     rotary_interleaved=bool(rotary_interleaved), position_ids=position_ids, attention_bias=attention_bias, sink=sink,
-                    packed=key is None, qkv_bias=qkv_bias, kv_quant=kvq)
+                    packed=key is None, qkv_bias=qkv_bias, kv_quant=kvq,
+                    causal_prompt=first_prompt and bool((seqlens + 1 == s).all()))
 
 
 # ---------------------------------------------------------------------------- RotaryEmbedding

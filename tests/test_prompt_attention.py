@@ -1,0 +1,181 @@
+"""A first prompt's attention (``contrib_attention.prompt_attention``): MLX's fused kernel only from
+``fused_attention_min`` tokens (shorter new lengths cost cuDNN a graph build each on a GPU), its plain causal form
+only where no kept query row lies past its row's length, and every form equal to a float64 reference of ORT's
+semantics. The fused kernel runs on MLX's CPU backend too (as MLX's own fallback), so this runs anywhere."""
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from onnx import TensorProto as T
+from onnx import helper
+
+import ortmlx.compiled as C
+from ortmlx.kernels import build
+from ortmlx.kernels.ops import contrib_attention as ca
+from ortmlx.kernels.passes import FUSED_ATTENTION_MIN, BuildConfig
+from ortmlx.testing import make_model, session
+from ortmlx.tuning import Tuning, TuningError
+
+RNG = np.random.default_rng(11)
+N, KVN, H = 4, 2, 16
+
+
+def reference(q, k, v, total, alpha, window=-1):
+    """float64 attention of (B,N,S,H) q over (B,Nkv,S,H) k, v: query s sees keys t <= s, t < total[b] (and
+    t > s - window); the result (B,S,N*H)."""
+    b, n, s, h = q.shape
+    g = n // k.shape[1]
+    kk, vv = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
+    sc = np.einsum("bnsh,bnth->bnst", q, kk) * alpha
+    pos = np.arange(s)
+    m = (pos[None, :] <= pos[:, None])[None, None] & (pos.reshape(1, 1, 1, s) < total.reshape(b, 1, 1, 1))
+    if window > 0:
+        m = m & (pos[None, :] > pos[:, None] - window)
+    sc = np.where(m, sc, -np.inf)
+    p = np.exp(sc - sc.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return np.einsum("bnst,bnth->bnsh", p, vv).transpose(0, 2, 1, 3).reshape(b, s, n * h)
+
+
+@pytest.fixture
+def masks(monkeypatch):
+    """The mask argument of every call of MLX's fused attention: "causal" or "array"."""
+    seen, real = [], mx.fast.scaled_dot_product_attention
+
+    def spy(q, k, v, *, scale, mask=None, sinks=None):
+        seen.append(mask if isinstance(mask, str) else "array")
+        return real(q, k, v, scale=scale, mask=mask, sinks=sinks)
+    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", spy)
+    return seen
+
+
+def inputs(b, s):
+    q = RNG.standard_normal((b, N, s, H)).astype(np.float16)
+    k = RNG.standard_normal((b, KVN, s, H)).astype(np.float16)
+    v = RNG.standard_normal((b, KVN, s, H)).astype(np.float16)
+    return q, k, v
+
+
+def attend(q, k, v, total, *, fused=True, minimum=1, causal=False, window=-1):
+    mq, mk, mv = mx.array(q), mx.array(k), mx.array(v)
+    tl = mx.array(np.asarray(total, np.int32))
+    with build.active(build.BuildContext(fused_attention=fused, fused_attention_min=minimum)):
+        out = ca.prompt_attention(mq, mk, mv, mq.astype(mx.float32), tl - 1, mx.zeros(tl.shape, mx.int32), tl,
+                                  alpha=H ** -0.5, softcap=0.0, local_window_size=window, sink=None,
+                                  attention_bias=None, causal=causal)
+    return np.array(out.astype(mx.float32))
+
+
+def close(got, want, rows=None):
+    """fp16 inputs, float32 (ops) or float32-softmax (fused) arithmetic: within a few fp16 roundings."""
+    if rows is not None:
+        got, want = got[:, :rows], want[:, :rows]
+    np.testing.assert_allclose(got, want, atol=4e-3, rtol=4e-3)
+
+
+def test_the_fused_kernel_only_from_the_least_length(masks):
+    q, k, v = inputs(1, 12)
+    want = reference(*(x.astype(np.float64) for x in (q, k, v)), np.array([12]), H ** -0.5)
+    close(attend(q, k, v, [12], minimum=13, causal=True), want)
+    assert masks == []
+    close(attend(q, k, v, [12], minimum=12, causal=True), want)
+    assert masks == ["causal"]
+    close(attend(q, k, v, [12], fused=False, causal=True), want)
+    assert masks == ["causal"]
+    with build.active(build.BuildContext(fused_attention=True, fused_attention_min=8)):
+        assert build.fused_attention(8) and not build.fused_attention(7)
+    assert not build.fused_attention(10 ** 6)       # outside a build
+
+
+@pytest.mark.parametrize("causal,window,form", [(False, -1, "array"), (True, -1, "causal"), (True, 5, "array"),
+                                                (True, 12, "causal")])
+def test_each_form_is_ort_s_on_the_rows_kept(masks, causal, window, form):
+    """Row 1 is 9 of 12 tokens long: with ``causal`` its rows 9-11 are the caller's to drop, so only rows
+    below each row's length are compared there; without it every row is ORT's (keys t < 9 for rows 9-11)."""
+    q, k, v = inputs(2, 12)
+    total = np.array([12, 9])
+    want = reference(*(x.astype(np.float64) for x in (q, k, v)), total, H ** -0.5, window)
+    got = attend(q, k, v, total, causal=causal, window=window)
+    assert masks == [form]
+    close(got[:1], want[:1])
+    close(got[1:], want[1:], rows=9 if causal else None)
+    close(attend(q, k, v, total, fused=False, window=window), want)
+
+
+def gqa(q, k, v, total, minimum=1):
+    """The eager GroupQueryAttention translator over a first prompt, fused from ``minimum`` tokens."""
+    b, s = q.shape[:2]
+    with build.active(build.BuildContext(fused_attention=True, fused_attention_min=minimum)):
+        out = ca.group_query_attention(mx.array(q), mx.array(k), mx.array(v), None, None,
+                                       mx.array(np.asarray(total, np.int32) - 1), np.array(s, np.int32),
+                                       num_heads=N, kv_num_heads=KVN)
+    return np.array(out[0].astype(mx.float32))
+
+
+def test_the_eager_translator_takes_the_causal_form_only_when_every_row_is_full(masks):
+    b, s = 2, 10
+    q = RNG.standard_normal((b, s, N * H)).astype(np.float16)
+    k = RNG.standard_normal((b, s, KVN * H)).astype(np.float16)
+    v = RNG.standard_normal((b, s, KVN * H)).astype(np.float16)
+
+    def ref(total):
+        heads = [x.reshape(b, s, -1, H).transpose(0, 2, 1, 3).astype(np.float64) for x in (q, k, v)]
+        return reference(*heads, np.asarray(total), H ** -0.5)
+    close(gqa(q, k, v, [s, s]), ref([s, s]))
+    close(gqa(q, k, v, [s, 7]), ref([s, 7]))        # every row, rows 7-9 of the short one included
+    close(gqa(q, k, v, [s, s], minimum=s + 1), ref([s, s]))
+    assert masks == ["causal", "array"]
+
+
+def test_the_least_length_by_device_and_tuning():
+    assert BuildConfig.for_device("gpu").fused_attention and FUSED_ATTENTION_MIN == 256
+    assert BuildConfig.for_device("gpu").context().fused_attention_min == FUSED_ATTENTION_MIN
+    assert not BuildConfig.for_device("cpu").fused_attention
+    t = Tuning.parse("fused_attention_min=64")
+    assert BuildConfig.for_device("gpu", t).context().fused_attention_min == 64
+    with pytest.raises(TuningError, match="fused_attention_min"):
+        Tuning.parse("fused_attention_min=0")
+
+
+def prompt_model(s, p=16):
+    """One GroupQueryAttention over a first prompt of ``s`` tokens into a ``p``-row KV buffer (fp16, genai's
+    shared-buffer layout): the exact-length prefill."""
+    f = T.FLOAT16
+    node = helper.make_node("GroupQueryAttention", ["query", "key", "value", "past_key", "past_value", "seqlens_k",
+                                                    "total_sequence_length"],
+                            ["output", "present_key", "present_value"], domain="com.microsoft",
+                            num_heads=N, kv_num_heads=KVN)
+    ins = [("query", f, [1, s, N * H]), ("key", f, [1, s, KVN * H]), ("value", f, [1, s, KVN * H]),
+           ("past_key", f, [1, KVN, p, H]), ("past_value", f, [1, KVN, p, H]),
+           ("seqlens_k", T.INT32, [1]), ("total_sequence_length", T.INT32, [])]
+    outs = [("output", f, None), ("present_key", f, None), ("present_value", f, None)]
+    return make_model([node], ins, outs, extra_opsets={"com.microsoft": 1})
+
+
+def test_a_traced_lone_prompt_is_causal_only_while_its_row_is_full(masks):
+    """A batch-1 prompt's trace takes the causal form under a guard that its row is full: a call at the same
+    shape whose row is shorter answers eagerly (rows past its length as ORT: keys t < length), not from the
+    causal trace (which lets those rows see later keys)."""
+    s = 12
+    m = prompt_model(s)
+    opts = {"tuning": "fused_attention=1,fused_attention_min=2,build_behind=0"}
+    with C.capture() as rs:
+        sess = session(m, options=opts)
+    q = RNG.standard_normal((1, s, N * H)).astype(np.float16)
+    k = RNG.standard_normal((1, s, KVN * H)).astype(np.float16)
+    v = RNG.standard_normal((1, s, KVN * H)).astype(np.float16)
+    heads = [x.reshape(1, s, -1, H).transpose(0, 2, 1, 3).astype(np.float64) for x in (q, k, v)]
+
+    def run(length):
+        past = np.zeros((1, KVN, 16, H), np.float16)
+        return sess.run(None, {"query": q, "key": k, "value": v, "past_key": past, "past_value": past,
+                               "seqlens_k": np.array([length - 1], np.int32),
+                               "total_sequence_length": np.array(s, np.int32)})[0].astype(np.float32)
+    for _ in range(3):          # eager, then traced and verified, then replayed
+        close(run(s), reference(*heads, np.array([s]), H ** -0.5))
+    parts = [p for r in rs for p in (r.parts() if hasattr(r, "parts") else [r])]
+    (p,) = [p for p in parts if p.trace_counts()]
+    assert p.counters["compiled_calls"] >= 1 and "causal" in masks, (p.counters, masks)
+    close(run(9), reference(*heads, np.array([9]), H ** -0.5))
+    assert p.counters["guard_fails"] == 1 and p.counters["poisoned_closures"] == 0, p.counters

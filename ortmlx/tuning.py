@@ -77,7 +77,8 @@ class Tuning:
     #: a prompt's attention through MLX's fused kernel (mx.fast.scaled_dot_product_attention; cuDNN on CUDA) in
     #: half precision (None: on a GPU); off: scores, softmax and P @ V as separate float32 ops
     fused_attention: bool | None = None
-    #: the fused kernel only from prompts this long (None: 256; kernels/passes.py FUSED_ATTENTION_MIN)
+    #: the fused kernel only from prompts whose power-of-two bucket is at least this (rounded up to a power of two
+    #: >= 32; None: 256, kernels/passes.py FUSED_ATTENTION_MIN)
     fused_attention_min: int | None = None
     #: MatMulNBits products in the activations' half precision, scales included (MLX's CUDA tensor-core qmm
     #: takes half inputs only; off: A widened to float32, one rounding, as ORT's CPU EP; None: on a GPU)

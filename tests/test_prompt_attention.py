@@ -74,18 +74,34 @@ def close(got, want, rows=None):
     np.testing.assert_allclose(got, want, atol=4e-3, rtol=4e-3)
 
 
-def test_the_fused_kernel_only_from_the_least_length(masks):
+def test_the_fused_kernel_only_from_the_least_bucket(masks):
     q, k, v = inputs(1, 12)
     want = reference(*(x.astype(np.float64) for x in (q, k, v)), np.array([12]), H ** -0.5)
-    close(attend(q, k, v, [12], minimum=13, causal=True), want)
+    close(attend(q, k, v, [12], minimum=32, causal=True), want)
     assert masks == []
-    close(attend(q, k, v, [12], minimum=12, causal=True), want)
+    close(attend(q, k, v, [12], minimum=16, causal=True), want)       # 12 rounds up to 16
     assert masks == ["causal"]
     close(attend(q, k, v, [12], fused=False, causal=True), want)
     assert masks == ["causal"]
-    with build.active(build.BuildContext(fused_attention=True, fused_attention_min=8)):
-        assert build.fused_attention(8) and not build.fused_attention(7)
+    with build.active(build.BuildContext(fused_attention=True, fused_attention_min=256)):
+        assert build.fused_attention(129) and build.fused_attention(256) and not build.fused_attention(128)
     assert not build.fused_attention(10 ** 6)       # outside a build
+
+
+@pytest.mark.parametrize("knob", ["32", "200", "256", "1000", "4096"])
+def test_a_prompt_and_its_bucket_take_the_same_form(knob):
+    """A bucket's closure is verified against the eager answer at the prompt's own length: both must take the same
+    attention form, or fp16 cuDNN arithmetic is compared with float32 ops (on an H100 that poisoned the 256 bucket
+    for a 151-token prompt when the rule compared lengths as they are)."""
+    from ortmlx.compiled.attention import bucket_for
+    ctx = BuildConfig.for_device("gpu", Tuning.parse(f"fused_attention_min={knob}")).context()
+    assert ctx.fused_attention_min >= int(knob)
+    with build.active(ctx):
+        for cap in (4104, 1 << 20):
+            for length in range(2, 4105):
+                b = bucket_for(length, cap)
+                assert build.fused_attention(length) == build.fused_attention(b), (knob, cap, length, b)
+        assert build.fused_attention(4096) and not build.fused_attention(16)
 
 
 @pytest.mark.parametrize("causal,window,form", [(False, -1, "array"), (True, -1, "causal"), (True, 5, "array"),
@@ -124,7 +140,7 @@ def test_the_eager_translator_takes_the_causal_form_only_when_every_row_is_full(
         return reference(*heads, np.asarray(total), H ** -0.5)
     close(gqa(q, k, v, [s, s]), ref([s, s]))
     close(gqa(q, k, v, [s, 7]), ref([s, 7]))        # every row, rows 7-9 of the short one included
-    close(gqa(q, k, v, [s, s], minimum=s + 1), ref([s, s]))
+    close(gqa(q, k, v, [s, s], minimum=32), ref([s, s]))            # 10 rounds up to 16
     assert masks == ["causal", "array"]
 
 
@@ -132,13 +148,14 @@ def test_the_least_length_by_device_and_tuning():
     assert BuildConfig.for_device("gpu").fused_attention and FUSED_ATTENTION_MIN == 256
     assert BuildConfig.for_device("gpu").context().fused_attention_min == FUSED_ATTENTION_MIN
     assert not BuildConfig.for_device("cpu").fused_attention
-    t = Tuning.parse("fused_attention_min=64")
-    assert BuildConfig.for_device("gpu", t).context().fused_attention_min == 64
+    for knob, got in (("64", 64), ("100", 128), ("1", 32)):
+        t = Tuning.parse(f"fused_attention_min={knob}")
+        assert BuildConfig.for_device("gpu", t).context().fused_attention_min == got
     with pytest.raises(TuningError, match="fused_attention_min"):
         Tuning.parse("fused_attention_min=0")
 
 
-def prompt_model(s, p=16):
+def prompt_model(s, p=32):
     """One GroupQueryAttention over a first prompt of ``s`` tokens into a ``p``-row KV buffer (fp16, genai's
     shared-buffer layout): the exact-length prefill."""
     f = T.FLOAT16
@@ -157,9 +174,9 @@ def test_a_traced_lone_prompt_is_causal_only_while_its_row_is_full(masks):
     """A batch-1 prompt's trace takes the causal form under a guard that its row is full: a call at the same
     shape whose row is shorter answers eagerly (rows past its length as ORT: keys t < length), not from the
     causal trace (which lets those rows see later keys)."""
-    s = 12
+    s = 20
     m = prompt_model(s)
-    opts = {"tuning": "fused_attention=1,fused_attention_min=2,build_behind=0"}
+    opts = {"tuning": "fused_attention=1,fused_attention_min=32,build_behind=0"}
     with C.capture() as rs:
         sess = session(m, options=opts)
     q = RNG.standard_normal((1, s, N * H)).astype(np.float16)
@@ -168,7 +185,7 @@ def test_a_traced_lone_prompt_is_causal_only_while_its_row_is_full(masks):
     heads = [x.reshape(1, s, -1, H).transpose(0, 2, 1, 3).astype(np.float64) for x in (q, k, v)]
 
     def run(length):
-        past = np.zeros((1, KVN, 16, H), np.float16)
+        past = np.zeros((1, KVN, 32, H), np.float16)
         return sess.run(None, {"query": q, "key": k, "value": v, "past_key": past, "past_value": past,
                                "seqlens_k": np.array([length - 1], np.int32),
                                "total_sequence_length": np.array(s, np.int32)})[0].astype(np.float32)
@@ -177,5 +194,5 @@ def test_a_traced_lone_prompt_is_causal_only_while_its_row_is_full(masks):
     parts = [p for r in rs for p in (r.parts() if hasattr(r, "parts") else [r])]
     (p,) = [p for p in parts if p.trace_counts()]
     assert p.counters["compiled_calls"] >= 1 and "causal" in masks, (p.counters, masks)
-    close(run(9), reference(*heads, np.array([9]), H ** -0.5))
+    close(run(15), reference(*heads, np.array([15]), H ** -0.5))
     assert p.counters["guard_fails"] == 1 and p.counters["poisoned_closures"] == 0, p.counters

@@ -73,9 +73,12 @@ def shapeless() -> bool:
 
 
 def fused_attention(length: int) -> bool:
-    """Whether the build in progress may run the attention of a ``length``-token prompt as MLX's fused kernel."""
+    """Whether the build in progress may run the attention of a ``length``-token prompt as MLX's fused kernel: from
+    ``fused_attention_min`` (a power of two), compared with the length rounded up to a power of two, so that a
+    prompt and the padded bucket that serves it (``compiled/attention.bucket_for``) take the same form and a
+    bucket's closure is verified against eager arithmetic of its own kind."""
     b = _CURRENT.get()
-    return b is not None and b.fused_attention and length >= b.fused_attention_min
+    return b is not None and b.fused_attention and 1 << max(length - 1, 0).bit_length() >= b.fused_attention_min
 
 
 def half_nbits() -> bool:

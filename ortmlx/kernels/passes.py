@@ -147,8 +147,8 @@ class BuildConfig:
                    pinned_hints=bool(overrides.get("pinned_hints", t.pinned_hints)) and kernels,
                    direct_out=bool(overrides.get("direct_out", t.direct_out)) and kernels,
                    fused_attention=pick("fused_attention", t.fused_attention, gpu),
-                   fused_attention_min=int(overrides.get("fused_attention_min") or t.fused_attention_min
-                                           or FUSED_ATTENTION_MIN),
+                   fused_attention_min=_pow2_at_least(int(overrides.get("fused_attention_min")
+                                                          or t.fused_attention_min or FUSED_ATTENTION_MIN)),
                    half_nbits=pick("half_nbits", t.half_nbits, gpu),
                    poly_exp=pick("poly_exp", t.poly_exp, device == "cpu"),
                    conv_gemm=_conv_forms(conv, gpu),
@@ -165,15 +165,21 @@ class BuildConfig:
                             build_behind=self.build_behind, row_limit=self.row_limit, **fields)
 
 
-#: the shortest prompt whose attention takes MLX's fused kernel (cuDNN's on CUDA) by default: cuDNN builds a graph for
-#: every new length, 0.5-0.7 s up to 151 tokens on a host's first sight of it (~40 ms from 256), where the float32
-#: ops take milliseconds and no slower warm; from 512 they are slower warm (docs/performance.md)
+#: the shortest prompt bucket whose attention takes MLX's fused kernel (cuDNN's on CUDA) by default: cuDNN builds a
+#: graph for every new length (0.5-0.7 s for lengths up to 151 on a host's first sight of the shape), where the
+#: float32 ops take milliseconds, no slower warm up to 128 tokens and slower from 512 (docs/performance.md)
 FUSED_ATTENTION_MIN = 256
 
 #: on a GPU, by default, convolutions of batches this large run as products: MLX 0.32.4's CUDA convolution (float32,
 #: TF32 off) made illegal memory accesses at batch 4-8 (never at 1-2), and at batch 1 the products were slower
 #: (docs/general_models.md)
 GPU_CONV_GEMM_BATCH = 4
+
+
+def _pow2_at_least(n: int) -> int:
+    """``n`` rounded up to a power of two of at least 32: every prompt length a padded bucket serves (16, 32, ...)
+    then falls on the bucket's side of it (``build.fused_attention``)."""
+    return max(32, 1 << (n - 1).bit_length())
 
 
 def _conv_forms(knob, gpu: bool) -> frozenset:

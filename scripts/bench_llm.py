@@ -21,7 +21,9 @@ Cases (--only, comma separated; default all but cold, in this order):
             then extra MLX EP runs (--cold-variants): eager, after `python -m ortmlx warmup` filled the empty kernel
             cache (as at install), prompts eager, and in the caches its own run filled (rerun)
   stall     after one generation, 17 prompt lengths <= 4096 drawn with a fixed seed: each first call's TTFT over
-            the warm TTFT at its length; the slowest ratio is reported
+            the warm TTFT at its length; the slowest ratio is reported. --stall-warmup: the MLX EP first runs
+            ortmlx.warmup.warm (a prompt per bucket up to the longest length, in the worker's process) and its
+            time is reported with the ratios after it
   prefill   TTFT (append_tokens + the first generated token) at 128 / 512 / 2048 / 4096: the first call at each
             length (cold) and the median of the warm ones. Both use one max_length for all lengths (the KV buffer's
             shape does not change with the prompt)
@@ -239,6 +241,14 @@ class Engine:
         for _ in range(1 + reps):
             ms.append(self.generate(length, 1, max_len)["ttft_ms"])
         return {"ms": ms, "first_was_warm": warm0}
+
+    def op_warmup(self, max_len: int, up_to: int) -> dict:
+        """The MLX EP's in-process warm-up (``ortmlx.warmup.warm``): every prefill bucket up to ``up_to``."""
+        from ortmlx import warmup
+        t0 = time.perf_counter()
+        rows = warmup.warm(self.model, max_len, up_to, decode_steps=1, vocab=min(self.vocab, 1000),
+                           log=lambda *_: None)
+        return {"s": time.perf_counter() - t0, "prompts": len(rows)}
 
     def op_forced(self, length: int, forced: list, path: str) -> dict:
         """Last-position logits after the prompt, then after each forced token (teacher forcing); saved to
@@ -787,8 +797,13 @@ class Bench:
         c, out = self.cfg, M.setdefault("stall", {})
         lens, ml = M["stall_lens"], M["prefill_max_len"]
         for e in self.live(M):
-            first = []
+            first, warmup = [], None
             t0 = time.monotonic()
+            if e == "mlx" and self.args.stall_warmup:
+                warmup = self.ecall(M, e, "stall", "warmup", LIMITS["stall"], max_len=ml, up_to=max(lens))
+                if warmup is None:
+                    continue
+                self.say(f"  [{M['name']}] stall {e}: warm-up {warmup['s']:.1f} s ({warmup['prompts']} prompts)")
             for L in lens:                                   # first calls, in the drawn order
                 r = self.ecall(M, e, "stall", "ttft", LIMITS["stall"], restart=not first, length=L, max_len=ml,
                                reps=0)
@@ -809,7 +824,8 @@ class Bench:
             k = max(range(n), key=lambda i: ratios[i])
             out[e] = {"lengths": lens[:n], "first_ms": first[:n], "warm_ms": warm, "ratios": ratios,
                       "worst_ratio": ratios[k], "worst_length": lens[k], "worst_first_ms": first[k],
-                      "median_ratio": statistics.median(ratios), "complete": n == len(lens)}
+                      "median_ratio": statistics.median(ratios), "complete": n == len(lens),
+                      "warmup_s": warmup["s"] if warmup else None}
             self.say(f"  [{M['name']}] stall {e}: slowest first call {ratios[k]:.1f}x its warm TTFT (length "
                      f"{lens[k]}: {first[k]:.1f} vs {warm[k]:.1f} ms), median {statistics.median(ratios):.2f}x, "
                      f"{n} lengths ({time.monotonic() - t0:.1f} s)")
@@ -1109,6 +1125,8 @@ def print_table(b: Bench, M: dict) -> None:
         add("stall: slowest first/warm", [st.get(e, {}).get("worst_ratio") for e in engines], "x, lower", ".2f")
         add("stall: at length", [st.get(e, {}).get("worst_length") for e in engines], "", "d")
         add("stall: median first/warm", [st.get(e, {}).get("median_ratio") for e in engines], "x, lower", ".2f")
+        if any(st.get(e, {}).get("warmup_s") is not None for e in engines):
+            add("stall: warm-up before (s)", [st.get(e, {}).get("warmup_s") for e in engines], "s", ".2f")
     dc = M.get("decode", {})
     if dc:
         ml = M.get("decode_max_len")
@@ -1210,6 +1228,8 @@ def main(argv=None) -> int:
                     help="MLX EP provider option (device, no_compile, trace, verbose, disable_ops, tuning)")
     ap.add_argument("--cold-variants", default="eager,warmed",
                     help=f"the cold case's extra MLX EP runs, comma list of {','.join(COLD_VARIANTS)} (or empty)")
+    ap.add_argument("--stall-warmup", action="store_true",
+                    help="stall: the MLX EP runs ortmlx.warmup.warm over every bucket first (in its process)")
     ap.add_argument("--prefill", help="comma list of prompt lengths (default 128,512,2048,4096)")
     ap.add_argument("--batches", help="comma list of batch sizes (default 1,4,16)")
     ap.add_argument("--new-tokens", type=int)

@@ -27,17 +27,19 @@ _state: dict[str, str] = {}
 _idle = threading.Event()
 _idle.set()
 _thread: threading.Thread | None = None
+_submitted = 0
 
 
 def submit(key: str, build: Callable[[], object]) -> str:
     """Queue ``build`` under ``key`` unless it was queued before; ``key``'s state: ``QUEUED``, ``DONE`` or
     ``"failed: <why>"`` (a failed build is not retried)."""
-    global _thread
+    global _thread, _submitted
     with _lock:
         st = _state.get(key)
         if st is not None:
             return st
         _state[key] = QUEUED
+        _submitted += 1
         _idle.clear()
         _jobs.put((key, build))     # (under the lock: the worker cannot find the queue empty and set idle first)
         if _thread is None:
@@ -53,6 +55,11 @@ def state(key: str) -> str | None:
 
 def done(key: str) -> bool:
     return _state.get(key) == DONE
+
+
+def submitted() -> int:
+    """How many builds were queued in this process so far (a caller's own count: before and after its calls)."""
+    return _submitted
 
 
 def wait(timeout: float | None = None) -> bool:

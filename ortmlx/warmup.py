@@ -4,11 +4,12 @@
 
 The first call at a new prefill bucket (16, 32, 64, ... tokens, capped by the KV buffer) traces a closure and
 builds its kernels (g++ on MLX's CPU backend, NVRTC on CUDA): seconds, while the user waits. This runs a
-prompt per bucket up to ``--up-to`` (two in the first: a closure is trusted after matching eager at two lengths,
-and later buckets of the same body at their first match) and a few decode steps after each, with the same KV buffer length the application uses (``--max-length``, default the
-model's ``search.max_length``: the closures are keyed by it). The kernels land in MLX's cache (``version.mlx_cache_dir``);
-the closures themselves live in the process, so an application gains from a warmup run in its own process
-(``warm(model, ...)``) or, across processes, from the kernel cache alone.
+prompt per bucket up to ``--up-to`` (two in the first: a closure is trusted after matching eager at two
+lengths, later buckets of the same body at their first match) and a few decode steps after each, with the
+same KV buffer length the application uses (``--max-length``, default the model's ``search.max_length``: the
+closures are keyed by it). The kernels land in MLX's cache (``version.mlx_cache_dir``); the closures themselves
+live in the process, so an application gains from a warmup run in its own process (``warm(model, ...)``) or,
+across processes, from the kernel cache alone.
 """
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ A build is an eager run of a group's program or a compiled closure's trace. Its 
 (a trace passes its own down), and translators and their helpers read it with ``current()``:
 
 - ``cuda_kernels``: whether the custom CUDA kernels may be used (``cuda_kernels.enabled``);
-- ``fused_attention``: whether a half-precision prompt's attention may run as MLX's fused kernel, from a prompt of
-  ``fused_attention_min`` tokens;
+- ``fused_attention``: whether a half-precision prompt's attention may run as MLX's fused kernel, from prompts whose
+  power-of-two bucket is ``fused_attention_min`` or more;
 - ``half_nbits``: whether a half-precision MatMulNBits product stays in half precision (else float32);
 - ``poly_exp``: whether float32 Exp and Sigmoid use ``fastmath``'s polynomial exp (MLX's CPU backend);
 - ``conv_gemm``: which forms of 2-D convolution run as products over their shifted input views (``ops/conv.py``),

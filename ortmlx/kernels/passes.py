@@ -103,7 +103,7 @@ class BuildConfig:
     direct_out: bool = False
     #: a half-precision prompt's attention through MLX's fused kernel (``BuildContext.fused_attention``)
     fused_attention: bool = False
-    #: the least prompt length that takes it (``BuildContext.fused_attention_min``)
+    #: the least power-of-two prompt bucket that takes it (``BuildContext.fused_attention_min``)
     fused_attention_min: int = 1
     #: half-precision MatMulNBits products (``BuildContext.half_nbits``)
     half_nbits: bool = False

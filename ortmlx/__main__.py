@@ -157,6 +157,9 @@ def _check(args) -> int:
     if not reports:
         print("ortmlx check: the MLX EP saw no graph", file=sys.stderr)
         return 1
+    if not args.time and sys.platform.startswith("linux") and any(r.device == "cpu" for r in reports):
+        print("hint: on a Linux CPU ORT's own CPU EP runs most models faster than MLX's CPU backend "
+              "(docs/performance.md); --time measures this model on both")
     if args.time:
         try:
             print("\n".join(time_report(sess, args.model)))

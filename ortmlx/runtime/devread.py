@@ -13,8 +13,9 @@ Large results skip the host view: ``write_result`` has a kernel write the result
 page-locked staging buffer (``cuda_kernels.copy_to_address``), then host threads copy them into ORT's
 output buffer, whose fresh pages other threads fault in ahead of the copy (``prefault``: faulting them in by
 the copy itself was most of its time). Results larger than ``STAGE_CHUNK``
-go through two such buffers in turn, the kernel filling one while the threads empty the other: a new,
-larger prompt allocates no page-locked memory (hundreds of ms for a 4,096-token prompt's logits).
+go through two such buffers in turn, the kernel filling one while the threads empty the other. Both are made
+once, at their full size, by the first large result: a new prompt length allocates no page-locked memory
+(hundreds of ms for a 4,096-token prompt's logits, tens for a few hundred tokens').
 A host view of a device buffer first makes MLX copy it into managed memory, whose pages then migrate
 as they are read: a prompt's logits (1.2 GB at 4,096 tokens) cost most of the prompt that way.
 Page-locking ORT's buffer for the kernel instead costs more than the copy
@@ -38,9 +39,7 @@ from ..kernels.cuda_driver import driver as _open_driver
 from ..tuning import Tuning
 
 
-#: a staging buffer grows in steps of this many bytes (and by a quarter at least), up to ``STAGE_CHUNK``
-_STAGE_ALIGN = 2 << 20
-#: the most bytes one staging buffer holds; larger results take two, alternately (a multiple of _STAGE_ALIGN)
+#: the bytes each of the two staging buffers holds; larger results take both, alternately
 STAGE_CHUNK = 64 << 20
 #: threads of a large host copy, and the least bytes each is given
 COPY_THREADS = max(1, min(8, os.cpu_count() or 1))
@@ -259,24 +258,22 @@ class DriverReader(Reader):
         return True
 
     def _staging(self, n: int, chunk: int) -> list[HostBuffer]:
-        """The staging buffers for ``n`` bytes: one of at least ``n`` when ``n <= chunk``, else two of at least
-        ``chunk`` (kept: the next prompt's logits are as large)."""
-        size, count = (n, 1) if n <= chunk else (chunk, 2)
-        for i in range(count):
+        """The staging buffers for ``n`` bytes: the first when ``n <= chunk``, else both. Both are made at ``chunk``
+        bytes by the first direct write and kept, so no later result allocates page-locked memory: growing them to
+        each new size cost a new prompt length's first call 18-80 ms on an H100 (docs/performance.md)."""
+        for i in range(2):
             b = self._stage[i] if i < len(self._stage) else None
-            if b is not None and b.nbytes >= size:
+            if b is not None and b.nbytes >= chunk:
                 continue
-            old = b.nbytes if b is not None else 0
             if b is not None:
                 b.free()
                 self._stage[i] = None
-            grown = -(-max(size, old + old // 4) // _STAGE_ALIGN) * _STAGE_ALIGN
-            nb = HostBuffer(self._drv, max(size, min(grown, chunk)))
+            nb = HostBuffer(self._drv, chunk)
             if i < len(self._stage):
                 self._stage[i] = nb
             else:
                 self._stage.append(nb)
-        return self._stage[:count]
+        return self._stage[:1 if n <= chunk else 2]
 
     def read(self, src: np.ndarray) -> np.ndarray:
         if not self._plain(src):

@@ -119,6 +119,23 @@ def test_each_form_is_ort_s_on_the_rows_kept(masks, causal, window, form):
     close(attend(q, k, v, total, fused=False, window=window), want)
 
 
+def test_sinks_keep_the_mask_array(masks):
+    """With a sink the fused kernel is given the mask array even where the rows are full (the form GPUs ran)."""
+    q, k, v = inputs(1, 12)
+    sink = mx.array(RNG.standard_normal(N).astype(np.float32))
+    mq, mk, mv = mx.array(q), mx.array(k), mx.array(v)
+    tl = mx.array([12], mx.int32)
+    outs = []
+    for fused in (True, False):
+        with build.active(build.BuildContext(fused_attention=fused, fused_attention_min=1)):
+            o = ca.prompt_attention(mq, mk, mv, mq.astype(mx.float32), tl - 1, mx.zeros((1,), mx.int32), tl,
+                                    alpha=H ** -0.5, softcap=0.0, local_window_size=-1, sink=sink,
+                                    attention_bias=None, causal=True)
+        outs.append(np.array(o.astype(mx.float32)))
+    assert masks == ["array"]
+    close(outs[0], outs[1])
+
+
 def gqa(q, k, v, total, minimum=1):
     """The eager GroupQueryAttention translator over a first prompt, fused from ``minimum`` tokens."""
     b, s = q.shape[:2]

@@ -182,7 +182,7 @@ def prompt_attention(q, k, v, qf, seqlens_k, past_len, total_len, *, alpha: floa
     softmax in float32) where the build allows it for S tokens (``build.fused_attention``: a GPU, from
     ``FUSED_ATTENTION_MIN``) and ``fused_prompt_reason`` has none, else scores, softmax and P @ V in float32.
     ``causal``: the caller keeps no query row s >= total_len[b] (there are none, or it drops them), so with no
-    local window narrower than S the mask is plain causal, which the fused kernel takes as a flag."""
+    local window narrower than S (and no sink) the mask is plain causal, which the fused kernel takes as a flag."""
     b, n, s, h = q.shape
     kvn = k.shape[1]
 
@@ -191,7 +191,8 @@ def prompt_attention(q, k, v, qf, seqlens_k, past_len, total_len, *, alpha: floa
                           lambda: gqa_mask(past_len, total_len, s, s, local_window_size))
     if build.fused_attention(s) and fused_prompt_reason(q, k, softcap, attention_bias) is None:
         sinks = None if sink is None else sink.astype(q.dtype)
-        plain = causal and not 0 < local_window_size < s
+        # (with sinks the mask stays an array: the form run on GPUs before the flag; not tried with both there)
+        plain = causal and sinks is None and not 0 < local_window_size < s
         out = mx.fast.scaled_dot_product_attention(q, k, v, scale=alpha, mask="causal" if plain else mask(),
                                                    sinks=sinks)
         return out.transpose(0, 2, 1, 3).reshape(b, s, n * h)

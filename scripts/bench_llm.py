@@ -624,6 +624,8 @@ class Bench:
                 total += 5.0 + E.get("load", {}).get("load_s", 10.0) + (f + 30.0 if e == "mlx" else f)
             elif case == "stall":
                 total += sum(new + (1 + c["reps"]) * tt(L) for L in M["stall_lens"])
+                if e == "mlx" and self.args.stall_warmup:      # a prompt per bucket (16, 32, ...), each new
+                    total += max(M["stall_lens"]).bit_length() * (new + tt(max(M["stall_lens"])) / 2)
             elif case == "prefill":
                 total += sum(new + (1 + c["reps"]) * tt(L) for L in M["prefill_lens"])
             elif case == "decode":

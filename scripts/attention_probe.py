@@ -5,7 +5,7 @@
 Qwen2.5-0.5B's shape (14 query heads, 2 KV heads of 64, float16), one process, lengths in the order given:
 
 - ``sdpa_mask``: MLX's fused kernel (``mx.fast.scaled_dot_product_attention``; cuDNN's on CUDA) with a boolean
-  causal mask array, as the EP called it before 18c3fee;
+  causal mask array, as the EP called it before 651f6a0;
 - ``sdpa_causal``: the same with ``mask="causal"`` (the EP's fused form where no kept row lies past its length);
 - ``ops``: float16 products, the softmax in float32 (a cheap unfused form);
 - ``ep_ops``: the EP's own unfused form (``contrib_attention.prompt_attention``: q, k, v widened to float32).

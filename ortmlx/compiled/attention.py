@@ -17,8 +17,9 @@ from .config import DECODE, PREFILL, PREFILL_EXACT
 from .analysis import constant_if
 from .core import Call, CompiledSubgraph
 from .result import RunResult
-from .decode_ops import (gather_block_quantized_traced, gather_elements_traced, gather_traced, gqa_growing_traced,
-                         gqa_traced, prepack_nbits, prepack_qmoe, rotary_traced, scatter_elements_traced)
+from .decode_ops import (gather_block_quantized_traced, gather_elements_traced, gather_padded_tail, gather_traced,
+                         gqa_growing_traced, gqa_traced, prepack_nbits, prepack_qmoe, rotary_traced,
+                         scatter_elements_traced)
 
 #: symbolic dims a decode key leaves free: the growing attention-mask length. The past
 #: length stays in the key: with genai's shared buffer it is the buffer size (fixed for a
@@ -184,7 +185,9 @@ def traced_overrides(program, decode: bool | None, padded: bool = False, growing
     for i, st in enumerate(program.steps):
         dom = norm_domain(st.node.domain)
         if st.node.op_type == "Gather" and dom == "":
-            out[i] = dataclasses.replace(st.opdef, fn=gather_traced, const_inputs=frozenset(), wants_ctx=False)
+            k = _sequence_tail(program, st) if padded else None
+            fn = gather_traced if k is None else gather_padded_tail(k)
+            out[i] = dataclasses.replace(st.opdef, fn=fn, const_inputs=frozenset(), wants_ctx=False)
         elif st.node.op_type in ("GatherElements", "ScatterElements") and dom == "" and st.node.since_version >= 11:
             fn = gather_elements_traced if st.node.op_type == "GatherElements" else scatter_elements_traced
             out[i] = dataclasses.replace(st.opdef, fn=fn, const_inputs=frozenset(), wants_ctx=False)
@@ -202,6 +205,18 @@ def traced_overrides(program, decode: bool | None, padded: bool = False, growing
             fn = gqa_growing_traced if (decode and growing) else gqa_traced(decode, padded)
             out[i] = dataclasses.replace(st.opdef, fn=fn, const_inputs=const, wants_ctx=False)
     return out
+
+
+def _sequence_tail(program, st) -> int | None:
+    """``k`` when step ``st`` gathers one row ``k`` < 0 counted from the end of a ``sequence_length`` axis 1 (a
+    padded prompt's end is its padding), else None."""
+    if len(st.inputs) < 2 or int(st.attrs.get("axis", 0)) != 1:
+        return None
+    idx = program.constants.get(st.inputs[1])
+    if idx is None or np.ndim(idx) != 0 or not np.issubdtype(np.asarray(idx).dtype, np.integer) or int(idx) >= 0:
+        return None
+    shape = program.graph.value(st.inputs[0]).shape or ()
+    return int(idx) if len(shape) > 1 and shape[1] == SEQ_DIM_NAME else None
 
 
 _PREPACKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

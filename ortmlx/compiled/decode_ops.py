@@ -207,6 +207,7 @@ def gqa_traced(decode: bool, padded: bool = False):
         zero = consts.zeros((1,), pk.dtype)
         pk, pv = mx.where(keep, pk, zero), mx.where(keep, pv, zero)
         s = args[0].shape[1]                    # the bucket (<= t: BucketedPrefill caps it by the buffer)
+        build.memo(PADDED_VALID, lambda: seqlens + 1)      # the prompt's own length, for ``gather_padded_tail``
         start = build.memo(("prefill_start", b), lambda: consts.zeros((b,), mx.int32))
         add_row_hint(pk, args[3], start, pk[:, :, :s])
         add_row_hint(pv, args[4], start, pv[:, :, :s])
@@ -365,6 +366,27 @@ def gather_traced(data, indices, *, axis=0):
     add_guard(every((idx >= -n) & (idx < n)))
     idx = mx.where(idx < 0, idx + n, idx)
     return mx.take(data, idx.astype(mx.int32) if n < 2**31 else idx, axis=a)
+
+
+#: build-memo key of a padded prefill's valid length per batch row (set by its GroupQueryAttention)
+PADDED_VALID = ("padded_valid_length",)
+
+
+def gather_padded_tail(k: int):
+    """Gather along the sequence axis (1) of a constant negative index ``k`` in a prompt padded to its bucket:
+    row ``valid + k`` of each batch row, not ``bucket + k`` (the builder's ``prune_lm_head`` keeps the last
+    token's hidden state so). The valid length is the padded GroupQueryAttention's (``PADDED_VALID``)."""
+    def gather(data, indices, *, axis=0):
+        b = build.current()
+        valid = b.memo.get(PADDED_VALID) if b is not None else None
+        if valid is None or data.ndim < 2:
+            raise Untraceable("a padded prompt's tail gather before any GroupQueryAttention gave its length")
+        n = data.shape[0]
+        idx = (valid.reshape(-1).astype(mx.int32) + k).reshape((n,) + (1,) * (data.ndim - 1))
+        add_guard(every(idx >= 0))
+        idx = mx.broadcast_to(mx.maximum(idx, 0), (n, 1) + tuple(data.shape[2:]))
+        return mx.take_along_axis(data, idx, axis=1).squeeze(1)
+    return gather
 
 
 def _traced_indices(indices, n: int):

@@ -41,7 +41,8 @@ a failure is one line in the table and in the JSON's "errors"; the JSON (--json)
 so a run stopped at any point leaves what it measured; workers' stderr goes to --log. --time-budget (seconds)
 skips a case whose estimate does not fit in what is left and clips every limit to it.
 
-Builds: scripts/bench_models.py (-e cuda, fp16 / int4: GQA, shared KV buffer) and, for accuracy,
+Builds: scripts/bench_models.py (-e cuda, fp16 / int4: GQA, shared KV buffer; --prune-lm-head: the builder's
+prune_lm_head, whose prompt logits are the last token's only) and, for accuracy,
 models/build_llm.py (-e cpu fp32); cached under models/out; their times are printed and kept in the JSON
 (--build-only: build, print, stop). The reference's tokens and logits are cached next to its build
 (.bench_ref-*.npz: they depend on the checkpoint and the sizes only), so fp16 and int4 share one run of it.
@@ -644,8 +645,10 @@ class Bench:
     # ------------------------------------------------------------------ models
     def build(self, M: dict, size: str, precision: str) -> bool:
         py = sys.executable
-        jobs = [("model", os.path.join(B.OUT_ROOT, f"qwen2-{size}-{precision}-gqa"),
-                 [py, os.path.join(HERE, "bench_models.py"), "--size", size, "--precision", precision])]
+        prune = self.args.prune_lm_head
+        jobs = [("model", os.path.join(B.OUT_ROOT, f"qwen2-{size}-{precision}-gqa" + ("-prune" if prune else "")),
+                 [py, os.path.join(HERE, "bench_models.py"), "--size", size, "--precision", precision]
+                 + (["--prune-lm-head"] if prune else []))]
         if "accuracy" in self.only:
             jobs.append(("reference", B.out_dir("qwen2", size, "fp32"),
                          [py, os.path.join(ROOT, "models", "build_llm.py"), "--arch", "qwen2", "--precision", "fp32",
@@ -693,7 +696,7 @@ class Bench:
             M["dirs"]["ref"] = M["build"]["reference"]["dir"]
 
     def run_model(self, size: str, precision: str) -> None:
-        name = f"qwen2-{size}-{precision}"
+        name = f"qwen2-{size}-{precision}" + ("-prune" if self.args.prune_lm_head else "")
         M = self.res["models"][name] = {"name": name, "build": {}, "engines": {}, "errors": [], "skipped": [],
                                         "dead": {}, "starts": {}, "fails": {}}
         self.say(f"\n== {name} ({self.budget.left():.0f} s of the budget left)")
@@ -1230,6 +1233,8 @@ def main(argv=None) -> int:
                     help="MLX EP provider option (device, no_compile, trace, verbose, disable_ops, tuning)")
     ap.add_argument("--cold-variants", default="eager,warmed",
                     help=f"the cold case's extra MLX EP runs, comma list of {','.join(COLD_VARIANTS)} (or empty)")
+    ap.add_argument("--prune-lm-head", action="store_true",
+                    help="models built with the builder's prune_lm_head (a prompt's logits: its last token only)")
     ap.add_argument("--stall-warmup", action="store_true",
                     help="stall: the MLX EP runs ortmlx.warmup.warm over every bucket first (in its process)")
     ap.add_argument("--prefill", help="comma list of prompt lengths (default 128,512,2048,4096)")

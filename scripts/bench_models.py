@@ -5,8 +5,11 @@ MultiHeadAttention plus repeat_kv shape math). The MLX EP runs either; genai's p
 replaced at load time (ortmlx.genai.make_config).
 
     python scripts/bench_models.py --size 0.5b [--size 1.5b] [--precision fp16] [--precision int4] [--out models/out]
+    python scripts/bench_models.py --size 0.5b --prune-lm-head      # the builder's prune_lm_head: -gqa-prune/
 
-Output: <out>/qwen2-<size>-<precision>-gqa/ and the checkpoint <out>/hf/qwen2-<size>/. Builds are
+Output: <out>/qwen2-<size>-<precision>-gqa/ and the checkpoint <out>/hf/qwen2-<size>/. ``--prune-lm-head`` builds
+with the builder's ``prune_lm_head=true`` (the LM head reads the last token only: a prompt's logits are one row
+per batch row) into <out>/qwen2-<size>-<precision>-gqa-prune/. Builds are
 cached (a marker file with build_llm's recipe: the benchmark sizes' scaled output projections and
 8,192-position context: build_llm.BENCH_SIZES, part of the build's fingerprint); ``--force`` rebuilds. The last line printed per
 build is ``<dir>: <seconds> s`` (0.0 when cached) for scripts/bench_llm.py.
@@ -29,13 +32,14 @@ import transformers  # noqa: E402,F401
 import build_llm as B  # noqa: E402
 
 
-def gqa_dir(size: str, precision: str, arch: str = "qwen2", root: str = B.OUT_ROOT) -> str:
-    return os.path.join(root, f"{arch}-{size}-{precision}-gqa")
+def gqa_dir(size: str, precision: str, arch: str = "qwen2", root: str = B.OUT_ROOT, prune: bool = False) -> str:
+    return os.path.join(root, f"{arch}-{size}-{precision}-gqa" + ("-prune" if prune else ""))
 
 
-def build(size: str, precision: str, arch: str = "qwen2", root: str = B.OUT_ROOT, force: bool = False) -> str:
-    """Build (or reuse) <root>/<arch>-<size>-<precision>-gqa; return its directory."""
-    out = gqa_dir(size, precision, arch, root)
+def build(size: str, precision: str, arch: str = "qwen2", root: str = B.OUT_ROOT, force: bool = False,
+          prune: bool = False) -> str:
+    """Build (or reuse) <root>/<arch>-<size>-<precision>-gqa[-prune]; return its directory."""
+    out = gqa_dir(size, precision, arch, root, prune)
     if not force and B._is_built(out, B.fingerprint(arch, size)):
         return out
     t0 = time.perf_counter()
@@ -45,12 +49,12 @@ def build(size: str, precision: str, arch: str = "qwen2", root: str = B.OUT_ROOT
     cache = out + ".cache"
     shutil.rmtree(tmp, ignore_errors=True)
     b = B._genai_builder()
-    opts = b.parse_extra_options(None, hf, tmp, precision, "cuda", cache, [])
+    opts = b.parse_extra_options(None, hf, tmp, precision, "cuda", cache, ["prune_lm_head=true"] if prune else [])
     b.create_model(None, hf, tmp, precision, "cuda", cache, **opts)
     shutil.rmtree(cache, ignore_errors=True)
     with open(os.path.join(tmp, B.MARKER), "w") as f:
         json.dump({"recipe": B.RECIPE, "config": B.fingerprint(arch, size), "arch": arch, "size": size, "precision": precision,
-                   "execution_provider": "cuda", "seconds": round(time.perf_counter() - t0, 2)}, f)
+                   "execution_provider": "cuda", "prune_lm_head": prune, "seconds": round(time.perf_counter() - t0, 2)}, f)
     os.replace(tmp, out)
     return out
 
@@ -62,11 +66,12 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", default="qwen2", choices=B.ARCHS)
     ap.add_argument("--out", default=B.OUT_ROOT)
     ap.add_argument("--force", action="store_true", help="rebuild even when cached")
+    ap.add_argument("--prune-lm-head", action="store_true", help="the builder's prune_lm_head (last-token logits)")
     args = ap.parse_args(argv)
     for size in args.size:
         for precision in args.precision or ["fp16"]:
             t0 = time.time()
-            out = build(size, precision, args.arch, args.out, args.force)
+            out = build(size, precision, args.arch, args.out, args.force, args.prune_lm_head)
             print(f"{out}: {time.time() - t0:.1f} s", flush=True)
     return 0
 

@@ -20,7 +20,6 @@ import ortmlx.compiled as C  # noqa: E402
 from ortmlx import genai as mg  # noqa: E402
 
 pytestmark = pytest.mark.genai
-MAX_LENGTH = 160
 
 
 def pruned_copy(src: str, dst: str) -> str:
@@ -47,20 +46,8 @@ def pruned_copy(src: str, dst: str) -> str:
     return dst
 
 
-def greedy(model, ids, n=8) -> list[int]:
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=MAX_LENGTH, do_sample=False)
-    g = og.Generator(model, params)
-    g.append_tokens(ids)
-    out = []
-    while len(out) < n and not g.is_done():
-        g.generate_next_token()
-        out.append(int(g.get_next_tokens()[0]))
-    return out
-
-
 def test_a_padded_prompt_gathers_its_own_last_row(tmp_path):
-    from test_compiled_genai import model_dir
+    from test_compiled_genai import greedy, model_dir
     path = pruned_copy(model_dir("qwen2"), str(tmp_path / "pruned"))
     cfg = og.Config(path)
     cfg.clear_providers()

@@ -24,6 +24,10 @@ from .kernels import background
 from .version import mlx_cache_dir
 
 
+#: the longest a warm-up prompt waits for the kernels it queued on the builder thread (g++ builds take seconds)
+BUILD_WAIT_S = 600.0
+
+
 def prompt_lengths(up_to: int, max_length: int) -> list[tuple[int, int]]:
     """(bucket, prompt length) pairs up to ``up_to`` tokens under a KV buffer of ``max_length``: two lengths in the
     first bucket (a padded bucket's closure is trusted after matching eager at two lengths), then the shortest of
@@ -68,7 +72,7 @@ def warm(model, max_length: int, up_to: int, decode_steps: int = 3, vocab: int =
         if background.submitted() != queued:
             # MLX's CPU backend answered eagerly while it builds the kernels behind (tuning build_behind): once
             # they are built the same prompt traces and verifies its bucket's closure here
-            background.wait()
+            background.wait(BUILD_WAIT_S)
             extra, decode = generate(n)
             prefill += extra
         rows.append({"bucket": bucket, "prompt": n, "prefill_s": prefill, "decode_s": decode})

@@ -492,3 +492,24 @@ def test_batched_decode_on_mirrors_matches_the_cpu_ep():
         del model
     assert toks["mirror"] == toks["plain"] == toks["cpu"], toks
     assert kv["batched"] > 4 * (kv["whole"] + kv["row_hints"] + kv["diffed"]), kv   # rows, in one C copy a call
+
+
+def test_a_batch_of_equal_length_prompts_is_padded_to_a_bucket():
+    """genai's static batching with every row the same length (the mask all ones): the prompts pad to a bucket as a
+    lone prompt does (every row's padding dropped), so a new length in a trusted bucket replays, where each
+    (length, batch) key traced one closure of its own at its second sight before; tokens as the CPU EP's."""
+    path = model_dir("qwen2")
+    batches = [[[510] + list(range(a, a + n - 1)) for a in (100, 200, 300)] for n in (20, 25, 27, 40)]
+    toks = {}
+    for key, provider in (("cpu", "cpu"), ("mlx", "mlx")):
+        with C.capture() as rs:
+            model, _ = mg.load_model(path, provider, None, SHARE)
+        toks[key] = [_batch_greedy(model, b, 8) for b in batches]
+        if key == "mlx":
+            (att,) = [r for r in rs if hasattr(r, "prefill")]
+            pre, exact = dict(att.prefill.counters), att.prefill_exact
+        del model
+    assert toks["mlx"] == toks["cpu"], toks
+    # 20 and 25 verify bucket 32 at two lengths, 27 replays it, 40 verifies bucket 64 at its first match
+    assert (pre["traces"], pre["verify_calls"], pre["compiled_calls"]) == (2, 3, 1) and not pre["poisoned"], pre
+    assert exact is None or exact.counters["traces"] == 0, exact.counters

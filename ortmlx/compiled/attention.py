@@ -61,8 +61,8 @@ def rope_rows(program) -> int | None:
 class BucketedPrefill(CompiledSubgraph):
     """Prefill on prompts padded to a bucket: one trace per bucket, not per prompt length.
 
-    Only for a first prompt of batch 1 whose mask-like inputs (``total_sequence_length`` dims)
-    are all ones, with a shared KV buffer at least as long as the bucket. Inputs are padded with
+    Only for a first prompt whose mask-like inputs (``total_sequence_length`` dims) are all ones (a batch's
+    rows all of one length), with a shared KV buffer at least as long as the bucket. Inputs are padded with
     zeros along their ``sequence_length``/``total_sequence_length`` dims; outputs are cropped
     back along ``sequence_length``; present rows past the valid length are zeroed in the trace.
     A bucket's closure is trusted after matching eager at two different prompt lengths.
@@ -107,7 +107,8 @@ class BucketedPrefill(CompiledSubgraph):
         super().release()
 
     def bucket(self, inputs: list) -> tuple[int, int] | None:
-        """(prompt length, bucket) when this call can be padded, else None."""
+        """(prompt length, bucket) when this call can be padded (one batch size and length, masks all ones), else
+        None."""
         if not (self.seq and self.total and self.past) or self.rows is None or self.windowed:
             return None
         size = {(i, ax): inputs[i].shape[ax] for i, ax in self.seq + self.total + self.batch + self.past
@@ -116,7 +117,7 @@ class BucketedPrefill(CompiledSubgraph):
             return None
         s = {size[d] for d in self.seq + self.total}
         p = {size[d] for d in self.past}
-        if len(s) != 1 or len(p) != 1 or any(size[d] != 1 for d in self.batch):
+        if len(s) != 1 or len(p) != 1 or len({size[d] for d in self.batch}) > 1:
             return None
         (s,), (p,) = s, p
         if s < 2:

@@ -233,6 +233,11 @@ def out_dir(arch: str, size: str, precision: str, root: str = OUT_ROOT, target: 
     return os.path.join(root, model_name(arch, size, precision, target))
 
 
+def gqa_dir(size: str, precision: str, arch: str = "qwen2", root: str = OUT_ROOT, prune: bool = False) -> str:
+    """scripts/bench_models.py's ``-e cuda`` benchmark build (``prune``: with the builder's ``prune_lm_head``)."""
+    return os.path.join(root, f"{arch}-{size}-{precision}-gqa" + ("-prune" if prune else ""))
+
+
 def config_kwargs(arch: str, size: str) -> dict:
     """The HF config arguments of ``arch`` at ``size``."""
     a = ARCHS[arch]

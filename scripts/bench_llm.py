@@ -646,7 +646,7 @@ class Bench:
     def build(self, M: dict, size: str, precision: str) -> bool:
         py = sys.executable
         prune = self.args.prune_lm_head
-        jobs = [("model", os.path.join(B.OUT_ROOT, f"qwen2-{size}-{precision}-gqa" + ("-prune" if prune else "")),
+        jobs = [("model", B.gqa_dir(size, precision, prune=prune),
                  [py, os.path.join(HERE, "bench_models.py"), "--size", size, "--precision", precision]
                  + (["--prune-lm-head"] if prune else []))]
         if "accuracy" in self.only:

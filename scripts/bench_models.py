@@ -32,14 +32,10 @@ import transformers  # noqa: E402,F401
 import build_llm as B  # noqa: E402
 
 
-def gqa_dir(size: str, precision: str, arch: str = "qwen2", root: str = B.OUT_ROOT, prune: bool = False) -> str:
-    return os.path.join(root, f"{arch}-{size}-{precision}-gqa" + ("-prune" if prune else ""))
-
-
 def build(size: str, precision: str, arch: str = "qwen2", root: str = B.OUT_ROOT, force: bool = False,
           prune: bool = False) -> str:
     """Build (or reuse) <root>/<arch>-<size>-<precision>-gqa[-prune]; return its directory."""
-    out = gqa_dir(size, precision, arch, root, prune)
+    out = B.gqa_dir(size, precision, arch, root, prune)
     if not force and B._is_built(out, B.fingerprint(arch, size)):
         return out
     t0 = time.perf_counter()

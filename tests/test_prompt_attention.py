@@ -57,12 +57,12 @@ def inputs(b, s):
     return q, k, v
 
 
-def attend(q, k, v, total, *, fused=True, minimum=1, causal=False, window=-1):
+def attend(q, k, v, total, *, fused=True, minimum=1, causal=False, window=-1, sink=None):
     mq, mk, mv = mx.array(q), mx.array(k), mx.array(v)
     tl = mx.array(np.asarray(total, np.int32))
     with build.active(build.BuildContext(fused_attention=fused, fused_attention_min=minimum)):
         out = ca.prompt_attention(mq, mk, mv, mq.astype(mx.float32), tl - 1, mx.zeros(tl.shape, mx.int32), tl,
-                                  alpha=H ** -0.5, softcap=0.0, local_window_size=window, sink=None,
+                                  alpha=H ** -0.5, softcap=0.0, local_window_size=window, sink=sink,
                                   attention_bias=None, causal=causal)
     return np.array(out.astype(mx.float32))
 
@@ -123,17 +123,9 @@ def test_sinks_keep_the_mask_array(masks):
     """With a sink the fused kernel is given the mask array even where the rows are full (the form GPUs ran)."""
     q, k, v = inputs(1, 12)
     sink = mx.array(RNG.standard_normal(N).astype(np.float32))
-    mq, mk, mv = mx.array(q), mx.array(k), mx.array(v)
-    tl = mx.array([12], mx.int32)
-    outs = []
-    for fused in (True, False):
-        with build.active(build.BuildContext(fused_attention=fused, fused_attention_min=1)):
-            o = ca.prompt_attention(mq, mk, mv, mq.astype(mx.float32), tl - 1, mx.zeros((1,), mx.int32), tl,
-                                    alpha=H ** -0.5, softcap=0.0, local_window_size=-1, sink=sink,
-                                    attention_bias=None, causal=True)
-        outs.append(np.array(o.astype(mx.float32)))
+    fused = attend(q, k, v, [12], causal=True, sink=sink)
     assert masks == ["array"]
-    close(outs[0], outs[1])
+    close(fused, attend(q, k, v, [12], fused=False, causal=True, sink=sink))
 
 
 def gqa(q, k, v, total, minimum=1):

@@ -72,6 +72,8 @@ STAGES = [
     ("ortmlx.compiled.core", "CompiledSubgraph", "_upload_hoisted", "run.apply.hoisted_upload"),
     ("ortmlx.compiled.core", "CompiledSubgraph", "_call_ahead", "run.apply.ahead"),     # (the next call's, made now)
     ("ortmlx.kernels.cuda_driver", "Driver", "synchronize", "run.apply.spin"),      # (GPU: the polled wait)
+    ("ortmlx.compiled.core", "CompiledSubgraph", "_settled_eval", "run.apply.settled"),  # (launch, wait, eval)
+    ("mlx.core", None, "async_eval", "mx.async_eval"),     # (MLX's launch of a graph: its host work, every caller's)
     # a prompt's call (--prompt): padding to its bucket, uploads, a first call's trace, eager and verification
     ("ortmlx.compiled.attention", "BucketedPrefill", "_prepare", "run.prepare"),
     ("ortmlx.compiled.core", "CompiledSubgraph", "_upload", "run.apply.upload"),

@@ -14,9 +14,11 @@ class RowHints:
     ``meta`` [(output j, input i, row shape, item size)] and ``data``: one flat byte array of the rows, then
     the distinct start arrays (int32 bytes, ``n_starts`` values); ``starts`` indexes those values for each
     hint's batch rows in turn (hints sharing one start array share its bytes): one round trip. ``data`` is
-    an MLX array, or (written to host memory by the kernel) a NumPy array of the call's own."""
+    an MLX array, or (written to host memory by the kernel) a NumPy array: the call's own, or with ``borrowed``
+    a read-only view of the closure's host buffer, valid until the closure's next evaluation (a prompt's rows:
+    tens of MB, which the call's copy-out writes before that; whoever keeps them longer copies them)."""
 
-    __slots__ = ("meta", "data", "n_starts", "starts", "nbytes")
+    __slots__ = ("meta", "data", "n_starts", "starts", "nbytes", "borrowed")
 
     #: (meta, starts, n_starts, nbytes) of the last hints built, matched by identity: a closure's meta and
     #: starts stay the same objects from its trace on, so the counts are worked out once, not per call
@@ -26,6 +28,7 @@ class RowHints:
         self.meta = meta
         self.data = data
         self.starts = starts
+        self.borrowed = False
         last = RowHints._sizes
         if last[0] is meta and last[1] is starts:
             self.n_starts, self.nbytes = last[2], last[3]

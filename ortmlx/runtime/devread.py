@@ -112,19 +112,41 @@ def _settle(futures: list) -> None:
 
 
 def parallel_memmove(dst: int, src: int, n: int, threads: int = COPY_THREADS) -> None:
-    """Copy ``n`` bytes from host address ``src`` to ``dst`` on up to ``threads`` threads (``ctypes.memmove``
-    releases the GIL); the last slice runs on the calling thread."""
-    k = max(1, min(threads, n // _COPY_CHUNK_MIN))
+    """Copy ``n`` bytes from host address ``src`` to ``dst`` on up to ``threads`` threads."""
+    parallel_copies([(dst, src, n)], threads)
+
+
+def parallel_copies(jobs: list[tuple[int, int, int]], threads: int = COPY_THREADS) -> None:
+    """Do every host copy (destination address, source address, bytes) of ``jobs`` (non-overlapping), cut into
+    up to ``threads`` shares of whole pages and at least 1 MiB each (``ctypes.memmove`` releases the GIL); the
+    last share runs on the calling thread. A fresh destination's page faults are spread over the threads too."""
+    total = sum(n for _, _, n in jobs)
+    k = max(1, min(threads, total // _COPY_CHUNK_MIN))
     if k == 1:
-        ctypes.memmove(dst, src, n)
+        _copies(jobs)
         return
-    step = _slice_bytes(n, k)
-    cuts = list(range(0, n, step))
+    share = _slice_bytes(total, k)
+    parts, part, room = [], [], share
+    for d, s, n in jobs:
+        while n:
+            m = min(n, room)
+            part.append((d, s, m))
+            d, s, n, room = d + m, s + m, n - m, room - m
+            if not room:
+                parts.append(part)
+                part, room = [], share
+    if part:
+        parts.append(part)
     pool = _lazy_pool(_pool, max(1, COPY_THREADS - 1), "ortmlx-copy")
-    futs = [pool.submit(ctypes.memmove, dst + i, src + i, step) for i in cuts[:-1]]
-    ctypes.memmove(dst + cuts[-1], src + cuts[-1], n - cuts[-1])
+    futs = [pool.submit(_copies, p) for p in parts[:-1]]
+    _copies(parts[-1])
     for f in futs:
         f.result()
+
+
+def _copies(jobs) -> None:
+    for d, s, n in jobs:
+        ctypes.memmove(d, s, n)
 
 
 class Reader:

@@ -37,6 +37,9 @@ from .mirror import (MirrorSet, changed_rows, hint_bytes, mirrorable, predicted_
 #: device round trip and reads both copies, and on a GPU a whole copy crosses the link. Tests set both to 0 to
 #: exercise the diff on small buffers.
 WHOLE_COPY_BYTES = [1 << 20, 64 << 10]
+#: hinted rows' total bytes from which their block copies run on several threads (a prompt's KV rows; a decode
+#: step's are kilobytes)
+PARALLEL_HINT_BYTES = 8 << 20
 
 _SHAPE = operator.attrgetter("shape")
 
@@ -232,13 +235,17 @@ class Group:
         pending = []                    # (input index, address, result, old mirror, ORT's buffer)
         done: set[int] = set()
         hinted, ptrs, hosts, batched = {}, None, {}, ()
+        jobs, stores = None, []         # a large hinted write's block copies, made together on threads (a prompt's)
         prev = getattr(self._tls, "kv", None)
         self._tls.kv = None
         if hints is not None:
             flat, starts = hint_bytes(hints, self.read)
+            if flat.nbytes >= PARALLEL_HINT_BYTES:
+                jobs = []
             if self.kv is not None and used:
                 ptrs, hosts, shapes = self._output_ptrs(result, sink, probe, addrs)
-                kb = self._write_batch(hints.meta, flat, starts, ptrs, results, g, used, prev, shapes)
+                kb = self._write_batch(hints.meta, flat, starts, ptrs, results, g, used, prev, shapes,
+                                       hints.borrowed)
                 if kb is not None:
                     done.update(kb.layout.in_list)
                     batched = kb.layout
@@ -269,10 +276,10 @@ class Group:
                     if h is not None and h[0] == i and (i in used or i in result.standins):
                         # the runner ran on the mirror (or on zeros in place of a past it does not read) and
                         # says which rows it changed: write just those
-                        ranges = write_hinted(dst, h[1], h[2], h[3])
+                        ranges = write_hinted(dst, h[1], h[2], h[3], jobs)
                         if ranges is not None:
                             moved += h[2].nbytes
-                            self.mirrors.store(i, addr, dst, r, ranges)
+                            stores.append((i, addr, dst, r, ranges))
                             self.kv_copy_out["row_hints"] += 1
                             continue
                     if used and i in used:
@@ -293,6 +300,10 @@ class Group:
                 # a hinted present computed in place (rows after the new ones are the past's) going to its
                 # own buffer: ORT's kernel leaves those rows zero there
                 self._zero_after_rows(ptr, host, hinted[j])
+        if jobs:
+            devread.parallel_copies(jobs)
+        for st in stores:               # (after the rows are in: a mirror keeps some of them to check)
+            self.mirrors.store(*st)
         if self.kv is not None and (rest := self._aliased.difference(done)) and \
                 (stored := [a for a, i in addrs.items() if i in rest]) and len(self.kv):
             self.kv.drop(stored)        # the per-buffer path owns these buffers now
@@ -331,14 +342,17 @@ class Group:
         return self._direct and isinstance(r, mx.array) and self.read.direct(r.nbytes) and \
             dt.FROM_MLX.get(r.dtype) == self.out_types[j] and self.out_types[j] not in dt.CARRIERS
 
-    def _write_batch(self, meta, flat, starts, ptrs, results, g: Gathered, used, prev, shapes):
-        """The batched copy-out of every hinted row (kvbatch.py), or None (nothing written)."""
+    def _write_batch(self, meta, flat, starts, ptrs, results, g: Gathered, used, prev, shapes, borrowed=False):
+        """The batched copy-out of every hinted row (kvbatch.py), or None (nothing written). The batch keeps the
+        rows to check the buffers against next call: ``borrowed`` ones (``RowHints``) are copied for it."""
         kv = self.kv
         L = kv.layout_for(meta, ptrs, g.inputs, g.addr, used, results, self.out_types,
                           prev.layout if prev is not None else getattr(self._tls, "kv_layout", None),
                           taken=prev is not None, res_shapes=shapes)
         if L is None:
             return None
+        if borrowed:
+            flat = flat.copy()
         kb = kv.write(L, flat, starts, results, prev)
         if kb is None:
             return None

@@ -210,10 +210,13 @@ def hint_bytes(hints, read: Reader = NUMPY) -> tuple[np.ndarray, np.ndarray]:
     return hints.split(hints.host_data(read.read))
 
 
-def write_hinted(dst: np.ndarray, start: np.ndarray, raw: np.ndarray, shape: tuple) -> np.ndarray | None:
+def write_hinted(dst: np.ndarray, start: np.ndarray, raw: np.ndarray, shape: tuple,
+                 jobs: list | None = None) -> np.ndarray | None:
     """Write the rows (``raw`` bytes of ``shape`` (B, ..., S, H) in dst's type) into ``dst`` (B, ..., P, H)
     at row ``start[b]`` of each batch row; returns the written ranges per leading index ([L, 2], as
-    ``changed_rows``), or None when they do not fit (nothing written)."""
+    ``changed_rows``), or None when they do not fit (nothing written). ``jobs``: where both are row-major, the
+    copies are appended there as (destination address, source address, bytes), one per block, for the caller
+    to run (``devread.parallel_copies``) before it reads ``dst``, instead of being made here."""
     b, s, p = shape[0], shape[-2], dst.shape[-2]
     if tuple(shape[:-2]) != dst.shape[:-2] or shape[-1] != dst.shape[-1] or start.shape != (b,) \
             or raw.nbytes != math.prod(shape) * dst.itemsize:
@@ -221,9 +224,17 @@ def write_hinted(dst: np.ndarray, start: np.ndarray, raw: np.ndarray, shape: tup
     st = start.tolist()
     if min(st) < 0 or max(st) + s > p:
         return None
-    rows = raw.view(dst.dtype).reshape(shape)
     per = math.prod(dst.shape[1:-2])
     ranges = np.empty((b * per, 2), np.int32)
+    if jobs is not None and dst.flags.c_contiguous and raw.flags.c_contiguous:
+        row = shape[-1] * dst.itemsize
+        d0, s0 = dst.ctypes.data, raw.ctypes.data
+        for k, r0 in enumerate(st):
+            for m in range(k * per, (k + 1) * per):
+                jobs.append((d0 + (m * p + r0) * row, s0 + m * s * row, s * row))
+            ranges[k * per:(k + 1) * per] = (r0, r0 + s)
+        return ranges
+    rows = raw.view(dst.dtype).reshape(shape)
     for k, r0 in enumerate(st):
         dst[k, ..., r0:r0 + s, :] = rows[k]
         ranges[k * per:(k + 1) * per] = (r0, r0 + s)

@@ -124,3 +124,51 @@ def test_genai_prompts_write_their_rows_on_threads(monkeypatch, borrow):
     assert calls and min(calls) > 0 and max(checked) > 1, (calls, checked)
     assert any(borrowed) == borrow, borrowed
     del model
+
+
+@pytest.mark.genai
+def test_genai_first_prompt_rows_go_in_one_batch(monkeypatch):
+    """A first prompt's rows (its past buffers stood in by zeros) below ``PARALLEL_HINT_BYTES`` go the KV batch's way:
+    greedy tokens equal to ORT's CPU EP, the batch taken by the next call, and at every take ORT's buffers hold the
+    device mirrors' rows of the prompt."""
+    import ctypes
+
+    og = pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (pip install .[genai])")
+    from test_compiled_genai import greedy, model_dir
+
+    from ortmlx import genai as mg
+    from ortmlx.runtime import kvbatch
+    prompt_batches, write_batch = [], group.Group._write_batch
+
+    def batch(self, meta, flat, starts, ptrs, results, g, used, *a, **k):
+        kb = write_batch(self, meta, flat, starts, ptrs, results, g, used, *a, **k)
+        if isinstance(used, frozenset):         # (the standins: a first prompt)
+            prompt_batches.append(kb is not None)
+        return kb
+    monkeypatch.setattr(group.Group, "_write_batch", batch)
+    rows, taken, take = [0], [], kvbatch.KvBatches.take
+
+    def took(self, *a, **k):
+        b = take(self, *a, **k)
+        if b is not None:
+            L = b.layout
+            for addr, shape, dtype, dev in zip(L.addrs.tolist(), L.shapes, L.dtypes, b.arrays):
+                n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+                host = np.frombuffer((ctypes.c_char * n).from_address(addr), dtype).reshape(shape)
+                assert host[..., :rows[0], :].tobytes() == np.array(dev)[..., :rows[0], :].tobytes()
+            taken.append(rows[0])
+        return b
+    monkeypatch.setattr(kvbatch.KvBatches, "take", took)
+    path = model_dir("qwen2")
+    cfg = og.Config(path)
+    cfg.clear_providers()
+    cpu = og.Model(cfg)
+    model, _ = mg.load_model(path, "mlx", {"tuning": "build_behind=0"},
+                             {"search": {"past_present_share_buffer": True}})
+    rng = np.random.default_rng(11)
+    for n in (40, 40, 21, 44, 30):
+        ids = rng.integers(5, 400, n).astype(np.int32)
+        rows[0] = n
+        assert greedy(model, ids) == greedy(cpu, ids), n
+    assert any(prompt_batches) and set(taken) >= {21, 30, 40, 44}, (prompt_batches, sorted(set(taken)))
+    del model

@@ -3,8 +3,8 @@ instead of ~10 Python operations per buffer (a 24-layer model has 48 of them).
 
 The per-buffer path (``mirror.py``) is the reference. A call whose every row-hinted output
 (``compiled.core.RowHints``: the decode attention wrote one declared row into each shared
-K/V buffer) went back into its own input's buffer, each such input having run on its mirror,
-leaves a ``KvBatch``:
+K/V buffer) went back into its own input's buffer, each such input having run on its mirror (or,
+a first prompt's, on zeros in its place: ``RunResult.standins``), leaves a ``KvBatch``:
 
 - the buffers (``Layout``: input and output indices, addresses, shapes, types) and their
   device mirrors (the call's results);
@@ -186,7 +186,7 @@ class KvBatches:
                    results: list, out_types: list, prev: Layout | None, taken: bool = False,
                    res_shapes: list | None = None) -> Layout | None:
         """The layout of a call's hinted outputs when every one qualifies (its ORT buffer is its
-        input's, that input ran on a mirror, shapes and types fit), else None.
+        input's, that input ran on a mirror or on zeros in its place (``used``), shapes and types fit), else None.
 
         ``taken``: ``prev`` is the layout of the batch this call took at copy-in (its inputs were
         checked to be those buffers, and every one ran on its mirror). ``res_shapes``: the results' shapes."""

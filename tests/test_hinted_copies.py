@@ -71,6 +71,20 @@ def test_block_copies_write_what_the_assignment_writes(shape, starts, p):
     assert write_hinted(b, np.array([p - shape[-2] + 1] * shape[0], np.int32), raw, shape, jobs) is None
 
 
+def _models():
+    """The tiny Qwen2 on ORT's CPU EP and on the MLX EP (shared KV buffer, closures built in the call)."""
+    og = pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (pip install .[genai])")
+    from test_compiled_genai import model_dir
+
+    from ortmlx import genai as mg
+    path = model_dir("qwen2")
+    cfg = og.Config(path)
+    cfg.clear_providers()
+    model, _ = mg.load_model(path, "mlx", {"tuning": "build_behind=0"},
+                             {"search": {"past_present_share_buffer": True}})
+    return og.Model(cfg), model
+
+
 @pytest.mark.genai
 @pytest.mark.parametrize("borrow", [False, pytest.param(True, marks=pytest.mark.skipif(
     not cuda_kernels.usable(), reason="row hints reach host memory by a kernel on MLX's CUDA backend only"))])
@@ -79,10 +93,9 @@ def test_genai_prompts_write_their_rows_on_threads(monkeypatch, borrow):
     page): greedy tokens equal to ORT's CPU EP over prompts of several lengths, ORT's buffers holding the device
     result's rows when each becomes a mirror. ``borrow`` (GPU): every call without a call made ahead reads its
     rows in the closure's host buffer (``HINT_BORROW_MIN`` 0), decode steps too, whose batch copies them."""
-    og = pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (pip install .[genai])")
-    from test_compiled_genai import greedy, model_dir
+    pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (pip install .[genai])")
+    from test_compiled_genai import greedy
 
-    from ortmlx import genai as mg
     monkeypatch.setattr(group, "PARALLEL_HINT_BYTES", 0)
     monkeypatch.setattr(devread, "_COPY_CHUNK_MIN", 4096)
     if borrow:
@@ -111,12 +124,7 @@ def test_genai_prompts_write_their_rows_on_threads(monkeypatch, borrow):
             borrowed.append(result.row_hints.borrowed)
         return write(self, result, *a, **k)
     monkeypatch.setattr(group.Group, "write_outputs", writes)
-    path = model_dir("qwen2")
-    cfg = og.Config(path)
-    cfg.clear_providers()
-    cpu = og.Model(cfg)
-    model, _ = mg.load_model(path, "mlx", {"tuning": "build_behind=0"},
-                             {"search": {"past_present_share_buffer": True}})
+    cpu, model = _models()
     rng = np.random.default_rng(7)
     for n in (40, 21, 40, 60, 9):         # a bucket's later prompts run its closure, whose rows come hinted
         ids = rng.integers(5, 400, n).astype(np.int32)
@@ -133,10 +141,9 @@ def test_genai_first_prompt_rows_go_in_one_batch(monkeypatch):
     device mirrors' rows of the prompt."""
     import ctypes
 
-    og = pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (pip install .[genai])")
-    from test_compiled_genai import greedy, model_dir
+    pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (pip install .[genai])")
+    from test_compiled_genai import greedy
 
-    from ortmlx import genai as mg
     from ortmlx.runtime import kvbatch
     prompt_batches, write_batch = [], group.Group._write_batch
 
@@ -159,12 +166,7 @@ def test_genai_first_prompt_rows_go_in_one_batch(monkeypatch):
             taken.append(rows[0])
         return b
     monkeypatch.setattr(kvbatch.KvBatches, "take", took)
-    path = model_dir("qwen2")
-    cfg = og.Config(path)
-    cfg.clear_providers()
-    cpu = og.Model(cfg)
-    model, _ = mg.load_model(path, "mlx", {"tuning": "build_behind=0"},
-                             {"search": {"past_present_share_buffer": True}})
+    cpu, model = _models()
     rng = np.random.default_rng(11)
     for n in (40, 40, 21, 44, 30):
         ids = rng.integers(5, 400, n).astype(np.int32)

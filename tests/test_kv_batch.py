@@ -275,3 +275,43 @@ def test_write_a_batch_at_each_rows_start():
         for row in range(b):
             want[row, :, starts[k * b + row], :] = r[row, :, 0, :]
         np.testing.assert_array_equal(x, want)
+
+
+def _layout_by_buffer(meta, addrs, shapes):
+    """Layout's C arrays built one buffer at a time (the definition the vectorized constructor must equal)."""
+    import math
+    nblk, max_start, rb, base, lens, rel_src, first = [], [], [], [], [], [], 0
+    for (_, _, shape, isz), addr, hshape in zip(meta, addrs, shapes):
+        heads, s, row, p = math.prod(shape[1:-2]), shape[-2], shape[-1] * isz, hshape[-2]
+        for blk in range(shape[0] * heads):
+            rb.append(row)
+            base.append(addr + blk * p * row)
+            lens.append(s * row)
+            rel_src.append(first + blk * s * row)
+        nblk += [heads] * shape[0]
+        max_start += [p - s] * shape[0]
+        first += math.prod(shape) * isz
+    return nblk, max_start, rb, base, lens, rel_src, first
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_layout_blocks_are_each_buffers_in_turn(seed):
+    from ortmlx.runtime.kvbatch import Layout
+    rng = np.random.default_rng(seed)
+    meta, addrs, shapes = [], [], []
+    at = 1 << 40
+    for k in range(int(rng.integers(1, 9))):
+        b, s, h, isz = int(rng.integers(1, 4)), int(rng.integers(1, 40)), int(rng.choice([8, 64])), int(rng.choice([2, 4]))
+        heads = tuple(int(x) for x in rng.integers(1, 4, int(rng.integers(1, 3))))
+        p = s + int(rng.integers(0, 100))
+        meta.append((2 * k, k + 1, (b, *heads, s, h), isz))
+        shapes.append((b, *heads, p, h))
+        addrs.append(at)
+        at += int(np.prod(shapes[-1])) * isz + 4096
+    L = Layout(meta, addrs, shapes, [np.float16] * len(meta))
+    nblk, max_start, rb, base, lens, rel_src, first = _layout_by_buffer(meta, addrs, shapes)
+    assert L.nblk.tolist() == nblk and L.max_start.tolist() == max_start and L.flat_bytes == first
+    assert L.rb.tolist() == rb and L.base.tolist() == base and L.lens.tolist() == lens and L.rel_src.tolist() == rel_src
+    assert L.nblk.dtype == np.int64 and L.max_start.dtype == np.int64
+    assert {a.dtype for a in (L.rb, L.base, L.lens, L.rel_src)} == {np.dtype(np.uint64)}
+    assert L.nblocks == len(rb) and L.row0_bytes == sum(rb)

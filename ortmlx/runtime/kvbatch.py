@@ -66,10 +66,9 @@ class Layout:
         self.rb = np.repeat(row, nb).astype(u64)
         self.base = np.repeat(np.array(addrs, u64), nb) + blk * np.repeat(p * row, nb).astype(u64)
         self.lens = np.repeat(s * row, nb).astype(u64)
-        first = np.cumsum(size) - size                                  # each buffer's rows' offset in the flat bytes
-        self.rel_src = np.repeat(first, nb).astype(u64) + blk * np.repeat(s * row, nb).astype(u64)
-        first = int(size.sum())
-        self.flat_bytes = first
+        offset = np.cumsum(size) - size                                 # each buffer's rows' offset in the flat bytes
+        self.rel_src = np.repeat(offset, nb).astype(u64) + blk * np.repeat(s * row, nb).astype(u64)
+        self.flat_bytes = int(size.sum())
         self.row0_at = np.concatenate([[0], np.cumsum(self.rb)[:-1]]).astype(np.uint64)
         self.row0_bytes = int(self.rb.sum())
         self.nblocks = int(self.nblk.sum())

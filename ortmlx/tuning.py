@@ -80,6 +80,8 @@ class Tuning:
     #: the fused kernel only from prompts whose power-of-two bucket is at least this (rounded up to a power of two
     #: >= 32; None: 256, kernels/passes.py FUSED_ATTENTION_MIN)
     fused_attention_min: int | None = None
+    #: a shorter prompt's attention as one custom kernel (GPU, with cuda_kernels), not MLX's float32 ops
+    prompt_kernel: bool = True
     #: MatMulNBits products in the activations' half precision, scales included (MLX's CUDA tensor-core qmm
     #: takes half inputs only; off: A widened to float32, one rounding, as ORT's CPU EP; None: on a GPU)
     half_nbits: bool | None = None

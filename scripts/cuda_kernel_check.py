@@ -44,6 +44,12 @@ def cases():
                     ("WARPS", ck.ATTN_WARPS), ("KEYS", ck.ATTN_KEYS), ("WINDOW", 0), ("HAS_SINK", bias),
                     ("ROT_DIM", rot), ("INTERLEAVED", inter), ("CROWS", crows), ("HAS_QKV_BIAS", bias), ("Q_ROW", 1152), ("Q_OFF", 0),
                     ("K_ROW", 1152), ("K_OFF", 896), ("V_ROW", 1152), ("V_OFF", 1024)])
+        for sink, win, head, cap in ((False, 0, 64, 0.0), (True, 16, 80, 5.0), (False, 0, 256, 0.0)):
+            yield (f"prompt_attention {t} head {head} sink {sink} window {win}", "ortmlx_prompt_attention_x",
+                   ["q", "k", "v", "total_len", "sink"], [t, t, t, "int32", "float32"], ["out"], [t],
+                   ck._PROMPT_SOURCE, ck._attn_header(0.125, cap),
+                   [("T", t), ("NH", 14), ("NKV", 2), ("HEAD", head), ("WARPS", ck.ATTN_WARPS),
+                    ("KEYS", ck.ATTN_KEYS), ("WINDOW", win), ("HAS_SINK", sink)])
         for skip, bias in ((True, False), (True, True), (False, False)):
             yield (f"rms_norm {t} skip {skip} bias {bias}", "ortmlx_rms_norm_x", ["x", "skip", "bias", "gamma"],
                    [t] * 4, ["out", "sum"], [t, t], ck._NORM_SOURCE,

@@ -7,6 +7,8 @@ A build is an eager run of a group's program or a compiled closure's trace. Its 
 - ``cuda_kernels``: whether the custom CUDA kernels may be used (``cuda_kernels.enabled``);
 - ``fused_attention``: whether a half-precision prompt's attention may run as MLX's fused kernel, from prompts whose
   power-of-two bucket is ``fused_attention_min`` or more;
+- ``prompt_kernel``: whether a prompt's attention not given to MLX's fused kernel may take ours
+  (``cuda_kernels.prompt_attention``, with ``cuda_kernels``);
 - ``half_nbits``: whether a half-precision MatMulNBits product stays in half precision (else float32);
 - ``poly_exp``: whether float32 Exp and Sigmoid use ``fastmath``'s polynomial exp (MLX's CPU backend);
 - ``conv_gemm``: which forms of 2-D convolution run as products over their shifted input views (``ops/conv.py``),
@@ -33,6 +35,7 @@ class BuildContext:
     cuda_kernels: bool = False
     fused_attention: bool = False
     fused_attention_min: int = 1
+    prompt_kernel: bool = True
     half_nbits: bool = False
     poly_exp: bool = False
     conv_gemm: frozenset = frozenset()
@@ -79,6 +82,12 @@ def fused_attention(length: int) -> bool:
     bucket's closure is verified against eager arithmetic of its own kind."""
     b = _CURRENT.get()
     return b is not None and b.fused_attention and 1 << max(length - 1, 0).bit_length() >= b.fused_attention_min
+
+
+def prompt_kernel() -> bool:
+    """Whether the build in progress may run a prompt's attention as ``cuda_kernels.prompt_attention``."""
+    b = _CURRENT.get()
+    return b is not None and b.prompt_kernel
 
 
 def half_nbits() -> bool:

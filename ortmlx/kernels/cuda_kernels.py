@@ -1,4 +1,4 @@
-"""Custom CUDA kernels (``mx.fast.cuda_kernel``) for the GPU decode step on MLX's CUDA backend.
+"""Custom CUDA kernels (``mx.fast.cuda_kernel``) for the GPU decode step (and short prompts) on MLX's CUDA backend.
 
 A decode token of an LLM is a few hundred small kernels; on MLX's CUDA backend the host cost of
 encoding and launching each one (a CUDA graph node, ~5-18 us) outweighs its arithmetic. These
@@ -11,6 +11,10 @@ kernels replace chains of MLX ops with one launch each, computing the same value
 - ``decode_attention``: the attention alone for other decode rows (first prompt, separate buffers):
   scores, mask, softmax and the weighted sum of values in float32, as ``gqa_core`` does with seven MLX
   kernels (casts of K and V, two float32 matmuls, scale and mask, softmax, the final cast).
+- ``prompt_attention``: a first prompt's attention over its own keys where MLX's fused kernel is not used (short
+  prompts): the same float32 arithmetic as ``decode_attention``, one query row a block, where MLX takes eight
+  launches (two of them cuBLAS products, ~15-30 us of host time each); the length is read from the keys' shape,
+  so one build serves every prompt length.
 - ``rms_norm``: (Skip)SimplifiedLayerNormalization of rows: the float32 sum of input, skip and
   bias, its mean square, the scaled result and both roundings to the output type in one kernel, where
   MLX takes three (the sum and its casts, ``mx.fast.rms_norm`` on float32, the final cast).
@@ -400,6 +404,78 @@ def decode_attention(q, k, v, past_len, total_len, *, num_heads: int, kv_num_hea
         output_shapes=[(b, num_heads, h)], output_dtypes=[q.dtype])
     return out
 
+
+
+#: a first prompt's attention: one block a (row b, query s, head n), ``_ATTEND`` over keys t <= s of its own
+#: S keys (q (B, N, S, H), k and v (B, Nkv, S, H) read through their strides: views of the packed QKV need no
+#: copy); S comes from k's shape, so one build serves every prompt length. ``_ATTEND`` writes row (b, n) of a
+#: (rows, NH, HEAD) output: here row b * S + s, so the output is (B, S, NH * HEAD) as the node's.
+_PROMPT_SOURCE = r"""
+    const int KV = k_shape[2];
+    const int n = blockIdx.x % NH;
+    const int row = blockIdx.x / NH;
+    const int bb = row / KV;
+    const int ql = row - bb * KV;
+    const int b = row;
+    const int kvh = n / (NH / NKV);
+    const int tl = total_len[bb];
+    const T* qrow = q + bb * q_strides[0] + n * q_strides[1] + ql * q_strides[2];
+    const T* kb = k + bb * k_strides[0] + kvh * k_strides[1];
+    const T* vb = v + bb * v_strides[0] + kvh * v_strides[1];
+#define QVAL(d) static_cast<float>(qrow[(d) * q_strides[3]])
+#define KEY_AT(t, d) static_cast<float>(kb[(t) * k_strides[2] + (d) * k_strides[3]])
+#define VAL_AT(t, d) static_cast<float>(vb[(t) * v_strides[2] + (d) * v_strides[3]])
+""" + _ATTEND
+
+
+@functools.lru_cache(maxsize=64)
+def _prompt_kernel(alpha: float, softcap: float):
+    return _kernel("ortmlx_prompt_attention", ["q", "k", "v", "total_len", "sink"], ["out"], _PROMPT_SOURCE,
+                   _attn_header(alpha, softcap), ensure_row_contiguous=False)
+
+
+#: the longest prompt ``prompt_attention`` takes: a block a query row re-reads its row's keys from L2, which grows
+#: with S^2 (longer prompts take MLX's fused kernel, ``build.fused_attention``)
+PROMPT_MAX = 1024
+
+
+def prompt_attention_reason(q, k, v, num_heads: int, kv_num_heads: int, attention_bias=None) -> str | None:
+    """Why ``prompt_attention`` does not cover this case (None: it does)."""
+    if attention_bias is not None:
+        return "attention_bias"
+    if q.dtype not in _ATTN_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"dtypes q {q.dtype} k {k.dtype} v {v.dtype}"
+    if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape:
+        return f"shapes q {q.shape} k {k.shape} v {v.shape}"
+    b, nq, s, h = q.shape
+    if nq != num_heads or k.shape != (b, kv_num_heads, s, h) or num_heads % kv_num_heads:
+        return f"shapes q {q.shape} k {k.shape} for heads {num_heads}:{kv_num_heads}"
+    if h > ATTN_MAX_HEAD:
+        return f"head size {h}"
+    if s > PROMPT_MAX:
+        return f"{s} tokens (at most {PROMPT_MAX})"
+    return None
+
+
+def prompt_attention(q, k, v, total_len, *, alpha: float, softcap: float = 0.0, local_window_size: int = -1,
+                     sink=None):
+    """A first prompt's GroupQueryAttention over its own keys, as ``contrib_attention.prompt_attention`` computes it.
+
+    q (B, N, S, H) rotated queries; k, v (B, Nkv, S, H); total_len (B,) int32: query s of row b sees keys
+    t <= s, t < total_len[b] (and t > s - w with a local window w > 0). Scores ``(q . k) * alpha`` (then softcap),
+    softmax with the optional per-head ``sink`` logit, weighted values: float32, rounded once to q's type
+    (``decode_attention``'s arithmetic, one query row a block). Returns (B, S, N * H).
+    """
+    b, n, s, h = q.shape
+    sink_arr = consts.zeros((1,), mx.float32) if sink is None else sink.astype(mx.float32)
+    threads = 32 * ATTN_WARPS
+    (out,) = _prompt_kernel(float(alpha), float(softcap))(
+        inputs=[q, k, v, total_len.astype(mx.int32), sink_arr],
+        template=[("T", q.dtype), ("NH", n), ("NKV", k.shape[1]), ("HEAD", h), ("WARPS", ATTN_WARPS),
+                  ("KEYS", ATTN_KEYS), ("WINDOW", max(int(local_window_size), 0)), ("HAS_SINK", sink is not None)],
+        grid=(b * s * n * threads, 1, 1), threadgroup=(threads, 1, 1),
+        output_shapes=[(b, s, n * h)], output_dtypes=[q.dtype])
+    return out
 
 _NORM_SOURCE = r"""
     // block: one row; threads stride over its features. x = input (+ skip) (+ bias) in float32;

@@ -105,6 +105,8 @@ class BuildConfig:
     fused_attention: bool = False
     #: the least power-of-two prompt bucket that takes it (``BuildContext.fused_attention_min``)
     fused_attention_min: int = 1
+    #: shorter prompts' attention in one custom kernel (``BuildContext.prompt_kernel``)
+    prompt_kernel: bool = True
     #: half-precision MatMulNBits products (``BuildContext.half_nbits``)
     half_nbits: bool = False
     #: float32 Exp and Sigmoid through ``fastmath``'s polynomial exp (``BuildContext.poly_exp``)
@@ -149,6 +151,7 @@ class BuildConfig:
                    fused_attention=pick("fused_attention", t.fused_attention, gpu),
                    fused_attention_min=_pow2_at_least(int(overrides.get("fused_attention_min")
                                                           or t.fused_attention_min or FUSED_ATTENTION_MIN)),
+                   prompt_kernel=pick("prompt_kernel", t.prompt_kernel, True),
                    half_nbits=pick("half_nbits", t.half_nbits, gpu),
                    poly_exp=pick("poly_exp", t.poly_exp, device == "cpu"),
                    conv_gemm=_conv_forms(conv, gpu),
@@ -160,7 +163,7 @@ class BuildConfig:
     def context(self, **fields) -> BuildContext:
         """A build's context with this config's choices for translators (``fields``: the build's own)."""
         return BuildContext(fused_attention=self.fused_attention, fused_attention_min=self.fused_attention_min,
-                            half_nbits=self.half_nbits, poly_exp=self.poly_exp,
+                            prompt_kernel=self.prompt_kernel, half_nbits=self.half_nbits, poly_exp=self.poly_exp,
                             conv_gemm=self.conv_gemm, conv_gemm_batch=self.conv_gemm_batch,
                             build_behind=self.build_behind, row_limit=self.row_limit, **fields)
 

@@ -180,7 +180,8 @@ def prompt_attention(q, k, v, qf, seqlens_k, past_len, total_len, *, alpha: floa
 
     softmax(q k^T * alpha) v: MLX's fused kernel (``mx.fast.scaled_dot_product_attention``: cuDNN's on CUDA, the
     softmax in float32) where the build allows it for S tokens (``build.fused_attention``: a GPU, from
-    ``FUSED_ATTENTION_MIN``) and ``fused_prompt_reason`` has none, else scores, softmax and P @ V in float32.
+    ``FUSED_ATTENTION_MIN``) and ``fused_prompt_reason`` has none, else scores, softmax and P @ V in float32: on
+    MLX's CUDA backend one custom kernel (``cuda_kernels.prompt_attention``, ``build.prompt_kernel``), else MLX ops.
     ``causal``: the caller keeps no query row s >= total_len[b] (there are none, or it drops them), so with no
     local window narrower than S (and no sink) the mask is plain causal, which the fused kernel takes as a flag."""
     b, n, s, h = q.shape
@@ -196,6 +197,11 @@ def prompt_attention(q, k, v, qf, seqlens_k, past_len, total_len, *, alpha: floa
         out = mx.fast.scaled_dot_product_attention(q, k, v, scale=alpha, mask="causal" if plain else mask(),
                                                    sinks=sinks)
         return out.transpose(0, 2, 1, 3).reshape(b, s, n * h)
+    if cuda_kernels.enabled() and build.prompt_kernel() and \
+            cuda_kernels.prompt_attention_reason(q, k, v, n, kvn, attention_bias) is None:
+        # the float32 ops' arithmetic in one launch (they are eight kernels, two of them cuBLAS products)
+        return cuda_kernels.prompt_attention(q, k, v, total_len, alpha=alpha, softcap=softcap,
+                                             local_window_size=local_window_size, sink=sink)
     group = n // kvn
     scores = (qf.reshape(b, kvn, group * s, h) @ k.astype(mx.float32).swapaxes(-1, -2)).reshape(b, n, s, s) * alpha
     if softcap > 0.0:

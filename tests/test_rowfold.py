@@ -297,3 +297,57 @@ def test_genai_models_fold_and_answer_the_same(arch, monkeypatch):
     monkeypatch.setattr(interpreter.Program, "__init__", orig)
     assert out[True][0] == out[False][0]
     assert out[True][1] == 2 * layers + 1 and out[False][1] == 0, (out[True][1], layers)
+
+
+def _tile_contract(a, w):
+    """``cuda_rows.tile_product``'s contract: float32 products and sums, rounded once to the rows' type."""
+    return _row_product(a, w)
+
+
+@pytest.mark.parametrize("rows,tile", [(8, True), (8, False), (1, True)], ids=["batch8", "batch8-off", "row"])
+def test_batch_rows_take_the_tile_kernel(monkeypatch, rows, tile):
+    """With tuning ``tile_rows``, every product of a batch's decode step (more rows than the row kernels take) runs
+    in the tensor-core kernel (stood in by its contract), only against column-major weights; a lone row keeps the
+    row kernels; off, MLX's GEMM."""
+    calls = []
+    monkeypatch.setattr(cuda_rows, "_COL_MAJOR", {})
+    monkeypatch.setattr(cuda_rows, "tile_product", lambda a, w: calls.append(("tile", _rows(a))) or
+                        _tile_contract(a, w))
+    monkeypatch.setattr(cuda_rows, "norm_gemv", lambda *a, **k: calls.append("norm") or _norm_contract(*a, **k))
+    monkeypatch.setattr(cuda_rows, "gemv", lambda a, w: calls.append("gemv") or _row_product(a, w))
+    monkeypatch.setattr(cuda_kernels, "rms_norm", lambda *a, **k: calls.append("rms") or reference_rms_norm(*a, **k))
+    monkeypatch.setattr(cuda_kernels, "swiglu", lambda y, n, gf: calls.append("glu") or _swiglu_row(y, n, gf))
+    g, npt = _layer(T.FLOAT16)
+    folded, plain = _programs(g, tile_rows=tile)
+    feeds = _feeds(g, npt, (rows, 1))
+    monkeypatch.setattr(cuda_kernels, "enabled", lambda: True)
+    monkeypatch.setattr(cuda_kernels, "usable", lambda: True)
+    want = [dt.host(a) for a in plain.run(feeds)]
+    calls.clear()
+    folded.run(feeds)
+    assert not any(isinstance(c, tuple) for c in calls), calls       # weights not column-major: MLX's
+    cuda_rows.register_col_major(folded.constants.values())
+    calls.clear()
+    got = [dt.host(a) for a in folded.run(feeds)]
+    tiles = [c for c in calls if isinstance(c, tuple)]
+    if rows == 1:
+        assert calls == ["norm", "norm", "gemv", "norm"], calls          # the row kernels
+    elif tile:
+        # the q/k, o, gate/up, down products and the head, each once, all rows at a time
+        assert tiles == [("tile", rows)] * 5, calls
+    else:
+        assert tiles == [], calls
+    for a, b, name in zip(got, want, g.outputs):
+        np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32), rtol=1e-2, atol=1e-2, err_msg=name)
+
+
+def _rows(a):
+    return int(np.prod(a.shape[:-1]))
+
+
+def test_tile_rows_is_a_knob_off_by_default():
+    from ortmlx.kernels.passes import BuildConfig
+    from ortmlx.tuning import Tuning
+    assert not BuildConfig.for_device("gpu").context().tile_rows
+    assert BuildConfig.for_device("gpu", Tuning.parse("tile_rows=1")).context().tile_rows
+    assert not BuildConfig.for_device("cpu", Tuning.parse("tile_rows=0")).context().tile_rows

@@ -13,6 +13,10 @@ a column-major weight (each output's K contiguous: ``dtypes.device_copies``), fl
 - ``swiglu_gemv``: the SiLU gating of a merged gate/up row (``cuda_kernels.swiglu``), then ``row @ W`` (when
   the gate/up product did not make the gating: every block makes the whole gated row again).
 
+- ``tile_product``: 2 to 16 rows (a batch's decode step, tuning ``tile_rows``, off by default until measured on a
+  GPU) times a weight on the tensor cores (``mma.sync`` m16n8k16, float32 sums): the weight read once for all
+  rows, where a row kernel reads it once a row and MLX's GEMM costs a cuBLAS launch (12-20 us of host time).
+
 Rows (up to ``ROWS_MAX``, as tuning ``batch_rows`` allows: a batch's decode rows) are grid rows, each computed
 as a lone row is: a batch's row gets the bits that row gets alone. Every block makes its whole row (a few KB read
 from L2), so a product runs at most ``GRID_MAX`` blocks a row that take rounds of outputs; ``TPR`` threads split
@@ -27,7 +31,7 @@ import functools
 import math
 import weakref
 
-from . import build
+from . import build, cuda_kernels
 from .cuda_kernels import NORM_THREADS, _ATTN_DTYPES, _f32_literal, _kernel
 
 #: most rows a product takes (a batch's decode rows, a short prompt's): each block makes one row and reads the
@@ -393,4 +397,120 @@ def gemv(a, w):
     k = a.shape[-1]
     (out,) = _launch(_row_kernel(), [a, w], [("T", a.dtype), ("AND_", a.ndim), ("WND", w.ndim)],
                      k, w.shape[-1], a.dtype, a.shape)
+    return out
+
+
+#: most rows ``tile_product`` takes: the m16 tile of a tensor-core product (rows past a batch's are zeros)
+TILE_ROWS = 16
+#: warps of a ``tile_product`` block (each makes 8 outputs of every row)
+TILE_WARPS = 4
+
+#: one float32-accumulating tensor-core product of a 16x16 half tile and a 16x8 one (PTX ``mma.sync`` m16n8k16)
+_MMA_HEADER = r"""
+template <typename T> struct ortmlx_mma;
+template <> struct ortmlx_mma<__half> {
+    static __device__ __forceinline__ void run(float& c0, float& c1, float& c2, float& c3, uint32_t a0, uint32_t a1,
+                                               uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};\n"
+                     : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+};
+template <> struct ortmlx_mma<__nv_bfloat16> {
+    static __device__ __forceinline__ void run(float& c0, float& c1, float& c2, float& c3, uint32_t a0, uint32_t a1,
+                                               uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};\n"
+                     : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+};
+"""
+
+#: a warp makes outputs n0 .. n0+7 of every row (up to 16): over K in steps of 16, the rows' 16x16 tile (rows past
+#: the last are zeros) times the weight's 16x8 one, float32 sums rounded once to T. Lane (g, t) = (lane / 4,
+#: lane % 4) holds, as mma.sync's fragments lay them out, rows g and g + 8 at k 2t, 2t+1, 2t+8, 2t+9 and output
+#: n0 + g's weights at those k; it writes outputs n0 + 2t, n0 + 2t + 1 of rows g and g + 8.
+_TILE_SOURCE = _ROW_LOC + r"""
+    const int lane = threadIdx.x & 31;
+    const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32) * 8;
+    if (n0 >= N) return;
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    int64_t rows = 1;
+    for (int d = 0; d < AND_ - 1; ++d) rows *= a_shape[d];
+    const unsigned short* ab = reinterpret_cast<const unsigned short*>(a);
+    const unsigned short* wb = reinterpret_cast<const unsigned short*>(w);
+    const int64_t ask = a_strides[AND_ - 1];
+    const int64_t sk = w_strides[WND - 2];
+    const int64_t sn = w_strides[WND - 1];
+    const bool r0 = g < rows;
+    const bool r1 = g + 8 < rows;
+    const int64_t a0 = r0 ? row_loc(g, a_shape, a_strides, AND_) : 0;
+    const int64_t a1 = r1 ? row_loc(g + 8, a_shape, a_strides, AND_) : 0;
+    const bool cn = n0 + g < N;
+    const int64_t wn = cn ? (n0 + g) * sn : 0;
+    // two elements k and k + 1 as one 32-bit fragment register (the lower k in the low half)
+    auto pair = [](const unsigned short* base, int64_t at, int64_t stride, bool ok) -> uint32_t {
+        return ok ? static_cast<uint32_t>(base[at]) | (static_cast<uint32_t>(base[at + stride]) << 16) : 0u;
+    };
+    float c0 = 0.0f, c1 = 0.0f, c2 = 0.0f, c3 = 0.0f;
+    #pragma unroll 4
+    for (int k0 = 0; k0 < K; k0 += 16) {
+        const int64_t ka = k0 + 2 * t;
+        const uint32_t x0 = pair(ab, a0 + ka * ask, ask, r0);
+        const uint32_t x1 = pair(ab, a1 + ka * ask, ask, r1);
+        const uint32_t x2 = pair(ab, a0 + (ka + 8) * ask, ask, r0);
+        const uint32_t x3 = pair(ab, a1 + (ka + 8) * ask, ask, r1);
+        const uint32_t y0 = pair(wb, wn + ka * sk, sk, cn);
+        const uint32_t y1 = pair(wb, wn + (ka + 8) * sk, sk, cn);
+        ortmlx_mma<T>::run(c0, c1, c2, c3, x0, x1, x2, x3, y0, y1);
+    }
+    const int64_t col = n0 + 2 * t;
+    if (r0 && col < N) out[g * N + col] = static_cast<T>(c0);
+    if (r0 && col + 1 < N) out[g * N + col + 1] = static_cast<T>(c1);
+    if (r1 && col < N) out[(g + 8) * N + col] = static_cast<T>(c2);
+    if (r1 && col + 1 < N) out[(g + 8) * N + col + 1] = static_cast<T>(c3);
+"""
+
+
+@functools.lru_cache(maxsize=1)
+def _tile_kernel():
+    return _kernel("ortmlx_tile_product", ["a", "w"], ["out"], _TILE_SOURCE, _MMA_HEADER, ensure_row_contiguous=False)
+
+
+def tile_reason(a, w) -> str | None:
+    """Why ``tile_product`` does not take ``a`` [..., K] times ``w`` (None: it does): a half type, a registered
+    column-major [K, N] or [1, K, N] weight of it, K a multiple of 16, 1 to TILE_ROWS rows."""
+    if not col_major(w):
+        return "not a column-major weight"
+    if a.dtype != w.dtype or a.dtype.size != 2 or w.ndim not in (2, 3) or (w.ndim == 3 and w.shape[0] != 1):
+        return f"rows {a.dtype} {a.shape}, weight {w.dtype} {w.shape}"
+    k = a.shape[-1] if a.ndim else 0
+    if a.ndim < 1 or w.shape[-2] != k or k % 16 or w.size >= 2**31 or w.size == 0:
+        return f"rows {a.shape} for weight {w.shape}"
+    if not 0 < _rows(a.shape) <= TILE_ROWS:
+        return f"{_rows(a.shape)} rows: not 1 to {TILE_ROWS}"
+    return None
+
+
+def tiled(a, w):
+    """``tile_product(a, w)`` where the build in progress allows it (tuning ``tile_rows``, the custom kernels) and
+    a has 2 to 16 rows, else None (a lone row keeps MLX's gemv and the row kernels)."""
+    if build.tile_rows() and a.ndim and _rows(a.shape) > 1 and cuda_kernels.enabled() and tile_reason(a, w) is None:
+        return tile_product(a, w)
+    return None
+
+
+def tile_product(a, w):
+    """``a @ w`` for up to 16 rows of a [..., K] (``tile_reason`` is None) on the GPU's tensor cores: the weight read
+    once for all rows (a row kernel reads it once a row), float32 sums rounded once."""
+    k, n = a.shape[-1], w.shape[-1]
+    threads = 32 * TILE_WARPS
+    blocks = -(-n // (8 * TILE_WARPS))
+    (out,) = _tile_kernel()(inputs=[a, w], template=[("T", a.dtype), ("AND_", a.ndim), ("WND", w.ndim), ("K", k),
+                                                     ("N", n)],
+                            grid=(blocks * threads, 1, 1), threadgroup=(threads, 1, 1),
+                            output_shapes=[tuple(a.shape[:-1]) + (n,)], output_dtypes=[a.dtype])
     return out

@@ -119,6 +119,8 @@ class BuildConfig:
     build_behind: bool = True
     #: most rows the row kernels take (``BuildContext.row_limit``)
     row_limit: int = 1
+    #: products of 2 to 16 rows on the tensor cores (``BuildContext.tile_rows``)
+    tile_rows: bool = False
 
     @classmethod
     def for_device(cls, device: str, tuning: Tuning | None = None, **overrides) -> "BuildConfig":
@@ -157,6 +159,7 @@ class BuildConfig:
                    conv_gemm=_conv_forms(conv, gpu),
                    conv_gemm_batch=GPU_CONV_GEMM_BATCH if gpu and conv is None else 1,
                    build_behind=pick("build_behind", t.build_behind, True),
+                   tile_rows=pick("tile_rows", t.tile_rows, False),
                    row_limit=min(cuda_rows.ROWS_MAX,
                                  int(overrides.get("row_limit") or t.batch_rows or cuda_rows.ROWS_DEFAULT)))
 
@@ -165,7 +168,8 @@ class BuildConfig:
         return BuildContext(fused_attention=self.fused_attention, fused_attention_min=self.fused_attention_min,
                             prompt_kernel=self.prompt_kernel, half_nbits=self.half_nbits, poly_exp=self.poly_exp,
                             conv_gemm=self.conv_gemm, conv_gemm_batch=self.conv_gemm_batch,
-                            build_behind=self.build_behind, row_limit=self.row_limit, **fields)
+                            build_behind=self.build_behind, row_limit=self.row_limit, tile_rows=self.tile_rows,
+                            **fields)
 
 
 #: the shortest prompt bucket whose attention takes MLX's fused kernel (cuDNN's on CUDA) by default: cuDNN builds a

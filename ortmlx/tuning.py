@@ -78,7 +78,7 @@ class Tuning:
     #: half precision (None: on a GPU); off: scores, softmax and P @ V as separate float32 ops
     fused_attention: bool | None = None
     #: the fused kernel only from prompts whose power-of-two bucket is at least this (rounded up to a power of two
-    #: >= 32; None: 256, kernels/passes.py FUSED_ATTENTION_MIN)
+    #: >= 32; None: 256, 512 on MLX's CUDA backend with prompt_kernel: kernels/passes.py FUSED_ATTENTION_MIN)
     fused_attention_min: int | None = None
     #: a shorter prompt's attention as one custom kernel (GPU, with cuda_kernels), not MLX's float32 ops
     prompt_kernel: bool = True

@@ -153,9 +153,19 @@ def test_the_eager_translator_takes_the_causal_form_only_when_every_row_is_full(
     assert masks == ["causal", "array"]
 
 
-def test_the_least_length_by_device_and_tuning():
-    assert BuildConfig.for_device("gpu").fused_attention and FUSED_ATTENTION_MIN == 256
-    assert BuildConfig.for_device("gpu").context().fused_attention_min == FUSED_ATTENTION_MIN
+def test_the_least_length_by_device_and_tuning(monkeypatch):
+    from ortmlx.kernels import cuda_kernels
+    from ortmlx.kernels.passes import CUDA_FUSED_ATTENTION_MIN
+    assert FUSED_ATTENTION_MIN == 256 and CUDA_FUSED_ATTENTION_MIN == 512
+    for cuda, want in ((False, FUSED_ATTENTION_MIN), (True, CUDA_FUSED_ATTENTION_MIN)):
+        monkeypatch.setattr(cuda_kernels, "cuda_backend", lambda cuda=cuda: cuda)
+        assert BuildConfig.for_device("gpu").fused_attention
+        assert BuildConfig.for_device("gpu").context().fused_attention_min == want
+        # without our kernel (or the custom kernels) the shorter buckets would take MLX ops: cuDNN from 256
+        for knob in ("prompt_kernel=0", "cuda_kernels=0"):
+            assert BuildConfig.for_device("gpu", Tuning.parse(knob)).context().fused_attention_min == \
+                FUSED_ATTENTION_MIN
+    monkeypatch.undo()
     assert not BuildConfig.for_device("cpu").fused_attention
     for knob, got in (("64", 64), ("100", 128), ("1", 32)):
         t = Tuning.parse(f"fused_attention_min={knob}")

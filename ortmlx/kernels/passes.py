@@ -38,7 +38,7 @@ from ..ir import outer_refs
 from ..tuning import Tuning
 from .ops.conv import GEMM_FORMS
 from . import dtypes as dt
-from . import cuda_rows, merge, rowfold
+from . import cuda_kernels, cuda_rows, merge, rowfold
 from .build import BuildContext
 from .registry import REGISTRY, Ctx, OpDef
 
@@ -151,8 +151,9 @@ class BuildConfig:
                    pinned_hints=bool(overrides.get("pinned_hints", t.pinned_hints)) and kernels,
                    direct_out=bool(overrides.get("direct_out", t.direct_out)) and kernels,
                    fused_attention=pick("fused_attention", t.fused_attention, gpu),
-                   fused_attention_min=_pow2_at_least(int(overrides.get("fused_attention_min")
-                                                          or t.fused_attention_min or FUSED_ATTENTION_MIN)),
+                   fused_attention_min=_pow2_at_least(int(
+                       overrides.get("fused_attention_min") or t.fused_attention_min
+                       or _least_fused(kernels, pick("prompt_kernel", t.prompt_kernel, True)))),
                    prompt_kernel=pick("prompt_kernel", t.prompt_kernel, True),
                    half_nbits=pick("half_nbits", t.half_nbits, gpu),
                    poly_exp=pick("poly_exp", t.poly_exp, device == "cpu"),
@@ -176,6 +177,16 @@ class BuildConfig:
 #: graph for every new length (0.5-0.7 s for lengths up to 151 on a host's first sight of the shape), where the
 #: float32 ops take milliseconds, no slower warm up to 128 tokens and slower from 512 (docs/performance.md)
 FUSED_ATTENTION_MIN = 256
+#: the same where shorter prompts take our kernel (MLX's CUDA backend, ``prompt_kernel``): at 256 tokens it ran as
+#: fast as cuDNN warm and its first call after the first prompt took 84-92 ms against cuDNN's 150-490 (an H100,
+#: 2026-12-06); at 512 it was slower (docs/performance.md)
+CUDA_FUSED_ATTENTION_MIN = 512
+
+
+def _least_fused(kernels: bool, prompt_kernel: bool) -> int:
+    """The default least fused bucket: ``CUDA_FUSED_ATTENTION_MIN`` where our prompt kernel takes the shorter ones."""
+    return CUDA_FUSED_ATTENTION_MIN if kernels and prompt_kernel and cuda_kernels.cuda_backend() else \
+        FUSED_ATTENTION_MIN
 
 #: on a GPU, by default, convolutions of batches this large run as products: MLX 0.32.4's CUDA convolution (float32,
 #: TF32 off) made illegal memory accesses at batch 4-8 (never at 1-2), and at batch 1 the products were slower

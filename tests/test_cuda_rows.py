@@ -235,20 +235,20 @@ def test_rows_get_the_bits_each_row_gets_alone(lead, dtype):
 
 
 # (K, N, rows shape): a 0.5B QKV at batch 8, its down projection at 16 rows (2-D), N not a multiple of 8, one row
-TILE_CASES = [(896, 1152, (8, 1)), (4864, 896, (16,)), (32, 12, (3, 1)), (64, 40, (1, 1))]
+TILE_CASES = [(896, 1152, (8, 1)), (4864, 896, (16,)), (32, 12, (3, 1)), (64, 40, (1, 1)), (896, 1152, (1, 40))]
 
 
 @pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("k,n,lead", TILE_CASES, ids=[f"K{k} N{n} rows{lead}" for k, n, lead in TILE_CASES])
 def test_tile_product(k, n, lead, dtype):
-    """Up to 16 rows times a column-major weight on the tensor cores against the float32 product; a weight of one
-    1 a column picks the rows' elements bit for bit, also from rows read with element stride 2 and from a slice of
-    more rows."""
+    """Rows (one tile of 16 or several: 40 rows) times a column-major weight on the tensor cores against the float32
+    product; a weight of one 1 a column picks the rows' elements bit for bit, also from rows read with element
+    stride 2 and from a slice of more rows."""
     rng = np.random.default_rng(k * 3 + n)
     with mx.stream(mx.gpu):
         a = mx.array((rng.standard_normal(lead + (k,)) * 2).astype(np.float32)).astype(dtype)
         w = _weight(rng.standard_normal((k, n)) * 0.05, dtype, len(lead) == 2)
-        assert cuda_rows.tile_reason(a, w) is None
+        assert cuda_rows.tile_reason(a, w, 64) is None
         got = cuda_rows.tile_product(a, w)
         want = mx.matmul(a.astype(mx.float32), w.reshape(k, n).astype(mx.float32)).astype(dtype)
         idx = rng.permutation(k)[:min(k, 256)]
@@ -269,6 +269,9 @@ def test_tile_product(k, n, lead, dtype):
 def test_tile_reason():
     w = _weight(np.ones((32, 8)), mx.float16, False)
     assert cuda_rows.tile_reason(mx.zeros((17, 32), mx.float16), w).startswith("17 rows")
+    assert cuda_rows.tile_reason(mx.zeros((17, 32), mx.float16), w, 32) is None
+    assert cuda_rows.tile_reason(mx.zeros((cuda_rows.TILE_MAX + 1, 32), mx.float16), w, 10 ** 6).endswith(
+        f"not 1 to {cuda_rows.TILE_MAX}")
     assert cuda_rows.tile_reason(mx.zeros((2, 32), mx.float32), w).startswith("rows")
     assert cuda_rows.tile_reason(mx.zeros((2, 32), mx.float16), mx.ones((32, 8), mx.float16)) == \
         "not a column-major weight"

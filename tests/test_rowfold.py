@@ -304,11 +304,12 @@ def _tile_contract(a, w):
     return _row_product(a, w)
 
 
-@pytest.mark.parametrize("rows,tile", [(8, True), (8, False), (1, True)], ids=["batch8", "batch8-off", "row"])
-def test_batch_rows_take_the_tile_kernel(monkeypatch, rows, tile):
-    """With tuning ``tile_rows``, every product of a batch's decode step (more rows than the row kernels take) runs
+@pytest.mark.parametrize("rows,limit", [(8, 16), (8, None), (1, 16), (40, 16), (40, 64)],
+                         ids=["batch8", "batch8-off", "row", "rows40-limit16", "rows40-limit64"])
+def test_batch_rows_take_the_tile_kernel(monkeypatch, rows, limit):
+    """With tuning ``tile_rows``, every product of 2 to that many rows (a batch's decode step, a short prompt) runs
     in the tensor-core kernel (stood in by its contract), only against column-major weights; a lone row keeps the
-    row kernels; off, MLX's GEMM."""
+    row kernels; more rows, or the knob off, MLX's GEMM."""
     calls = []
     monkeypatch.setattr(cuda_rows, "_COL_MAJOR", {})
     monkeypatch.setattr(cuda_rows, "tile_product", lambda a, w: calls.append(("tile", _rows(a))) or
@@ -318,7 +319,7 @@ def test_batch_rows_take_the_tile_kernel(monkeypatch, rows, tile):
     monkeypatch.setattr(cuda_kernels, "rms_norm", lambda *a, **k: calls.append("rms") or reference_rms_norm(*a, **k))
     monkeypatch.setattr(cuda_kernels, "swiglu", lambda y, n, gf: calls.append("glu") or _swiglu_row(y, n, gf))
     g, npt = _layer(T.FLOAT16)
-    folded, plain = _programs(g, tile_rows=tile)
+    folded, plain = _programs(g, tile_rows=limit)
     feeds = _feeds(g, npt, (rows, 1))
     monkeypatch.setattr(cuda_kernels, "enabled", lambda: True)
     monkeypatch.setattr(cuda_kernels, "usable", lambda: True)
@@ -332,7 +333,7 @@ def test_batch_rows_take_the_tile_kernel(monkeypatch, rows, tile):
     tiles = [c for c in calls if isinstance(c, tuple)]
     if rows == 1:
         assert calls == ["norm", "norm", "gemv", "norm"], calls          # the row kernels
-    elif tile:
+    elif limit and rows <= limit:
         # the q/k, o, gate/up, down products and the head, each once, all rows at a time
         assert tiles == [("tile", rows)] * 5, calls
     else:
@@ -348,6 +349,6 @@ def _rows(a):
 def test_tile_rows_is_a_knob_off_by_default():
     from ortmlx.kernels.passes import BuildConfig
     from ortmlx.tuning import Tuning
-    assert not BuildConfig.for_device("gpu").context().tile_rows
-    assert BuildConfig.for_device("gpu", Tuning.parse("tile_rows=1")).context().tile_rows
-    assert not BuildConfig.for_device("cpu", Tuning.parse("tile_rows=0")).context().tile_rows
+    assert BuildConfig.for_device("gpu").context().tile_rows == 0
+    assert BuildConfig.for_device("gpu", Tuning.parse("tile_rows=16")).context().tile_rows == 16
+    assert BuildConfig.for_device("gpu", Tuning.parse("tile_rows=100000")).context().tile_rows == cuda_rows.TILE_MAX

@@ -13,9 +13,10 @@ a column-major weight (each output's K contiguous: ``dtypes.device_copies``), fl
 - ``swiglu_gemv``: the SiLU gating of a merged gate/up row (``cuda_kernels.swiglu``), then ``row @ W`` (when
   the gate/up product did not make the gating: every block makes the whole gated row again).
 
-- ``tile_product``: 2 to 16 rows (a batch's decode step, tuning ``tile_rows``, off by default until measured on a
-  GPU) times a weight on the tensor cores (``mma.sync`` m16n8k16, float32 sums): the weight read once for all
-  rows, where a row kernel reads it once a row and MLX's GEMM costs a cuBLAS launch (12-20 us of host time).
+- ``tile_product``: rows (from 2 to tuning ``tile_rows``: a batch's decode step, a short prompt; off by default until
+  measured on a GPU) times a weight on the tensor cores (``mma.sync`` m16n8k16, float32 sums), 16 rows a tile: the
+  weight read once a tile, where a row kernel reads it once a row and MLX's GEMM costs a cuBLAS launch (12-20 us of
+  host time).
 
 Rows (up to ``ROWS_MAX``, as tuning ``batch_rows`` allows: a batch's decode rows) are grid rows, each computed
 as a lone row is: a batch's row gets the bits that row gets alone. Every block makes its whole row (a few KB read
@@ -400,8 +401,10 @@ def gemv(a, w):
     return out
 
 
-#: most rows ``tile_product`` takes: the m16 tile of a tensor-core product (rows past a batch's are zeros)
+#: rows of one ``tile_product`` tile: the m16 of a tensor-core product (rows past the last are zeros)
 TILE_ROWS = 16
+#: most rows ``tile_product`` takes (tuning ``tile_rows``)
+TILE_MAX = 4096
 #: warps of a ``tile_product`` block (each makes 8 outputs of every row)
 TILE_WARPS = 4
 
@@ -428,16 +431,17 @@ template <> struct ortmlx_mma<__nv_bfloat16> {
 };
 """
 
-#: a warp makes outputs n0 .. n0+7 of every row (up to 16): over K in steps of 16, the rows' 16x16 tile (rows past
-#: the last are zeros) times the weight's 16x8 one, float32 sums rounded once to T. Lane (g, t) = (lane / 4,
-#: lane % 4) holds, as mma.sync's fragments lay them out, rows g and g + 8 at k 2t, 2t+1, 2t+8, 2t+9 and output
-#: n0 + g's weights at those k; it writes outputs n0 + 2t, n0 + 2t + 1 of rows g and g + 8.
+#: a warp makes outputs n0 .. n0+7 of rows m0 .. m0+15 (m0 = 16 blockIdx.y): over K in steps of 16, the rows' 16x16
+#: tile (rows past the last are zeros) times the weight's 16x8 one, float32 sums rounded once to T. Lane (g, t) =
+#: (lane / 4, lane % 4) holds, as mma.sync's fragments lay them out, rows m0 + g and m0 + g + 8 at k 2t, 2t+1, 2t+8,
+#: 2t+9 and output n0 + g's weights at those k; it writes outputs n0 + 2t, n0 + 2t + 1 of those two rows.
 _TILE_SOURCE = _ROW_LOC + r"""
     const int lane = threadIdx.x & 31;
     const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32) * 8;
     if (n0 >= N) return;
     const int g = lane >> 2;
     const int t = lane & 3;
+    const int64_t m0 = static_cast<int64_t>(blockIdx.y) * 16;
     int64_t rows = 1;
     for (int d = 0; d < AND_ - 1; ++d) rows *= a_shape[d];
     const unsigned short* ab = reinterpret_cast<const unsigned short*>(a);
@@ -445,10 +449,12 @@ _TILE_SOURCE = _ROW_LOC + r"""
     const int64_t ask = a_strides[AND_ - 1];
     const int64_t sk = w_strides[WND - 2];
     const int64_t sn = w_strides[WND - 1];
-    const bool r0 = g < rows;
-    const bool r1 = g + 8 < rows;
-    const int64_t a0 = r0 ? row_loc(g, a_shape, a_strides, AND_) : 0;
-    const int64_t a1 = r1 ? row_loc(g + 8, a_shape, a_strides, AND_) : 0;
+    const int64_t row0 = m0 + g;
+    const int64_t row1 = m0 + g + 8;
+    const bool r0 = row0 < rows;
+    const bool r1 = row1 < rows;
+    const int64_t a0 = r0 ? row_loc(row0, a_shape, a_strides, AND_) : 0;
+    const int64_t a1 = r1 ? row_loc(row1, a_shape, a_strides, AND_) : 0;
     const bool cn = n0 + g < N;
     const int64_t wn = cn ? (n0 + g) * sn : 0;
     // two elements k and k + 1 as one 32-bit fragment register (the lower k in the low half)
@@ -468,10 +474,10 @@ _TILE_SOURCE = _ROW_LOC + r"""
         ortmlx_mma<T>::run(c0, c1, c2, c3, x0, x1, x2, x3, y0, y1);
     }
     const int64_t col = n0 + 2 * t;
-    if (r0 && col < N) out[g * N + col] = static_cast<T>(c0);
-    if (r0 && col + 1 < N) out[g * N + col + 1] = static_cast<T>(c1);
-    if (r1 && col < N) out[(g + 8) * N + col] = static_cast<T>(c2);
-    if (r1 && col + 1 < N) out[(g + 8) * N + col + 1] = static_cast<T>(c3);
+    if (r0 && col < N) out[row0 * N + col] = static_cast<T>(c0);
+    if (r0 && col + 1 < N) out[row0 * N + col + 1] = static_cast<T>(c1);
+    if (r1 && col < N) out[row1 * N + col] = static_cast<T>(c2);
+    if (r1 && col + 1 < N) out[row1 * N + col + 1] = static_cast<T>(c3);
 """
 
 
@@ -480,9 +486,9 @@ def _tile_kernel():
     return _kernel("ortmlx_tile_product", ["a", "w"], ["out"], _TILE_SOURCE, _MMA_HEADER, ensure_row_contiguous=False)
 
 
-def tile_reason(a, w) -> str | None:
+def tile_reason(a, w, limit: int = TILE_ROWS) -> str | None:
     """Why ``tile_product`` does not take ``a`` [..., K] times ``w`` (None: it does): a half type, a registered
-    column-major [K, N] or [1, K, N] weight of it, K a multiple of 16, 1 to TILE_ROWS rows."""
+    column-major [K, N] or [1, K, N] weight of it, K a multiple of 16, 1 to ``limit`` rows (at most TILE_MAX)."""
     if not col_major(w):
         return "not a column-major weight"
     if a.dtype != w.dtype or a.dtype.size != 2 or w.ndim not in (2, 3) or (w.ndim == 3 and w.shape[0] != 1):
@@ -490,27 +496,30 @@ def tile_reason(a, w) -> str | None:
     k = a.shape[-1] if a.ndim else 0
     if a.ndim < 1 or w.shape[-2] != k or k % 16 or w.size >= 2**31 or w.size == 0:
         return f"rows {a.shape} for weight {w.shape}"
-    if not 0 < _rows(a.shape) <= TILE_ROWS:
-        return f"{_rows(a.shape)} rows: not 1 to {TILE_ROWS}"
+    limit = min(limit, TILE_MAX)
+    if not 0 < _rows(a.shape) <= limit:
+        return f"{_rows(a.shape)} rows: not 1 to {limit}"
     return None
 
 
 def tiled(a, w):
     """``tile_product(a, w)`` where the build in progress allows it (tuning ``tile_rows``, the custom kernels) and
-    a has 2 to 16 rows, else None (a lone row keeps MLX's gemv and the row kernels)."""
-    if build.tile_rows() and a.ndim and _rows(a.shape) > 1 and cuda_kernels.enabled() and tile_reason(a, w) is None:
+    a has 2 to ``build.tile_rows()`` rows, else None (a lone row keeps MLX's gemv and the row kernels)."""
+    limit = build.tile_rows()
+    if limit > 1 and a.ndim and _rows(a.shape) > 1 and cuda_kernels.enabled() and tile_reason(a, w, limit) is None:
         return tile_product(a, w)
     return None
 
 
 def tile_product(a, w):
-    """``a @ w`` for up to 16 rows of a [..., K] (``tile_reason`` is None) on the GPU's tensor cores: the weight read
-    once for all rows (a row kernel reads it once a row), float32 sums rounded once."""
+    """``a @ w`` for the rows of a [..., K] (``tile_reason`` is None) on the GPU's tensor cores, 16 rows a tile: the
+    weight read once a tile (a row kernel reads it once a row), float32 sums rounded once."""
     k, n = a.shape[-1], w.shape[-1]
     threads = 32 * TILE_WARPS
     blocks = -(-n // (8 * TILE_WARPS))
     (out,) = _tile_kernel()(inputs=[a, w], template=[("T", a.dtype), ("AND_", a.ndim), ("WND", w.ndim), ("K", k),
                                                      ("N", n)],
-                            grid=(blocks * threads, 1, 1), threadgroup=(threads, 1, 1),
+                            grid=(blocks * threads, -(-_rows(a.shape) // TILE_ROWS), 1),
+                            threadgroup=(threads, 1, 1),
                             output_shapes=[tuple(a.shape[:-1]) + (n,)], output_dtypes=[a.dtype])
     return out

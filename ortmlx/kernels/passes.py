@@ -119,8 +119,8 @@ class BuildConfig:
     build_behind: bool = True
     #: most rows the row kernels take (``BuildContext.row_limit``)
     row_limit: int = 1
-    #: products of 2 to 16 rows on the tensor cores (``BuildContext.tile_rows``)
-    tile_rows: bool = False
+    #: most rows of a product on our tensor-core kernel (``BuildContext.tile_rows``; 0: none)
+    tile_rows: int = 0
 
     @classmethod
     def for_device(cls, device: str, tuning: Tuning | None = None, **overrides) -> "BuildConfig":
@@ -160,7 +160,7 @@ class BuildConfig:
                    conv_gemm=_conv_forms(conv, gpu),
                    conv_gemm_batch=GPU_CONV_GEMM_BATCH if gpu and conv is None else 1,
                    build_behind=pick("build_behind", t.build_behind, True),
-                   tile_rows=pick("tile_rows", t.tile_rows, False),
+                   tile_rows=min(cuda_rows.TILE_MAX, int(overrides.get("tile_rows") or t.tile_rows or 0)),
                    row_limit=min(cuda_rows.ROWS_MAX,
                                  int(overrides.get("row_limit") or t.batch_rows or cuda_rows.ROWS_DEFAULT)))
 

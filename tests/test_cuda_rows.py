@@ -28,6 +28,15 @@ def _weight(w: np.ndarray, dtype, lifted: bool):
     return a
 
 
+def _picking(rng, k: int, most: int, dtype):
+    """(idx, w): up to ``most`` random columns of K, and a column-major weight with one 1 a column at those rows (a
+    product with it picks the rows' elements: exact)."""
+    idx = rng.permutation(k)[:min(k, most)]
+    pick = np.zeros((k, idx.size))
+    pick[idx, np.arange(idx.size)] = 1.0
+    return idx, _weight(pick, dtype, False)
+
+
 def _f32(a) -> np.ndarray:
     return np.array(a.astype(mx.float32), np.float32)
 
@@ -172,10 +181,7 @@ def test_gemv(k, n, dtype):
         assert cuda_rows.row_reason(a, w, k) is None
         got = cuda_rows.gemv(a, w)
         want = mx.matmul(a.astype(mx.float32), w.reshape(k, n).astype(mx.float32)).astype(dtype)
-        idx = rng.permutation(k)[:min(k, 512)]
-        pick = np.zeros((k, idx.size))
-        pick[idx, np.arange(idx.size)] = 1.0
-        pick = _weight(pick, dtype, False)
+        idx, pick = _picking(rng, k, 512, dtype)
         strided = mx.array((rng.standard_normal((1, 2 * k)) * 2).astype(np.float32)).astype(dtype)[..., ::2]
         back, back2 = cuda_rows.gemv(a, pick), cuda_rows.gemv(strided, pick)
         mx.eval(got, want, back, back2)
@@ -251,10 +257,7 @@ def test_tile_product(k, n, lead, dtype):
         assert cuda_rows.tile_reason(a, w, 64) is None
         got = cuda_rows.tile_product(a, w)
         want = mx.matmul(a.astype(mx.float32), w.reshape(k, n).astype(mx.float32)).astype(dtype)
-        idx = rng.permutation(k)[:min(k, 256)]
-        pick = np.zeros((k, idx.size))
-        pick[idx, np.arange(idx.size)] = 1.0
-        pick = _weight(pick, dtype, False)
+        idx, pick = _picking(rng, k, 256, dtype)
         strided = mx.array((rng.standard_normal(lead + (2 * k,)) * 2).astype(np.float32)).astype(dtype)[..., ::2]
         more = mx.array((rng.standard_normal((20, k)) * 2).astype(np.float32)).astype(dtype)[3:14]
         back, back2, back3 = (cuda_rows.tile_product(x, pick) for x in (a, strided, more))

@@ -6,14 +6,13 @@ with the knob off) and with what (heads, lengths, window, sink, softcap), agains
 MLX's CUDA backend the kernel itself is checked against the contract, on the strided views the packed QKV gives."""
 from __future__ import annotations
 
-import math
-
 import mlx.core as mx
 import numpy as np
 import pytest
 
 from ortmlx.kernels import build, cuda_kernels
 from ortmlx.kernels.ops import contrib_attention as ca
+from test_cuda_kernels import reference_decode_attention
 
 CUDA = cuda_kernels.cuda_backend()
 gpu_only = pytest.mark.skipif(not CUDA, reason="needs MLX's CUDA backend")
@@ -21,29 +20,13 @@ RNG = np.random.default_rng(5)
 
 
 def reference_prompt_attention(q, k, v, total_len, *, alpha, softcap=0.0, local_window_size=-1, sink=None):
-    """``cuda_kernels.prompt_attention``'s contract in float64: (B, S, N * H) in q's type."""
-    qn, kn, vn = (np.array(a.astype(mx.float32), np.float64) for a in (q, k, v))
-    tl = np.array(total_len)
-    b, n, s, h = qn.shape
-    group = n // kn.shape[1]
-    sk = None if sink is None else np.array(sink.astype(mx.float32), np.float64)
-    out = np.zeros((b, s, n, h))
-    t = np.arange(s)
-    for i in range(b):
-        for row in range(s):
-            vis = (t <= row) & (t < tl[i])
-            if local_window_size > 0:
-                vis &= t > row - local_window_size
-            for j in range(n):
-                sc = kn[i, j // group] @ qn[i, j, row] * alpha
-                if softcap > 0:
-                    sc = softcap * np.tanh(sc / softcap)
-                sc = np.where(vis, sc, -np.inf)
-                top = sc.max() if sk is None else max(sc.max(), sk[j])
-                e = np.exp(sc - top)
-                den = e.sum() + (0.0 if sk is None else math.exp(sk[j] - top))
-                out[i, row, j] = (e / den) @ vn[i, j // group]
-    return mx.array(out.reshape(b, s, n * h).astype(np.float32)).astype(q.dtype)
+    """``cuda_kernels.prompt_attention``'s contract in float64: each query row s is the decode kernel's contract at
+    past length s over the prompt's keys; (B, S, N * H) in q's type."""
+    b, n, s, h = q.shape
+    rows = [reference_decode_attention(q[:, :, r:r + 1], k, v, mx.full((b,), r, mx.int32), total_len, num_heads=n,
+                                       kv_num_heads=k.shape[1], alpha=alpha, softcap=softcap,
+                                       local_window_size=local_window_size, sink=sink) for r in range(s)]
+    return mx.stack(rows, axis=1).reshape(b, s, n * h)
 
 
 def _packed(b, s, n, kvn, h, dtype):

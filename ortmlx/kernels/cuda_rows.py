@@ -409,27 +409,17 @@ TILE_MAX = 4096
 TILE_WARPS = 4
 
 #: one float32-accumulating tensor-core product of a 16x16 half tile and a 16x8 one (PTX ``mma.sync`` m16n8k16)
-_MMA_HEADER = r"""
-template <typename T> struct ortmlx_mma;
-template <> struct ortmlx_mma<__half> {
+_MMA_HEADER = "template <typename T> struct ortmlx_mma;\n" + "".join(r"""
+template <> struct ortmlx_mma<%s> {
     static __device__ __forceinline__ void run(float& c0, float& c1, float& c2, float& c3, uint32_t a0, uint32_t a1,
                                                uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                     "{%0,%1,%2,%3};\n"
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.%s.%s.f32 {%%0,%%1,%%2,%%3}, {%%4,%%5,%%6,%%7}, "
+                     "{%%8,%%9}, {%%0,%%1,%%2,%%3};\n"
                      : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
                      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
     }
 };
-template <> struct ortmlx_mma<__nv_bfloat16> {
-    static __device__ __forceinline__ void run(float& c0, float& c1, float& c2, float& c3, uint32_t a0, uint32_t a1,
-                                               uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                     "{%0,%1,%2,%3};\n"
-                     : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
-                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    }
-};
-"""
+""" % (ctype, ptx, ptx) for ctype, ptx in (("__half", "f16"), ("__nv_bfloat16", "bf16")))
 
 #: a warp makes outputs n0 .. n0+7 of rows m0 .. m0+15 (m0 = 16 blockIdx.y): over K in steps of 16, the rows' 16x16
 #: tile (rows past the last are zeros) times the weight's 16x8 one, float32 sums rounded once to T. Lane (g, t) =

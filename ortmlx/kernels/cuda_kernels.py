@@ -405,7 +405,6 @@ def decode_attention(q, k, v, past_len, total_len, *, num_heads: int, kv_num_hea
     return out
 
 
-
 #: a first prompt's attention: one block a (row b, query s, head n), ``_ATTEND`` over keys t <= s of its own
 #: S keys (q (B, N, S, H), k and v (B, Nkv, S, H) read through their strides: views of the packed QKV need no
 #: copy); S comes from k's shape, so one build serves every prompt length. ``_ATTEND`` writes row (b, n) of a
@@ -476,6 +475,7 @@ def prompt_attention(q, k, v, total_len, *, alpha: float, softcap: float = 0.0, 
         grid=(b * s * n * threads, 1, 1), threadgroup=(threads, 1, 1),
         output_shapes=[(b, s, n * h)], output_dtypes=[q.dtype])
     return out
+
 
 _NORM_SOURCE = r"""
     // block: one row; threads stride over its features. x = input (+ skip) (+ bias) in float32;

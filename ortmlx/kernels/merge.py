@@ -230,7 +230,7 @@ def lifted_weights(graph, steps, shapes: dict) -> set[str]:
 def matmul_lifted(A, B):
     """``A @ B`` for a weight stored [1, K, N] (``lifted_weights``: a 3-D A multiplies it as it is) and/or
     widened to float32 (``widened_weights``: a half A is widened too, the product rounded once back). With
-    ``build.tile_rows``, 2 to 16 rows multiply in ``cuda_rows.tile_product``."""
+    tuning ``tile_rows``, 2 to that many rows multiply in ``cuda_rows.tile_product`` (``cuda_rows.tiled``)."""
     t = cuda_rows.tiled(A, B)
     if t is not None:
         return t

@@ -137,6 +137,7 @@ class BuildConfig:
             if v is not None:
                 return bool(v)
             return default if knob is None else bool(knob)
+        prompt = pick("prompt_kernel", t.prompt_kernel, True)
         return cls(device=device, cuda_kernels=kernels, device_constants=devc,
                    merge_matmuls=pick("merge_matmuls", None, devc and gpu),
                    fold_mlp=pick("fold_mlp", None if t.fold_mlp else False, kernels),
@@ -153,8 +154,8 @@ class BuildConfig:
                    fused_attention=pick("fused_attention", t.fused_attention, gpu),
                    fused_attention_min=_pow2_at_least(int(
                        overrides.get("fused_attention_min") or t.fused_attention_min
-                       or _least_fused(kernels, pick("prompt_kernel", t.prompt_kernel, True)))),
-                   prompt_kernel=pick("prompt_kernel", t.prompt_kernel, True),
+                       or _least_fused(kernels, prompt))),
+                   prompt_kernel=prompt,
                    half_nbits=pick("half_nbits", t.half_nbits, gpu),
                    poly_exp=pick("poly_exp", t.poly_exp, device == "cpu"),
                    conv_gemm=_conv_forms(conv, gpu),

@@ -20,7 +20,7 @@ def _float_inputs(view, idx=(0, 1)):
 
 @register("MatMul", 1, dtypes=FLOATS, check=_float_inputs)
 def matmul(A, B):
-    """numpy.matmul semantics, including 1-D operands (2 to 16 rows with tuning ``tile_rows``: ``cuda_rows.tiled``)."""
+    """numpy.matmul semantics, including 1-D operands (rows with tuning ``tile_rows``: ``cuda_rows.tiled``)."""
     t = cuda_rows.tiled(A, B)
     return mx.matmul(A, B) if t is None else t
 

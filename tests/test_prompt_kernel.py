@@ -63,9 +63,7 @@ def _tolerance(dtype):
 
 def _ops(q, k, v, total, kw, bias=None):
     """``contrib_attention.prompt_attention``'s float32 ops (no kernel, no fused attention)."""
-    with build.active(build.BuildContext(prompt_kernel=False)):
-        return ca.prompt_attention(q, k, v, q.astype(mx.float32), total - 1, mx.zeros(total.shape, mx.int32), total,
-                                   attention_bias=bias, **kw)
+    return _translate(q, k, v, total, kw, knob=False, bias=bias)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -312,7 +312,7 @@ def test_batch_rows_take_the_tile_kernel(monkeypatch, rows, limit):
     row kernels; more rows, or the knob off, MLX's GEMM."""
     calls = []
     monkeypatch.setattr(cuda_rows, "_COL_MAJOR", {})
-    monkeypatch.setattr(cuda_rows, "tile_product", lambda a, w: calls.append(("tile", _rows(a))) or
+    monkeypatch.setattr(cuda_rows, "tile_product", lambda a, w: calls.append(("tile", cuda_rows._rows(a.shape))) or
                         _tile_contract(a, w))
     monkeypatch.setattr(cuda_rows, "norm_gemv", lambda *a, **k: calls.append("norm") or _norm_contract(*a, **k))
     monkeypatch.setattr(cuda_rows, "gemv", lambda a, w: calls.append("gemv") or _row_product(a, w))
@@ -340,10 +340,6 @@ def test_batch_rows_take_the_tile_kernel(monkeypatch, rows, limit):
         assert tiles == [], calls
     for a, b, name in zip(got, want, g.outputs):
         np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32), rtol=1e-2, atol=1e-2, err_msg=name)
-
-
-def _rows(a):
-    return int(np.prod(a.shape[:-1]))
 
 
 def test_tile_rows_is_a_knob_off_by_default():

@@ -361,13 +361,28 @@ def _attn_kernel(alpha: float, softcap: float):
                    head)
 
 
-def decode_attention_reason(q, k, v, num_heads: int, kv_num_heads: int, attention_bias=None) -> str | None:
-    """Why ``decode_attention`` does not cover this case (None: it does)."""
+def _attend_reason(q, k, v, attention_bias) -> str | None:
+    """What every ``_ATTEND`` kernel refuses: an attention bias, other types, q/k/v not 4-D with v shaped as k."""
     if attention_bias is not None:
         return "attention_bias"
     if q.dtype not in _ATTN_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         return f"dtypes q {q.dtype} k {k.dtype} v {v.dtype}"
-    if q.ndim != 4 or q.shape[2] != 1 or k.ndim != 4 or v.shape != k.shape:
+    if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape:
+        return f"shapes q {q.shape} k {k.shape} v {v.shape}"
+    return None
+
+
+def _sink_input(sink) -> mx.array:
+    """An ``_ATTEND`` kernel's sink input: the per-head logits in float32 (a placeholder without them)."""
+    return consts.zeros((1,), mx.float32) if sink is None else sink.astype(mx.float32)
+
+
+def decode_attention_reason(q, k, v, num_heads: int, kv_num_heads: int, attention_bias=None) -> str | None:
+    """Why ``decode_attention`` does not cover this case (None: it does)."""
+    reason = _attend_reason(q, k, v, attention_bias)
+    if reason is not None:
+        return reason
+    if q.shape[2] != 1:
         return f"shapes q {q.shape} k {k.shape} v {v.shape}"
     b, qh, _, h = q.shape
     if k.shape[0] != b or k.shape[1] != kv_num_heads or k.shape[3] != h or qh < num_heads:
@@ -391,7 +406,7 @@ def decode_attention(q, k, v, past_len, total_len, *, num_heads: int, kv_num_hea
     q's type. Returns (B, num_heads, H).
     """
     b, qh, _, h = q.shape
-    sink_arr = consts.zeros((1,), mx.float32) if sink is None else sink.astype(mx.float32)
+    sink_arr = _sink_input(sink)
     kernel = _attn_kernel(float(alpha), float(softcap))
     # template ints must be >= 0: MLX writes them into the kernel's name (no window: 0)
     threads = 32 * ATTN_WARPS
@@ -440,12 +455,9 @@ PROMPT_MAX = 1024
 
 def prompt_attention_reason(q, k, v, num_heads: int, kv_num_heads: int, attention_bias=None) -> str | None:
     """Why ``prompt_attention`` does not cover this case (None: it does)."""
-    if attention_bias is not None:
-        return "attention_bias"
-    if q.dtype not in _ATTN_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
-        return f"dtypes q {q.dtype} k {k.dtype} v {v.dtype}"
-    if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape:
-        return f"shapes q {q.shape} k {k.shape} v {v.shape}"
+    reason = _attend_reason(q, k, v, attention_bias)
+    if reason is not None:
+        return reason
     b, nq, s, h = q.shape
     if nq != num_heads or k.shape != (b, kv_num_heads, s, h) or num_heads % kv_num_heads:
         return f"shapes q {q.shape} k {k.shape} for heads {num_heads}:{kv_num_heads}"
@@ -466,7 +478,7 @@ def prompt_attention(q, k, v, total_len, *, alpha: float, softcap: float = 0.0, 
     (``decode_attention``'s arithmetic, one query row a block). Returns (B, S, N * H).
     """
     b, n, s, h = q.shape
-    sink_arr = consts.zeros((1,), mx.float32) if sink is None else sink.astype(mx.float32)
+    sink_arr = _sink_input(sink)
     threads = 32 * ATTN_WARPS
     (out,) = _prompt_kernel(float(alpha), float(softcap))(
         inputs=[q, k, v, total_len.astype(mx.int32), sink_arr],
@@ -651,7 +663,7 @@ def decode_rope_attention(q, k, v, cos, sin, past_k, past_v, past_len, total_len
         srcs, layout = (q, k, v), (hq, 0, kvn * h, 0, kvn * h, 0)
     if rot_dim == 0:
         cos = sin = consts.zeros((1,), mx.float32)
-    sink_arr = consts.zeros((1,), mx.float32) if sink is None else sink.astype(mx.float32)
+    sink_arr = _sink_input(sink)
     if qkv_bias is not None and (k is not None or qkv_bias.shape != (layout[0],) or qkv_bias.dtype != past_k.dtype):
         raise ValueError(f"qkv_bias {qkv_bias.shape} {qkv_bias.dtype} needs a packed QKV row of {layout[0]}")
     bias = consts.zeros((1,), past_k.dtype) if qkv_bias is None else qkv_bias

@@ -101,9 +101,6 @@ class Tuning:
     #: most rows (a batch's decode rows, a short prompt's) the row kernels take, each computed as it is alone
     #: (kernels/cuda_rows.py, at most its ROWS_MAX); None: its ROWS_DEFAULT (more rows: MLX's GEMM)
     batch_rows: int | None = None
-    #: products of 2 to this many rows (16: a batch's decode step; 256: short prompts too) as one tensor-core kernel
-    #: (cuda_rows.tile_product; GPU, with cuda_kernels), not MLX's GEMM (None: off, until measured on a GPU)
-    tile_rows: int | None = None
     #: shapeless closures compiled on a GPU too (off: MLX 0.32.4's CUDA backend ran them ~3x slower)
     gpu_shapeless: bool = False
     #: testing only: stage[:node][#count] at which to raise (see ep/stats.py)

@@ -79,10 +79,6 @@ def cases():
             yield (f"row_gemv {t} K {k} N {n}", "ortmlx_row_gemv_x", ["a", "w"], [t, t], ["out"], [t],
                    cr.ROW_SOURCE, "", [("T", t), ("AND_", rnd), ("WND", 3), ("GATED", False), ("GATE_FIRST", True),
                                        ("K", k), ("N", n), ("TPR", tpr), ("THREADS", cr.THREADS)])
-    for t in ("float16", "bfloat16"):
-        for k, n, rnd, wnd in ((896, 1152, 3, 3), (4864, 896, 2, 2), (32, 12, 3, 3)):
-            yield (f"tile_product {t} K {k} N {n}", "ortmlx_tile_product_x", ["a", "w"], [t, t], ["out"], [t],
-                   cr._TILE_SOURCE, cr._MMA_HEADER, [("T", t), ("AND_", rnd), ("WND", wnd), ("K", k), ("N", n)])
     parts = 49
     yield ("gather_bytes 49 arrays", "ortmlx_gather_bytes_x", [f"in{i}" for i in range(parts)] + ["table"],
            ["float16"] * 48 + ["int32", "int64"], ["out"], ["uint8"], ck._gather_source(parts), "", [])

@@ -16,7 +16,6 @@ A build is an eager run of a group's program or a compiled closure's trace. Its 
 - ``build_behind``: whether an eager build answers without a fused kernel not built yet, which is built on a
   background thread meanwhile (``kernels/background.py``);
 - ``row_limit``: the most rows ``cuda_rows``' product kernels take (1: a lone decode row);
-- ``tile_rows``: the most rows of a product ``cuda_rows.tile_product`` takes (from 2; 0: none);
 - ``shapeless``/``tracing``: inside a (shapeless) ``mx.compile`` trace: a shapeless trace replays its graph for
   other shapes, so a translator choosing between equivalent forms picks one MLX replays right at any shape
   (static slices, ``split`` and ``mx.fast.rope`` fail there);
@@ -43,7 +42,6 @@ class BuildContext:
     conv_gemm_batch: int = 1
     build_behind: bool = False
     row_limit: int = 1
-    tile_rows: int = 0
     shapeless: bool = False
     tracing: bool = False
     memo: dict = field(default_factory=dict)
@@ -121,12 +119,6 @@ def row_limit() -> int:
     """The most rows the row kernels take in the build in progress (``BuildContext.row_limit``; 1 outside one)."""
     b = _CURRENT.get()
     return 1 if b is None else b.row_limit
-
-
-def tile_rows() -> int:
-    """The most rows the build in progress multiplies with ``cuda_rows.tile_product`` (0: none)."""
-    b = _CURRENT.get()
-    return 0 if b is None else b.tile_rows
 
 
 def tracing() -> bool:

@@ -13,7 +13,7 @@ import functools
 import mlx.core as mx
 import numpy as np
 
-from . import cuda_kernels, cuda_rows
+from . import cuda_kernels
 from . import dtypes as dt
 from .ops.activation import sigmoid
 from .ops.contrib_quant import dequantize_blocks
@@ -229,11 +229,7 @@ def lifted_weights(graph, steps, shapes: dict) -> set[str]:
 
 def matmul_lifted(A, B):
     """``A @ B`` for a weight stored [1, K, N] (``lifted_weights``: a 3-D A multiplies it as it is) and/or
-    widened to float32 (``widened_weights``: a half A is widened too, the product rounded once back). With
-    tuning ``tile_rows``, 2 to that many rows multiply in ``cuda_rows.tile_product`` (``cuda_rows.tiled``)."""
-    t = cuda_rows.tiled(A, B)
-    if t is not None:
-        return t
+    widened to float32 (``widened_weights``: a half A is widened too, the product rounded once back)."""
     if B.ndim == 3 and A.ndim != 3:
         B = B.reshape(B.shape[1:])
     if A.dtype == B.dtype:

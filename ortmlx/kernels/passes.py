@@ -119,8 +119,6 @@ class BuildConfig:
     build_behind: bool = True
     #: most rows the row kernels take (``BuildContext.row_limit``)
     row_limit: int = 1
-    #: most rows of a product on our tensor-core kernel (``BuildContext.tile_rows``; 0: none)
-    tile_rows: int = 0
 
     @classmethod
     def for_device(cls, device: str, tuning: Tuning | None = None, **overrides) -> "BuildConfig":
@@ -161,7 +159,6 @@ class BuildConfig:
                    conv_gemm=_conv_forms(conv, gpu),
                    conv_gemm_batch=GPU_CONV_GEMM_BATCH if gpu and conv is None else 1,
                    build_behind=pick("build_behind", t.build_behind, True),
-                   tile_rows=min(cuda_rows.TILE_MAX, int(overrides.get("tile_rows") or t.tile_rows or 0)),
                    row_limit=min(cuda_rows.ROWS_MAX,
                                  int(overrides.get("row_limit") or t.batch_rows or cuda_rows.ROWS_DEFAULT)))
 
@@ -170,8 +167,7 @@ class BuildConfig:
         return BuildContext(fused_attention=self.fused_attention, fused_attention_min=self.fused_attention_min,
                             prompt_kernel=self.prompt_kernel, half_nbits=self.half_nbits, poly_exp=self.poly_exp,
                             conv_gemm=self.conv_gemm, conv_gemm_batch=self.conv_gemm_batch,
-                            build_behind=self.build_behind, row_limit=self.row_limit, tile_rows=self.tile_rows,
-                            **fields)
+                            build_behind=self.build_behind, row_limit=self.row_limit, **fields)
 
 
 #: the shortest prompt bucket whose attention takes MLX's fused kernel (cuDNN's on CUDA) by default: cuDNN builds a

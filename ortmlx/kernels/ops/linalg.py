@@ -4,7 +4,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from .. import dtypes as dt
-from .. import build, cuda_rows
+from .. import build
 from ..registry import register
 
 FLOATS = dt.FLOATS
@@ -20,9 +20,8 @@ def _float_inputs(view, idx=(0, 1)):
 
 @register("MatMul", 1, dtypes=FLOATS, check=_float_inputs)
 def matmul(A, B):
-    """numpy.matmul semantics, including 1-D operands (rows with tuning ``tile_rows``: ``cuda_rows.tiled``)."""
-    t = cuda_rows.tiled(A, B)
-    return mx.matmul(A, B) if t is None else t
+    """numpy.matmul semantics, including 1-D operands."""
+    return mx.matmul(A, B)
 
 
 def _gemm_check(view):

@@ -539,8 +539,12 @@ def print_case(c: dict) -> None:
     cols = " | ".join(f"{TITLES[k]} {fmt_ms(v['median_ms'])}" for k, v in e.items())
     rat = " ".join(f"{k} {c['ratios'][k]:.2f}" for k in shown_ratios(c["ratios"]))
     d = c["diff"].get("mlx")
-    acc = f"diff {max(d['max_abs'].values(), key=lambda x: x if isinstance(x, float) else 1e9)!s:.9} " \
-          f"{'ok' if d['ok'] else 'FAIL'}" if d else "diff -"
+    if d:
+        worst = max(d['max_abs'].values(), key=lambda x: x if isinstance(x, float) else 1e9)
+        acc = f"diff {worst:.2g} {'ok' if d['ok'] else 'FAIL'}" if isinstance(worst, float) else \
+            f"diff {worst} {'ok' if d['ok'] else 'FAIL'}"
+    else:
+        acc = "diff -"
     p = c["partition"].get("mlx", {})
     print(f"{c['model']:<28} b{c['batch']:<3} {cols} ms | {rat} | {acc} | MLX nodes "
           f"{p.get('claimed', '?')}/{p.get('nodes', '?')} | first MLX {fmt_ms(e.get('mlx', {}).get('first_ms'))} ms",

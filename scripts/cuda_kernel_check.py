@@ -79,6 +79,9 @@ def cases():
             yield (f"row_gemv {t} K {k} N {n}", "ortmlx_row_gemv_x", ["a", "w"], [t, t], ["out"], [t],
                    cr.ROW_SOURCE, "", [("T", t), ("AND_", rnd), ("WND", 3), ("GATED", False), ("GATE_FIRST", True),
                                        ("K", k), ("N", n), ("TPR", tpr), ("THREADS", cr.THREADS)])
+    for t in ("float16", "bfloat16", "float32"):
+        yield (f"take_rows {t}", "ortmlx_take_rows_x", ["data", "idx"], [t, "int32"], ["out"], [t], ck._TAKE_SOURCE,
+               "", [("T", t)])
     parts = 49
     yield ("gather_bytes 49 arrays", "ortmlx_gather_bytes_x", [f"in{i}" for i in range(parts)] + ["table"],
            ["float16"] * 48 + ["int32", "int64"], ["out"], ["uint8"], ck._gather_source(parts), "", [])

@@ -475,3 +475,41 @@ def test_mlx_launches_the_module_written_under_its_name(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["first"] == 7.0 and got["counts"]["cached"] == 1, got
+
+
+def test_prebuilt_copies_are_the_instantiations_the_copies_use(monkeypatch):
+    """``prebuild_copies`` queues exactly the two instantiations the staged upload and the large-result copy then
+    wait for, and a copy of any type or rank uses the one byte-copy instantiation (no build at a new result type)."""
+    from ortmlx.kernels import cuda_kernels as ck
+    calls = []
+
+    class Stub:
+        def submit(self, func, src):
+            calls.append(("submit", func, src))
+            return "queued"
+
+        def ensure(self, func, src):
+            calls.append(("ensure", func, src))
+            return "built"
+    monkeypatch.setattr(cc, "builder", lambda: Stub())
+    monkeypatch.setattr(ck, "usable", lambda: True)
+    monkeypatch.setattr(ck, "_PREBUILT", [])
+    monkeypatch.setattr(ck, "_kernel", lambda prefix, ins, outs, source, header="", **kw: cc.CachedKernel(
+        prefix, ins, outs, source, header, lambda **k: [mx.zeros((1,), mx.uint8)]))
+    for f in (ck._copy_in_kernel, ck._copy_any_kernel):
+        f.cache_clear()
+    try:
+        ck.prebuild_copies()
+        ck.prebuild_copies()                    # once a process
+        stage = mx.bitwise_or(mx.array(5, dtype=mx.uint64), mx.array(0, mx.uint64))    # as ``Uploader`` makes it
+        ck.copy_from_address(stage, 100)
+        for a in (mx.zeros((3, 5), mx.float16), mx.zeros((7,), mx.int32), mx.zeros((2, 2, 2, 3), mx.float32)):
+            ck.copy_to_address(a, mx.array([1, a.nbytes], dtype=mx.uint64))
+    finally:
+        for f in (ck._copy_in_kernel, ck._copy_any_kernel):
+            f.cache_clear()
+    queued = {(f, s) for kind, f, s in calls if kind == "submit"}
+    waited = {(f, s) for kind, f, s in calls if kind == "ensure"}
+    assert len([c for c in calls if c[0] == "submit"]) == 2 and len(queued) == 2
+    assert waited == queued, (sorted(f for f, _ in waited), sorted(f for f, _ in queued))
+    assert all("const uint8_t* src" in s for f, s in queued if "copy_any" in f)

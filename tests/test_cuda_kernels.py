@@ -706,3 +706,76 @@ def test_failing_kernel_turns_the_kernels_off(monkeypatch):
     assert "boom" in (cuda_kernels.disabled_reason() or "") and not cuda_kernels.usable()
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a, b)
+
+
+def reference_take_rows(data, idx):
+    """``cuda_kernels.take_rows``'s contract: ``mx.take`` along axis 0 with the indices clamped into [0, N)."""
+    return mx.take(data, mx.clip(idx, 0, data.shape[0] - 1), axis=0)
+
+
+def test_take_wiring_with_the_contract(monkeypatch):
+    """Everywhere: the eager Gather and the traced one hand a table's rows to ``take_rows`` (its contract standing
+    in) when the build may use the kernels, and only then; other gathers keep ``mx.take``."""
+    from ortmlx.compiled.decode_ops import gather_traced
+    from ortmlx.kernels.ops.indexing import gather
+    calls = []
+    monkeypatch.setattr(cuda_kernels, "cuda_backend", lambda: True)
+    monkeypatch.setattr(mx, "default_device", lambda: mx.gpu)
+    monkeypatch.setattr(cuda_kernels, "take_rows", lambda d, i: calls.append(i.shape) or reference_take_rows(d, i))
+    rng = np.random.default_rng(4)
+    table = mx.array(rng.standard_normal((50, 6)).astype(np.float16))
+    ids = np.array([[3, -1, 7], [0, 49, 3]], np.int64)
+    want = np.take(np.array(table), ids, axis=0)
+    with mx.stream(mx.cpu):
+        for on in (True, False):
+            calls.clear()
+            with build.active(build.BuildContext(cuda_kernels=on, guards=[])):
+                got = [gather(table, ids), gather_traced(table, mx.array(ids))]
+                other = [gather(table, ids % 6, axis=1), gather(mx.array(np.arange(50.0)), ids)]
+            assert calls == ([(2, 3), (2, 3)] if on else []), (on, calls)
+            for g in got:
+                np.testing.assert_array_equal(np.array(g), want)
+            np.testing.assert_array_equal(np.array(other[0]), np.take(np.array(table), ids % 6, axis=1))
+            np.testing.assert_array_equal(np.array(other[1]), np.take(np.arange(50.0), ids))
+    assert cuda_kernels.take_reason(table, mx.zeros((2,), mx.int64), 0).startswith("indices")
+    assert cuda_kernels.take_reason(table, mx.zeros((2,), mx.int32), 1).startswith("data")
+    assert cuda_kernels.take_reason(table, mx.zeros((2,), mx.int32), 0) is None
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16, mx.float32])
+def test_take_rows_kernel(dtype):
+    """On the GPU: rows of a table (row-major, transposed, a slice) at 1-D and 2-D indices, bit for bit the table's
+    rows; an index past either end reads the nearest row (a traced guard rejects that call), never past the table."""
+    rng = np.random.default_rng(5)
+    base = mx.array(rng.standard_normal((300, 40)).astype(np.float32)).astype(dtype)
+    ids = rng.integers(0, 37, (3, 9)).astype(np.int32)
+    with mx.stream(mx.gpu):
+        for table in (base[:37], base[:40].T[:, :37].T, base[5:42, 3:30]):
+            tn = np.array(table.astype(mx.float32))
+            for idx in (ids, ids[0], np.array([0, 36, -4, 90], np.int32)):
+                got = cuda_kernels.take_rows(table, mx.array(idx))
+                mx.eval(got)
+                want = tn[np.clip(idx, 0, tn.shape[0] - 1)]
+                assert got.shape == idx.shape + (tn.shape[1],) and got.dtype == dtype
+                np.testing.assert_array_equal(np.array(got.astype(mx.float32)), want)
+
+
+@gpu_only
+def test_ep_embedding_gather_matches_cpu_ep(monkeypatch):
+    """An embedding Gather (int64 ids, negative ones too) through the EP on the GPU, eager and compiled, equal to the
+    CPU EP with ``take_rows`` in use."""
+    calls = []
+    real = cuda_kernels.take_rows
+    monkeypatch.setattr(cuda_kernels, "take_rows", lambda d, i: calls.append(1) or real(d, i))
+    rng = np.random.default_rng(6)
+    table = rng.standard_normal((1000, 64)).astype(np.float16)
+    m = make_model([helper.make_node("Gather", ["table", "ids"], ["y"], axis=0)], [("ids", T.INT64, ["b", "s"])],
+                   [("y", T.FLOAT16, None)], initializers={"table": table})
+    cpu = session(m, "CPUExecutionProvider", record=False)
+    for opts in ({"device": "gpu"}, {"device": "gpu", "no_compile": "1"}):
+        sess = session(m, options=opts)
+        for shape in ((1, 7), (1, 7), (2, 5), (1, 1), (1, 1)):
+            ids = rng.integers(-1000, 1000, shape).astype(np.int64)
+            np.testing.assert_array_equal(sess.run(None, {"ids": ids})[0], cpu.run(None, {"ids": ids})[0])
+    assert len(calls) >= 4, f"kernel used {len(calls)} times"

@@ -17,7 +17,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from ..kernels import build, consts
+from ..kernels import build, consts, cuda_kernels
 from ..kernels.interpreter import mx_device
 from ..kernels.ops import contrib_quant as q
 from ..kernels.ops.contrib_attention import (_bnsh, apply_rotary, attention_probs_softmax, gqa_core, rope_layout,
@@ -365,7 +365,7 @@ def gather_traced(data, indices, *, axis=0):
     idx = idx.astype(mx.int64)
     add_guard(every((idx >= -n) & (idx < n)))
     idx = mx.where(idx < 0, idx + n, idx)
-    return mx.take(data, idx.astype(mx.int32) if n < 2**31 else idx, axis=a)
+    return cuda_kernels.take(data, idx.astype(mx.int32) if n < 2**31 else idx, a)
 
 
 #: build-memo key of a padded prefill's valid length per batch row (set by its GroupQueryAttention)

@@ -476,6 +476,21 @@ class CachedKernel:
             self.seen[key] = self.prepare(template, list(key[1]), list(key[2]))
         return self.fn(inputs=inputs, output_dtypes=output_dtypes, template=template, **kw)
 
+    def queue(self, inputs: list, output_dtypes: list, template: list | None = None) -> str:
+        """Start building one instantiation (``inputs``: (dtype name, ndim) per input) on the builder's workers and
+        return without waiting: its first call then waits for that build (``ensure``) rather than starting one.
+        So kernels needed one after another build side by side. Never raises."""
+        try:
+            b = builder()
+            if b is None:
+                return "off"
+            template = list(template or [])
+            func = kernel_name(self.name, template)
+            return b.submit(func, mlx_source(func, self.header, self.source, self.input_names, inputs,
+                                             self.output_names, output_dtypes, template))
+        except Exception as e:  # noqa: BLE001
+            return f"failed: {type(e).__name__}: {e}"
+
     def prepare(self, template: list, inputs: list, output_dtypes: list) -> str:
         """The builder's answer for one instantiation; never raises (MLX builds it itself on any failure)."""
         try:

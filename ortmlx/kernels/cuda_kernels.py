@@ -18,6 +18,7 @@ kernels replace chains of MLX ops with one launch each, computing the same value
 - ``rms_norm``: (Skip)SimplifiedLayerNormalization of rows: the float32 sum of input, skip and
   bias, its mean square, the scaled result and both roundings to the output type in one kernel, where
   MLX takes three (the sum and its casts, ``mx.fast.rms_norm`` on float32, the final cast).
+- ``take_rows``: a Gather of table rows (an embedding), where MLX's gather is a JIT kernel of its own.
 - ``gather_bytes``: many small arrays' bytes into one uint8 array (a ``concatenate`` of N arrays
   is N copy kernels).
 
@@ -785,8 +786,9 @@ def _copy_any_kernel():
 
 
 def copy_to_address(a: mx.array, target: mx.array) -> mx.array:
-    """``copy_to_host`` for any size, one kernel for all: ``target`` is [device address, byte count] (uint64),
-    the count ``a.nbytes``. Returns the one byte that orders the work."""
+    """``copy_to_host`` for any size and type, one kernel for all: ``target`` is [device address, byte count]
+    (uint64), the count ``a.nbytes``; ``a`` is read as its bytes (one instantiation: no build at a session's first
+    result of a new type). Returns the one byte that orders the work."""
     if target.dtype != mx.uint64 or target.shape != (2,):
         raise ValueError(f"copy_to_address: target must be [address, bytes] as uint64, got {target.dtype} "
                          f"of shape {target.shape}")
@@ -794,7 +796,9 @@ def copy_to_address(a: mx.array, target: mx.array) -> mx.array:
     if n == 0:
         raise ValueError("copy_to_address: an empty array")
     blocks = max(1, min(COPY_BLOCKS, -(-n // (16 * COPY_THREADS))))
-    (out,) = _copy_any_kernel()(inputs=[a, target], grid=(blocks * COPY_THREADS, 1, 1),
+    flat = a.reshape(-1)
+    src = flat if flat.dtype == mx.uint8 else flat.view(mx.uint8)
+    (out,) = _copy_any_kernel()(inputs=[src, target], grid=(blocks * COPY_THREADS, 1, 1),
                                 threadgroup=(COPY_THREADS, 1, 1), output_shapes=[(1,)], output_dtypes=[mx.uint8])
     return out
 
@@ -831,6 +835,72 @@ def _copy_in_kernel():
 @functools.lru_cache(maxsize=1)
 def _zero_byte() -> mx.array:
     return mx.array(0, mx.uint8)
+
+
+#: ``take_rows``: rows of a [N, W] table (any strides) at int32 positions, clamped into [0, N) so an index a traced
+#: guard will reject reads no memory outside the table
+_TAKE_SOURCE = r"""
+    const int64_t n = data_shape[0];
+    const int64_t w = data_shape[1];
+    const int64_t s0 = data_strides[0];
+    const int64_t s1 = data_strides[1];
+    const int64_t total = static_cast<int64_t>(idx_shape[0]) * w;
+    const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total; i += step) {
+        const int64_t r = i / w;
+        int64_t j = static_cast<int64_t>(idx[r * idx_strides[0]]);
+        j = j < 0 ? 0 : (j >= n ? n - 1 : j);
+        out[i] = data[j * s0 + (i - r * w) * s1];
+    }
+"""
+TAKE_THREADS, TAKE_BLOCKS = 256, 1024
+
+
+@functools.lru_cache(maxsize=1)
+def _take_kernel():
+    return _kernel("ortmlx_take_rows", ["data", "idx"], ["out"], _TAKE_SOURCE, ensure_row_contiguous=False)
+
+
+def take_reason(data, idx, axis: int) -> str | None:
+    """Why ``take_rows`` does not take ``mx.take(data, idx, axis)`` (None: it does)."""
+    if axis != 0 or data.ndim != 2 or data.dtype not in _ATTN_DTYPES or data.size == 0 or data.size >= 2**31:
+        return f"data {data.dtype} {data.shape} along axis {axis}"
+    if idx.dtype != mx.int32 or idx.size == 0:
+        return f"indices {idx.dtype} {idx.shape}"
+    return None
+
+
+def take_rows(data, idx):
+    """``mx.take(data, idx, axis=0)`` for a [N, W] table (``take_reason`` None): one kernel of ours, read through
+    the table's strides, so a new host builds it beside the call's other kernels (MLX's own gather is a JIT kernel
+    built alone at the first evaluation: ~2.6 s on a new H100 host). Indices outside [0, N) are clamped."""
+    flat = idx.reshape(-1)
+    total = flat.size * data.shape[1]
+    blocks = max(1, min(TAKE_BLOCKS, -(-total // TAKE_THREADS)))
+    (out,) = _take_kernel()(inputs=[data, flat], template=[("T", data.dtype)], grid=(blocks * TAKE_THREADS, 1, 1),
+                            threadgroup=(TAKE_THREADS, 1, 1), output_shapes=[tuple(idx.shape) + (data.shape[1],)],
+                            output_dtypes=[data.dtype])
+    return out
+
+
+def take(data, idx, axis: int):
+    """``mx.take(data, idx, axis)``: through ``take_rows`` where the build in progress may use these kernels."""
+    if enabled() and take_reason(data, idx, axis) is None:
+        return take_rows(data, idx)
+    return mx.take(data, idx, axis=axis)
+
+
+def prebuild_copies() -> None:
+    """Start building the two copy kernels every GPU session uses (uploads, large results) side by side, at the first
+    session's start: built one after another, at its probes and its first large result, they added ~2 s each to a
+    new host's first call (docs/performance.md)."""
+    if usable() and not _PREBUILT:
+        _PREBUILT.append(True)
+        _copy_in_kernel().queue([("uint64", 0), ("uint8", 1)], ["uint8"])
+        _copy_any_kernel().queue([("uint8", 1), ("uint64", 1)], ["uint8"])
+
+
+_PREBUILT: list = []
 
 
 def copy_from_address(stage: mx.array, nbytes: int) -> mx.array:

@@ -327,6 +327,7 @@ def _probe_driver():
         if not (np.array_equal(got, want) and np.array_equal(dst, want)):
             return None
         if cuda_kernels.usable():           # the direct write, checked the same way (else never tried)
+            cuda_kernels.prebuild_copies()
             out = np.zeros(4099 + 3, np.int32)[1:-2]       # (an address 4 bytes into an allocation)
             b = a * 2
             c = a * 5                       # 16,396 bytes in 4,096-byte chunks: the two-buffer path, a short last one

@@ -181,6 +181,7 @@ def _probe() -> Uploader | None:
     drv = _open_driver()
     if drv is None or not cuda_kernels.usable():
         return None
+    cuda_kernels.prebuild_copies()
     try:
         u = Uploader(drv)
         want = (np.arange(3 * 4099, dtype=np.int32) * 7 - 5).reshape(3, 4099)

@@ -12,6 +12,7 @@ import math
 import mlx.core as mx
 import numpy as np
 
+from .. import cuda_kernels
 from .. import dtypes as dt
 from ..registry import register
 from .shape import contiguous, ints, norm_axes, norm_axis, twin
@@ -83,7 +84,7 @@ def slice_(data, starts, ends, axes=None, steps=None):
 def _gather(xp, data, indices, axis=0):
     a = norm_axis(axis, data.ndim)
     idx = check_indices(indices, data.shape[a])
-    return np.take(data, idx, axis=a) if xp is np else mx.take(data, _idx(idx), axis=a)
+    return np.take(data, idx, axis=a) if xp is np else cuda_kernels.take(data, _idx(idx), a)
 
 
 @register("Gather", 1, const=(1,), host=twin(_gather))

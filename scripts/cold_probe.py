@@ -1,0 +1,70 @@
+"""A new host's first token, taken apart: which kernel files a genai model's first generation writes, and when.
+
+    python scripts/cold_probe.py MODEL_DIR [KEY=VALUE ...]     # MLX EP provider options, e.g. no_compile=1
+
+Runs in fresh, empty kernel caches (``MLX_PTX_CACHE_DIR``, ``CUDA_CACHE_PATH``, ``TMPDIR``: new directories made
+here), prints the load time, the first token's and the 16th's, then every kernel file written
+with its time against the load's end (a gap: a build waited for alone), and cProfile's top functions of the first
+token. What it measured: docs/performance.md ("a new host's first token").
+"""
+import os
+import sys
+import tempfile
+
+if __name__ == "__main__" and not os.environ.get("COLD_PROBE_CHILD"):
+    # the caches must be empty before MLX is imported: set them and run again
+    d = tempfile.mkdtemp(prefix="cold_probe_")
+    env = dict(os.environ, COLD_PROBE_CHILD="1")
+    for var, sub in (("MLX_PTX_CACHE_DIR", "ptx"), ("CUDA_CACHE_PATH", "cuda"), ("TMPDIR", "tmp")):
+        env[var] = os.path.join(d, sub)
+        os.makedirs(env[var], exist_ok=True)
+    os.execve(sys.executable, [sys.executable] + sys.argv, env)
+
+import cProfile  # noqa: E402
+import io  # noqa: E402
+import pstats  # noqa: E402
+import time  # noqa: E402
+
+T0 = time.time()
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np  # noqa: E402
+import onnxruntime_genai as og  # noqa: E402
+
+from ortmlx import genai as mg  # noqa: E402
+
+
+def main() -> int:
+    if len(sys.argv) < 2:
+        print(__doc__)
+        return 2
+    model_dir, opts = sys.argv[1], dict(kv.split("=", 1) for kv in sys.argv[2:])
+    model, _ = mg.load_model(model_dir, "mlx", opts, overlay={"model": {"context_length": 256}})
+    t1 = time.time()
+    print(f"loaded {t1 - T0:.2f} s after the process started", flush=True)
+    prof = cProfile.Profile()
+    prof.enable()
+    g = og.Generator(model, mg.search_options(model, 256, 129))
+    g.append_tokens(np.random.default_rng(0).integers(100, 480, 128).astype(np.int32))
+    g.generate_next_token()
+    prof.disable()
+    print(f"first token {time.time() - t1:.2f} s after the load (a 128-token prompt)", flush=True)
+    for _ in range(15):
+        g.generate_next_token()
+    print(f"16th token {time.time() - t1:.2f} s after the load", flush=True)
+    # MLX's CUDA kernels (and ours) under MLX_PTX_CACHE_DIR; its CPU backend's g++ libraries under $TMPDIR/mlx
+    roots = (os.environ["MLX_PTX_CACHE_DIR"], os.path.join(os.environ["TMPDIR"], "mlx"))
+    files = sorted((os.path.getmtime(os.path.join(r, f)), os.path.join(r, f))
+                   for root in roots for r, _, fs in os.walk(root) for f in fs)
+    prev = t1
+    print(f"{len(files)} kernel files written (time after the load, gap since the one before):")
+    for m, f in files:
+        print(f"  {m - t1:+7.2f} s ({m - prev:5.2f})  {os.path.basename(f)[:110]}")
+        prev = m
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(12)
+    print(out.getvalue()[:4000])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -477,11 +477,13 @@ def test_mlx_launches_the_module_written_under_its_name(tmp_path):
     assert got["first"] == 7.0 and got["counts"]["cached"] == 1, got
 
 
-def test_prebuilt_copies_are_the_instantiations_the_copies_use(monkeypatch):
-    """``prebuild_copies`` queues exactly the two instantiations the staged upload and the large-result copy then
-    wait for, and a copy of any type or rank uses the one byte-copy instantiation (no build at a new result type)."""
+@pytest.mark.parametrize("as_bytes", [True, False], ids=["byte_copies", "typed"])
+def test_prebuilt_copies_are_the_instantiations_the_copies_use(monkeypatch, as_bytes):
+    """``prebuild_copies`` queues exactly the two instantiations the staged upload and the driver's self-test copy
+    (int32) then wait for; with tuning ``byte_copies`` a copy of any type or rank uses that one instantiation."""
     from ortmlx.kernels import cuda_kernels as ck
     calls = []
+    monkeypatch.setattr(ck, "byte_copies", lambda: as_bytes)
 
     class Stub:
         def submit(self, func, src):
@@ -503,7 +505,8 @@ def test_prebuilt_copies_are_the_instantiations_the_copies_use(monkeypatch):
         ck.prebuild_copies()                    # once a process
         stage = mx.bitwise_or(mx.array(5, dtype=mx.uint64), mx.array(0, mx.uint64))    # as ``Uploader`` makes it
         ck.copy_from_address(stage, 100)
-        for a in (mx.zeros((3, 5), mx.float16), mx.zeros((7,), mx.int32), mx.zeros((2, 2, 2, 3), mx.float32)):
+        for a in ((mx.zeros((3, 5), mx.float16), mx.zeros((7,), mx.int32), mx.zeros((2, 2, 2, 3), mx.float32))
+                  if as_bytes else (mx.zeros((7,), mx.int32),)):      # (the self-test's copy: int32 rows)
             ck.copy_to_address(a, mx.array([1, a.nbytes], dtype=mx.uint64))
     finally:
         for f in (ck._copy_in_kernel, ck._copy_any_kernel):
@@ -512,4 +515,4 @@ def test_prebuilt_copies_are_the_instantiations_the_copies_use(monkeypatch):
     waited = {(f, s) for kind, f, s in calls if kind == "ensure"}
     assert len([c for c in calls if c[0] == "submit"]) == 2 and len(queued) == 2
     assert waited == queued, (sorted(f for f, _ in waited), sorted(f for f, _ in queued))
-    assert all("const uint8_t* src" in s for f, s in queued if "copy_any" in f)
+    assert all(("const uint8_t* src" in s) == as_bytes for f, s in queued if "copy_any" in f)

@@ -580,14 +580,16 @@ def test_copy_to_host(n, dtype, offset):
 
 
 @gpu_only
+@pytest.mark.parametrize("as_bytes", [False, True], ids=["typed", "byte_copies"])
 @pytest.mark.parametrize("n", [1, 5, 4096, 1 << 20, (3 << 20) + 7])
 @pytest.mark.parametrize("dtype", [mx.float16, mx.float32, mx.uint8])
-def test_copy_to_address_and_direct_writes(n, dtype):
+def test_copy_to_address_and_direct_writes(n, dtype, as_bytes, monkeypatch):
     """On the GPU: ``copy_to_address`` (one kernel for every size) writes an array's bytes into page-locked
     memory, and ``DriverReader.write_result`` into plain host memory (``ORT's buffer``) through its staging
     buffer and threaded copy, at any offset; nothing outside the bytes is touched."""
     from ortmlx.kernels import cuda_driver
     from ortmlx.runtime import devread
+    monkeypatch.setattr(cuda_kernels, "byte_copies", lambda: as_bytes)
     rng = np.random.default_rng(n)
     a = mx.array(rng.standard_normal(n + 3).astype(np.float32)).astype(dtype)
     reader = devread.reader("gpu")
@@ -715,7 +717,8 @@ def reference_take_rows(data, idx):
 
 def test_take_wiring_with_the_contract(monkeypatch):
     """Everywhere: the eager Gather and the traced one hand a table's rows to ``take_rows`` (its contract standing
-    in) when the build may use the kernels, and only then; other gathers keep ``mx.take``."""
+    in) when the build asks for it (tuning ``take_rows``, off by default) and may use the kernels, and only then;
+    other gathers keep ``mx.take``."""
     from ortmlx.compiled.decode_ops import gather_traced
     from ortmlx.kernels.ops.indexing import gather
     calls = []
@@ -727,12 +730,12 @@ def test_take_wiring_with_the_contract(monkeypatch):
     ids = np.array([[3, -1, 7], [0, 49, 3]], np.int64)
     want = np.take(np.array(table), ids, axis=0)
     with mx.stream(mx.cpu):
-        for on in (True, False):
+        for on, kernels in ((True, True), (False, True), (True, False)):
             calls.clear()
-            with build.active(build.BuildContext(cuda_kernels=on, guards=[])):
+            with build.active(build.BuildContext(cuda_kernels=kernels, take_rows=on, guards=[])):
                 got = [gather(table, ids), gather_traced(table, mx.array(ids))]
                 other = [gather(table, ids % 6, axis=1), gather(mx.array(np.arange(50.0)), ids)]
-            assert calls == ([(2, 3), (2, 3)] if on else []), (on, calls)
+            assert calls == ([(2, 3), (2, 3)] if on and kernels else []), (on, kernels, calls)
             for g in got:
                 np.testing.assert_array_equal(np.array(g), want)
             np.testing.assert_array_equal(np.array(other[0]), np.take(np.array(table), ids % 6, axis=1))
@@ -740,6 +743,11 @@ def test_take_wiring_with_the_contract(monkeypatch):
     assert cuda_kernels.take_reason(table, mx.zeros((2,), mx.int64), 0).startswith("indices")
     assert cuda_kernels.take_reason(table, mx.zeros((2,), mx.int32), 1).startswith("data")
     assert cuda_kernels.take_reason(table, mx.zeros((2,), mx.int32), 0) is None
+    from ortmlx.kernels.passes import BuildConfig
+    from ortmlx.tuning import Tuning
+    # both off until they have run on a GPU
+    assert not BuildConfig.for_device("gpu").context().take_rows and not Tuning().byte_copies
+    assert BuildConfig.for_device("gpu", Tuning.parse("take_rows=1")).context().take_rows
 
 
 @gpu_only
@@ -773,7 +781,8 @@ def test_ep_embedding_gather_matches_cpu_ep(monkeypatch):
     m = make_model([helper.make_node("Gather", ["table", "ids"], ["y"], axis=0)], [("ids", T.INT64, ["b", "s"])],
                    [("y", T.FLOAT16, None)], initializers={"table": table})
     cpu = session(m, "CPUExecutionProvider", record=False)
-    for opts in ({"device": "gpu"}, {"device": "gpu", "no_compile": "1"}):
+    for opts in ({"device": "gpu", "tuning": "take_rows=1"},
+                 {"device": "gpu", "no_compile": "1", "tuning": "take_rows=1"}):
         sess = session(m, options=opts)
         for shape in ((1, 7), (1, 7), (2, 5), (1, 1), (1, 1)):
             ids = rng.integers(-1000, 1000, shape).astype(np.int64)

@@ -36,6 +36,7 @@ class BuildContext:
     fused_attention: bool = False
     fused_attention_min: int = 1
     prompt_kernel: bool = True
+    take_rows: bool = False
     half_nbits: bool = False
     poly_exp: bool = False
     conv_gemm: frozenset = frozenset()

@@ -786,9 +786,9 @@ def _copy_any_kernel():
 
 
 def copy_to_address(a: mx.array, target: mx.array) -> mx.array:
-    """``copy_to_host`` for any size and type, one kernel for all: ``target`` is [device address, byte count]
-    (uint64), the count ``a.nbytes``; ``a`` is read as its bytes (one instantiation: no build at a session's first
-    result of a new type). Returns the one byte that orders the work."""
+    """``copy_to_host`` for any size, one kernel for all: ``target`` is [device address, byte count] (uint64), the
+    count ``a.nbytes``; with tuning ``byte_copies`` ``a`` is read as its bytes (one instantiation for every type: no
+    build at a session's first result of a new type). Returns the one byte that orders the work."""
     if target.dtype != mx.uint64 or target.shape != (2,):
         raise ValueError(f"copy_to_address: target must be [address, bytes] as uint64, got {target.dtype} "
                          f"of shape {target.shape}")
@@ -797,7 +797,7 @@ def copy_to_address(a: mx.array, target: mx.array) -> mx.array:
         raise ValueError("copy_to_address: an empty array")
     blocks = max(1, min(COPY_BLOCKS, -(-n // (16 * COPY_THREADS))))
     flat = a.reshape(-1)
-    src = flat if flat.dtype == mx.uint8 else flat.view(mx.uint8)
+    src = flat.view(mx.uint8) if byte_copies() and flat.dtype != mx.uint8 else a
     (out,) = _copy_any_kernel()(inputs=[src, target], grid=(blocks * COPY_THREADS, 1, 1),
                                 threadgroup=(COPY_THREADS, 1, 1), output_shapes=[(1,)], output_dtypes=[mx.uint8])
     return out
@@ -884,8 +884,10 @@ def take_rows(data, idx):
 
 
 def take(data, idx, axis: int):
-    """``mx.take(data, idx, axis)``: through ``take_rows`` where the build in progress may use these kernels."""
-    if enabled() and take_reason(data, idx, axis) is None:
+    """``mx.take(data, idx, axis)``: through ``take_rows`` where the build in progress asks for it (tuning
+    ``take_rows``) and may use these kernels."""
+    b = build.current()
+    if b is not None and b.take_rows and enabled() and take_reason(data, idx, axis) is None:
         return take_rows(data, idx)
     return mx.take(data, idx, axis=axis)
 
@@ -897,10 +899,21 @@ def prebuild_copies() -> None:
     if usable() and not _PREBUILT:
         _PREBUILT.append(True)
         _copy_in_kernel().queue([("uint64", 0), ("uint8", 1)], ["uint8"])
-        _copy_any_kernel().queue([("uint8", 1), ("uint64", 1)], ["uint8"])
+        # the driver's self-test copies int32 (``devread``); with byte copies every result is uint8
+        _copy_any_kernel().queue([("uint8" if byte_copies() else "int32", 1), ("uint64", 1)], ["uint8"])
 
 
 _PREBUILT: list = []
+
+
+@functools.lru_cache(maxsize=1)
+def byte_copies() -> bool:
+    """Tuning ``byte_copies`` (the environment's: the copies serve every session of the process)."""
+    from ..tuning import Tuning, TuningError
+    try:
+        return Tuning.from_env().byte_copies
+    except TuningError:
+        return False
 
 
 def copy_from_address(stage: mx.array, nbytes: int) -> mx.array:

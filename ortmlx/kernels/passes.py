@@ -107,6 +107,8 @@ class BuildConfig:
     fused_attention_min: int = 1
     #: shorter prompts' attention in one custom kernel (``BuildContext.prompt_kernel``)
     prompt_kernel: bool = True
+    #: a table's rows gathered by ``cuda_kernels.take_rows`` (``BuildContext.take_rows``)
+    take_rows: bool = False
     #: half-precision MatMulNBits products (``BuildContext.half_nbits``)
     half_nbits: bool = False
     #: float32 Exp and Sigmoid through ``fastmath``'s polynomial exp (``BuildContext.poly_exp``)
@@ -154,6 +156,7 @@ class BuildConfig:
                        overrides.get("fused_attention_min") or t.fused_attention_min
                        or _least_fused(kernels, prompt))),
                    prompt_kernel=prompt,
+                   take_rows=pick("take_rows", t.take_rows, False) and kernels,
                    half_nbits=pick("half_nbits", t.half_nbits, gpu),
                    poly_exp=pick("poly_exp", t.poly_exp, device == "cpu"),
                    conv_gemm=_conv_forms(conv, gpu),
@@ -165,7 +168,8 @@ class BuildConfig:
     def context(self, **fields) -> BuildContext:
         """A build's context with this config's choices for translators (``fields``: the build's own)."""
         return BuildContext(fused_attention=self.fused_attention, fused_attention_min=self.fused_attention_min,
-                            prompt_kernel=self.prompt_kernel, half_nbits=self.half_nbits, poly_exp=self.poly_exp,
+                            prompt_kernel=self.prompt_kernel, take_rows=self.take_rows, half_nbits=self.half_nbits,
+                            poly_exp=self.poly_exp,
                             conv_gemm=self.conv_gemm, conv_gemm_batch=self.conv_gemm_batch,
                             build_behind=self.build_behind, row_limit=self.row_limit, **fields)
 

@@ -166,12 +166,14 @@ class BuildConfig:
                                  int(overrides.get("row_limit") or t.batch_rows or cuda_rows.ROWS_DEFAULT)))
 
     def context(self, **fields) -> BuildContext:
-        """A build's context with this config's choices for translators (``fields``: the build's own)."""
-        return BuildContext(fused_attention=self.fused_attention, fused_attention_min=self.fused_attention_min,
-                            prompt_kernel=self.prompt_kernel, take_rows=self.take_rows, half_nbits=self.half_nbits,
-                            poly_exp=self.poly_exp,
-                            conv_gemm=self.conv_gemm, conv_gemm_batch=self.conv_gemm_batch,
-                            build_behind=self.build_behind, row_limit=self.row_limit, **fields)
+        """A build's context: this config's choices for translators (every ``BuildContext`` field of the same name),
+        then ``fields`` (the build's own)."""
+        return BuildContext(**{**{n: getattr(self, n) for n in _CONTEXT_CHOICES}, **fields})
+
+
+#: the ``BuildConfig`` fields a build's context carries (``BuildConfig.context``)
+_CONTEXT_CHOICES = tuple(f.name for f in dataclasses.fields(BuildContext)
+                         if f.name in {g.name for g in dataclasses.fields(BuildConfig)})
 
 
 #: the shortest prompt bucket whose attention takes MLX's fused kernel (cuDNN's on CUDA) by default: cuDNN builds a

@@ -626,6 +626,137 @@ def b_clip(b: Builder, op: str) -> None:
     b.emit(op, ins, [b.out(a.dtype, a.shape, a.exact, a.finite)])
 
 
+def _distinct(b: Builder, dtype: int, shape: tuple) -> V:
+    """A fresh value whose elements all differ (no ties for an order-dependent op to break its own way)."""
+    v = b.raw(dtype, shape)
+    a = (b.rng.permutation(int(np.prod(shape))).reshape(shape) - int(np.prod(shape)) // 2).astype(NP[dtype])
+    if dtype in FLOATS:
+        a = (a / 4).astype(NP[dtype])
+    (b.inits if v.name in b.inits else b.feeds)[v.name] = np.array(a, order="C")
+    v.finite = True
+    return v
+
+
+def b_pad(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: w.dtype in NUM and len(w.shape) >= 1)
+    if a is None or a.dtype not in NUM or not a.shape:
+        return
+    r = len(a.shape)
+    mode = b.choice(["constant", "constant", "reflect", "edge", "wrap"])
+    axes = sorted(set(b.draw(b.st.integers(0, r - 1)) for _ in range(b.draw(b.st.integers(1, r)))))
+    begin, end = [], []
+    for ax in axes:
+        d = a.shape[ax]
+        for side in (begin, end):
+            if mode == "constant":
+                side.append(b.draw(b.st.integers(-d // 2, 2)))      # negative pads crop
+            elif d == 0:
+                side.append(0)
+            else:
+                side.append(b.draw(b.st.integers(0, min(2, d - 1 if mode == "reflect" else d))))
+    out = list(a.shape)
+    for ax, p0, p1 in zip(axes, begin, end):
+        out[ax] = a.shape[ax] + p0 + p1
+    if min(out) < 0:
+        return
+    ins = [a.name, b.const_i64(begin + end)]
+    use_axes = axes != list(range(r)) or b.flag(0.3)
+    value = ""
+    if mode == "constant" and b.flag(0.6):
+        value = b.name("k")
+        b.inits[value] = np.asarray(b.choice([0, 3, -2]), NP[a.dtype])
+    if value or use_axes:
+        ins.append(value)
+    if use_axes:
+        ins.append(b.const_i64([ax - r if b.flag(0.3) else ax for ax in axes]))
+    b.emit(op, ins, [b.out(a.dtype, tuple(out), a.exact, a.finite)], mode=mode)
+
+
+def b_topk(b: Builder, op: str) -> None:
+    t = b.choice((F32, F64, I32, I64))
+    shape = b.shape(max_rank=3, min_rank=1)
+    if 0 in shape:
+        return
+    a = _distinct(b, t, shape)
+    r = len(shape)
+    axis = b.draw(b.st.integers(-r, r - 1))
+    k = b.draw(b.st.integers(1, shape[axis]))
+    out = list(shape)
+    out[axis] = k
+    b.emit(op, [a.name, b.const_i64([k])], [b.out(t, tuple(out), True), b.out(I64, tuple(out), True)], axis=axis,
+           largest=b.choice([0, 1]), sorted=1)
+
+
+def _axis_indices(b: Builder, ishape: tuple, axis: int, d: int, unique: bool) -> np.ndarray:
+    """Indices of shape ``ishape`` into a dim of size ``d`` along ``axis`` (negative ones too); ``unique``: distinct
+    along the axis at every other position (a scatter's writes then never collide)."""
+    if unique:
+        moved = np.moveaxis(np.zeros(ishape, np.int64), axis, -1)
+        flat = moved.reshape(-1, ishape[axis])
+        for row in flat:
+            row[:] = b.rng.permutation(d)[:ishape[axis]]
+        idx = np.moveaxis(flat.reshape(moved.shape), -1, axis)
+    else:
+        idx = b.rng.integers(0, d, ishape)
+    neg = b.rng.random(ishape) < 0.3
+    return np.where(neg, idx - d, idx).astype(np.int64)
+
+
+def b_gather_elements(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: len(w.shape) >= 1 and 0 not in w.shape)
+    if a is None or not a.shape or 0 in a.shape:
+        return
+    r = len(a.shape)
+    axis = b.draw(b.st.integers(-r, r - 1))
+    ishape = tuple(b.draw(b.st.integers(1, 3)) if i == axis % r else b.draw(b.st.integers(1, d))
+                   for i, d in enumerate(a.shape))
+    n = b.name("k")
+    b.inits[n] = _axis_indices(b, ishape, axis % r, a.shape[axis], False)
+    b.emit(op, [a.name, n], [b.out(a.dtype, ishape, a.exact, a.finite)], axis=axis)
+
+
+def b_scatter_elements(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: w.dtype in NUM and len(w.shape) >= 1 and 0 not in w.shape)
+    if a is None or a.dtype not in NUM or not a.shape or 0 in a.shape:
+        return
+    r = len(a.shape)
+    axis = b.draw(b.st.integers(-r, r - 1))
+    ishape = tuple(b.draw(b.st.integers(1, d)) for d in a.shape)
+    n = b.name("k")
+    b.inits[n] = _axis_indices(b, ishape, axis % r, a.shape[axis], True)
+    upd = b.raw(a.dtype, ishape)
+    red = b.choice(["none", "none", "add", "mul", "max", "min"])
+    exact = a.exact and upd.exact and (red in ("none", "max", "min") or a.dtype in INTS)
+    finite = a.finite and upd.finite and red in ("none", "max", "min")
+    b.emit(op, [a.name, n, upd.name], [b.out(a.dtype, a.shape, exact, finite)], axis=axis, reduction=red)
+
+
+def b_cumsum(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: w.dtype in NUM and len(w.shape) >= 1)
+    if a is None or a.dtype not in NUM or not a.shape:
+        return
+    if a.dtype in INTS and int(np.prod(a.shape)) > 64:
+        return
+    r = len(a.shape)
+    nm = b.name("k")
+    b.inits[nm] = np.asarray(b.draw(b.st.integers(-r, r - 1)), b.choice([np.int64, np.int32]))
+    exact = a.exact and (a.dtype in INTS or _raw(b, a))
+    b.emit(op, [a.name, nm], [b.out(a.dtype, a.shape, exact, False)], exclusive=b.choice([0, 1]),
+           reverse=b.choice([0, 1]))
+
+
+def b_trilu(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: len(w.shape) >= 2)
+    if a is None or len(a.shape) < 2:
+        return
+    ins = [a.name]
+    if b.flag(0.7):
+        nm = b.name("k")
+        b.inits[nm] = np.asarray(b.draw(b.st.integers(-4, 4)), np.int64)
+        ins.append(nm)
+    b.emit(op, ins, [b.out(a.dtype, a.shape, a.exact, a.finite)], upper=b.choice([0, 1]))
+
+
 BUILDERS = {}
 for _op in UNARY_EXACT.keys() | UNARY_STEP.keys() | UNARY_F.keys():
     BUILDERS[_op] = b_unary
@@ -643,7 +774,9 @@ BUILDERS.update({"Not": b_not, "IsNaN": b_isx, "IsInf": b_isx, "Where": b_where,
                  "Transpose": b_transpose, "Reshape": b_reshape, "Flatten": b_flatten, "Unsqueeze": b_unsqueeze,
                  "Squeeze": b_squeeze, "Concat": b_concat, "Expand": b_expand, "Tile": b_tile, "Slice": b_slice,
                  "Gather": b_gather, "Shape": b_shape, "Softmax": b_softmax, "LogSoftmax": b_softmax,
-                 "ArgMax": b_argx, "ArgMin": b_argx, "MatMul": b_matmul, "Clip": b_clip})
+                 "ArgMax": b_argx, "ArgMin": b_argx, "MatMul": b_matmul, "Clip": b_clip, "Pad": b_pad,
+                 "TopK": b_topk, "GatherElements": b_gather_elements, "ScatterElements": b_scatter_elements,
+                 "CumSum": b_cumsum, "Trilu": b_trilu})
 
 
 def fuzzable_ops(only: set[str] | None = None) -> list[str]:

@@ -120,6 +120,9 @@ class Upload(Protocol):
 
 def to_mx(a: np.ndarray, t: int) -> mx.array:
     """Copy a host array of element type ``t`` into MLX (bf16 arrives as uint16 bits; carriers as carriers)."""
+    if isinstance(a, np.ndarray) and a.ndim and min(a.strides) < 0:
+        # MLX takes no negative strides (a host Slice with a negative step; NumPy calls a one-element one contiguous)
+        a = a.copy()
     if t in CARRIER_MLX:
         a = np.asarray(a)
         if a.dtype != CARRIERS[t]:

@@ -409,3 +409,15 @@ def _claimed_with_sync(model, feeds, op):
     check_against_cpu(model, [feeds])
     syncs = ortmlx.partition_reports()[-1].syncs
     assert any(op in s for s in syncs), syncs
+
+
+@pytest.mark.parametrize("mode", ["reflect", "edge", "constant"])
+def test_reversed_one_element_slice_then_pad(mode):
+    """A one-element graph input sliced with a negative step is a host array with negative strides (NumPy calls it
+    contiguous); Pad then handed it to MLX, which refused it (found by scripts/fuzz.py, 2026-12-06)."""
+    nodes = [helper.make_node("Slice", ["x", "s", "e", "a", "st"], ["y"]),
+             helper.make_node("Pad", ["y", "p", "", "pa"], ["z"], mode=mode)]
+    m = make_model(nodes, [("x", T.INT32, [1, 1, 1])], [("z", T.INT32, None)],
+                   initializers={"s": i64(-1), "e": i64(-2**62), "a": i64(2), "st": i64(-1), "p": i64(0, 0),
+                                 "pa": i64(2)})
+    check_against_cpu(m, [{"x": np.array([[[7]]], np.int32)}])

@@ -757,6 +757,126 @@ def b_trilu(b: Builder, op: str) -> None:
     b.emit(op, ins, [b.out(a.dtype, a.shape, a.exact, a.finite)], upper=b.choice([0, 1]))
 
 
+def b_gather_nd(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: len(w.shape) >= 1 and 0 not in w.shape)
+    if a is None or not a.shape or 0 in a.shape:
+        return
+    r = len(a.shape)
+    bd = b.choice([0, 0, 1]) if r >= 2 else 0
+    k = b.draw(b.st.integers(1, r - bd))
+    lead = a.shape[:bd] + tuple(b.draw(b.st.integers(1, 3)) for _ in range(b.draw(b.st.integers(0, 2))))
+    dims = a.shape[bd:bd + k]
+    idx = np.stack([b.rng.integers(-d, d, lead) for d in dims], axis=-1).astype(np.int64)
+    n = b.name("k")
+    b.inits[n] = idx
+    out = lead + a.shape[bd + k:]
+    b.emit(op, [a.name, n], [b.out(a.dtype, out, a.exact, a.finite)], batch_dims=bd)
+
+
+def b_scatter_nd(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: w.dtype in NUM and len(w.shape) >= 1 and 0 not in w.shape)
+    if a is None or a.dtype not in NUM or not a.shape or 0 in a.shape:
+        return
+    r = len(a.shape)
+    k = b.draw(b.st.integers(1, r))
+    cells = int(np.prod(a.shape[:k]))
+    m = b.draw(b.st.integers(1, min(cells, 4)))
+    flat = b.rng.permutation(cells)[:m]                        # distinct cells: writes never collide
+    idx = np.stack(np.unravel_index(flat, a.shape[:k]), axis=-1).astype(np.int64)
+    idx = np.where(b.rng.random(idx.shape) < 0.3, idx - np.array(a.shape[:k]), idx)
+    n = b.name("k")
+    b.inits[n] = idx
+    upd = b.raw(a.dtype, (m,) + a.shape[k:])
+    red = b.choice(["none", "none", "add", "mul", "max", "min"])
+    exact = a.exact and upd.exact and (red in ("none", "max", "min") or a.dtype in INTS)
+    finite = a.finite and upd.finite and red in ("none", "max", "min")
+    b.emit(op, [a.name, n, upd.name], [b.out(a.dtype, a.shape, exact, finite)], reduction=red)
+
+
+def b_onehot(b: Builder, op: str) -> None:
+    shape = b.shape(max_rank=2, min_rank=1)             # (ORT's shape inference wants rank >= 1)
+    depth = b.draw(b.st.integers(1, 5))
+    t = I64                                             # (the CPU EP's kernels: int64 indices and depth,
+    ind = b.raw(t, shape)                               # int64 or float values)
+    (b.inits if ind.name in b.inits else b.feeds)[ind.name] = b.rng.integers(-depth - 1, depth + 1,
+                                                                                shape).astype(NP[t])
+    dn = b.name("k")
+    b.inits[dn] = np.asarray(depth, np.int64)
+    vt = b.choice((I64, F32))
+    vn = b.name("k")
+    b.inits[vn] = np.asarray([b.choice([0, -1]), b.choice([1, 5])], NP[vt])
+    r = len(shape) + 1
+    axis = b.draw(b.st.integers(-r, r - 1))
+    out = list(shape)
+    out.insert(axis % r, depth)
+    b.emit(op, [ind.name, dn, vn], [b.out(vt, tuple(out), True)], axis=axis)
+
+
+def b_space_depth(b: Builder, op: str) -> None:
+    bs = b.choice([1, 2])
+    n_, c, h, w = (b.draw(b.st.integers(1, 2)), b.draw(b.st.integers(1, 3)), b.draw(b.st.integers(1, 3)),
+                   b.draw(b.st.integers(1, 3)))
+    if op == "DepthToSpace":
+        shape, out, attrs = (n_, c * bs * bs, h, w), (n_, c, h * bs, w * bs), {"mode": b.choice(["DCR", "CRD"])}
+    else:
+        shape, out, attrs = (n_, c, h * bs, w * bs), (n_, c * bs * bs, h, w), {}
+    a = b.pick(lambda v: v.shape == shape and v.dtype == F32, F32, shape)      # (the CPU EP's only type)
+    if a is None or a.shape != shape or a.dtype != F32:
+        return
+    b.emit(op, [a.name], [b.out(a.dtype, out, a.exact, a.finite)], blocksize=bs, **attrs)
+
+
+def b_reverse_sequence(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: len(w.shape) >= 2 and 0 not in w.shape[:2])
+    if a is None or len(a.shape) < 2 or 0 in a.shape[:2]:
+        return
+    time_axis = b.choice([0, 1])
+    batch_axis = 1 - time_axis
+    lens = b.rng.integers(1, a.shape[time_axis] + 1, a.shape[batch_axis]).astype(np.int64)
+    n = b.name("k")
+    b.inits[n] = lens
+    b.emit(op, [a.name, n], [b.out(a.dtype, a.shape, a.exact, a.finite)], time_axis=time_axis,
+           batch_axis=batch_axis)
+
+
+def b_compress(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: len(w.shape) >= 1)
+    if a is None or not a.shape:
+        return
+    r = len(a.shape)
+    axis = b.choice([None] + list(range(-r, r)))
+    size = int(np.prod(a.shape)) if axis is None else a.shape[axis]
+    cond = b.rng.random(b.draw(b.st.integers(0, size))) < 0.5
+    n = b.name("k")
+    b.inits[n] = cond
+    kept = int(cond.sum())
+    if axis is None:
+        out, attrs = (kept,), {}
+    else:
+        out, attrs = tuple(kept if i == axis % r else d for i, d in enumerate(a.shape)), {"axis": axis}
+    b.emit(op, [a.name, n], [b.out(a.dtype, out, a.exact, a.finite)], **attrs)
+
+
+def b_hardmax(b: Builder, op: str) -> None:
+    shape = b.shape(max_rank=3, min_rank=1)
+    a = _distinct(b, F32, shape)                        # (the CPU EP's only type)
+    r = len(shape)
+    b.emit(op, [a.name], [b.out(F32, shape, True)], axis=b.draw(b.st.integers(-r, r - 1)))
+
+
+def b_range(b: Builder, op: str) -> None:
+    t = b.choice(NUM)
+    start, delta = b.draw(b.st.integers(-5, 5)), b.choice([1, 2, -1, -3, 3])
+    limit = start + delta * b.draw(b.st.integers(-1, 6))
+    names = []
+    for v in (start, limit, delta):
+        nm = b.name("k")
+        b.inits[nm] = np.asarray(v / 2 if t in FLOATS else v, NP[t])
+        names.append(nm)
+    n = max(0, -(-(limit - start) // delta))
+    b.emit(op, names, [b.out(t, (n,), True)])
+
+
 BUILDERS = {}
 for _op in UNARY_EXACT.keys() | UNARY_STEP.keys() | UNARY_F.keys():
     BUILDERS[_op] = b_unary
@@ -776,7 +896,10 @@ BUILDERS.update({"Not": b_not, "IsNaN": b_isx, "IsInf": b_isx, "Where": b_where,
                  "Gather": b_gather, "Shape": b_shape, "Softmax": b_softmax, "LogSoftmax": b_softmax,
                  "ArgMax": b_argx, "ArgMin": b_argx, "MatMul": b_matmul, "Clip": b_clip, "Pad": b_pad,
                  "TopK": b_topk, "GatherElements": b_gather_elements, "ScatterElements": b_scatter_elements,
-                 "CumSum": b_cumsum, "Trilu": b_trilu})
+                 "CumSum": b_cumsum, "Trilu": b_trilu, "GatherND": b_gather_nd, "ScatterND": b_scatter_nd,
+                 "OneHot": b_onehot, "DepthToSpace": b_space_depth, "SpaceToDepth": b_space_depth,
+                 "ReverseSequence": b_reverse_sequence, "Compress": b_compress, "Hardmax": b_hardmax,
+                 "Range": b_range})
 
 
 def fuzzable_ops(only: set[str] | None = None) -> list[str]:

@@ -195,8 +195,11 @@ def test_lrn_refused(shape, attrs):
 
 
 # ---------------------------------------------------------------- MeanVarianceNormalization
+# the default axes [0, 2, 3] of a 1-, 2-, 3- and 5-D input, axes past the rank and repeats: as ORT's CPU kernel,
+# axes outside the rank are dropped and repeats count once (the MLX EP failed on rank 3 before; found by the fuzzer)
 MVN = [((2, 3, 4, 5), None, 13), ((2, 3, 4, 5), [1], 13), ((2, 3, 4, 5), [0, 1, 2, 3], 13), ((3, 4), [0], 9),
-       ((2, 3, 4, 5), [2, 3], 9)]
+       ((2, 3, 4, 5), [2, 3], 9), ((2, 3, 4), None, 13), ((1, 2, 3), None, 13), ((5,), None, 13), ((2, 5), None, 13),
+       ((2, 3, 4, 5, 2), None, 13), ((2, 3, 4), [0, 3], 13), ((2, 3, 4), [1, 1], 13), ((2, 3, 4), [-1], 13)]
 
 
 @pytest.mark.parametrize("shape,axes,opset", MVN)

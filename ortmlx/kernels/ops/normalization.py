@@ -261,9 +261,13 @@ def lrn(X, *, size, alpha=1e-4, beta=0.75, bias=1.0):
 # ------------------------------------------------------------------ MeanVarianceNormalization
 @register("MeanVarianceNormalization", 9, dtypes=NO_F64)
 def mvn(X, *, axes=(0, 2, 3)):
-    """(X - mean) / (std + 1e-9) over ``axes`` (std from the two-pass variance)."""
+    """(X - mean) / (std + 1e-9) over ``axes`` (std from the two-pass variance). As ORT's CPU kernel, axes outside
+    the input's rank are dropped (the default [0, 2, 3] of a 3-D input is [0, 2]) and repeats count once."""
     x = _up(X)
-    ax = tuple(int(a) % x.ndim for a in axes)
+    r = x.ndim
+    ax = tuple(sorted({int(a) % r for a in axes if -r <= int(a) < r}))
+    if not ax:
+        raise ValueError(f"axes {list(axes)}: none within the input's rank {r}")
     mean = mx.mean(x, axis=ax, keepdims=True)
     var = mx.mean(mx.square(x - mean), axis=ax, keepdims=True)      # two-pass: no cancellation
     return ((x - mean) / (mx.sqrt(var) + 1e-9)).astype(X.dtype)

@@ -211,7 +211,10 @@ UNARY_STEP = {"Floor": FLOATS, "Ceil": FLOATS, "Round": FLOATS, "Sign": NUM}
 UNARY_F = {"Exp": FLOATS, "Log": FLOATS, "Sqrt": FLOATS, "Tanh": FLOATS, "Sigmoid": FLOATS, "Erf": (F32,),
            "Sin": FLOATS, "Cos": FLOATS, "Reciprocal": FLOATS, "Softplus": (F32,), "Softsign": (F32,),
            "Atan": (F32,), "Elu": (F32,), "Selu": (F32,), "HardSigmoid": (F32,), "HardSwish": (F32,),
-           "LeakyRelu": (F32,), "Celu": (F32,), "Mish": (F32,), "Gelu": (F32,)}
+           "LeakyRelu": (F32,), "Celu": (F32,), "Mish": (F32,), "Gelu": (F32,), "Acos": (F32,), "Asin": (F32,),
+           "Acosh": (F32,), "Asinh": (F32,), "Atanh": (F32,), "Cosh": (F32,), "Sinh": (F32,), "Tan": (F32,),
+           "Shrink": (F32,), "ThresholdedRelu": (F32,)}
+BITWISE = {"BitwiseAnd", "BitwiseOr", "BitwiseXor"}
 BINARY = {"Add": NUM, "Sub": NUM, "Mul": NUM, "Div": NUM, "Pow": FLOATS, "Mod": NUM}
 VARIADIC = {"Max": NUM, "Min": NUM, "Sum": FLOATS, "Mean": FLOATS}
 COMPARE = {"Equal": NUM, "Less": NUM, "Greater": NUM, "LessOrEqual": NUM, "GreaterOrEqual": NUM}
@@ -235,6 +238,10 @@ def b_unary(b: Builder, op: str) -> None:
         attrs["approximate"] = b.choice(["none", "tanh"])
     if op in ("Elu", "Celu"):
         attrs["alpha"] = b.choice([1.0, 0.5])
+    if op == "Shrink":
+        attrs.update(lambd=b.choice([0.5, 1.0]), bias=b.choice([0.0, 0.25]))
+    if op == "ThresholdedRelu":
+        attrs["alpha"] = b.choice([0.5, 1.0])
     exact = v.exact and (op in UNARY_EXACT or op in UNARY_STEP)
     b.emit(op, [v.name], [b.out(v.dtype, v.shape, exact, v.finite and op not in UNARY_F)], **attrs)
 
@@ -877,6 +884,177 @@ def b_range(b: Builder, op: str) -> None:
     b.emit(op, names, [b.out(t, (n,), True)])
 
 
+def b_bitwise(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: w.dtype in INTS and w.exact, b.choice(INTS))
+    if a is None or a.dtype not in INTS or not a.exact:
+        return
+    if op == "BitwiseNot":
+        b.emit(op, [a.name], [b.out(a.dtype, a.shape, True)])
+        return
+    c = b.partner(a)
+    shp = _bshape(a.shape, c.shape)
+    if shp is not None and c.exact:
+        b.emit(op, [a.name, c.name], [b.out(a.dtype, shp, True)])
+
+
+def b_prelu(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: w.dtype == F32, F32)
+    if a is None or a.dtype != F32:
+        return
+    slope = b.raw(F32, b.bcast_partner(a.shape))
+    if _bshape(a.shape, slope.shape) != a.shape:
+        return                                  # the slope broadcasts to x (unidirectional)
+    b.emit(op, [a.name, slope.name], [b.out(F32, a.shape, False, False)])
+
+
+def b_castlike(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: w.exact and w.finite and w.dtype in NUM)
+    if a is None or not (a.exact and a.finite) or a.dtype not in NUM:
+        return
+    t = b.choice(NUM)
+    like = b.raw(t, (1,))
+    exact = a.dtype in INTS or t in FLOATS
+    b.emit(op, [a.name, like.name], [b.out(t, a.shape, exact)])
+
+
+def b_size(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: True)
+    if a is not None:
+        b.emit(op, [a.name], [b.out(I64, (), True)])
+
+
+def b_constant_of_shape(b: Builder, op: str) -> None:
+    shape = b.shape(max_rank=3)
+    t = b.choice(NUM)
+    attrs = {}
+    if b.flag(0.7):
+        attrs["value"] = onnx.numpy_helper.from_array(np.asarray([b.choice([0, 1, -3])], NP[t]), "value")
+    else:
+        t = F32
+    b.emit(op, [b.const_i64(list(shape))], [b.out(t, shape, True)], **attrs)
+
+
+def b_eyelike(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: len(w.shape) == 2 and w.dtype in NUM)
+    if a is None or len(a.shape) != 2 or a.dtype not in NUM:
+        return
+    t = b.choice(NUM)
+    b.emit(op, [a.name], [b.out(t, a.shape, True)], k=b.draw(b.st.integers(-3, 3)), dtype=t)
+
+
+def b_split(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: len(w.shape) >= 1 and 0 not in w.shape)
+    if a is None or not a.shape or 0 in a.shape:
+        return
+    r = len(a.shape)
+    axis = b.draw(b.st.integers(-r, r - 1))
+    d = a.shape[axis]
+    if b.flag(0.5):
+        cuts = sorted(b.rng.choice(np.arange(0, d + 1), b.draw(b.st.integers(0, 2)), replace=True).tolist())
+        sizes = [e - s for s, e in zip([0] + cuts, cuts + [d])]
+        ins, attrs = [a.name, b.const_i64(sizes)], {}
+    else:
+        n = b.draw(b.st.integers(1, min(d, 3)))
+        sizes = [-(-d // n)] * (d // -(-d // n)) + ([d % -(-d // n)] if d % -(-d // n) else [])
+        ins, attrs = [a.name], {"num_outputs": len(sizes)}
+    outs = [b.out(a.dtype, tuple(k if i == axis % r else x for i, x in enumerate(a.shape)), a.exact, a.finite)
+            for k in sizes]
+    b.emit(op, ins, outs, axis=axis, **attrs)
+
+
+def b_gemm(b: Builder, op: str) -> None:
+    m, k, n = (b.draw(b.st.integers(1, 4)) for _ in range(3))
+    ta, tb = b.choice([0, 1]), b.choice([0, 1])
+    a = b.raw(F32, (k, m) if ta else (m, k))
+    c = b.raw(F32, (n, k) if tb else (k, n))
+    ins = [a.name, c.name]
+    if b.flag(0.7):
+        ins.append(b.raw(F32, b.choice([(m, n), (n,), (1, n), (m, 1), ()])).name)
+    b.emit(op, ins, [b.out(F32, (m, n), False, False)], transA=ta, transB=tb, alpha=b.choice([1.0, 0.5]),
+           beta=b.choice([1.0, 2.0]))
+
+
+def b_norm(b: Builder, op: str) -> None:
+    """LayerNormalization, InstanceNormalization, GroupNormalization, BatchNormalization (inference),
+    LpNormalization and MeanVarianceNormalization of fresh float32 values (finite ones unless the known
+    difference on inf is asked for: ``Normalization:nonfinite``)."""
+    saved = b.specials
+    b.specials = saved and "Normalization:nonfinite" not in b.avoid
+    try:
+        _norm(b, op)
+    finally:
+        b.specials = saved
+
+
+def _norm(b: Builder, op: str) -> None:
+    rank = {"LayerNormalization": (1, 4), "LpNormalization": (1, 3)}.get(op, (3, 4))
+    shape = tuple(b.draw(b.st.integers(1, 4)) for _ in range(b.draw(b.st.integers(*rank))))
+    # MVN over a constant group (one element, or equal ones): the spec's epsilon gives 0, ORT's CPU kernel (none) NaN
+    if op == "MeanVarianceNormalization" and int(np.prod([shape[a] for a in (0, 2, 3) if a < len(shape)])) < 2:
+        return
+    x = _distinct(b, F32, shape) if op == "MeanVarianceNormalization" else b.raw(F32, shape)
+    c = shape[1] if len(shape) > 1 else 1
+    if op == "LayerNormalization":
+        axis = b.draw(b.st.integers(-len(shape), len(shape) - 1))
+        tail = shape[axis % len(shape):]
+        ins = [x.name, b.raw(F32, tail).name] + ([b.raw(F32, tail).name] if b.flag(0.6) else [])
+        b.emit(op, ins, [b.out(F32, shape, False, False)], axis=axis, epsilon=1e-3)
+    elif op == "InstanceNormalization":
+        b.emit(op, [x.name, b.raw(F32, (c,)).name, b.raw(F32, (c,)).name], [b.out(F32, shape, False, False)],
+               epsilon=1e-3)
+    elif op == "GroupNormalization":
+        g = b.choice([d for d in (1, 2, 4) if c % d == 0])
+        b.emit(op, [x.name, b.raw(F32, (c,)).name, b.raw(F32, (c,)).name], [b.out(F32, shape, False, False)],
+               num_groups=g, epsilon=1e-3)
+    elif op == "BatchNormalization":
+        var = b.name("k")
+        b.inits[var] = (b.rng.random(c) + 0.5).astype(np.float32)
+        ins = [x.name] + [b.raw(F32, (c,), const=True).name for _ in range(3)]
+        ins.insert(4, var)
+        b.emit(op, ins, [b.out(F32, shape, False, False)], epsilon=1e-3)
+    elif op == "LpNormalization":
+        b.emit(op, [x.name], [b.out(F32, shape, False, False)], axis=b.draw(b.st.integers(-len(shape), len(shape) - 1)),
+               p=b.choice([1, 2]))
+    else:
+        b.emit(op, [x.name], [b.out(F32, shape, False, False)])
+
+
+def b_global_pool(b: Builder, op: str) -> None:
+    shape = tuple(b.draw(b.st.integers(1, 4)) for _ in range(b.draw(b.st.integers(3, 4))))
+    x = b.raw(F32, shape)
+    if op == "GlobalMaxPool" and not x.finite and "GlobalMaxPool:nonfinite" in b.avoid:
+        return
+    out = shape[:2] + (1,) * (len(shape) - 2)
+    b.emit(op, [x.name], [b.out(F32, out, op == "GlobalMaxPool" and x.exact, False)])
+
+
+def b_reduce_log_sum(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: w.dtype == F32 and len(w.shape) >= 1, F32)
+    if a is None or a.dtype != F32 or not a.shape:
+        return
+    b.emit(op, [a.name], [b.out(F32, (1,) * len(a.shape), False, False)])
+
+
+def b_nonzero(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: w.exact and w.dtype in NUM + (BOOL,) and len(w.shape) >= 1)
+    if a is None or not a.exact or not a.shape:
+        return
+    n = int(np.count_nonzero(b.feeds.get(a.name, b.inits.get(a.name)))) if _raw(b, a) else None
+    if n is None:
+        return                                  # the count of a computed value is not known here
+    b.emit(op, [a.name], [b.out(I64, (len(a.shape), n), True)])
+
+
+def b_unique(b: Builder, op: str) -> None:
+    a = b.pick(lambda w: w.exact and w.finite and w.dtype in NUM and _raw(b, w))
+    if a is None or not (a.exact and a.finite and _raw(b, a)) or a.dtype not in NUM:
+        return
+    vals = b.feeds.get(a.name, b.inits.get(a.name))
+    n = len(np.unique(vals))
+    b.emit(op, [a.name], [b.out(a.dtype, (n,), True), b.out(I64, (n,), True),
+                          b.out(I64, tuple(vals.reshape(-1).shape), True), b.out(I64, (n,), True)], sorted=1)
+
+
 BUILDERS = {}
 for _op in UNARY_EXACT.keys() | UNARY_STEP.keys() | UNARY_F.keys():
     BUILDERS[_op] = b_unary
@@ -899,7 +1077,15 @@ BUILDERS.update({"Not": b_not, "IsNaN": b_isx, "IsInf": b_isx, "Where": b_where,
                  "CumSum": b_cumsum, "Trilu": b_trilu, "GatherND": b_gather_nd, "ScatterND": b_scatter_nd,
                  "OneHot": b_onehot, "DepthToSpace": b_space_depth, "SpaceToDepth": b_space_depth,
                  "ReverseSequence": b_reverse_sequence, "Compress": b_compress, "Hardmax": b_hardmax,
-                 "Range": b_range})
+                 "Range": b_range, "BitwiseNot": b_bitwise, "PRelu": b_prelu, "CastLike": b_castlike,
+                 "Size": b_size, "ConstantOfShape": b_constant_of_shape, "EyeLike": b_eyelike, "Split": b_split,
+                 "Gemm": b_gemm, "GlobalAveragePool": b_global_pool, "GlobalMaxPool": b_global_pool,
+                 "ReduceLogSum": b_reduce_log_sum, "NonZero": b_nonzero, "Unique": b_unique})
+for _op in BITWISE:
+    BUILDERS[_op] = b_bitwise
+for _op in ("LayerNormalization", "InstanceNormalization", "GroupNormalization", "BatchNormalization",
+            "LpNormalization", "MeanVarianceNormalization"):
+    BUILDERS[_op] = b_norm
 
 
 def fuzzable_ops(only: set[str] | None = None) -> list[str]:
@@ -917,6 +1103,12 @@ KNOWN_BUGS: dict[str, str] = {
     "ReduceMax:nan_input": "ReduceMax of [1, nan, 2]: MLX nan, CPU EP 2 (the CPU EP returns NaN only when the "
                            "first reduced element is NaN); needs the owner's decision",
     "ReduceMin:nan_input": "ReduceMin of [1, nan, 2]: MLX nan, CPU EP 1 (same order dependence as ReduceMax)",
+    "GlobalMaxPool:nonfinite": "GlobalMaxPool of a channel holding only -inf: the CPU EP gives -3.4e38 (its max "
+                               "starts at the lowest finite float), MLX -inf; of one holding NaN: the CPU EP skips "
+                               "it, MLX gives NaN",
+    "Normalization:nonfinite": "Instance/Group/Layer/BatchNormalization of a group holding inf: IEEE gives NaN for "
+                               "the whole group (inf - inf in its mean and variance); the CPU EP gives inf or NaN "
+                               "element by element, MLX +-inf: neither, and not alike",
     "Reduce:empty_negative_axes": "ReduceSum/L1/L2/Mean/Max... of a float32[0] input with axes=[-1]: MLX gives "
                                   "shape () (or (1,) with keepdims) holding the identity, the CPU EP gives shape "
                                   "(0,); with axes=[0] both give (); the CPU EP is inconsistent, owner to decide",

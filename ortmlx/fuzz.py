@@ -710,8 +710,8 @@ def _axis_indices(b: Builder, ishape: tuple, axis: int, d: int, unique: bool) ->
 
 
 def b_gather_elements(b: Builder, op: str) -> None:
-    a = b.pick(lambda w: len(w.shape) >= 1 and 0 not in w.shape)
-    if a is None or not a.shape or 0 in a.shape:
+    a = _nonempty(b)
+    if a is None:
         return
     r = len(a.shape)
     axis = b.draw(b.st.integers(-r, r - 1))
@@ -722,20 +722,33 @@ def b_gather_elements(b: Builder, op: str) -> None:
     b.emit(op, [a.name, n], [b.out(a.dtype, ishape, a.exact, a.finite)], axis=axis)
 
 
+def _nonempty(b: Builder, types=None) -> V | None:
+    """A value of rank >= 1 with no empty dim (of ``types``, when given), or None."""
+    def ok(w: V) -> bool:
+        return len(w.shape) >= 1 and 0 not in w.shape and (types is None or w.dtype in types)
+    a = b.pick(ok)
+    return a if a is not None and ok(a) else None
+
+
+def _scatter(b: Builder, op: str, a: V, idx: np.ndarray, upd: V, **attrs) -> None:
+    """``op`` writes ``upd`` into ``a`` at ``idx`` (whose writes never collide) under a drawn reduction."""
+    n = b.name("k")
+    b.inits[n] = idx
+    red = b.choice(["none", "none", "add", "mul", "max", "min"])
+    exact = a.exact and upd.exact and (red in ("none", "max", "min") or a.dtype in INTS)
+    finite = a.finite and upd.finite and red in ("none", "max", "min")
+    b.emit(op, [a.name, n, upd.name], [b.out(a.dtype, a.shape, exact, finite)], reduction=red, **attrs)
+
+
 def b_scatter_elements(b: Builder, op: str) -> None:
-    a = b.pick(lambda w: w.dtype in NUM and len(w.shape) >= 1 and 0 not in w.shape)
-    if a is None or a.dtype not in NUM or not a.shape or 0 in a.shape:
+    a = _nonempty(b, NUM)
+    if a is None:
         return
     r = len(a.shape)
     axis = b.draw(b.st.integers(-r, r - 1))
     ishape = tuple(b.draw(b.st.integers(1, d)) for d in a.shape)
-    n = b.name("k")
-    b.inits[n] = _axis_indices(b, ishape, axis % r, a.shape[axis], True)
-    upd = b.raw(a.dtype, ishape)
-    red = b.choice(["none", "none", "add", "mul", "max", "min"])
-    exact = a.exact and upd.exact and (red in ("none", "max", "min") or a.dtype in INTS)
-    finite = a.finite and upd.finite and red in ("none", "max", "min")
-    b.emit(op, [a.name, n, upd.name], [b.out(a.dtype, a.shape, exact, finite)], axis=axis, reduction=red)
+    idx = _axis_indices(b, ishape, axis % r, a.shape[axis], True)
+    _scatter(b, op, a, idx, b.raw(a.dtype, ishape), axis=axis)
 
 
 def b_cumsum(b: Builder, op: str) -> None:
@@ -765,8 +778,8 @@ def b_trilu(b: Builder, op: str) -> None:
 
 
 def b_gather_nd(b: Builder, op: str) -> None:
-    a = b.pick(lambda w: len(w.shape) >= 1 and 0 not in w.shape)
-    if a is None or not a.shape or 0 in a.shape:
+    a = _nonempty(b)
+    if a is None:
         return
     r = len(a.shape)
     bd = b.choice([0, 0, 1]) if r >= 2 else 0
@@ -781,8 +794,8 @@ def b_gather_nd(b: Builder, op: str) -> None:
 
 
 def b_scatter_nd(b: Builder, op: str) -> None:
-    a = b.pick(lambda w: w.dtype in NUM and len(w.shape) >= 1 and 0 not in w.shape)
-    if a is None or a.dtype not in NUM or not a.shape or 0 in a.shape:
+    a = _nonempty(b, NUM)
+    if a is None:
         return
     r = len(a.shape)
     k = b.draw(b.st.integers(1, r))
@@ -791,13 +804,7 @@ def b_scatter_nd(b: Builder, op: str) -> None:
     flat = b.rng.permutation(cells)[:m]                        # distinct cells: writes never collide
     idx = np.stack(np.unravel_index(flat, a.shape[:k]), axis=-1).astype(np.int64)
     idx = np.where(b.rng.random(idx.shape) < 0.3, idx - np.array(a.shape[:k]), idx)
-    n = b.name("k")
-    b.inits[n] = idx
-    upd = b.raw(a.dtype, (m,) + a.shape[k:])
-    red = b.choice(["none", "none", "add", "mul", "max", "min"])
-    exact = a.exact and upd.exact and (red in ("none", "max", "min") or a.dtype in INTS)
-    finite = a.finite and upd.finite and red in ("none", "max", "min")
-    b.emit(op, [a.name, n, upd.name], [b.out(a.dtype, a.shape, exact, finite)], reduction=red)
+    _scatter(b, op, a, idx, b.raw(a.dtype, (m,) + a.shape[k:]))
 
 
 def b_onehot(b: Builder, op: str) -> None:
@@ -943,8 +950,8 @@ def b_eyelike(b: Builder, op: str) -> None:
 
 
 def b_split(b: Builder, op: str) -> None:
-    a = b.pick(lambda w: len(w.shape) >= 1 and 0 not in w.shape)
-    if a is None or not a.shape or 0 in a.shape:
+    a = _nonempty(b)
+    if a is None:
         return
     r = len(a.shape)
     axis = b.draw(b.st.integers(-r, r - 1))

@@ -9,6 +9,7 @@ A build is an eager run of a group's program or a compiled closure's trace. Its 
   power-of-two bucket is ``fused_attention_min`` or more;
 - ``prompt_kernel``: whether a prompt's attention not given to MLX's fused kernel may take ours
   (``cuda_kernels.prompt_attention``, with ``cuda_kernels``);
+- ``take_rows``: whether a Gather of a table's rows may take ``cuda_kernels.take_rows`` (with ``cuda_kernels``);
 - ``half_nbits``: whether a half-precision MatMulNBits product stays in half precision (else float32);
 - ``poly_exp``: whether float32 Exp and Sigmoid use ``fastmath``'s polynomial exp (MLX's CPU backend);
 - ``conv_gemm``: which forms of 2-D convolution run as products over their shifted input views (``ops/conv.py``),
@@ -89,6 +90,12 @@ def prompt_kernel() -> bool:
     """Whether the build in progress may run a prompt's attention as ``cuda_kernels.prompt_attention``."""
     b = _CURRENT.get()
     return b is not None and b.prompt_kernel
+
+
+def take_rows() -> bool:
+    """Whether the build in progress may gather a table's rows with ``cuda_kernels.take_rows``."""
+    b = _CURRENT.get()
+    return b is not None and b.take_rows
 
 
 def half_nbits() -> bool:

@@ -796,8 +796,7 @@ def copy_to_address(a: mx.array, target: mx.array) -> mx.array:
     if n == 0:
         raise ValueError("copy_to_address: an empty array")
     blocks = max(1, min(COPY_BLOCKS, -(-n // (16 * COPY_THREADS))))
-    flat = a.reshape(-1)
-    src = flat.view(mx.uint8) if byte_copies() and flat.dtype != mx.uint8 else a
+    src = a.reshape(-1).view(mx.uint8) if byte_copies() and a.dtype != mx.uint8 else a
     (out,) = _copy_any_kernel()(inputs=[src, target], grid=(blocks * COPY_THREADS, 1, 1),
                                 threadgroup=(COPY_THREADS, 1, 1), output_shapes=[(1,)], output_dtypes=[mx.uint8])
     return out
@@ -886,8 +885,7 @@ def take_rows(data, idx):
 def take(data, idx, axis: int):
     """``mx.take(data, idx, axis)``: through ``take_rows`` where the build in progress asks for it (tuning
     ``take_rows``) and may use these kernels."""
-    b = build.current()
-    if b is not None and b.take_rows and enabled() and take_reason(data, idx, axis) is None:
+    if build.take_rows() and enabled() and take_reason(data, idx, axis) is None:
         return take_rows(data, idx)
     return mx.take(data, idx, axis=axis)
 

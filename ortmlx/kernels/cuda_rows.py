@@ -27,7 +27,7 @@ import functools
 import math
 import weakref
 
-from . import build, cuda_kernels
+from . import build
 from .cuda_kernels import NORM_THREADS, _ATTN_DTYPES, _f32_literal, _kernel
 
 #: most rows a product takes (a batch's decode rows, a short prompt's): each block makes one row and reads the

@@ -191,6 +191,7 @@ def _least_fused(kernels: bool, prompt_kernel: bool) -> int:
     return CUDA_FUSED_ATTENTION_MIN if kernels and prompt_kernel and cuda_kernels.cuda_backend() else \
         FUSED_ATTENTION_MIN
 
+
 #: on a GPU, by default, convolutions of batches this large run as products: MLX 0.32.4's CUDA convolution (float32,
 #: TF32 off) made illegal memory accesses at batch 4-8 (never at 1-2), and at batch 1 the products were slower
 #: (docs/general_models.md)

@@ -82,13 +82,11 @@ class Tuning:
     fused_attention_min: int | None = None
     #: a shorter prompt's attention as one custom kernel (GPU, with cuda_kernels), not MLX's float32 ops
     prompt_kernel: bool = True
-    #: a Gather of a table's rows (an embedding) as one custom kernel (cuda_kernels.take_rows; GPU, with
-    #: cuda_kernels), built beside a call's other kernels where MLX's gather is a JIT build of its own: off until
-    #: it has run on a GPU
-    take_rows: bool = False
-    #: large results copied to the host as their bytes (one copy-kernel build for every type; GPU): off until it has
-    #: run on a GPU
-    byte_copies: bool = False
+    #: a Gather of a table's rows (an embedding, RoPE's cos/sin rows) as one custom kernel (cuda_kernels.take_rows;
+    #: GPU, with cuda_kernels), built beside a call's other kernels where MLX's gather is a JIT build of its own
+    take_rows: bool = True
+    #: large results copied to the host as their bytes (one copy-kernel build for every type; GPU)
+    byte_copies: bool = True
     #: MatMulNBits products in the activations' half precision, scales included (MLX's CUDA tensor-core qmm
     #: takes half inputs only; off: A widened to float32, one rounding, as ORT's CPU EP; None: on a GPU)
     half_nbits: bool | None = None

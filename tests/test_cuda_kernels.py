@@ -717,7 +717,7 @@ def reference_take_rows(data, idx):
 
 def test_take_wiring_with_the_contract(monkeypatch):
     """Everywhere: the eager Gather and the traced one hand a table's rows to ``take_rows`` (its contract standing
-    in) when the build asks for it (tuning ``take_rows``, off by default) and may use the kernels, and only then;
+    in) when the build asks for it (tuning ``take_rows``, on by default on a GPU) and may use the kernels, and only then;
     other gathers keep ``mx.take``."""
     from ortmlx.compiled.decode_ops import gather_traced
     from ortmlx.kernels.ops.indexing import gather
@@ -745,9 +745,10 @@ def test_take_wiring_with_the_contract(monkeypatch):
     assert cuda_kernels.take_reason(table, mx.zeros((2,), mx.int32), 0) is None
     from ortmlx.kernels.passes import BuildConfig
     from ortmlx.tuning import Tuning
-    # both off until they have run on a GPU
-    assert not BuildConfig.for_device("gpu").context().take_rows and not Tuning().byte_copies
-    assert BuildConfig.for_device("gpu", Tuning.parse("take_rows=1")).context().take_rows
+    # both on by default, on a GPU with the kernels only
+    assert BuildConfig.for_device("gpu").context().take_rows and Tuning().byte_copies
+    assert not BuildConfig.for_device("gpu", Tuning.parse("take_rows=0")).context().take_rows
+    assert not BuildConfig.for_device("gpu", Tuning.parse("cuda_kernels=0")).context().take_rows
 
 
 @gpu_only

@@ -156,7 +156,7 @@ class BuildConfig:
                        overrides.get("fused_attention_min") or t.fused_attention_min
                        or _least_fused(kernels, prompt))),
                    prompt_kernel=prompt,
-                   take_rows=pick("take_rows", t.take_rows, False) and kernels,
+                   take_rows=pick("take_rows", t.take_rows, True) and kernels,
                    half_nbits=pick("half_nbits", t.half_nbits, gpu),
                    poly_exp=pick("poly_exp", t.poly_exp, device == "cpu"),
                    conv_gemm=_conv_forms(conv, gpu),

@@ -28,24 +28,38 @@ def rotary_tables(cos_cache, sin_cache, positions, head_size: int, interleaved: 
     rotated value on the first ``rotary_dim`` features. Beyond rotary_dim: cos 1, sin 0.
     Tables are float32 (the cache values, exactly), as ``apply_rotary`` computes.
     """
-    col, sign = _rotary_cols(cos_cache.shape[-1], head_size, interleaved)
-    c = mx.take(mx.take(cos_cache, positions, axis=0), col, axis=-1).astype(mx.float32)
-    s = mx.take(mx.take(sin_cache, positions, axis=0), col, axis=-1).astype(mx.float32)
+    half = cos_cache.shape[-1]
+    sign = _rotary_sign(head_size, 2 * half, interleaved)
+    pos = positions.astype(mx.int32) if cos_cache.shape[0] < 2**31 else positions
+    c = _spread_cols(cuda_kernels.take(cos_cache, pos, 0), head_size, interleaved).astype(mx.float32)
+    s = _spread_cols(cuda_kernels.take(sin_cache, pos, 0), head_size, interleaved).astype(mx.float32)
     return c, s * sign
 
 
+def _spread_cols(rows, head_size: int, interleaved: bool):
+    """``rows`` (*P, half) -> (*P, head_size): each cache column twice, side by side (``[c, c]``) or interleaved
+    (``c0 c0 c1 c1 ...``), then column 0 up to ``head_size`` (unused past the rotary dims); by copies, where a
+    gather was one more JIT kernel for a new host to build."""
+    half = rows.shape[-1]
+    lead = rows.shape[:-1]
+    if interleaved:
+        rot = mx.broadcast_to(rows[..., None], lead + (half, 2)).reshape(lead + (2 * half,))
+    else:
+        rot = mx.concatenate([rows, rows], axis=-1)
+    if head_size == 2 * half:
+        return rot
+    return mx.concatenate([rot, mx.broadcast_to(rows[..., :1], lead + (head_size - 2 * half,))], axis=-1)
+
+
 @functools.lru_cache(maxsize=64)
-def _rotary_cols(half: int, head_size: int, interleaved: bool) -> tuple[mx.array, mx.array]:
-    """(cache column of each head-dim element, sign of its sin term): made once per layout."""
-    rd = 2 * half
+def _rotary_sign(head_size: int, rotary_dim: int, interleaved: bool) -> mx.array:
+    """The sign of each head-dim element's sin term: made once per layout."""
     i = np.arange(head_size)
-    col = (i // 2) if interleaved else (i % half)
-    col = np.where(i < rd, col, 0)
     if interleaved:
         sign = np.where(i % 2 == 0, -1.0, 1.0)
     else:
-        sign = np.where(i < half, -1.0, 1.0)
-    return mx.array(col, mx.int32), mx.array(sign, mx.float32)
+        sign = np.where(i < rotary_dim // 2, -1.0, 1.0)
+    return mx.array(sign, mx.float32)
 
 
 def _rotary_perm(head_size: int, rotary_dim: int, interleaved: bool) -> np.ndarray:

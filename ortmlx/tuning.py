@@ -103,6 +103,10 @@ class Tuning:
     #: kernels a call would wait for built on a background thread while it answers without them (the polynomial
     #: exp's fused kernel: kernels/background.py); off: the call builds them and waits
     build_behind: bool = True
+    #: with build_behind, a new compiled closure's kernels built in a worker process (runtime/prebuild.py) while
+    #: its key's calls answer eagerly, for a group that is the whole model (None: on a GPU, where a thread of the
+    #: process starved; the CPU backend builds on the thread)
+    prebuild: bool | None = None
     #: most rows (a batch's decode rows, a short prompt's) the row kernels take, each computed as it is alone
     #: (kernels/cuda_rows.py, at most its ROWS_MAX); None: its ROWS_DEFAULT (more rows: MLX's GEMM)
     batch_rows: int | None = None

@@ -5,7 +5,8 @@
 Runs in fresh, empty kernel caches (``MLX_PTX_CACHE_DIR``, ``CUDA_CACHE_PATH``, ``TMPDIR``: new directories made
 here), prints the load time, the first token's and the 16th's, then every kernel file written
 with its time against the load's end (a gap: a build waited for alone), and cProfile's top functions of the first
-token. What it measured: docs/performance.md ("a new host's first token").
+token; with ``COLD_PROBE_FOR=S``, then generations (64 tokens after a 128-token prompt) one after another until
+S seconds after the load, each one's first token and tokens. What it measured: docs/performance.md ("a new host's first token").
 """
 import os
 import sys
@@ -63,6 +64,20 @@ def main() -> int:
     out = io.StringIO()
     pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(12)
     print(out.getvalue()[:4000])
+    # what the user sees next: generations one after another until COLD_PROBE_FOR seconds after the load
+    until = t1 + float(os.environ.get("COLD_PROBE_FOR", "0"))
+    rng = np.random.default_rng(1)
+    while time.time() < until:
+        g = og.Generator(model, mg.search_options(model, 256, 129 + 64))
+        t = time.time()
+        g.append_tokens(rng.integers(100, 480, 128).astype(np.int32))
+        g.generate_next_token()
+        first = time.time() - t
+        t = time.time()
+        for _ in range(63):
+            g.generate_next_token()
+        print(f"  at {time.time() - t1:6.1f} s: a 128-token prompt's first token {1e3 * first:8.1f} ms, then "
+              f"{1e3 * (time.time() - t) / 63:6.2f} ms a token", flush=True)
     return 0
 
 

@@ -16,12 +16,12 @@ from .attention import AttentionRunner, traced_overrides
 from .config import DECODE, GENERAL, PREFILL, SHAPE_KEYED, SHAPELESS, CompiledConfig
 from .core import TRACE_LOCK, CompiledSubgraph, tracing
 from .mode import apply_compile_mode
-from .result import EagerRunner, RowHints, Runner, RunResult
+from .result import EagerRunner, Prebuild, RowHints, Runner, RunResult
 from ..stats import SessionStats
 
 __all__ = ["make_runner", "release_all", "runners", "capture", "stats", "tracing", "CompiledSubgraph",
            "CompiledConfig", "GENERAL", "PREFILL", "DECODE", "SHAPELESS", "SHAPE_KEYED", "TRACE_LOCK", "Runner",
-           "RunResult", "RowHints", "EagerRunner"]
+           "RunResult", "RowHints", "EagerRunner", "Prebuild"]
 
 _LOCK = threading.Lock()
 _RUNNERS: "weakref.WeakSet" = weakref.WeakSet()
@@ -44,8 +44,8 @@ def choose(program, options) -> tuple[CompiledConfig | str | None, str]:
     return GENERAL, "general"
 
 
-def make_runner(program, options, stats: SessionStats | None = None) -> Runner:
-    """The runner of one group."""
+def make_runner(program, options, stats: SessionStats | None = None, prebuild: Prebuild | None = None) -> Runner:
+    """The runner of one group; ``prebuild``: where its new closures' kernels may be built meanwhile (a GPU's)."""
     config, why = choose(program, options)
     if config is not None:
         why = apply_compile_mode(options.tuning.compile_mode)
@@ -59,6 +59,9 @@ def make_runner(program, options, stats: SessionStats | None = None) -> Runner:
         runner = AttentionRunner(program, options, stats)
     else:
         runner = CompiledSubgraph(program, config, stats, traced_overrides(program, None), tuning=options.tuning)
+    if prebuild is not None and options.tuning.build_behind:
+        for part in runner.parts():
+            part.prebuild = prebuild
     _track(runner)
     return runner
 

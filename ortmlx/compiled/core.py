@@ -31,7 +31,7 @@ from .analysis import HostPlan, constant_if, hoist_free_work, host_plan, keyed_s
 from .config import CompiledConfig
 from .keys import Keys, is_empty, shapes_of
 from .trace import compile_closure
-from .result import RowHints, RunResult, Steady
+from .result import Prebuild, RowHints, RunResult, Steady
 from .verify import mismatch
 
 #: what ``_apply`` returns when a guard computed in the graph said "not this call"
@@ -188,7 +188,10 @@ class CompiledSubgraph:
         self._settle = tuning.eval_settle and self.device == "gpu"
         #: a new closure's kernels built on the kernel builder's thread while its key's calls answer eagerly (MLX's
         #: CPU backend: g++; on MLX 0.32.4's CUDA backend such a thread starved while the main one evaluated)
-        self._behind = tuning.build_behind and self.device == "cpu"
+        self._behind = tuning.build_behind and self.device == "cpu" and not tuning.prebuild
+        #: where a new closure's kernels are built in another process meanwhile (``Prebuild``; set by
+        #: ``make_runner`` for a GPU's groups: there the builder thread starved)
+        self.prebuild: Prebuild | None = None
         # MLX waits on blocking-sync CUDA events (the thread sleeps until an interrupt); polling the context first
         # finds the work done on a hot core
         self._spin = _spin_waiter() if self._settle and tuning.spin_wait else None
@@ -420,9 +423,20 @@ class CompiledSubgraph:
             self._closures[key] = c = self._new_closure(new, call.inputs)
             c.keyed = {n: np.shape(env[n]) for n in new.keyed}
             self.counters["keys"] = len(self._closures)
-        if c.fn is not None and not (self._behind and self._build_behind(c, call)):
+        if c.fn is not None and not (self._behind and self._build_behind(c, call)) and not self._prebuilt(c, key):
             self._verify(c, call, ref)
         return ref
+
+    def _prebuilt(self, c: _Closure, key: tuple) -> bool:
+        """Whether ``c``'s kernels are being built in another process (``self.prebuild``), its key's calls
+        answering eagerly until they are; False: trace it here now."""
+        if self.prebuild is None or self._behind:
+            return False
+        c.behind = self.prebuild.submit(self.label, f"{self.name} {key!r}")
+        if c.behind is None:
+            return False
+        self.counters["built_behind"] = self.counters.get("built_behind", 0) + 1
+        return True
 
     def _build_behind(self, c: _Closure, call: "Call") -> bool:
         """Queue a build of ``c``'s kernels on the kernel builder's thread (``kernels/background.py``): a shadow of

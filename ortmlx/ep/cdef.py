@@ -62,6 +62,7 @@ API_SLOTS = {
     326: "OrtStatus* (*ValueInfo_GetInitializerValue)(const OrtValueInfo* value_info, const OrtValue** value)",
     331: "OrtStatus* (*ValueInfo_IsConstantInitializer)(const OrtValueInfo* value_info, bool* out)",
     333: "OrtStatus* (*Graph_GetName)(const OrtGraph* graph, const char** graph_name)",
+    334: "OrtStatus* (*Graph_GetModelPath)(const OrtGraph* graph, const char** model_path)",
     338: "OrtStatus* (*Graph_GetNumInputs)(const OrtGraph* graph, size_t* n)",
     339: "OrtStatus* (*Graph_GetInputs)(const OrtGraph* graph, const OrtValueInfo** inputs, size_t n)",
     340: "OrtStatus* (*Graph_GetNumOutputs)(const OrtGraph* graph, size_t* n)",

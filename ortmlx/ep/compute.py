@@ -115,7 +115,7 @@ class ComputeInfo:
         self.label = f"{plan.name} ({len(labels)} node{'s' if len(labels) != 1 else ''}: " \
                      f"{', '.join(labels[:6])}{', ...' if len(labels) > 6 else ''})"
         self.plan = plan
-        self.group = Group(plan, ep.device, ep.options, ep.stats, abi)
+        self.group = Group(plan, ep.device, ep.options, ep.stats, abi, ep.source)
         self.in_names = list(plan.inputs)
         self.in_types = [plan.value(n).dtype for n in plan.inputs]
         self.out_names = list(plan.outputs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import threading
 
 from ..ir import Graph
+from ..runtime.prebuild import ModelSource
 from ..subgraph.partition import Unclaimed, claim, claimed_bodies
 from ..stats import SessionStats
 from ..subgraph.plan import build_plan
@@ -38,6 +39,9 @@ class Ep:
         self.infos: dict[int, ComputeInfo] = {}
         self.lock = threading.RLock()
         self.stats = SessionStats(device, options.trace, options.verbose, options.tuning.fault)
+        #: the model file and its inputs (the top graph's, at GetCapability): a worker process can make a group's
+        #: calls again from them (``runtime/prebuild.py``)
+        self.source: ModelSource | None = None
         c = self.c = ffi.new("OrtEp*")
         c.ort_version_supported = abi.struct_version
         c.GetName = lib.ortmlx_ep_get_name
@@ -55,6 +59,8 @@ class Ep:
             groups, report = claim(graph, self.device, self.options.disable_ops)
             parent = ffi.new("const OrtNode**")
             abi.check(abi.api.Graph_GetParentNode(graph_ptr, parent))
+            if parent[0] == ffi.NULL:
+                self.source = ModelSource(abi.call_str(abi.api.Graph_GetModelPath, graph_ptr), tuple(graph.inputs))
             if parent[0] != ffi.NULL and groups:
                 # ORT rejects a fused node inside a control-flow body (the body has no opset for the EP);
                 # a body runs on MLX only as part of its claimed If/Loop/Scan (partition.bodies_reason)

@@ -30,6 +30,7 @@ from ..kernels.interpreter import Program
 from ..kernels.passes import BuildConfig
 from . import devread, residency, upload
 from .kvbatch import KvBatches
+from .prebuild import ModelSource, WorkerPrebuild
 from .mirror import (MirrorSet, changed_rows, hint_bytes, mirrorable, predicted_rows, write_hinted, write_predicted,
                      write_rows)
 
@@ -93,7 +94,7 @@ def _copy_whole(dst: np.ndarray, r: mx.array, read: devread.Reader) -> int:
 class Group:
     """A fused group's program, runner and device-resident state (one per ORT compute info)."""
 
-    def __init__(self, plan, device: str, options, stats, abi):
+    def __init__(self, plan, device: str, options, stats, abi, source: ModelSource | None = None):
         self.name = plan.name
         self.device = device
         self.stats = stats
@@ -101,7 +102,12 @@ class Group:
         t = options.tuning
         self.program = Program(plan, device, BuildConfig.for_device(device, t),
                                upload=upload.uploader(device, t.direct_in))
-        self.runner = make_runner(self.program, options, stats)
+        #: new closures' kernels built by a worker process meanwhile (a GPU's group that is the whole model)
+        self.prebuild = None
+        if t.build_behind and (t.prebuild if t.prebuild is not None else device == "gpu") \
+                and source is not None and source.covers(plan.inputs):
+            self.prebuild = WorkerPrebuild(source, options.raw, list(plan.inputs))
+        self.runner = make_runner(self.program, options, stats, self.prebuild)
         self.out_names = list(plan.outputs)
         self.out_types = [plan.value(n).dtype for n in plan.outputs]
         self._every_input = frozenset(range(len(plan.inputs)))
@@ -154,6 +160,8 @@ class Group:
             self._steady = None
         if g.fill is not None:
             g.fill()
+        if self.prebuild is not None:
+            self.prebuild.bind(g.inputs)
         run, used = self.use_mirrors(g)
         res = self.runner.run(run, probe, g.since)
         # no buffer ever written in place (no mirrors to keep): the next call may be a replay

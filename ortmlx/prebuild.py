@@ -1,0 +1,64 @@
+"""The kernel-build worker (``runtime/prebuild.py`` starts it): ``python -m ortmlx.prebuild``.
+
+Reads messages on stdin (``read_msg``: a length, then a pickle): first ``{"model": path, "options": {...}}`` (an ORT session of that model on the
+MLX EP, building in its own calls: tuning ``build_behind=0``), then ``{"feeds": {name: array | ("zeros", shape,
+dtype)}}`` per job, each run twice (a general group's key is traced at its second call); answers ``("ready",)``, ``("done",)`` or ``("failed", why)`` on stdout. Its
+kernels land in MLX's kernel cache, shared with the process that started it. Ends at the end of its input, on
+one it cannot read, or after ``IDLE_S`` without a job.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from .runtime.prebuild import IDLE_S, read_msg, write_msg
+
+def _session(path: str, options: dict):
+    import onnxruntime as ort
+
+    from . import EP_NAME, register
+    register(genai=False)
+    opts = dict(options)
+    opts["tuning"] = ",".join(x for x in (opts.get("tuning", ""), "build_behind=0") if x)
+    return ort.InferenceSession(path, ort.SessionOptions(), providers=[(EP_NAME, opts)])
+
+
+def _feeds(spec: dict) -> dict:
+    import numpy as np
+    return {n: np.zeros(v[1], np.dtype(v[2])) if isinstance(v, tuple) else v for n, v in spec.items()}
+
+
+def main() -> int:
+    # the replies own the real stdout; anything printed on the way goes to stderr
+    out = os.dup(1)
+    os.dup2(2, 1)
+
+    def send(*msg) -> None:
+        write_msg(out, msg)
+    try:
+        hello = read_msg(0)
+        if hello is None:
+            return 0
+        sess = _session(hello["model"], hello["options"])
+    except Exception as e:  # noqa: BLE001 - said to the parent, which builds its kernels itself
+        send("failed", f"session: {type(e).__name__}: {str(e).strip()[:300]}")
+        return 1
+    send("ready")
+    while True:
+        try:
+            job = read_msg(0, IDLE_S)
+        except TimeoutError:
+            return 0
+        if job is None:
+            return 0
+        try:
+            feeds = _feeds(job["feeds"])
+            for _ in range(2):          # a general group's key traces at its second call (eager_calls_before_trace)
+                sess.run(None, feeds)
+            send("done")
+        except Exception as e:  # noqa: BLE001
+            send("failed", f"{type(e).__name__}: {str(e).strip()[:300]}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

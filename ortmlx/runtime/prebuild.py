@@ -1,0 +1,262 @@
+"""A new compiled closure's kernels built in another process while its key's calls answer eagerly (a GPU's groups).
+
+MLX's CUDA backend builds a closure's kernels (NVRTC, one after another) in the closure's first evaluation: 35 s
+for a 0.5B LLM's first prompt on a new H100 host, while the user waited. A thread of this process building them
+starved while the main one evaluated (docs/performance.md), so a worker process builds them: the same model file
+in an ORT session of its own on the MLX EP with the same options (``python -m ortmlx.prebuild``), which runs each
+job, one new key's call, once. Its large float inputs go as zeros (MLX names a kernel by its graph, not by
+values); the rest exactly. MLX keeps what the worker builds in its kernel cache, where this process's own trace
+of the key finds it once the job is done. A ledger in the cache lists the keys built there (per model file,
+options and versions), so a later process traces those at once.
+
+Only for a group that is the whole model (its inputs are the model's): a call of the group is a call of the
+model the worker can make.
+"""
+from __future__ import annotations
+
+import atexit
+import functools
+import hashlib
+import os
+import pickle
+import select
+import struct
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..kernels import background
+from ..version import __version__, mlx_cache_dir
+
+#: inputs up to this many bytes go to the worker as they are; larger float ones as zeros of their shape
+EXACT_BYTES = 1 << 20
+#: the ledger's file in MLX's kernel cache
+LEDGER = "ortmlx-prebuilt.txt"
+#: the worker (the front layer's ``ortmlx/prebuild.py``)
+WORKER_CMD = [sys.executable, "-m", "ortmlx.prebuild"]
+#: a job not done in this long is given up (the worker killed; the key is traced where it is next called)
+JOB_TIMEOUT_S = 600.0
+#: a worker with no job for this long ends (its copy of the model leaves the GPU); the next job starts another
+IDLE_S = 60.0
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """The model file ORT loaded (``Graph_GetModelPath``) and its graph inputs: what a worker needs to make a
+    group's call again."""
+
+    path: str
+    inputs: tuple
+
+    def covers(self, group_inputs) -> bool:
+        """Whether a group with ``group_inputs`` takes exactly the model's inputs."""
+        return bool(self.path) and os.path.isfile(self.path) and set(group_inputs) == set(self.inputs)
+
+
+def _identity(path: str, options: dict) -> str:
+    """What the kernels a key builds depend on besides the key: the model file, the EP's options, the versions."""
+    st = os.stat(path)
+    import mlx.core as mx
+    text = repr((os.path.abspath(path), st.st_size, st.st_mtime_ns, sorted(options.items()), __version__,
+                 _source_stamp(), mx.__version__))
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def _source_stamp() -> int:
+    """The newest modification time of ortmlx's sources (a checkout's edits change kernels, not the version)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return max((e.stat().st_mtime_ns for d, _, fs in os.walk(root) for e in os.scandir(d)
+                if e.is_file() and e.name.endswith(".py")), default=0)
+
+
+def _ledger_path() -> str:
+    return os.path.join(mlx_cache_dir(), LEDGER)
+
+
+def _ledger() -> set:
+    try:
+        with open(_ledger_path()) as f:
+            return {line.strip() for line in f}
+    except OSError:
+        return set()
+
+
+def _record(sig: str) -> None:
+    try:
+        os.makedirs(mlx_cache_dir(), exist_ok=True)
+        with open(_ledger_path(), "a") as f:       # (one short line per write: O_APPEND keeps writers apart)
+            f.write(sig + "\n")
+    except OSError:
+        pass
+
+
+def feed(a) -> object:
+    """A job's value of one input: the array itself, or for a large float input ``("zeros", shape, dtype)``."""
+    if a is None:
+        return None
+    a = np.asarray(a)
+    if a.nbytes > EXACT_BYTES and a.dtype.kind == "f":
+        return ("zeros", tuple(a.shape), a.dtype.str)
+    return np.array(a)
+
+
+def read_msg(fd: int, timeout: float | None = None):
+    """One message (an 8-byte length, then its pickle) from ``fd``; None at its end; ``TimeoutError`` after
+    ``timeout`` seconds with nothing to read."""
+    if timeout is not None and not select.select([fd], [], [], timeout)[0]:
+        raise TimeoutError
+    head = _read(fd, 8)
+    if head is None:
+        return None
+    body = _read(fd, struct.unpack("<Q", head)[0])
+    return None if body is None else pickle.loads(body)
+
+
+def write_msg(fd: int, msg) -> None:
+    body = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+    data = struct.pack("<Q", len(body)) + body
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def _read(fd: int, n: int) -> bytes | None:
+    parts = []
+    while n:
+        b = os.read(fd, min(n, 1 << 24))
+        if not b:
+            return None
+        parts.append(b)
+        n -= len(b)
+    return b"".join(parts)
+
+
+class Worker:
+    """One worker process for one model and options: started at its first job, jobs run one at a time."""
+
+    def __init__(self, path: str, options: dict):
+        self.path, self.options = path, options
+        self.proc: subprocess.Popen | None = None
+        self.lock = threading.Lock()
+        self.dead = ""
+        self.last = time.monotonic()
+
+    def _start(self) -> None:
+        env = dict(os.environ)
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+        self.proc = subprocess.Popen(WORKER_CMD, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, env=env)
+        self._send({"model": self.path, "options": self.options})
+        self._reply("ready")
+
+    def _send(self, msg) -> None:
+        try:
+            write_msg(self.proc.stdin.fileno(), msg)
+        except BrokenPipeError:
+            raise RuntimeError(f"the kernel-build worker exited (rc {self.proc.wait()})") from None
+
+    def _reply(self, want: str):
+        try:
+            msg = read_msg(self.proc.stdout.fileno(), JOB_TIMEOUT_S)
+        except TimeoutError:
+            self.stop()
+            raise RuntimeError(f"the kernel-build worker took over {JOB_TIMEOUT_S:.0f} s") from None
+        if msg is None:
+            raise RuntimeError(f"the kernel-build worker exited (rc {self.proc.wait()})")
+        if msg[0] != want:
+            raise RuntimeError(f"the kernel-build worker: {msg[-1]}")
+        return msg
+
+    def run(self, feeds: dict) -> None:
+        """Make the call of ``feeds`` in the worker (raises on its failure; a worker that failed to start or died
+        in a job fails every later job)."""
+        with self.lock:
+            if self.dead:
+                raise RuntimeError(self.dead)
+            if self.proc is not None and (self.proc.poll() is not None or time.monotonic() - self.last > IDLE_S / 2):
+                self.stop()             # ended idle, or about to: a new one
+                self.proc = None
+            try:
+                if self.proc is None:
+                    self._start()
+                self._send({"feeds": feeds})
+                self._reply("done")
+            except (OSError, RuntimeError, pickle.PickleError) as e:
+                if self.proc is not None and self.proc.poll() is not None:
+                    self.dead = str(e)
+                raise
+            finally:
+                self.last = time.monotonic()
+
+    def stop(self) -> None:
+        """Kill the worker (a job in flight fails: its closure is built where it is next called)."""
+        p = self.proc
+        if p is not None and p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+_WORKERS: dict = {}
+_LOCK = threading.Lock()
+_SAID: list = []
+
+
+def _worker(path: str, options: dict) -> Worker:
+    key = (path, tuple(sorted(options.items())))
+    with _LOCK:
+        w = _WORKERS.get(key)
+        if w is None:
+            w = _WORKERS[key] = Worker(path, options)
+        return w
+
+
+def stop_all() -> None:
+    """Stop every worker (at interpreter exit, before ``background`` waits for a build in flight: registered
+    after it, so run first)."""
+    for w in list(_WORKERS.values()):
+        w.stop()
+
+
+atexit.register(stop_all)
+
+
+class WorkerPrebuild:
+    """``compiled.Prebuild`` for one group: its calls' inputs (``bind``) become a worker's jobs."""
+
+    def __init__(self, source: ModelSource, options: dict, input_names: list):
+        self.path = source.path
+        self.options = dict(options)
+        self.names = list(input_names)
+        self.ident = _identity(source.path, self.options)
+        self._tls = threading.local()
+
+    def bind(self, inputs: list) -> None:
+        """The inputs of the group's call in progress (a job is made from them)."""
+        self._tls.inputs = inputs
+
+    def submit(self, label: str, key: str) -> str | None:
+        sig = hashlib.sha1(f"{self.ident} {label} {key}".encode()).hexdigest()
+        if sig in _ledger():
+            return None
+        inputs = getattr(self._tls, "inputs", None)
+        if inputs is None or len(inputs) != len(self.names):
+            return None
+        feeds = {n: feed(a) for n, a in zip(self.names, inputs) if a is not None}
+        worker = _worker(self.path, self.options)
+
+        def build():
+            worker.run(feeds)
+            _record(sig)
+        bkey = f"prebuild {sig}"
+        background.submit(bkey, build)
+        if not _SAID:
+            _SAID.append(True)
+            sys.stderr.write(f"MLXExecutionProvider: building MLX kernels for new shapes in a background process "
+                             f"(on a host's first run, a minute or more; kept under {mlx_cache_dir()}); calls answer "
+                             "without them meanwhile\n")
+        return bkey

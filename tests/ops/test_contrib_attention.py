@@ -363,3 +363,38 @@ def test_rotary_embedding_23_bf16():
     f = {"X": _rng(0).standard_normal((2, 3, 4, 16)).astype(np.float32),
          "pos": np.array([[0, 1, 2, 3], [7, 5, 3, 1]], np.int64)}
     check_bf16_vs_fp32(model, [f], rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("shapeless", [False, True])
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("h, rd", [(16, 16), (16, 8), (32, 24)])
+def test_rotary_partner_and_tables_by_copies(interleaved, h, rd, shapeless):
+    """The rotation's partner features and cos/sin tables, made by slices and copies (no gather kernel for a new
+    host to build; a shapeless trace's build keeps the gathers), are exactly the gathers they replace:
+    ``x[..., perm]`` and the cache rows' columns."""
+    import contextlib
+
+    from ortmlx.kernels import build
+    ctx = build.active(build.BuildContext(shapeless=True, guards=[])) if shapeless else contextlib.nullcontext()
+    with ctx:
+        assert build.shapeless() == shapeless
+        _check_rotary_by_copies(interleaved, h, rd)
+
+
+def _check_rotary_by_copies(interleaved: bool, h: int, rd: int) -> None:
+    import mlx.core as mx
+
+    from ortmlx.kernels.ops.contrib_attention import _partner, _rotary_perm, rotary_tables
+    rng = np.random.default_rng(h + rd)
+    x = rng.standard_normal((2, 3, 5, h)).astype(np.float16)
+    got = np.array(_partner(mx.array(x), rd, interleaved))
+    np.testing.assert_array_equal(got, np.take(x, _rotary_perm(h, rd, interleaved), axis=-1))
+    cos = rng.standard_normal((9, rd // 2)).astype(np.float16)
+    sin = rng.standard_normal((9, rd // 2)).astype(np.float16)
+    pos = np.array([[0, 4, 8], [3, 3, 1]], np.int64)
+    c, s = rotary_tables(mx.array(cos), mx.array(sin), mx.array(pos), h, interleaved)
+    i = np.arange(h)
+    col = np.where(i < rd, (i // 2) if interleaved else (i % (rd // 2)), 0)
+    sign = np.where(i % 2 == 0, -1.0, 1.0) if interleaved else np.where(i < rd // 2, -1.0, 1.0)
+    np.testing.assert_array_equal(np.array(c), cos[pos][..., col].astype(np.float32))
+    np.testing.assert_array_equal(np.array(s), (sin[pos][..., col].astype(np.float32) * sign).astype(np.float32))

@@ -39,8 +39,13 @@ def rotary_tables(cos_cache, sin_cache, positions, head_size: int, interleaved: 
 def _spread_cols(rows, head_size: int, interleaved: bool):
     """``rows`` (*P, half) -> (*P, head_size): each cache column twice, side by side (``[c, c]``) or interleaved
     (``c0 c0 c1 c1 ...``), then column 0 up to ``head_size`` (unused past the rotary dims); by copies, where a
-    gather was one more JIT kernel for a new host to build."""
+    gather was one more JIT kernel for a new host to build (a shapeless trace keeps the gather: MLX cannot
+    trace a slice or reshape shapeless)."""
     half = rows.shape[-1]
+    if build.shapeless():
+        i = np.arange(head_size)
+        col = np.where(i < 2 * half, (i // 2) if interleaved else (i % half), 0).astype(np.int32)
+        return mx.take(rows, mx.array(col), axis=-1)
     lead = rows.shape[:-1]
     if interleaved:
         rot = mx.broadcast_to(rows[..., None], lead + (half, 2)).reshape(lead + (2 * half,))
@@ -77,19 +82,32 @@ def apply_rotary(x, cos, sin, rotary_dim: int, interleaved: bool):
     """Rotate the first ``rotary_dim`` features of x (..., H); cos/sin broadcast to x.
     Half inputs compute in float32 and round once."""
     h = x.shape[-1]
-    perm, keep = _rotary_consts(h, rotary_dim, interleaved)
     f32 = mx.float32
-    partner = mx.take(x, perm, axis=-1)         # gathered in x's own type: the casts below fuse
+    partner = _partner(x, rotary_dim, interleaved)      # in x's own type: the casts below fuse
     rot = (x.astype(f32) * cos.astype(f32) + partner.astype(f32) * sin.astype(f32)).astype(x.dtype)
     if rotary_dim == h:
         return rot
-    return mx.where(keep, x, rot)
+    return mx.where(_rotary_keep(h, rotary_dim), x, rot)
+
+
+def _partner(x, rotary_dim: int, interleaved: bool):
+    """``x`` at ``_rotary_perm``'s features (each feature's partner in the rotation; itself past ``rotary_dim``),
+    by slices and copies, where a gather was one more JIT kernel for a new host to build."""
+    h, half = x.shape[-1], rotary_dim // 2
+    if build.shapeless():                   # (MLX cannot trace a slice or reshape shapeless)
+        return mx.take(x, mx.array(_rotary_perm(h, rotary_dim, interleaved)), axis=-1)
+    if interleaved:
+        pairs = x[..., :rotary_dim].reshape(x.shape[:-1] + (half, 2))
+        rot = mx.concatenate([pairs[..., 1:], pairs[..., :1]], axis=-1).reshape(x.shape[:-1] + (rotary_dim,))
+    else:
+        rot = mx.concatenate([x[..., half:rotary_dim], x[..., :half]], axis=-1)
+    return rot if rotary_dim == h else mx.concatenate([rot, x[..., rotary_dim:]], axis=-1)
 
 
 @functools.lru_cache(maxsize=64)
-def _rotary_consts(h: int, rotary_dim: int, interleaved: bool) -> tuple[mx.array, mx.array]:
-    """(partner index of each feature, features kept as they are): made once per layout."""
-    return mx.array(_rotary_perm(h, rotary_dim, interleaved)), mx.array(np.arange(h) >= rotary_dim)
+def _rotary_keep(h: int, rotary_dim: int) -> mx.array:
+    """The features kept as they are (past ``rotary_dim``): made once per layout."""
+    return mx.array(np.arange(h) >= rotary_dim)
 
 
 # ---------------------------------------------------------------------------- GQA

@@ -189,6 +189,10 @@ class CompiledSubgraph:
         #: a new closure's kernels built on the kernel builder's thread while its key's calls answer eagerly (MLX's
         #: CPU backend: g++; on MLX 0.32.4's CUDA backend such a thread starved while the main one evaluated)
         self._behind = tuning.build_behind and self.device == "cpu" and not tuning.prebuild
+        #: MLX's kernel fusion in this runner's traces: off for a prompt's on a GPU (tuning prompt_fuse), where its
+        #: fused kernels were most of a new host's compiled first token and no faster warm (docs/performance.md)
+        fuse = tuning.prompt_fuse if tuning.prompt_fuse is not None else self.device != "gpu"
+        self._fuse = fuse or config.name != "prefill"
         #: where a new closure's kernels are built in another process meanwhile (``Prebuild``; set by
         #: ``make_runner`` for a GPU's groups: there the builder thread starved)
         self.prebuild: Prebuild | None = None
@@ -449,11 +453,12 @@ class CompiledSubgraph:
                 dev.extend(self._upload_hoisted(c, self._hoisted_values(c, call.inputs)))
         except Exception:  # noqa: BLE001 - the verification here says what fails
             return False
-        shadow, n_in, out_types, config = c.shadow(), len(self.program.inputs), self._out_types, self.config
+        shadow, n_in, out_types, config, fuse = c.shadow(), len(self.program.inputs), self._out_types, self.config, \
+            self._fuse
 
         def build_kernels():
             with mx.stream(mx.cpu):
-                fn = compile_closure(shadow, n_in, out_types, config, collections.defaultdict(int), None, "")
+                fn = compile_closure(shadow, n_in, out_types, config, collections.defaultdict(int), None, "", fuse)
                 with TRACE_LOCK:
                     outs = fn(*dev)
                 mx.eval(*outs)
@@ -509,7 +514,7 @@ class CompiledSubgraph:
             return c
         try:
             c.fn = compile_closure(c, len(self.program.inputs), self._out_types, self.config, self.counters, self.stats,
-                                   self.name)
+                                   self.name, self._fuse)
         except Exception as e:  # noqa: BLE001
             c.poisoned = f"compile: {type(e).__name__}: {e}"
             self._fallback(c.poisoned)

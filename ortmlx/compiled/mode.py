@@ -8,6 +8,7 @@ The mode is process-wide in MLX: the most recently created session's mode wins.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import glob
 import os
@@ -75,3 +76,20 @@ def apply_compile_mode(mode: str) -> str | None:
 
 def current_mode() -> str:
     return _state["current"]
+
+
+@contextlib.contextmanager
+def unfused():
+    """MLX traces inside the block without fusing (``no_fuse``), then the mode set before: MLX reads the mode when
+    it traces (a closure's call with new shapes), so a closure first called here keeps MLX's own kernels, no fused
+    ones to build. Nothing changes where the mode is not ``enabled`` or cannot be set."""
+    with _lock:
+        before = _state["current"]
+        fn = _setter()[0] if before == "enabled" else None
+        if fn is not None:
+            fn(_ENUM.index("no_fuse"))
+        try:
+            yield
+        finally:
+            if fn is not None:
+                fn(_ENUM.index(before))

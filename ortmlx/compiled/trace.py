@@ -18,16 +18,18 @@ from ..kernels import dtypes as dt
 from ..stats import SessionStats
 from .config import CompiledConfig
 from .decode_ops import Untraceable
+from .mode import unfused
 
 #: traces a shape-keyed closure of a shapeless key may make before it is given up (shapes vary)
 MAX_FIXED_TRACES = 3
 
 
 def compile_closure(c, n_group_inputs: int, out_types: list, config: CompiledConfig, counters: dict,
-                    stats: SessionStats | None, name: str):
+                    stats: SessionStats | None, name: str, fuse: bool = True):
     """The ``mx.compile`` closure of closure ``c``'s program (``c.trace_prog``) for one key: ``c``'s device inputs
     traced (the group's ``n_group_inputs``, then its hoisted values), the others baked in; while tracing it sets
-    the closure's trace state (traces, row hints, host outputs in its page-locked sink, guard)."""
+    the closure's trace state (traces, row hints, host outputs in its page-locked sink, guard). ``fuse`` False:
+    traced without MLX's kernel fusion (``mode.unfused``)."""
     program = c.trace_prog
     n, host_vals = len(program.inputs), c.host_vals
     dev_idx = c.dev_idx + tuple(range(n_group_inputs, n))      # then the hoisted values
@@ -90,7 +92,14 @@ def compile_closure(c, n_group_inputs: int, out_types: list, config: CompiledCon
             cuda_cache.settle()             # the trace's kernel builds, run at once, done before its first eval
             return outs
 
-    return mx.compile(body, shapeless=shapeless)
+    fn = mx.compile(body, shapeless=shapeless)
+    if fuse:
+        return fn
+
+    def unfused_fn(*dev):
+        with unfused():
+            return fn(*dev)
+    return unfused_fn
 
 
 def _hinted_outputs(hints: list, outs: list, inputs: dict) -> list:

@@ -157,7 +157,10 @@ def child(model_dir: str, opts: dict, tokens: int, prompts: list[int] | None = N
         return {"prompts": prompt_calls(model, acc, prompts, ml, tokens)}
     ids = np.arange(100, 107, dtype=np.int32)
     rows = []
+    from ortmlx.kernels import background
     for rnd in range(2):
+        if rnd == 1:
+            background.wait(600)        # new keys' kernels built behind the first round (a GPU's worker): done
         params = mg.search_options(model, len(ids) + tokens, len(ids) + tokens)
         if batch > 1:           # genai's static batching: the same prompt in every row
             params.set_search_options(batch_size=batch)
@@ -184,6 +187,7 @@ def prompt_calls(model, acc: dict, prompts: list[int], max_length: int, calls: i
     import onnxruntime_genai as og
 
     from ortmlx import genai as mg
+    from ortmlx.kernels import background
 
     rng = np.random.default_rng(0)
     res = {}
@@ -201,6 +205,8 @@ def prompt_calls(model, acc: dict, prompts: list[int], max_length: int, calls: i
         rows = []
         same = rng.integers(100, 480, prompt).astype(np.int32)
         for k in range(calls + 2):
+            if k == 1:
+                background.wait(600)    # the first call's kernels built behind it (a GPU's worker): done
             ids = same if same_ids else rng.integers(100, 480, prompt).astype(np.int32)
             t0 = time.perf_counter()
             g = og.Generator(model, mg.search_options(model, max_length, prompt + 1 if bench_min else max_length))

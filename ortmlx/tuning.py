@@ -104,7 +104,7 @@ class Tuning:
     #: exp's fused kernel: kernels/background.py); off: the call builds them and waits
     build_behind: bool = True
     #: MLX's kernel fusion in a prompt's closures (None: off on a GPU, where the fused kernels were most of a new
-    #: host's compiled first token, 41.7 s against 5.1 s unfused, and no faster warm; on elsewhere)
+    #: host's compiled first token and no faster warm: docs/performance.md; on elsewhere)
     prompt_fuse: bool | None = None
     #: with build_behind, a new compiled closure's kernels built in a worker process (runtime/prebuild.py) while
     #: its key's calls answer eagerly, for a group that is the whole model (None: on a GPU, where a thread of the

@@ -132,6 +132,22 @@ def test_a_failed_job_leaves_the_build_to_the_process(monkeypatch, tmp_path):
     assert c.traces == 1 and c.trusted and c.behind is None
 
 
+def test_a_worker_only_where_a_second_copy_fits(monkeypatch, tmp_path):
+    """The model file and its external data count; a device reporting less than ``1 / MEMORY_SHARE`` times that
+    free (else in all) gets no worker, one reporting nothing does."""
+    import mlx.core as mx
+    (tmp_path / "m.onnx").write_bytes(b"x" * 100)
+    (tmp_path / "m.onnx.data").write_bytes(b"x" * 900)
+    (tmp_path / "other.bin").write_bytes(b"x" * 5000)
+    path = str(tmp_path / "m.onnx")
+    assert prebuild.model_bytes(path) == 1000
+    src = ModelSource(path, ("X",))
+    for info, ok in (({"free_memory": 1500, "total_memory": 9000}, False), ({"free_memory": 2000}, True),
+                     ({"total_memory": 1900}, False), ({"memory_size": 4000}, True), ({}, True)):
+        monkeypatch.setattr(mx, "device_info", lambda info=info: info)
+        assert src.covers(["X"]) == ok, info
+
+
 def test_a_jobs_inputs():
     """Small inputs and large non-float ones go as they are; large float ones (a KV cache) as zeros' shape."""
     small = np.arange(6, dtype=np.float16)

@@ -1,10 +1,10 @@
 """A new compiled closure's kernels built in another process while its key's calls answer eagerly (a GPU's groups).
 
-MLX's CUDA backend builds a closure's kernels (NVRTC, one after another) in the closure's first evaluation: 35 s
-for a 0.5B LLM's first prompt on a new H100 host, while the user waited. A thread of this process building them
-starved while the main one evaluated (docs/performance.md), so a worker process builds them: the same model file
-in an ORT session of its own on the MLX EP with the same options (``python -m ortmlx.prebuild``), which runs each
-job, one new key's call, once. Its large float inputs go as zeros (MLX names a kernel by its graph, not by
+MLX's CUDA backend builds a closure's kernels (NVRTC, one after another) in the closure's first evaluation: tens
+of seconds on a new host while the user waited (docs/performance.md). A thread of this process building them
+starved while the main one evaluated, so a worker process builds them: the same model file in an ORT session of
+its own on the MLX EP with the same options (``python -m ortmlx.prebuild``), which makes each job's call (one new
+key's) twice, as a general group traces a key at its second call. Its large float inputs go as zeros (MLX names a kernel by its graph, not by
 values); the rest exactly. MLX keeps what the worker builds in its kernel cache, where this process's own trace
 of the key finds it once the job is done. A ledger in the cache lists the keys built there (per model file,
 options and versions), so a later process traces those at once.
@@ -53,8 +53,32 @@ class ModelSource:
     inputs: tuple
 
     def covers(self, group_inputs) -> bool:
-        """Whether a group with ``group_inputs`` takes exactly the model's inputs."""
-        return bool(self.path) and os.path.isfile(self.path) and set(group_inputs) == set(self.inputs)
+        """Whether a group with ``group_inputs`` takes exactly the model's inputs, and a second copy of the model
+        fits beside this one (``fits``)."""
+        return bool(self.path) and os.path.isfile(self.path) and set(group_inputs) == set(self.inputs) \
+            and fits(model_bytes(self.path))
+
+
+#: the share of the device's free memory (else of its whole memory) a worker's copy of the model may take
+MEMORY_SHARE = 0.5
+
+
+def model_bytes(path: str) -> int:
+    """The model file's bytes and its external data's (files beside it named after it: ``model.onnx.data``)."""
+    d, base = os.path.split(os.path.abspath(path))
+    return sum(e.stat().st_size for e in os.scandir(d) if e.is_file() and e.name.startswith(base))
+
+
+def fits(nbytes: int) -> bool:
+    """Whether a worker's copy of ``nbytes`` of weights fits the device: ``MEMORY_SHARE`` of the free memory MLX
+    reports, else of its whole memory (a device that reports neither: yes)."""
+    import mlx.core as mx
+    try:
+        info = mx.device_info()
+    except Exception:  # noqa: BLE001 - no report: nothing to go by
+        return True
+    room = info.get("free_memory") or info.get("total_memory") or info.get("memory_size") or 0
+    return not room or nbytes <= MEMORY_SHARE * room
 
 
 def _identity(path: str, options: dict) -> str:

@@ -130,6 +130,7 @@ def test_a_failed_job_leaves_the_build_to_the_process(monkeypatch, tmp_path):
     assert background.wait(60) and background.state(c.behind).startswith("failed: RuntimeError: gone")
     call()
     assert c.traces == 1 and c.trusted and c.behind is None
+    assert any("kernels built behind the calls: failed: RuntimeError: gone" in w for w in r._said), r._said
 
 
 def test_a_worker_only_where_a_second_copy_fits(monkeypatch, tmp_path):

@@ -278,9 +278,12 @@ class CompiledSubgraph:
                     return out
                 return self._eager(inputs, probe)
             if c.behind is not None:
-                if background.state(c.behind) == background.QUEUED:
+                st = background.state(c.behind)
+                if st == background.QUEUED:
                     return self._eager(inputs, probe)       # its kernels are still being built
-                c.behind = None             # built (or failed: the verification below builds them here)
+                if st != background.DONE:   # (the verification below builds them here; the summary says why)
+                    self._fallback(f"kernels built behind the calls: {st}")
+                c.behind = None
             ref, env = self._eager_env(inputs, probe)
             moved = [n for n, shape in c.keyed.items() if np.shape(env[n]) != shape]
             if moved:                   # a declared shape the plan took as the key's changed: baked wrong

@@ -1,10 +1,11 @@
 """The kernel-build worker (``runtime/prebuild.py`` starts it): ``python -m ortmlx.prebuild``.
 
-Reads messages on stdin (``read_msg``: a length, then a pickle): first ``{"model": path, "options": {...}}`` (an ORT session of that model on the
-MLX EP, building in its own calls: tuning ``build_behind=0``), then ``{"feeds": {name: array | ("zeros", shape,
-dtype)}}`` per job, each run twice (a general group's key is traced at its second call); answers ``("ready",)``, ``("done",)`` or ``("failed", why)`` on stdout. Its
-kernels land in MLX's kernel cache, shared with the process that started it. Ends at the end of its input, on
-one it cannot read, or after ``IDLE_S`` without a job.
+Reads messages on stdin (``read_msg``: a length, then a pickle): first ``{"model": path, "options": {...}}`` (an
+ORT session of that model on the MLX EP, building in its own calls: tuning ``build_behind=0``), then
+``{"feeds": {name: array | ("zeros", shape, dtype)}}`` per job, each run twice (a general group's key is traced at
+its second call); answers ``("ready",)``, ``("done",)`` or ``("failed", why)`` on stdout. Its kernels land in
+MLX's kernel cache, shared with the process that started it. Ends at the end of its input, on one it cannot read,
+or after ``IDLE_S`` without a job.
 """
 from __future__ import annotations
 

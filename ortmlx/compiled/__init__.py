@@ -59,7 +59,7 @@ def make_runner(program, options, stats: SessionStats | None = None, prebuild: P
         runner = AttentionRunner(program, options, stats)
     else:
         runner = CompiledSubgraph(program, config, stats, traced_overrides(program, None), tuning=options.tuning)
-    if prebuild is not None and options.tuning.build_behind:
+    if prebuild is not None:
         for part in runner.parts():
             part.prebuild = prebuild
     _track(runner)

@@ -437,7 +437,7 @@ class CompiledSubgraph:
     def _prebuilt(self, c: _Closure, key: tuple) -> bool:
         """Whether ``c``'s kernels are being built in another process (``self.prebuild``), its key's calls
         answering eagerly until they are; False: trace it here now."""
-        if self.prebuild is None or self._behind:
+        if self.prebuild is None:
             return False
         c.behind = self.prebuild.submit(self.label, f"{self.name} {key!r}")
         if c.behind is None:

@@ -4,10 +4,10 @@ MLX's CUDA backend builds a closure's kernels (NVRTC, one after another) in the 
 of seconds on a new host while the user waited (docs/performance.md). A thread of this process building them
 starved while the main one evaluated, so a worker process builds them: the same model file in an ORT session of
 its own on the MLX EP with the same options (``python -m ortmlx.prebuild``), which makes each job's call (one new
-key's) twice, as a general group traces a key at its second call. Its large float inputs go as zeros (MLX names a kernel by its graph, not by
-values); the rest exactly. MLX keeps what the worker builds in its kernel cache, where this process's own trace
-of the key finds it once the job is done. A ledger in the cache lists the keys built there (per model file,
-options and versions), so a later process traces those at once.
+key's) twice, as a general group traces a key at its second call. Its large float inputs go as zeros (MLX names
+a kernel by its graph, not by values); the rest exactly. MLX keeps what the worker builds in its kernel cache,
+where this process's own trace of the key finds it once the job is done. A ledger in the cache lists the keys
+built there (per model file, options and versions), so a later process traces those at once.
 
 Only for a group that is the whole model (its inputs are the model's): a call of the group is a call of the
 model the worker can make.

@@ -281,6 +281,6 @@ class WorkerPrebuild:
         if not _SAID:
             _SAID.append(True)
             sys.stderr.write(f"MLXExecutionProvider: building MLX kernels for new shapes in a background process "
-                             f"(on a host's first run, a minute or more; kept under {mlx_cache_dir()}); calls answer "
+                             f"(on a host's first run, seconds to a minute; kept under {mlx_cache_dir()}); calls answer "
                              "without them meanwhile\n")
         return bkey

@@ -1,8 +1,8 @@
 """Kernels built by a worker process (tuning ``prebuild``, on a GPU by default; ``runtime/prebuild.py``): a new
-closure's key answers eagerly while a worker, the same model file in an ORT session of its own, makes the call
-once and so builds its kernels into MLX's cache; then the closure is traced here, finds them built, is verified
-and trusted. A ledger in the cache lets a later session trace such a key at once. On the CPU backend here (its g++
-kernels are cached the same way), answers as ORT's CPU EP's throughout."""
+closure's key answers eagerly while a worker, the same model file in an ORT InferenceSession of its own, makes the
+call (twice) and so builds its kernels into MLX's cache; then the closure is traced here, finds them built, is
+verified and trusted. A ledger in the cache lets a later InferenceSession trace such a key at once. On the CPU
+backend here (its g++ kernels are cached the same way), answers as ORT's CPU EP's throughout."""
 from __future__ import annotations
 
 import json
@@ -71,9 +71,9 @@ def _run(tmp_path, tuning: str) -> dict:
 
 
 def test_a_worker_builds_a_new_closures_kernels_and_the_ledger_keeps_them(tmp_path):
-    """An empty kernel cache: the first session's new key answers eagerly, its kernels built by the worker
+    """An empty kernel cache: the first InferenceSession's new key answers eagerly, its kernels built by the worker
     (none here before the wait, some after it), then the closure traced here builds none of its own; a second
-    session of the same model traces that key at once (the ledger), with no job."""
+    InferenceSession of the same model traces that key at once (the ledger), with no job."""
     got = _run(tmp_path, "build_behind=1,prebuild=1")
     first, second = got["first"], got["second"]
     assert first["behind"] == 1 and first["states"] == ["done"], first
@@ -81,7 +81,7 @@ def test_a_worker_builds_a_new_closures_kernels_and_the_ledger_keeps_them(tmp_pa
     assert first["after"] == first["built"] and first["traces"] == 1 and first["trusted"], first
     assert first["compiled"] >= 1, first
     assert second["behind"] == 0 and second["traces"] == 1 and second["compiled"] >= 2, second
-    assert second["after"] == first["built"], "the second session built kernels of its own"
+    assert second["after"] == first["built"], "the second InferenceSession built kernels of its own"
     with open(os.path.join(tmp_path, "mlx", prebuild.LEDGER)) as f:
         assert len(f.read().split()) == 1
 
@@ -111,7 +111,7 @@ def test_a_failed_job_leaves_the_build_to_the_process(monkeypatch, tmp_path):
     with C.capture() as rs:
         s = session(m, options={"tuning": "build_behind=1,prebuild=1", "device": "cpu"})
     (r,) = rs
-    # a session from bytes has no model path: give its group the worker as the EP would for a file
+    # an InferenceSession from bytes has no model path: give its group the worker as the EP would for a file
     pb = prebuild.WorkerPrebuild(src, {}, ["X"])
     monkeypatch.setattr(prebuild, "_ledger", lambda: set())
     for part in r.parts():

@@ -788,7 +788,7 @@ def _copy_any_kernel():
 def copy_to_address(a: mx.array, target: mx.array) -> mx.array:
     """``copy_to_host`` for any size, one kernel for all: ``target`` is [device address, byte count] (uint64), the
     count ``a.nbytes``; with tuning ``byte_copies`` ``a`` is read as its bytes (one instantiation for every type: no
-    build at a session's first result of a new type). Returns the one byte that orders the work."""
+    build at an InferenceSession's first result of a new type). Returns the one byte that orders the work."""
     if target.dtype != mx.uint64 or target.shape != (2,):
         raise ValueError(f"copy_to_address: target must be [address, bytes] as uint64, got {target.dtype} "
                          f"of shape {target.shape}")
@@ -891,9 +891,9 @@ def take(data, idx, axis: int):
 
 
 def prebuild_copies() -> None:
-    """Start building the two copy kernels every GPU session uses (uploads, large results) side by side, at the first
-    session's start: built one after another, at its probes and its first large result, they added ~2 s each to a
-    new host's first call (docs/performance.md)."""
+    """Start building the two copy kernels every GPU InferenceSession uses (uploads, large results) side by side, at
+    the first one's start: built one after another, at its probes and its first large result, they added ~2 s each
+    to a new host's first call (docs/performance.md)."""
     if usable() and not _PREBUILT:
         _PREBUILT.append(True)
         _copy_in_kernel().queue([("uint64", 0), ("uint8", 1)], ["uint8"])
@@ -906,7 +906,7 @@ _PREBUILT: list = []
 
 @functools.lru_cache(maxsize=1)
 def byte_copies() -> bool:
-    """Tuning ``byte_copies`` (the environment's: the copies serve every session of the process)."""
+    """Tuning ``byte_copies`` (the environment's: the copies serve every InferenceSession of the process)."""
     from ..tuning import Tuning, TuningError
     try:
         return Tuning.from_env().byte_copies

@@ -100,6 +100,10 @@ class Builder:
     def name(self, p: str = "v") -> str:
         return f"{p}{next(self.n)}"
 
+    def axis(self, rank: int) -> int:
+        """An axis of a rank-``rank`` value, negative or not."""
+        return self.draw(self.st.integers(-rank, rank - 1))
+
     def choice(self, seq):
         seq = list(seq)
         return seq[self.draw(self.st.integers(0, len(seq) - 1))]
@@ -447,7 +451,7 @@ def b_concat(b: Builder, op: str) -> None:
     if a is None:
         return
     r = len(a.shape)
-    axis = b.draw(b.st.integers(-r, r - 1))
+    axis = b.axis(r)
     ins, total = [a], a.shape[axis]
     for _ in range(b.draw(b.st.integers(1, 2))):
         shp = list(a.shape)
@@ -512,7 +516,7 @@ def b_gather(b: Builder, op: str) -> None:
     if a is None:
         return
     r = len(a.shape)
-    axis = b.draw(b.st.integers(-r, r - 1))
+    axis = b.axis(r)
     d = a.shape[axis]
     if d == 0:
         return
@@ -568,7 +572,7 @@ def b_softmax(b: Builder, op: str) -> None:
     if a.dtype not in FLOATS or not a.shape:
         return
     r = len(a.shape)
-    axis = b.draw(b.st.integers(-r, r - 1))
+    axis = b.axis(r)
     if a.shape[axis] == 0 and f"{op}:empty_axis" in b.avoid:
         return
     b.emit(op, [a.name], [b.out(a.dtype, a.shape, False, False)], axis=axis)
@@ -581,7 +585,7 @@ def b_argx(b: Builder, op: str) -> None:
     if a.dtype not in NUM or not a.exact or not a.shape or 0 in a.shape or not a.finite:
         return
     r = len(a.shape)
-    axis = b.draw(b.st.integers(-r, r - 1))
+    axis = b.axis(r)
     keep = b.choice([0, 1])
     out = list(a.shape)
     if keep:
@@ -686,7 +690,7 @@ def b_topk(b: Builder, op: str) -> None:
         return
     a = _distinct(b, t, shape)
     r = len(shape)
-    axis = b.draw(b.st.integers(-r, r - 1))
+    axis = b.axis(r)
     k = b.draw(b.st.integers(1, shape[axis]))
     out = list(shape)
     out[axis] = k
@@ -714,7 +718,7 @@ def b_gather_elements(b: Builder, op: str) -> None:
     if a is None:
         return
     r = len(a.shape)
-    axis = b.draw(b.st.integers(-r, r - 1))
+    axis = b.axis(r)
     ishape = tuple(b.draw(b.st.integers(1, 3)) if i == axis % r else b.draw(b.st.integers(1, d))
                    for i, d in enumerate(a.shape))
     n = b.name("k")
@@ -745,7 +749,7 @@ def b_scatter_elements(b: Builder, op: str) -> None:
     if a is None:
         return
     r = len(a.shape)
-    axis = b.draw(b.st.integers(-r, r - 1))
+    axis = b.axis(r)
     ishape = tuple(b.draw(b.st.integers(1, d)) for d in a.shape)
     idx = _axis_indices(b, ishape, axis % r, a.shape[axis], True)
     _scatter(b, op, a, idx, b.raw(a.dtype, ishape), axis=axis)
@@ -759,7 +763,7 @@ def b_cumsum(b: Builder, op: str) -> None:
         return
     r = len(a.shape)
     nm = b.name("k")
-    b.inits[nm] = np.asarray(b.draw(b.st.integers(-r, r - 1)), b.choice([np.int64, np.int32]))
+    b.inits[nm] = np.asarray(b.axis(r), b.choice([np.int64, np.int32]))
     exact = a.exact and (a.dtype in INTS or _raw(b, a))
     b.emit(op, [a.name, nm], [b.out(a.dtype, a.shape, exact, False)], exclusive=b.choice([0, 1]),
            reverse=b.choice([0, 1]))
@@ -820,7 +824,7 @@ def b_onehot(b: Builder, op: str) -> None:
     vn = b.name("k")
     b.inits[vn] = np.asarray([b.choice([0, -1]), b.choice([1, 5])], NP[vt])
     r = len(shape) + 1
-    axis = b.draw(b.st.integers(-r, r - 1))
+    axis = b.axis(r)
     out = list(shape)
     out.insert(axis % r, depth)
     b.emit(op, [ind.name, dn, vn], [b.out(vt, tuple(out), True)], axis=axis)
@@ -875,7 +879,7 @@ def b_hardmax(b: Builder, op: str) -> None:
     shape = b.shape(max_rank=3, min_rank=1)
     a = _distinct(b, F32, shape)                        # (the CPU EP's only type)
     r = len(shape)
-    b.emit(op, [a.name], [b.out(F32, shape, True)], axis=b.draw(b.st.integers(-r, r - 1)))
+    b.emit(op, [a.name], [b.out(F32, shape, True)], axis=b.axis(r))
 
 
 def b_range(b: Builder, op: str) -> None:
@@ -954,7 +958,7 @@ def b_split(b: Builder, op: str) -> None:
     if a is None:
         return
     r = len(a.shape)
-    axis = b.draw(b.st.integers(-r, r - 1))
+    axis = b.axis(r)
     d = a.shape[axis]
     if b.flag(0.5):
         cuts = sorted(b.rng.choice(np.arange(0, d + 1), b.draw(b.st.integers(0, 2)), replace=True).tolist())
@@ -1002,7 +1006,7 @@ def _norm(b: Builder, op: str) -> None:
     x = _distinct(b, F32, shape) if op == "MeanVarianceNormalization" else b.raw(F32, shape)
     c = shape[1] if len(shape) > 1 else 1
     if op == "LayerNormalization":
-        axis = b.draw(b.st.integers(-len(shape), len(shape) - 1))
+        axis = b.axis(len(shape))
         tail = shape[axis % len(shape):]
         ins = [x.name, b.raw(F32, tail).name] + ([b.raw(F32, tail).name] if b.flag(0.6) else [])
         b.emit(op, ins, [b.out(F32, shape, False, False)], axis=axis, epsilon=1e-3)
@@ -1020,7 +1024,7 @@ def _norm(b: Builder, op: str) -> None:
         ins.insert(4, var)
         b.emit(op, ins, [b.out(F32, shape, False, False)], epsilon=1e-3)
     elif op == "LpNormalization":
-        b.emit(op, [x.name], [b.out(F32, shape, False, False)], axis=b.draw(b.st.integers(-len(shape), len(shape) - 1)),
+        b.emit(op, [x.name], [b.out(F32, shape, False, False)], axis=b.axis(len(shape)),
                p=b.choice([1, 2]))
     else:
         b.emit(op, [x.name], [b.out(F32, shape, False, False)])

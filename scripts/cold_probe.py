@@ -6,7 +6,8 @@ Runs in fresh, empty kernel caches (``MLX_PTX_CACHE_DIR``, ``CUDA_CACHE_PATH``, 
 here), prints the load time, the first token's and the 16th's, then every kernel file written
 with its time against the load's end (a gap: a build waited for alone), and cProfile's top functions of the first
 token; with ``COLD_PROBE_FOR=S``, then generations (64 tokens after a 128-token prompt) one after another until
-S seconds after the load, each one's first token and tokens. What it measured: docs/performance.md ("a new host's first token").
+S seconds after the load, each one's first token and tokens; with ``COLD_PROBE_LOAD_PROFILE=1``, cProfile's
+top functions of the load too. What it measured: docs/performance.md ("a new host's first token").
 """
 import os
 import sys
@@ -33,15 +34,26 @@ import onnxruntime_genai as og  # noqa: E402
 
 from ortmlx import genai as mg  # noqa: E402
 
+T_IMPORTS = time.time()
+
 
 def main() -> int:
     if len(sys.argv) < 2:
         print(__doc__)
         return 2
     model_dir, opts = sys.argv[1], dict(kv.split("=", 1) for kv in sys.argv[2:])
+    load_prof = cProfile.Profile() if os.environ.get("COLD_PROBE_LOAD_PROFILE") else None
+    if load_prof:
+        load_prof.enable()
     model, _ = mg.load_model(model_dir, "mlx", opts, overlay={"model": {"context_length": 256}})
     t1 = time.time()
-    print(f"loaded {t1 - T0:.2f} s after the process started", flush=True)
+    if load_prof:
+        load_prof.disable()
+    print(f"loaded {t1 - T0:.2f} s after the process started (imports {T_IMPORTS - T0:.2f} s)", flush=True)
+    if load_prof:
+        out = io.StringIO()
+        pstats.Stats(load_prof, stream=out).sort_stats("cumulative").print_stats(r"ortmlx|onnxruntime|mlx", 40)
+        print(out.getvalue()[:8000])
     prof = cProfile.Profile()
     prof.enable()
     g = og.Generator(model, mg.search_options(model, 256, 129))

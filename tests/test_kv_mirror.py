@@ -183,6 +183,34 @@ def test_changed_rows_matches_numpy(compiled):
                 assert got[l, 0] >= got[l, 1], (got, flags)
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_predicted_rows_come_with_the_diff(compiled, monkeypatch):
+    """With a predicted row, the diff's round trip brings that row of every pair's new array, pair after pair
+    (on MLX's CUDA backend through our row kernel, not MLX's JIT gather)."""
+    import mlx.core as mx
+
+    from ortmlx.kernels import cuda_kernels as ck
+    from ortmlx.runtime import mirror
+    kernel = []
+    real = ck.take_rows
+    monkeypatch.setattr(ck, "take_rows", lambda *a: kernel.append(1) or real(*a))
+    rng = np.random.default_rng(2)
+    for dtype in (np.float16, np.float32):
+        for row in (0, 3, 6):
+            pairs, want = [], []
+            for heads in (2, 3):
+                old = rng.standard_normal((1, heads, 7, 4)).astype(dtype)
+                new = old.copy()
+                new[0, :, row] += 1
+                pairs.append((mx.array(new), mx.array(old)))
+                want.append(new[0, :, row:row + 1].tobytes())
+            ranges, picked = mirror.changed_rows(pairs, compiled=compiled, predict=range(row, row + 1))
+            assert picked.tobytes() == b"".join(want)
+            for rng_ in ranges:
+                assert (rng_ == [row, row + 1]).all(), ranges
+    assert bool(kernel) == ck.usable()
+
+
 def test_decode_steps_take_one_round_trip(sess, monkeypatch):
     """Rows written one after another: the diff brings the predicted next row along, so the
     second gather (write_rows) runs only when the prediction misses (a rewind)."""

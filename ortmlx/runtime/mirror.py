@@ -28,6 +28,8 @@ import threading
 import mlx.core as mx
 import numpy as np
 
+from ..compiled.mode import unfused
+from ..kernels import cuda_kernels as ck
 from .devread import NUMPY, Reader
 
 
@@ -60,6 +62,19 @@ def _changed_body(*pairs):
 _changed_compiled = mx.compile(_changed_body)
 
 
+def _pick(n3, rows):
+    """``mx.take(n3, rows, axis=1)`` for an [L, S, W] array: on MLX's CUDA backend through our row kernel
+    (``cuda_kernels.take_rows``, the instantiation the embedding's gather already built), as MLX's gather is a
+    kernel its JIT builds alone (seconds, in the first generation on a new host)."""
+    L, S, W = n3.shape
+    if ck.usable():
+        flat = n3.reshape(L * S, W)
+        idx = (mx.arange(L, dtype=mx.int32)[:, None] * S + rows[None, :]).reshape(-1)
+        if ck.take_reason(flat, idx, 0) is None:
+            return ck.take_rows(flat, idx)
+    return mx.take(n3, rows, axis=1)
+
+
 def _changed_and_rows_body(rows, *pairs):
     """``_changed_body``'s flags, and the ``rows`` (int32, axis -2, every leading index) of each
     pair's new array as one flat byte array: a predicted write-back in the same round trip."""
@@ -67,7 +82,7 @@ def _changed_and_rows_body(rows, *pairs):
     for k in range(0, len(pairs), 2):
         new = pairs[k]
         n3 = new.reshape(-1, new.shape[-2], new.shape[-1])
-        picked.append(mx.take(n3, rows, axis=1).reshape(-1).view(mx.uint8))
+        picked.append(_pick(n3, rows).reshape(-1).view(mx.uint8))
     return _changed_body(*pairs), mx.concatenate(picked) if len(picked) > 1 else picked[0]
 
 
@@ -81,16 +96,26 @@ def changed_rows(pairs: list[tuple[mx.array, mx.array]], compiled: bool, predict
 
     With ``predict`` (rows along axis -2 valid in every pair), that round trip also brings those
     rows of every new array: returns (ranges, those rows' host bytes, pair after pair) instead.
+
+    ``compiled``: one closure call, traced without MLX's kernel fusion (``mode.unfused``): the write-back serves
+    eager calls, the first generation's among them, which a fused kernel's build would stall for seconds.
     """
     flat = [a for p in pairs for a in p]
     if predict is not None:
-        fn = _changed_and_rows_compiled if compiled else _changed_and_rows_body
         rows = mx.array(np.arange(predict.start, predict.stop, dtype=np.int32))
-        f, picked = fn(rows, *flat)
+        if compiled:
+            with unfused():
+                f, picked = _changed_and_rows_compiled(rows, *flat)
+        else:
+            f, picked = _changed_and_rows_body(rows, *flat)
         mx.eval(f, picked)
         return _ranges(pairs, read.read(np.asarray(f))), read.read(np.asarray(picked))
-    fn = _changed_compiled if compiled else _changed_body
-    return _ranges(pairs, read.read(np.asarray(fn(*flat))))
+    if compiled:
+        with unfused():
+            f = _changed_compiled(*flat)
+    else:
+        f = _changed_body(*flat)
+    return _ranges(pairs, read.read(np.asarray(f)))
 
 
 def _ranges(pairs, flags: np.ndarray) -> list[np.ndarray]:

@@ -107,7 +107,7 @@ def check_all(nvrtc, includes: list[str], arch: str = "sm_90a", quiet: bool = Fa
         text = cc.mlx_source(func, head, src, ins, [(t, 2) for t in in_t], outs, out_t, tmpl)
         try:
             nvrtc.compile(text, cc.module_name(func, text) + ".cu", "mlx::core::cu::" + func, opts,
-                          {cc.STANDIN_NAME: cc.STANDIN})
+                          cc.HEADERS)
             ok, log = True, ""
         except cc.NvrtcError as e:
             ok, log = False, str(e)

@@ -97,7 +97,7 @@ def test_builder_writes_the_module_mlx_reads_then_finds_it(tmp_path):
     assert open(path, "rb").read() == b"CUBIN" + src.encode()[:8]
     assert open(path[:-4] + ".txt").read() == "mlx::core::cu::custom_kernel_f\t_Z_lowered\n"
     file, name, options, headers = nv.calls[0]
-    assert name == "mlx::core::cu::custom_kernel_f" and headers == {cc.STANDIN_NAME: cc.STANDIN}
+    assert name == "mlx::core::cu::custom_kernel_f" and headers == cc.HEADERS
     assert options[:2] == ["--device-as-default-execution-space", "--gpu-architecture=sm_90a"]
     assert "--include-path=/inc" in options
     assert b.ensure("custom_kernel_f", src) == "built" and len(nv.calls) == 1          # remembered
@@ -456,7 +456,7 @@ body = "if (blockIdx.x == 0 && threadIdx.x == 0) { out[0] = T(7.0f); }\n" + \
 fake = cc.mlx_source(func, k.header, body, k.input_names, ins, k.output_names, ["float16", "float16"], tmpl)
 assert cc.shape_infos(body, k.input_names) == cc.shape_infos(k.source, k.input_names)
 b = cc.builder()
-cubin, lowered = b.nvrtc.compile(fake, "fake.cu", "mlx::core::cu::" + func, b.options, {cc.STANDIN_NAME: cc.STANDIN})
+cubin, lowered = b.nvrtc.compile(fake, "fake.cu", "mlx::core::cu::" + func, b.options, cc.HEADERS)
 cc.write_module(cc.ptx_path(b.dir, cc.module_name(func, real)), cubin, f"mlx::core::cu::{func}\t{lowered}\n".encode())
 with build.active(build.BuildContext(cuda_kernels=True)):
     out, _ = cuda_kernels.rms_norm(x, g, 1e-6, skip=x)

@@ -7,7 +7,8 @@ docs/performance.md, "a new process's first token"). Here, before MLX's first la
 instantiation in a process, the source MLX will build is written out as MLX writes it (``mlx_source``), named as
 MLX names the module (the kernel's name and libstdc++'s ``std::hash`` of that source, ``module_name``) and, when
 the cache lacks it, compiled with the NVRTC library MLX itself loaded, with MLX's flags and include paths and a
-stand-in for the one MLX header the source includes (``STANDIN``: the types our kernels use); the cubin and its
+stand-in for the one MLX header the source includes (``STANDIN``: the types our kernels use) and an empty
+``<cooperative_groups.h>`` (``HEADERS``); the cubin and its
 mangled name are written where MLX looks (``ptx_path``), file by file through a rename. MLX then loads it
 instead of building it. NVRTC builds one program at a time in a process, so the builds run in worker processes
 (``kernels/nvrtc.py``), one per core: the instantiations a graph build (an eager run or a trace) asks for are
@@ -41,19 +42,32 @@ MLX_HEADER_NAMES = ("Limits", "LoopedElemToLoc", "elem_to_loc", "elem_to_loc_nd"
                     "is_aligned", "load_vector", "store_vector", "unsafe_load_vector", "AlignedVector")
 
 #: the one MLX header the generated source includes, replaced by what our kernels use of it: ``Shape`` and
-#: ``Strides`` laid out as MLX passes them (MAX_NDIM from MLX's shipped config.h), the half types
+#: ``Strides`` laid out as MLX passes them (``cuda::std::array``: one ``T[N]`` member; MAX_NDIM from MLX's shipped
+#: config.h), the half types. Not ``<cuda/std/array>`` itself: parsing it was ~90% of a kernel's build (1.7 s of
+#: 1.8 on a CPU core, docs/performance.md), and our kernels only index these.
 STANDIN_NAME = "mlx/backend/cuda/device/utils.cuh"
 STANDIN = """#pragma once
 #include "mlx/backend/cuda/device/config.h"
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda/std/array>
 #include <cuda/std/cstdint>
 namespace mlx::core::cu {
-using Shape = cuda::std::array<int32_t, MAX_NDIM>;
-using Strides = cuda::std::array<int64_t, MAX_NDIM>;
+template <typename T, int N>
+struct StandinArray {
+  T elems[N];
+  __host__ __device__ constexpr const T& operator[](int i) const { return elems[i]; }
+  __host__ __device__ constexpr T& operator[](int i) { return elems[i]; }
+};
+using Shape = StandinArray<int32_t, MAX_NDIM>;
+using Strides = StandinArray<int64_t, MAX_NDIM>;
 }
 """
+
+#: the generated source also includes ``<cooperative_groups.h>`` and names its namespace; our kernels use none of it
+COOPERATIVE_GROUPS = "#pragma once\nnamespace cooperative_groups {}\n"
+
+#: the in-memory headers our builds give NVRTC in place of MLX's (include name -> text)
+HEADERS = {STANDIN_NAME: STANDIN, "cooperative_groups.h": COOPERATIVE_GROUPS}
 
 #: ``custom_kernel.cpp``'s default header
 DEFAULT_HEADER = '\n#include "mlx/backend/cuda/device/utils.cuh"\n\n#include <cooperative_groups.h>\n\n'
@@ -327,7 +341,7 @@ class Builder:
     def job(self, func: str, src: str) -> dict:
         mod = module_name(func, src)
         return {"src": src, "file": mod + ".cu", "name": "mlx::core::cu::" + func, "options": self.options,
-                "headers": {STANDIN_NAME: STANDIN}, "path": ptx_path(self.dir, mod)}
+                "headers": dict(HEADERS), "path": ptx_path(self.dir, mod)}
 
     def submit(self, func: str, src: str) -> str:
         """``"cached"`` when MLX's cache holds the module of ``src``; ``"queued"`` when a worker builds it now;

@@ -5,6 +5,7 @@ import os
 import sys
 
 from ..version import __version__, mlx_backends
+from ..kernels.cuda_kernels import prebuild_copies
 from ..kernels.interpreter import mlx_gpu_available
 from ..kernels.precision import fp32_matmul_error, fp32_matmul_exact
 from .abi import Abi
@@ -75,6 +76,8 @@ class Factory:
         elif device == "gpu" and not mlx_gpu_available():
             raise OptionError(f"option device='gpu': MLX has no GPU here (installed: {', '.join(mlx_backends()) or 'no backend'}"
                               "; an NVIDIA GPU needs ortmlx[cuda13] or ortmlx[cuda12])")
+        if device == "gpu":
+            prebuild_copies()       # built while ORT loads the model; the InferenceSession's first upload waits for them
         if device == "gpu" and not fp32_matmul_exact("gpu"):
             why = (f"float32 matmul on MLX's GPU has relative error {fp32_matmul_error('gpu'):.1e} (TF32: "
                    f"MLX_ENABLE_TF32={os.environ.get('MLX_ENABLE_TF32')!r}, or mlx.core was imported before ortmlx)")

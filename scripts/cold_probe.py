@@ -90,6 +90,13 @@ def main() -> int:
             g.generate_next_token()
         print(f"  at {time.time() - t1:6.1f} s: a 128-token prompt's first token {1e3 * first:8.1f} ms, then "
               f"{1e3 * (time.time() - t) / 63:6.2f} ms a token", flush=True)
+    if until > t1:
+        # the builds behind the calls (a worker process's MLX kernels among them) since the listing above
+        later = sorted((os.path.getmtime(os.path.join(r, f)), f) for root in roots for r, _, fs in os.walk(root)
+                       for f in fs if os.path.getmtime(os.path.join(r, f)) > prev)
+        print(f"{len(later)} kernel files written since:")
+        for m, f in later:
+            print(f"  {m - t1:+7.2f} s  {f[:110]}")
     return 0
 
 

@@ -751,8 +751,35 @@ def test_take_wiring_with_the_contract(monkeypatch):
     assert not BuildConfig.for_device("gpu", Tuning.parse("cuda_kernels=0")).context().take_rows
 
 
+def test_quantized_embedding_takes_rows_with_the_contract(monkeypatch):
+    """Everywhere: GatherBlockQuantized's rows (the packed bytes, the scales, the zero points) go to ``take_rows`` (its
+    contract standing in) where the build asks for it, with the same dequantized rows as ``mx.take`` gives."""
+    from ortmlx.kernels.ops.contrib_quant import dequantize_gathered
+    calls = []
+    monkeypatch.setattr(cuda_kernels, "cuda_backend", lambda: True)
+    monkeypatch.setattr(mx, "default_device", lambda: mx.gpu)
+    monkeypatch.setattr(cuda_kernels, "take_rows", lambda d, i: calls.append(d.dtype) or reference_take_rows(d, i))
+    rng = np.random.default_rng(7)
+    data = mx.array(rng.integers(0, 256, (40, 16)).astype(np.uint8))          # 32 4-bit columns a row
+    scales = mx.array(rng.standard_normal((40, 2)).astype(np.float16))         # blocks of 16
+    zps = mx.array(rng.integers(0, 256, (40, 1)).astype(np.uint8))
+    flat = mx.array(np.array([3, 39, 0, 3], np.int32))
+    with mx.stream(mx.cpu):
+        for on in (True, False):
+            calls.clear()
+            with build.active(build.BuildContext(cuda_kernels=True, take_rows=on, guards=[])):
+                got = dequantize_gathered(data, scales, zps, flat, 0, 32, 2, 16, 4)
+            assert calls == ([mx.uint8, mx.float16, mx.uint8] if on else []), calls
+            if on:
+                first = np.array(got)
+            else:
+                np.testing.assert_array_equal(np.array(got), first)
+    assert cuda_kernels.take_reason(data, flat, 0) is None
+    assert cuda_kernels.take_reason(data.astype(mx.bool_), flat, 0).startswith("data")
+
+
 @gpu_only
-@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16, mx.float32])
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16, mx.float32, mx.uint8, mx.int32])
 def test_take_rows_kernel(dtype):
     """On the GPU: rows of a table (row-major, transposed, a slice) at 1-D and 2-D indices, bit for bit the table's
     rows; an index past either end reads the nearest row (a traced guard rejects that call), never past the table."""

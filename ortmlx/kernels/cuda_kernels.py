@@ -860,9 +860,13 @@ def _take_kernel():
     return _kernel("ortmlx_take_rows", ["data", "idx"], ["out"], _TAKE_SOURCE, ensure_row_contiguous=False)
 
 
+#: the tables ``take_rows`` copies rows of (element by element: any plain type; 4-bit weights' bytes among them)
+_TAKE_DTYPES = _ATTN_DTYPES + (mx.uint8, mx.int8, mx.uint16, mx.int16, mx.uint32, mx.int32)
+
+
 def take_reason(data, idx, axis: int) -> str | None:
     """Why ``take_rows`` does not take ``mx.take(data, idx, axis)`` (None: it does)."""
-    if axis != 0 or data.ndim != 2 or data.dtype not in _ATTN_DTYPES or data.size == 0 or data.size >= 2**31:
+    if axis != 0 or data.ndim != 2 or data.dtype not in _TAKE_DTYPES or data.size == 0 or data.size >= 2**31:
         return f"data {data.dtype} {data.shape} along axis {axis}"
     if idx.dtype != mx.int32 or idx.size == 0:
         return f"indices {idx.dtype} {idx.shape}"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from .. import build, consts
+from .. import build, consts, cuda_kernels
 from .. import dtypes as dt
 from ..registry import MS, register
 
@@ -168,15 +168,16 @@ def dequantize_gathered(data, scales, zero_points, flat, ga: int, cols: int, kb:
     """Rows ``flat`` (int32 MLX indices) of ``data`` along ``ga``, dequantized: (q - zp) * scale per block
     of the last axis (zp: the packed zero points, else the midpoint). The zero points' crop to ``kb``
     is a take, so traces can use it too. Returns (..., cols) with len(flat) rows on ``ga``."""
-    q = unpack_bits(mx.take(data, flat, axis=ga), bits)
-    s = mx.take(scales, flat, axis=ga)
+    # an embedding's rows through our row kernel where the build may (MLX's gather: a JIT kernel per type, built alone)
+    q = unpack_bits(cuda_kernels.take(data, flat, ga), bits)
+    s = cuda_kernels.take(scales, flat, ga)
     if zero_points is None:
         z = mx.full(s.shape, float(1 << (bits - 1)), s.dtype)
     else:
         zrow = -(-kb * bits // 8)
         if tuple(zero_points.shape) != tuple(data.shape[:-1]) + (zrow,):
             raise ValueError(f"zero_points shape {zero_points.shape}, expected {tuple(data.shape[:-1]) + (zrow,)}")
-        z = unpack_bits(mx.take(zero_points, flat, axis=ga), bits)
+        z = unpack_bits(cuda_kernels.take(zero_points, flat, ga), bits)
         z = mx.take(z.reshape(-1, z.shape[-1]), consts.arange(kb), axis=1)
         z = z.reshape(s.shape).astype(s.dtype)
     lead = q.shape[:-1]

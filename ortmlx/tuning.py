@@ -110,6 +110,9 @@ class Tuning:
     #: its key's calls answer eagerly, for a group that is the whole model (None: on a GPU, where a thread of the
     #: process starved; the CPU backend builds on the thread)
     prebuild: bool | None = None
+    #: while a key's fused kernels are built elsewhere (prebuild, build_behind), its program traced without fusion
+    #: answers (MLX's own kernels: nothing to build), verified as any closure; off: those calls answer eagerly
+    interim: bool = True
     #: most rows (a batch's decode rows, a short prompt's) the row kernels take, each computed as it is alone
     #: (kernels/cuda_rows.py, at most its ROWS_MAX); None: its ROWS_DEFAULT (more rows: MLX's GEMM)
     batch_rows: int | None = None

@@ -82,3 +82,72 @@ def test_the_builders_kernels_are_the_closures(tmp_path):
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["built"], "the builder built no kernel"
     assert got["after"] == got["built"] and got["compiled"] >= 1, got
+
+
+_INTERIM = r"""
+import json, os, sys, threading
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import ortmlx, ortmlx.compiled as C
+from ortmlx.kernels import background
+from ortmlx.testing import assert_close, session
+from ortmlx.version import mlx_cache_dir
+from models_basic import mlp
+ortmlx.register(genai=False)
+gate = threading.Event()
+real = background.submit
+background.submit = lambda key, build: real(key, lambda: (gate.wait(120), build())[1])
+def files():
+    return sorted(f for _, _, fs in os.walk(mlx_cache_dir()) for f in fs if f.endswith(".so"))
+m = mlp()
+with C.capture() as rs:
+    s = session(m, options={"tuning": "build_behind=1," + sys.argv[2], "device": "cpu"})
+cpu = session(m, "CPUExecutionProvider", record=False)
+(r,) = rs
+def call(seed):
+    x = {"X": np.random.default_rng(seed).standard_normal((4, 16)).astype(np.float32)}
+    for g, w in zip(s.run(None, x), cpu.run(None, x)):
+        assert_close(g, w, what="mlx vs cpu")
+for i in range(5):
+    call(i)
+(c,) = r.closures()
+held = {"queued": background.state(c.behind), "files": files(), "traces": c.traces,
+        "interim_traces": c.interim.traces if c.interim else None,
+        "interim_trusted": bool(c.interim and c.interim.trusted),
+        "interim_calls": r.counters.get("interim_calls", 0), "compiled": r.counters["compiled_calls"]}
+gate.set()
+background.wait(120)
+for i in range(5, 8):
+    call(i)
+print(json.dumps({"held": held, "files": files(), "traces": c.traces, "trusted": c.trusted,
+                  "interim_calls": r.counters.get("interim_calls", 0), "compiled": r.counters["compiled_calls"]}))
+"""
+
+
+def _interim(tmp_path, tuning: str) -> dict:
+    env = dict(os.environ, TMPDIR=str(tmp_path), ORTMLX_TUNING="")
+    here = os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run([sys.executable, "-c", _INTERIM, here, tuning], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_meanwhile_the_program_unfused_answers(tmp_path):
+    """While a key's fused kernels wait to be built (the builder held here), its program traced without fusion
+    answers from the key's third call (verified at it) and builds no kernel (an empty cache stays empty); once
+    the build is done the fused closure takes over. Answers as ORT's CPU EP's throughout."""
+    got = _interim(tmp_path, "interim=1")
+    held = got["held"]
+    assert held["queued"] == background.QUEUED and held["traces"] == 0, held
+    assert held["interim_traces"] == 1 and held["interim_trusted"] and held["interim_calls"] == 2, held
+    assert held["compiled"] == 2 and held["files"] == [], held
+    assert got["traces"] == 1 and got["trusted"] and got["files"], got
+    assert got["interim_calls"] == 2 and got["compiled"] >= 4, got
+
+
+def test_without_the_interim_those_calls_are_eager(tmp_path):
+    got = _interim(tmp_path, "interim=0")
+    held = got["held"]
+    assert held["interim_traces"] is None and held["interim_calls"] == 0 and held["compiled"] == 0, held
+    assert got["traces"] == 1 and got["trusted"] and got["interim_calls"] == 0, got

@@ -91,7 +91,7 @@ class _Closure:
                  "trusted", "poisoned", "guarded",
                  "guard_fails", "hoist", "hoist_prog", "trace_prog", "shapeless", "hints", "hint_starts", "sink",
                  "host_outs", "hint_at", "sink_layout", "hoist_run", "ahead_kinds", "ahead_misses", "ahead_hv",
-                 "behind", "keyed")
+                 "behind", "keyed", "interim")
 
     def __init__(self, dev_idx: tuple[int, ...], host_vals: dict[int, np.ndarray | None]):
         self.fn = None
@@ -133,13 +133,15 @@ class _Closure:
         self.ahead_hv: list | None = None
         #: the ``kernels/background.py`` key of the build of its kernels behind the calls (None: none queued)
         self.behind: str | None = None
+        #: meanwhile, its program traced without fusion (``CompiledSubgraph._interim``; None: not made)
+        self.interim: "_Closure | None" = None
 
     def shadow(self) -> "_Closure":
         """A closure of the same program and inputs with fresh trace state: traced on the kernel builder's
         thread, its kernels are this one's (MLX names a kernel by its graph), its state never touches this."""
         s = _Closure(self.dev_idx, self.host_vals)
         s.hoist, s.hoist_prog, s.hoist_run = self.hoist, self.hoist_prog, self.hoist_run
-        s.trace_prog, s.shapeless = self.trace_prog, self.shapeless
+        s.trace_prog, s.shapeless, s.keyed = self.trace_prog, self.shapeless, self.keyed
         return s
 
 
@@ -280,18 +282,23 @@ class CompiledSubgraph:
             if c.behind is not None:
                 st = background.state(c.behind)
                 if st == background.QUEUED:
-                    return self._eager(inputs, probe)       # its kernels are still being built
+                    return self._interim(c, call, inputs, probe)        # its kernels are still being built
                 if st != background.DONE:   # (the verification below builds them here; the summary says why)
                     self._fallback(f"kernels built behind the calls: {st}")
                 c.behind = None
-            ref, env = self._eager_env(inputs, probe)
-            moved = [n for n, shape in c.keyed.items() if np.shape(env[n]) != shape]
-            if moved:                   # a declared shape the plan took as the key's changed: baked wrong
-                self._poison(c, f"{moved[0]}'s shape {np.shape(env[moved[0]])} changed under one key "
-                                f"(traced at {c.keyed[moved[0]]}; its declared dims are the key's)")
-                return ref
-            self._verify(c, call, ref)
+            return self._verify_call(c, call, inputs, probe)
+
+    def _verify_call(self, c: _Closure, call: "Call", inputs: list, probe) -> list:
+        """This call's eager answer, ``c`` verified against it (poisoned instead where a declared shape the plan
+        took as the key's has changed: baked wrong)."""
+        ref, env = self._eager_env(inputs, probe)
+        moved = [n for n, shape in c.keyed.items() if np.shape(env[n]) != shape]
+        if moved:
+            self._poison(c, f"{moved[0]}'s shape {np.shape(env[moved[0]])} changed under one key "
+                            f"(traced at {c.keyed[moved[0]]}; its declared dims are the key's)")
             return ref
+        self._verify(c, call, ref)
+        return ref
 
     def steady(self, inputs: list) -> Steady | None:
         """The last call's closure as a replay (``Steady``) when it alone answers calls of these input shapes and
@@ -383,6 +390,8 @@ class CompiledSubgraph:
         with self._lock:
             for c in self._closures.values():
                 c.fn = None
+                if c.interim is not None:
+                    c.interim.fn = None
             self._closures.clear()
             self._plans.clear()
             self._seen.clear()
@@ -433,6 +442,31 @@ class CompiledSubgraph:
         if c.fn is not None and not (self._behind and self._build_behind(c, call)) and not self._prebuilt(c, key):
             self._verify(c, call, ref)
         return ref
+
+    def _interim(self, c: _Closure, call: "Call", inputs: list, probe) -> "list | RunResult":
+        """A call of ``c``'s key while its fused kernels are built elsewhere: ``c``'s program traced without MLX's
+        fusion (its kernels MLX's own, prebuilt, and ours) answers once verified as any closure; eager where it
+        fails or this runner does not fuse (``c`` itself is then unfused: nothing to wait for but MLX's JIT)."""
+        u = c.interim
+        if u is None:
+            if not (self.tuning.interim and self._fuse):
+                return self._eager(inputs, probe)
+            u = c.interim = c.shadow()
+            try:
+                u.fn = compile_closure(u, len(self.program.inputs), self._out_types, self.config, self.counters,
+                                       self.stats, self.name, False)
+            except Exception as e:  # noqa: BLE001
+                u.poisoned = f"compile: {type(e).__name__}: {e}"
+        if u.poisoned:
+            return self._eager(inputs, probe)
+        if u.trusted or call.sig in u.verified:
+            out = self._apply(u, call, probe)
+            if out is not None and out is not GUARD_FAILED:
+                self.counters["compiled_calls"] += 1
+                self.counters["interim_calls"] = self.counters.get("interim_calls", 0) + 1
+                return out
+            return self._eager(inputs, probe)
+        return self._verify_call(u, call, inputs, probe)
 
     def _prebuilt(self, c: _Closure, key: tuple) -> bool:
         """Whether ``c``'s kernels are being built in another process (``self.prebuild``), its key's calls

@@ -27,6 +27,21 @@ def child_env(**extra: str) -> dict:
     return dict(os.environ, PYTHONPATH=os.pathsep.join(path), **extra)
 
 
+def probe_json(script: str, tmp: str, *args: str, timeout: float = 300) -> dict:
+    """Run ``script`` (``python -c``, with ``args``) in a new process whose TMPDIR (so MLX's kernel caches) is ``tmp``
+    and whose tuning is the default; its last stdout line, as JSON. A failing child fails the caller's test."""
+    import json
+    import os
+    import subprocess
+    import sys
+    env = child_env(TMPDIR=str(tmp), ORTMLX_TUNING="")
+    env.pop("MLX_PTX_CACHE_DIR", None)
+    r = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, env=env,
+                       timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def make_model(nodes, inputs, outputs, initializers=(), opset: int = 21, extra_opsets: dict | None = None,
                name: str = "g") -> onnx.ModelProto:
     """A model from onnx.helper pieces; inputs/outputs are ValueInfoProtos or (name, elem_type, shape)."""

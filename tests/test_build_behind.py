@@ -5,16 +5,13 @@ kernels already built (the builder traced a shadow of the same graph). Answers a
 The rest of the suite runs with it off (tests/conftest.py), since it counts traces and compiled calls."""
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 
 import ortmlx.compiled as C
 from ortmlx.kernels import background
-from ortmlx.testing import assert_close, session
+from ortmlx.testing import assert_close, probe_json, session
 
 from models_basic import mlp
 
@@ -75,11 +72,7 @@ print(json.dumps({"built": built, "after": files(), "compiled": rs[0].counters["
 def test_the_builders_kernels_are_the_closures(tmp_path):
     """With an empty kernel cache, the builder's shadow builds kernels, and the closure traced here afterwards,
     verified and replayed, builds none of its own."""
-    env = dict(os.environ, TMPDIR=str(tmp_path), ORTMLX_TUNING="")
-    here = os.path.dirname(os.path.abspath(__file__))
-    r = subprocess.run([sys.executable, "-c", _PROBE, here], capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    got = json.loads(r.stdout.strip().splitlines()[-1])
+    got = probe_json(_PROBE, tmp_path, os.path.dirname(os.path.abspath(__file__)))
     assert got["built"], "the builder built no kernel"
     assert got["after"] == got["built"] and got["compiled"] >= 1, got
 
@@ -125,12 +118,7 @@ print(json.dumps({"held": held, "files": files(), "traces": c.traces, "trusted":
 
 
 def _interim(tmp_path, tuning: str) -> dict:
-    env = dict(os.environ, TMPDIR=str(tmp_path), ORTMLX_TUNING="")
-    here = os.path.dirname(os.path.abspath(__file__))
-    r = subprocess.run([sys.executable, "-c", _INTERIM, here, tuning], capture_output=True, text=True, env=env,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return probe_json(_INTERIM, tmp_path, os.path.dirname(os.path.abspath(__file__)), tuning)
 
 
 def test_meanwhile_the_program_unfused_answers(tmp_path):

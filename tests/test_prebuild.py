@@ -5,7 +5,6 @@ verified and trusted. A ledger in the cache lets a later InferenceSession trace 
 backend here (its g++ kernels are cached the same way), answers as ORT's CPU EP's throughout."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 
 from ortmlx.runtime import prebuild
+from ortmlx.testing import probe_json
 from ortmlx.runtime.prebuild import ModelSource, feed
 
 _PROBE = r"""
@@ -61,13 +61,7 @@ print(json.dumps(out))
 
 
 def _run(tmp_path, tuning: str) -> dict:
-    env = dict(os.environ, TMPDIR=str(tmp_path), ORTMLX_TUNING="")
-    env.pop("MLX_PTX_CACHE_DIR", None)
-    here = os.path.dirname(os.path.abspath(__file__))
-    r = subprocess.run([sys.executable, "-c", _PROBE, here, tuning], capture_output=True, text=True, env=env,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return probe_json(_PROBE, tmp_path, os.path.dirname(os.path.abspath(__file__)), tuning, timeout=600)
 
 
 def test_a_worker_builds_a_new_closures_kernels_and_the_ledger_keeps_them(tmp_path):

@@ -270,15 +270,11 @@ class CompiledSubgraph:
                     return self._eager(inputs, probe)
                 return self._first(k1, inputs, call, probe, plan)
             self._last = (k1, plan, hb, c)
-            if c.poisoned:
-                return self._eager(inputs, probe)
-            if c.trusted or call.sig in c.verified:
-                out = self._apply(c, call, probe)
-                if out is not None and out is not GUARD_FAILED:
-                    self.counters["compiled_calls"] += 1
+            got = self._answer(c, call, inputs, probe)
+            if got is not None:
+                if got[1]:
                     self._answered = (plan, hb, c)
-                    return out
-                return self._eager(inputs, probe)
+                return got[0]
             if c.behind is not None:
                 st = background.state(c.behind)
                 if st == background.QUEUED:
@@ -457,16 +453,25 @@ class CompiledSubgraph:
                                        self.stats, self.name, False)
             except Exception as e:  # noqa: BLE001
                 u.poisoned = f"compile: {type(e).__name__}: {e}"
-        if u.poisoned:
-            return self._eager(inputs, probe)
-        if u.trusted or call.sig in u.verified:
-            out = self._apply(u, call, probe)
-            if out is not None and out is not GUARD_FAILED:
-                self.counters["compiled_calls"] += 1
-                self.counters["interim_calls"] = self.counters.get("interim_calls", 0) + 1
-                return out
-            return self._eager(inputs, probe)
-        return self._verify_call(u, call, inputs, probe)
+        got = self._answer(u, call, inputs, probe)
+        if got is None:
+            return self._verify_call(u, call, inputs, probe)
+        if got[1]:
+            self.counters["interim_calls"] = self.counters.get("interim_calls", 0) + 1
+        return got[0]
+
+    def _answer(self, c: _Closure, call: "Call", inputs: list, probe) -> "tuple[list | RunResult, bool] | None":
+        """(The call's answer, whether ``c`` gave it) where ``c`` may answer: trusted or verified at these shapes
+        (eager instead when its call fails a guard or poisons it), or poisoned (eager); None: verify it first."""
+        if c.poisoned:
+            return self._eager(inputs, probe), False
+        if not (c.trusted or call.sig in c.verified):
+            return None
+        out = self._apply(c, call, probe)
+        if out is None or out is GUARD_FAILED:
+            return self._eager(inputs, probe), False
+        self.counters["compiled_calls"] += 1
+        return out, True
 
     def _prebuilt(self, c: _Closure, key: tuple) -> bool:
         """Whether ``c``'s kernels are being built in another process (``self.prebuild``), its key's calls

@@ -107,8 +107,8 @@ class Tuning:
     #: host's compiled first token and no faster warm: docs/performance.md; on elsewhere)
     prompt_fuse: bool | None = None
     #: with build_behind, a new compiled closure's kernels built in a worker process (runtime/prebuild.py) while
-    #: its key's calls answer eagerly, for a group that is the whole model (None: on a GPU, where a thread of the
-    #: process starved; the CPU backend builds on the thread)
+    #: its key's calls answer without them (interim), for a group that is the whole model (None: on a GPU, where
+    #: a thread of the process starved; the CPU backend builds on the thread)
     prebuild: bool | None = None
     #: while a key's fused kernels are built elsewhere (prebuild, build_behind), its program traced without fusion
     #: answers (MLX's own kernels: nothing to build), verified as any closure; off: those calls answer eagerly

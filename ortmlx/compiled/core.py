@@ -475,7 +475,7 @@ class CompiledSubgraph:
 
     def _prebuilt(self, c: _Closure, key: tuple) -> bool:
         """Whether ``c``'s kernels are being built in another process (``self.prebuild``), its key's calls
-        answering eagerly until they are; False: trace it here now."""
+        answered without them until they are (``_interim``); False: trace it here now."""
         if self.prebuild is None:
             return False
         c.behind = self.prebuild.submit(self.label, f"{self.name} {key!r}")

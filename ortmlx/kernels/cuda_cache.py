@@ -8,8 +8,8 @@ instantiation in a process, the source MLX will build is written out as MLX writ
 MLX names the module (the kernel's name and libstdc++'s ``std::hash`` of that source, ``module_name``) and, when
 the cache lacks it, compiled with the NVRTC library MLX itself loaded, with MLX's flags and include paths and a
 stand-in for the one MLX header the source includes (``STANDIN``: the types our kernels use) and an empty
-``<cooperative_groups.h>`` (``HEADERS``); the cubin and its
-mangled name are written where MLX looks (``ptx_path``), file by file through a rename. MLX then loads it
+``<cooperative_groups.h>`` (``HEADERS``); the cubin and its mangled name are written where MLX looks
+(``ptx_path``), file by file through a rename. MLX then loads it
 instead of building it. NVRTC builds one program at a time in a process, so the builds run in worker processes
 (``kernels/nvrtc.py``), one per core: the instantiations a graph build (an eager run or a trace) asks for are
 queued as it meets them, and its end waits for them (``settle``) before its evaluation launches them. Anything
@@ -43,8 +43,8 @@ MLX_HEADER_NAMES = ("Limits", "LoopedElemToLoc", "elem_to_loc", "elem_to_loc_nd"
 
 #: the one MLX header the generated source includes, replaced by what our kernels use of it: ``Shape`` and
 #: ``Strides`` laid out as MLX passes them (``cuda::std::array``: one ``T[N]`` member; MAX_NDIM from MLX's shipped
-#: config.h), the half types. Not ``<cuda/std/array>`` itself: parsing it was ~90% of a kernel's build (1.7 s of
-#: 1.8 on a CPU core, docs/performance.md), and our kernels only index these.
+#: config.h), the half types. Not ``<cuda/std/array>`` itself: parsing it was most of a kernel's build
+#: (docs/performance.md), and our kernels only index these.
 STANDIN_NAME = "mlx/backend/cuda/device/utils.cuh"
 STANDIN = """#pragma once
 #include "mlx/backend/cuda/device/config.h"

@@ -107,6 +107,7 @@ for i in range(5):
 held = {"queued": background.state(c.behind), "files": files(), "traces": c.traces,
         "interim_traces": c.interim.traces if c.interim else None,
         "interim_trusted": bool(c.interim and c.interim.trusted),
+        "interim_poisoned": bool(c.interim and c.interim.poisoned),
         "interim_calls": r.counters.get("interim_calls", 0), "compiled": r.counters["compiled_calls"]}
 gate.set()
 background.wait(120)
@@ -139,3 +140,13 @@ def test_without_the_interim_those_calls_are_eager(tmp_path):
     held = got["held"]
     assert held["interim_traces"] is None and held["interim_calls"] == 0 and held["compiled"] == 0, held
     assert got["traces"] == 1 and got["trusted"] and got["interim_calls"] == 0, got
+
+
+def test_an_interim_that_fails_leaves_the_calls_eager(tmp_path):
+    """Any doubt: an interim closure whose trace fails (an injected fault) is poisoned and its key's calls answer
+    eagerly until the fused closure is built, which then takes over."""
+    got = _interim(tmp_path, "interim=1,fault=trace#1")
+    held = got["held"]
+    assert held["interim_poisoned"] and not held["interim_trusted"], held
+    assert held["interim_calls"] == 0 and held["compiled"] == 0 and held["traces"] == 0, held
+    assert got["traces"] == 1 and got["trusted"] and got["compiled"] >= 2, got

@@ -17,8 +17,9 @@ builder's fp16 graphs) and the MLX EP on MLX's CPU; sizes shrink (the tiny model
 Cases (--only, comma separated; default all but cold, in this order):
   cold      a fresh host as far as one can be made: each engine in a new process whose kernel caches are empty
             (MLX_PTX_CACHE_DIR, CUDA_CACHE_PATH, TMPDIR: new directories);
-            process start to the first token of a 128-token prompt, and to the 16th (the OS's file cache stays warm);
-            then extra MLX EP runs (--cold-variants): eager, after `python -m ortmlx warmup` filled the empty kernel
+            process start to the first token of a 128-token prompt, and to the 16th (the OS's file cache stays warm),
+            then generations of 64 tokens until --cold-window seconds after the load (tokens in all, ms a token at
+            its end: kernels may still be built behind the calls); then extra MLX EP runs (--cold-variants): eager, after `python -m ortmlx warmup` filled the empty kernel
             cache (as at install), prompts eager, and in the caches its own run filled (rerun)
   stall     after one generation, 17 prompt lengths <= 4096 drawn with a fixed seed: each first call's TTFT over
             the warm TTFT at its length; the slowest ratio is reported. --stall-warmup: the MLX EP first runs
@@ -244,10 +245,21 @@ class Engine:
             r.pop("tokens")
         return r
 
-    def op_cold(self, length: int, n_new: int, max_len: int) -> dict:
-        """The process's first generation, with the kernel files MLX wrote meanwhile counted."""
+    def op_cold(self, length: int, n_new: int, max_len: int, window_s: float = 0.0) -> dict:
+        """The process's first generation, with the kernel files MLX wrote meanwhile counted; then, while less than
+        ``window_s`` has passed since this op began (the load's end), generations of 64 tokens one after another:
+        the tokens of all of them and the ms a token of the last (what a user sees in a new process's first
+        seconds, while kernels are still being built behind the calls)."""
+        t0 = time.perf_counter()
         r = self.generate(length, n_new, max_len)
         r.pop("tokens")
+        tokens, last = r["tokens_out"], None
+        while time.perf_counter() - t0 < window_s:
+            g = self.generate(length, 64, max_len)
+            tokens += g["tokens_out"]
+            last = 1e3 * g["decode_s"] / max(1, g["tokens_out"] - 1)
+        if window_s > 0:
+            r["window"] = {"s": time.perf_counter() - t0, "tokens": tokens, "last_ms_per_token": last}
         # MLX's kernel files: PTX/CUBIN on CUDA (MLX_PTX_CACHE_DIR), g++ libraries on its CPU ($TMPDIR/mlx)
         dirs = {os.environ.get("MLX_PTX_CACHE_DIR") or "", os.path.join(tempfile.gettempdir(), "mlx")}
         r["kernel_files"] = sum(len(fs) for d in dirs if d and os.path.isdir(d) for _, _, fs in os.walk(d))
@@ -803,7 +815,7 @@ class Bench:
                 load = w.call("load", lim)
                 t1 = time.monotonic()
                 r = w.call("cold", max(1.0, lim - (t1 - t0)), length=c["prompt"], n_new=n_new,
-                           max_len=M["decode_max_len"])
+                           max_len=M["decode_max_len"], window_s=self.args.cold_window)
             except WorkerError as e:
                 self.fail(M, f"cold {name}", str(e))
                 continue
@@ -812,11 +824,17 @@ class Bench:
             first = (t1 - t0) + r["generator_ms"] / 1e3 + r["ttft_ms"] / 1e3
             out[name] = {"start_to_loaded_s": t1 - t0, "load_s": load["load_s"], "ttft_ms": r["ttft_ms"],
                          "start_to_first_token_s": first, "start_to_last_token_s": (t1 - t0) + r["total_s"],
-                         "tokens": r["tokens_out"], "kernel_files": r["kernel_files"], "warmup_s": warmup_s}
+                         "tokens": r["tokens_out"], "kernel_files": r["kernel_files"], "warmup_s": warmup_s,
+                         "window": r.get("window")}
             ahead = "" if warmup_s is None else f" after `ortmlx warmup` ({warmup_s:.1f} s)"
             self.say(f"  [{M['name']}] cold {name}{ahead}: process start to first token {first:.2f} s (loaded after "
                      f"{t1 - t0:.1f} s, TTFT {r['ttft_ms'] / 1e3:.2f} s), to token {r['tokens_out']} "
                      f"{out[name]['start_to_last_token_s']:.2f} s; kernel files written: {r['kernel_files']}")
+            win = r.get("window")
+            if win:
+                per = "-" if win["last_ms_per_token"] is None else f"{win['last_ms_per_token']:.2f} ms"
+                self.say(f"  [{M['name']}] cold {name}: {win['tokens']} tokens in the {win['s']:.1f} s after the load, "
+                         f"the last generation's {per} a token")
 
     def case_stall(self, M: dict) -> None:
         c, out = self.cfg, M.setdefault("stall", {})
@@ -1132,6 +1150,11 @@ def print_table(b: Bench, M: dict) -> None:
             "s, lower", ".2f")
         add("cold: start to 16th token", [cd.get(e, {}).get("start_to_last_token_s") for e in engines],
             "s, lower", ".2f")
+        if any((cd.get(e) or {}).get("window") for e in engines):
+            win = [(cd.get(e) or {}).get("window") or {} for e in engines]
+            add(f"cold: tokens in the {b.args.cold_window:g} s after the load", [w.get("tokens") for w in win],
+                "tokens, higher", ".0f")
+            add("cold: ms a token at its end", [w.get("last_ms_per_token") for w in win], "ms, lower", ".2f")
         for v in COLD_VARIANTS:
             w = cd.get(f"mlx_{v}")
             if w is None:
@@ -1251,6 +1274,8 @@ def main(argv=None) -> int:
     ap.add_argument("--mlx-device", choices=("cpu", "gpu", "auto"), help="default gpu (--smoke: cpu)")
     ap.add_argument("--mlx-option", action="append", default=[], metavar="KEY=VALUE",
                     help="MLX EP provider option (device, no_compile, trace, verbose, disable_ops, tuning)")
+    ap.add_argument("--cold-window", type=float, default=10.0,
+                    help="the cold case's generations go on until this many seconds after the load (0: the first only)")
     ap.add_argument("--cold-variants", default="eager,warmed",
                     help=f"the cold case's extra MLX EP runs, comma list of {','.join(COLD_VARIANTS)} (or empty)")
     ap.add_argument("--prune-lm-head", action="store_true",

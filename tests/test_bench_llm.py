@@ -73,7 +73,8 @@ def test_bench_llm_smoke_json_has_every_engine(tmp_path):
 def test_bench_llm_cold_case_starts_each_engine_with_empty_caches(tmp_path):
     out = tmp_path / "cold.json"
     p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "bench_llm.py"), "--smoke", "--precisions",
-                        "fp16", "--only", "cold", "--time-budget", "200", "--json", str(out)], capture_output=True,
+                        "fp16", "--only", "cold", "--cold-window", "3", "--time-budget", "200", "--json", str(out)],
+                       capture_output=True,
                        text=True, env=child_env(), timeout=300, cwd=ROOT)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     M = json.loads(out.read_text())["models"]["qwen2-tiny-fp16"]
@@ -83,6 +84,10 @@ def test_bench_llm_cold_case_starts_each_engine_with_empty_caches(tmp_path):
     for e in ENGINES + ("mlx_eager",):
         c = M["cold"][e]
         assert c["tokens"] == 16 and 0 < c["start_to_first_token_s"] <= c["start_to_last_token_s"], (e, c)
+        # generations of 64 go on until 3 s after the load (none more where the first took longer: a loaded box)
+        w = c["window"]
+        assert w["s"] >= 3 and w["tokens"] >= 16 and (w["last_ms_per_token"] or 1) > 0, (e, w)
+        assert e != "cuda" or (w["tokens"] >= 16 + 64 and w["last_ms_per_token"] > 0), (e, w)
     # the MLX EP's processes built their kernels into the new, empty cache (compiled: g++ libraries on the CPU)
     assert M["cold"]["mlx"]["kernel_files"] > 0, M["cold"]["mlx"]
-    assert "cold: start to first token" in p.stdout
+    assert "cold: start to first token" in p.stdout and "cold: tokens in the 3 s after the load" in p.stdout

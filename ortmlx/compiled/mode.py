@@ -93,3 +93,11 @@ def unfused():
         finally:
             if fn is not None:
                 fn(_ENUM.index(before))
+
+
+def unfused_calls(fn):
+    """``fn`` (an ``mx.compile`` closure) with each call inside ``unfused``: its traces keep MLX's own kernels."""
+    def call(*args):
+        with unfused():
+            return fn(*args)
+    return call

@@ -18,7 +18,7 @@ from ..kernels import dtypes as dt
 from ..stats import SessionStats
 from .config import CompiledConfig
 from .decode_ops import Untraceable
-from .mode import unfused
+from .mode import unfused_calls
 
 #: traces a shape-keyed closure of a shapeless key may make before it is given up (shapes vary)
 MAX_FIXED_TRACES = 3
@@ -93,13 +93,7 @@ def compile_closure(c, n_group_inputs: int, out_types: list, config: CompiledCon
             return outs
 
     fn = mx.compile(body, shapeless=shapeless)
-    if fuse:
-        return fn
-
-    def unfused_fn(*dev):
-        with unfused():
-            return fn(*dev)
-    return unfused_fn
+    return fn if fuse else unfused_calls(fn)
 
 
 def _hinted_outputs(hints: list, outs: list, inputs: dict) -> list:

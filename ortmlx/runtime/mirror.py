@@ -28,7 +28,7 @@ import threading
 import mlx.core as mx
 import numpy as np
 
-from ..compiled.mode import unfused
+from ..compiled.mode import unfused_calls
 from ..kernels import cuda_kernels as ck
 from .devread import NUMPY, Reader
 
@@ -59,7 +59,9 @@ def _changed_body(*pairs):
     return mx.concatenate(out) if len(out) > 1 else out[0]
 
 
-_changed_compiled = mx.compile(_changed_body)
+# traced without fusion: the write-back serves eager calls, the first generation's among them, which a fused
+# kernel's build would stall for seconds
+_changed_compiled = unfused_calls(mx.compile(_changed_body))
 
 
 def _pick(n3, rows):
@@ -86,7 +88,7 @@ def _changed_and_rows_body(rows, *pairs):
     return _changed_body(*pairs), mx.concatenate(picked) if len(picked) > 1 else picked[0]
 
 
-_changed_and_rows_compiled = mx.compile(_changed_and_rows_body)
+_changed_and_rows_compiled = unfused_calls(mx.compile(_changed_and_rows_body))
 
 
 def changed_rows(pairs: list[tuple[mx.array, mx.array]], compiled: bool, predict: range | None = None,
@@ -96,26 +98,17 @@ def changed_rows(pairs: list[tuple[mx.array, mx.array]], compiled: bool, predict
 
     With ``predict`` (rows along axis -2 valid in every pair), that round trip also brings those
     rows of every new array: returns (ranges, those rows' host bytes, pair after pair) instead.
-
-    ``compiled``: one closure call, traced without MLX's kernel fusion (``mode.unfused``): the write-back serves
-    eager calls, the first generation's among them, which a fused kernel's build would stall for seconds.
+    ``compiled``: one closure call (traced unfused), else MLX's ops one by one.
     """
     flat = [a for p in pairs for a in p]
     if predict is not None:
+        fn = _changed_and_rows_compiled if compiled else _changed_and_rows_body
         rows = mx.array(np.arange(predict.start, predict.stop, dtype=np.int32))
-        if compiled:
-            with unfused():
-                f, picked = _changed_and_rows_compiled(rows, *flat)
-        else:
-            f, picked = _changed_and_rows_body(rows, *flat)
+        f, picked = fn(rows, *flat)
         mx.eval(f, picked)
         return _ranges(pairs, read.read(np.asarray(f))), read.read(np.asarray(picked))
-    if compiled:
-        with unfused():
-            f = _changed_compiled(*flat)
-    else:
-        f = _changed_body(*flat)
-    return _ranges(pairs, read.read(np.asarray(f)))
+    fn = _changed_compiled if compiled else _changed_body
+    return _ranges(pairs, read.read(np.asarray(fn(*flat))))
 
 
 def _ranges(pairs, flags: np.ndarray) -> list[np.ndarray]:

@@ -14,6 +14,7 @@ import sys
 
 from .runtime.prebuild import IDLE_S, read_msg, write_msg
 
+
 def _session(path: str, options: dict):
     import onnxruntime as ort
 

@@ -103,8 +103,8 @@ class Steady:
 
 
 class Prebuild(Protocol):
-    """Builds a new closure's kernels in another process while its key's calls answer eagerly here (the runtime's
-    ``runtime/prebuild.py``; on a GPU, where a builder thread of this process starved)."""
+    """Builds a new closure's kernels in another process while its key's calls answer without them here (the
+    runtime's ``runtime/prebuild.py``; on a GPU, where a builder thread of this process starved)."""
 
     def submit(self, label: str, key: str) -> str | None:
         """Queue a build of the kernels of closure ``key`` of runner ``label``, made from the call in progress:

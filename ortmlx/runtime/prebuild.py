@@ -1,4 +1,5 @@
-"""A new compiled closure's kernels built in another process while its key's calls answer eagerly (a GPU's groups).
+"""A new compiled closure's kernels built in another process while its key's calls answer without them (a GPU's
+groups: eagerly, or by the key's program traced unfused, ``compiled/core.py`` ``_interim``).
 
 MLX's CUDA backend builds a closure's kernels (NVRTC, one after another) in the closure's first evaluation: tens
 of seconds on a new host while the user waited (docs/performance.md). A thread of this process building them

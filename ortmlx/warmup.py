@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from .compiled.attention import BUCKET_MIN, bucket_for
+from .compiled.attention import BUCKET_MIN, bucket_for, least_bucket
 from .kernels import background
 from .version import mlx_cache_dir
 
@@ -28,24 +28,42 @@ from .version import mlx_cache_dir
 BUILD_WAIT_S = 600.0
 
 
-def prompt_lengths(up_to: int, max_length: int) -> list[tuple[int, int]]:
-    """(bucket, prompt length) pairs up to ``up_to`` tokens under a KV buffer of ``max_length``: two lengths in the
-    first bucket (a padded bucket's closure is trusted after matching eager at two lengths), then the shortest of
-    each later one (trusted at its first match once one bucket matched at two: ``compiled/core.py``)."""
-    pairs, b = [], BUCKET_MIN
+def least(device: str | None = None) -> int:
+    """The shortest prefill bucket the MLX EP uses on ``device`` ("cpu"/"gpu"; None: MLX's default device) with
+    the environment's tuning (``compiled/attention.least_bucket``)."""
+    import mlx.core as mx
+
+    from .kernels.passes import BuildConfig
+    from .tuning import Tuning
+    t = Tuning.from_env()
+    dev = device if device in ("cpu", "gpu") else ("gpu" if mx.default_device() == mx.gpu else "cpu")
+    return least_bucket(BuildConfig.for_device(dev, t), t)
+
+
+def prompt_lengths(up_to: int, max_length: int, least: int = BUCKET_MIN) -> list[tuple[int, int]]:
+    """(bucket, prompt length) pairs up to ``up_to`` tokens under a KV buffer of ``max_length``, buckets from
+    ``least``: two lengths in the first bucket (a padded bucket's closure is trusted after matching eager at two
+    lengths), then the shortest of each later one (trusted at its first match once one bucket matched at two:
+    ``compiled/core.py``)."""
+    pairs, b = [], least
     up_to = min(up_to, max_length - 1)
-    while b // 2 + 1 <= up_to:
-        lengths = {min(b, up_to), max(2, b // 2 + 1)} if not pairs else {max(2, b // 2 + 1)}
+    first = True
+    while first or b // 2 + 1 <= up_to:
+        top = min(b, up_to)
+        lengths = {top, max(2, min(b // 2 + 1, top - 1))} if first else {b // 2 + 1}
+        first = False
         for n in sorted(lengths, reverse=True):
-            bucket = bucket_for(n, max_length)
+            bucket = bucket_for(n, max_length, least)
             if bucket is not None and (bucket, n) not in pairs:
                 pairs.append((bucket, n))
         b *= 2
     return pairs
 
 
-def warm(model, max_length: int, up_to: int, decode_steps: int = 3, vocab: int = 100, log=print) -> list[dict]:
-    """Run ``model`` (an ``og.Model``) over every bucket's prompts; returns one record per prompt."""
+def warm(model, max_length: int, up_to: int, decode_steps: int = 3, vocab: int = 100, log=print,
+         device: str | None = None) -> list[dict]:
+    """Run ``model`` (an ``og.Model`` on the MLX EP's ``device``; None: MLX's default) over every bucket's prompts;
+    returns one record per prompt."""
     import onnxruntime_genai as og
     rng = np.random.default_rng(0)
     rows = []
@@ -66,7 +84,7 @@ def warm(model, max_length: int, up_to: int, decode_steps: int = 3, vocab: int =
         decode = (time.perf_counter() - t1) / max(steps, 1)
         del g                   # (its KV buffers go before the next prompt's)
         return prefill, decode
-    for bucket, n in prompt_lengths(up_to, max_length):
+    for bucket, n in prompt_lengths(up_to, max_length, least(device)):
         queued = background.submitted()
         prefill, decode = generate(n)
         if background.submitted() != queued:
@@ -105,6 +123,6 @@ def main(args) -> int:
     print(f"ortmlx warmup: {path}: loaded in {time.perf_counter() - t0:.1f} s; prompts up to {up_to} tokens, "
           f"KV buffer {max_length} (must match the application's max_length); kernels cached under {mlx_cache_dir()}")
     t1 = time.perf_counter()
-    warm(model, max_length, up_to, vocab=min(vocab, 1000))
+    warm(model, max_length, up_to, vocab=min(vocab, 1000), device=args.device)
     print(f"ortmlx warmup: done in {time.perf_counter() - t1:.1f} s")
     return 0

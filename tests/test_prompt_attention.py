@@ -4,6 +4,8 @@ only where no kept query row lies past its row's length, and every form equal to
 semantics. The fused kernel runs on MLX's CPU backend too (as MLX's own fallback), so this runs anywhere."""
 from __future__ import annotations
 
+import dataclasses
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -102,6 +104,26 @@ def test_a_prompt_and_its_bucket_take_the_same_form(knob):
                 b = bucket_for(length, cap)
                 assert build.fused_attention(length) == build.fused_attention(b), (knob, cap, length, b)
         assert build.fused_attention(4096) and not build.fused_attention(16)
+
+
+def test_the_least_bucket_stays_under_the_fused_form():
+    """``least_bucket``: 256 where our prompt kernel serves short prompts on MLX's CUDA backend, 16 elsewhere, a
+    ``bucket_min`` as asked, and never a bucket of the fused form for a prompt shorter than it, whose eager answer
+    (at its own length) takes the unfused one."""
+    from ortmlx.compiled.attention import least_bucket
+    cpu = BuildConfig.for_device("cpu", Tuning())
+    cuda = dataclasses.replace(BuildConfig.for_device("gpu", Tuning()), cuda_kernels=True, prompt_kernel=True,
+                               fused_attention=True, fused_attention_min=512)
+    assert least_bucket(cpu, Tuning()) == 16
+    assert least_bucket(cuda, Tuning()) == 256
+    assert least_bucket(dataclasses.replace(cuda, prompt_kernel=False), Tuning()) == 16
+    assert least_bucket(cpu, Tuning.parse("bucket_min=64")) == 64
+    assert least_bucket(cpu, Tuning.parse("bucket_min=100")) == 128
+    for fmin in (32, 64, 256, 512):
+        c = dataclasses.replace(cuda, fused_attention_min=fmin)
+        for want in ("16", "256", "4096"):
+            least = least_bucket(c, Tuning.parse(f"bucket_min={want}"))
+            assert least >= 16 and (least < fmin or least == 16), (fmin, want, least)
 
 
 @pytest.mark.parametrize("causal,window,form", [(False, -1, "array"), (True, -1, "causal"), (True, 5, "array"),

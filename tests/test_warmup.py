@@ -22,6 +22,32 @@ def test_prompt_lengths_cover_the_first_bucket_twice_and_each_later_once():
     assert all(n <= b for b, n in pairs)
     assert warmup.prompt_lengths(4096, 4096)[-1] == (4096, 2049)        # capped by the KV buffer
     assert warmup.prompt_lengths(4096, 3000)[-1] == (3000, 2049)
+    # from a longer least bucket (MLX's CUDA backend: 256): still two lengths in the first, even a short up_to
+    assert warmup.prompt_lengths(1000, 4096, 256) == [(256, 256), (256, 129), (512, 257), (1024, 513)]
+    assert warmup.prompt_lengths(40, 4096, 256) == [(256, 40), (256, 39)]
+
+
+def test_a_longer_least_bucket_pads_short_prompts_into_one_closure(monkeypatch):
+    """``bucket_min``: prompts shorter than it share its bucket's closure (one trace), and the warm-up walks the
+    buckets from it (in the environment's tuning, as the EP reads it)."""
+    from test_compiled_genai import MAX_LENGTH, model_dir
+    monkeypatch.setenv("ORTMLX_TUNING", "build_behind=0,bucket_min=64")
+    assert warmup.least("cpu") == 64
+    with C.capture() as rs:
+        model, _ = mg.load_model(model_dir("qwen2"), "mlx", {}, {"search": {"past_present_share_buffer": True}})
+    (att,) = [r for r in rs if hasattr(r, "prefill")]
+    rows = warmup.warm(model, MAX_LENGTH, 40, decode_steps=1, vocab=500, log=lambda *_: None, device="cpu")
+    assert [(r["bucket"], r["prompt"]) for r in rows] == [(64, 40), (64, 33)]
+    pre = att.prefill
+    assert pre.trace_counts() == [1] and all(c.trusted for c in pre.closures()), pre.counters
+    calls = pre.counters["compiled_calls"]
+    for n in (3, 17, 63):
+        g = og.Generator(model, mg.search_options(model, MAX_LENGTH, MAX_LENGTH))
+        g.append_tokens(np.arange(1, n + 1, dtype=np.int32))
+        g.generate_next_token()
+        del g
+    assert pre.trace_counts() == [1] and pre.counters["compiled_calls"] == calls + 3, pre.counters
+    del model
 
 
 @pytest.mark.parametrize("behind", ["0", "1"])

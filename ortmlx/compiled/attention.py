@@ -35,15 +35,31 @@ BATCH_DIM_NAME = "batch_size"
 UNPADDABLE = frozenset({"CausalConvWithState"})
 #: prefill buckets: 16, 32, 64, ... (capped by the KV buffer and the rotary cache)
 BUCKET_MIN = 16
+#: the shortest bucket where a short prompt's call is launch-bound (MLX's CUDA backend with our prompt kernel):
+#: shorter prompts share it, one trace and verification instead of one per bucket (docs/performance.md)
+LAUNCH_BOUND_BUCKET = 256
 
 
-def bucket_for(s: int, cap: int) -> int | None:
-    """The padded length for a prompt of ``s`` tokens (None: no bucket fits under ``cap``)."""
-    b = BUCKET_MIN
+def bucket_for(s: int, cap: int, least: int = BUCKET_MIN) -> int | None:
+    """The padded length for a prompt of ``s`` tokens, at least ``least`` (None: no bucket fits under ``cap``)."""
+    b = least
     while b < s:
         b *= 2
     b = min(b, cap)
     return b if b >= s else None
+
+
+def least_bucket(config, tuning: Tuning) -> int:
+    """The shortest prefill bucket for a program built with ``config`` (``passes.BuildConfig``): ``tuning``'s
+    ``bucket_min``, else ``LAUNCH_BOUND_BUCKET`` on MLX's CUDA backend with the prompt kernel, else ``BUCKET_MIN``.
+    Kept under the least fused-attention bucket, so a padded prompt takes its own length's attention form (the
+    eager answer it is verified against)."""
+    want = tuning.bucket_min or (LAUNCH_BOUND_BUCKET if config.cuda_kernels and config.prompt_kernel
+                                 and config.device == "gpu" else BUCKET_MIN)
+    b = BUCKET_MIN
+    while b < want and (not config.fused_attention or b * 2 < config.fused_attention_min):
+        b *= 2
+    return b
 
 
 def rope_rows(program) -> int | None:
@@ -90,6 +106,7 @@ class BucketedPrefill(CompiledSubgraph):
         self.out_seq = [(j, ax) for j, n in enumerate(program.outputs)
                         for ax, d in enumerate(g.value(n).shape or ()) if d == SEQ_DIM_NAME]
         self.zero_past = unread_past(program, {i for i, _ in self.past})
+        self.least = least_bucket(program.config, self.tuning)
         self._zeros: dict[tuple, mx.array] = {}         # (shape, ONNX type) -> evaluated zeros
 
     def _standin(self, i: int, a) -> mx.array | None:
@@ -126,7 +143,7 @@ class BucketedPrefill(CompiledSubgraph):
             a = inputs[i]
             if a.dtype.kind not in "iub" or not np.all(a == 1):
                 return None
-        b = bucket_for(s, min(p, self.rows))
+        b = bucket_for(s, min(p, self.rows), self.least)
         return (s, b) if b is not None else None
 
     def _prepare(self, inputs: list):

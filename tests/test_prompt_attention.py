@@ -141,6 +141,32 @@ def test_each_form_is_ort_s_on_the_rows_kept(masks, causal, window, form):
     close(attend(q, k, v, total, fused=False, window=window), want)
 
 
+def test_an_eager_causal_prompt_runs_at_its_buckets_length(monkeypatch):
+    """MLX builds a cuDNN graph per shape: an eager prompt's causal fused attention runs padded to the power of two
+    its bucket traces (its own rows the same as unpadded), a trace at its own length."""
+    seen, real = [], mx.fast.scaled_dot_product_attention
+
+    def spy(q, k, v, *, scale, mask=None, sinks=None):
+        seen.append((q.shape[2], k.shape[2], mask if isinstance(mask, str) else "array"))
+        return real(q, k, v, scale=scale, mask=mask, sinks=sinks)
+    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", spy)
+    for s, p in ((40, 64), (64, 64), (2, 2)):
+        q, k, v = inputs(2, s)
+        total = np.array([s, s])
+        want = reference(*(x.astype(np.float64) for x in (q, k, v)), total, H ** -0.5)
+        seen.clear()
+        close(attend(q, k, v, total, causal=True), want)
+        assert seen == [(p, p, "causal")], (s, seen)
+    mq, mk, mv = (mx.array(x) for x in inputs(1, 40))
+    tl = mx.array(np.array([40], np.int32))
+    seen.clear()
+    with build.active(build.BuildContext(fused_attention=True, fused_attention_min=1, tracing=True)):
+        ca.prompt_attention(mq, mk, mv, mq.astype(mx.float32), tl - 1, mx.zeros((1,), mx.int32), tl,
+                            alpha=H ** -0.5, softcap=0.0, local_window_size=-1, sink=None, attention_bias=None,
+                            causal=True)
+    assert seen == [(40, 40, "causal")]
+
+
 def test_sinks_keep_the_mask_array(masks):
     """With a sink the fused kernel is given the mask array even where the rows are full (the form GPUs ran)."""
     q, k, v = inputs(1, 12)

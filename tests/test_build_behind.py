@@ -150,3 +150,26 @@ def test_an_interim_that_fails_leaves_the_calls_eager(tmp_path):
     assert held["interim_poisoned"] and not held["interim_trusted"], held
     assert held["interim_calls"] == 0 and held["compiled"] == 0 and held["traces"] == 0, held
     assert got["traces"] == 1 and got["trusted"] and got["compiled"] >= 2, got
+
+
+def test_where_no_worker_takes_the_group_the_builder_thread_does():
+    """``prebuild=1`` asks for a worker process, which takes only a group that is a model file's whole model: an
+    InferenceSession made from bytes has none, so its new closures' kernels are built on the builder thread."""
+    m = mlp()
+    with C.capture() as rs:
+        s = session(m, options={"tuning": "build_behind=1,prebuild=1", "device": "cpu"})
+    cpu = session(m, "CPUExecutionProvider", record=False)
+    (r,) = rs
+    assert all(p.prebuild is None for p in r.parts())
+
+    def call(seed):
+        f = _feed(4, seed)
+        for g, w in zip(s.run(None, f), cpu.run(None, f)):
+            assert_close(g, w, what="mlx vs cpu")
+    call(0)
+    call(1)
+    (c,) = r.closures()
+    assert c.behind is not None and c.behind.startswith("closure") and c.traces == 0, r.counters
+    assert background.wait(120) and background.done(c.behind)
+    call(2)
+    assert c.behind is None and c.traces == 1 and c.trusted

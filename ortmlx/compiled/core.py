@@ -189,8 +189,9 @@ class CompiledSubgraph:
         # allocation paid after the wait otherwise (docs/performance.md)
         self._settle = tuning.eval_settle and self.device == "gpu"
         #: a new closure's kernels built on the kernel builder's thread while its key's calls answer eagerly (MLX's
-        #: CPU backend: g++; on MLX 0.32.4's CUDA backend such a thread starved while the main one evaluated)
-        self._behind = tuning.build_behind and self.device == "cpu" and not tuning.prebuild
+        #: CPU backend: g++; on MLX 0.32.4's CUDA backend such a thread starved while the main one evaluated), where
+        #: no worker process builds them (``self.prebuild``)
+        self._behind = tuning.build_behind and self.device == "cpu"
         #: MLX's kernel fusion in this runner's traces: off for a prompt's on a GPU (tuning prompt_fuse), where its
         #: fused kernels were most of a new host's compiled first token and no faster warm (docs/performance.md)
         fuse = tuning.prompt_fuse if tuning.prompt_fuse is not None else self.device != "gpu"
@@ -435,7 +436,8 @@ class CompiledSubgraph:
             self._closures[key] = c = self._new_closure(new, call.inputs)
             c.keyed = {n: np.shape(env[n]) for n in new.keyed}
             self.counters["keys"] = len(self._closures)
-        if c.fn is not None and not (self._behind and self._build_behind(c, call)) and not self._prebuilt(c, key):
+        if c.fn is not None and not (self._prebuilt(c, key) if self.prebuild is not None
+                                     else self._behind and self._build_behind(c, call)):
             self._verify(c, call, ref)
         return ref
 

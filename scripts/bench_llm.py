@@ -872,6 +872,9 @@ class Bench:
             self.say(f"  [{M['name']}] stall {e}: slowest first call {ratios[k]:.1f}x its warm TTFT (length "
                      f"{lens[k]}: {first[k]:.1f} vs {warm[k]:.1f} ms), median {statistics.median(ratios):.2f}x, "
                      f"{n} lengths ({time.monotonic() - t0:.1f} s)")
+            over = [f"{L}: {f:.1f} / {w:.1f}" for L, f, w, r in zip(lens, first, warm, ratios) if r > 2]
+            if over:
+                self.say(f"  [{M['name']}] stall {e}: over 2x (length: first / warm ms): {'; '.join(over)}")
 
     def case_prefill(self, M: dict) -> None:
         c, out = self.cfg, M.setdefault("prefill", {})

@@ -80,8 +80,9 @@ class Tuning:
     #: the fused kernel only from prompts whose power-of-two bucket is at least this (rounded up to a power of two
     #: >= 32; None: 256, 512 on MLX's CUDA backend with prompt_kernel: kernels/passes.py FUSED_ATTENTION_MIN)
     fused_attention_min: int | None = None
-    #: the shortest prefill bucket (a power of two >= 16, kept under the least fused-attention bucket; None: 256 on
-    #: MLX's CUDA backend with prompt_kernel, where shorter prompts cost a launch-bound call alike, else 16)
+    #: the shortest prefill bucket (a power of two >= 16, kept under the least fused-attention bucket and within the
+    #: prompt kernel's lengths; None: 256 on MLX's CUDA backend with prompt_kernel, where shorter prompts cost a
+    #: launch-bound call alike, else 16)
     bucket_min: int | None = None
     #: a shorter prompt's attention as one custom kernel (GPU, with cuda_kernels), not MLX's float32 ops
     prompt_kernel: bool = True

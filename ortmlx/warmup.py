@@ -28,14 +28,14 @@ from .version import mlx_cache_dir
 BUILD_WAIT_S = 600.0
 
 
-def least(device: str | None = None) -> int:
-    """The shortest prefill bucket the MLX EP uses on ``device`` ("cpu"/"gpu"; None: MLX's default device) with
-    the environment's tuning (``compiled/attention.least_bucket``)."""
+def least(device: str | None = None, tuning: str | None = None) -> int:
+    """The shortest prefill bucket the MLX EP uses on ``device`` ("cpu"/"gpu"; None: MLX's default device) with the
+    provider option ``tuning`` over the environment's, as the EP reads them (``compiled/attention.least_bucket``)."""
     import mlx.core as mx
 
     from .kernels.passes import BuildConfig
     from .tuning import Tuning
-    t = Tuning.from_env()
+    t = Tuning.parse(tuning, Tuning.from_env(), where="option tuning")
     dev = device if device in ("cpu", "gpu") else ("gpu" if mx.default_device() == mx.gpu else "cpu")
     return least_bucket(BuildConfig.for_device(dev, t), t)
 
@@ -47,6 +47,8 @@ def prompt_lengths(up_to: int, max_length: int, least: int = BUCKET_MIN) -> list
     ``compiled/core.py``)."""
     pairs, b = [], least
     up_to = min(up_to, max_length - 1)
+    if up_to < 2:
+        return pairs                # (a 1-token prompt is no bucket's)
     first = True
     while first or b // 2 + 1 <= up_to:
         top = min(b, up_to)
@@ -61,9 +63,9 @@ def prompt_lengths(up_to: int, max_length: int, least: int = BUCKET_MIN) -> list
 
 
 def warm(model, max_length: int, up_to: int, decode_steps: int = 3, vocab: int = 100, log=print,
-         device: str | None = None) -> list[dict]:
-    """Run ``model`` (an ``og.Model`` on the MLX EP's ``device``; None: MLX's default) over every bucket's prompts;
-    returns one record per prompt."""
+         device: str | None = None, tuning: str | None = None) -> list[dict]:
+    """Run ``model`` (an ``og.Model`` on the MLX EP with options ``device`` (None: MLX's default) and ``tuning``)
+    over every bucket's prompts; returns one record per prompt."""
     import onnxruntime_genai as og
     rng = np.random.default_rng(0)
     rows = []
@@ -84,7 +86,7 @@ def warm(model, max_length: int, up_to: int, decode_steps: int = 3, vocab: int =
         decode = (time.perf_counter() - t1) / max(steps, 1)
         del g                   # (its KV buffers go before the next prompt's)
         return prefill, decode
-    for bucket, n in prompt_lengths(up_to, max_length, least(device)):
+    for bucket, n in prompt_lengths(up_to, max_length, least(device, tuning)):
         queued = background.submitted()
         prefill, decode = generate(n)
         if background.submitted() != queued:
@@ -123,6 +125,6 @@ def main(args) -> int:
     print(f"ortmlx warmup: {path}: loaded in {time.perf_counter() - t0:.1f} s; prompts up to {up_to} tokens, "
           f"KV buffer {max_length} (must match the application's max_length); kernels cached under {mlx_cache_dir()}")
     t1 = time.perf_counter()
-    warm(model, max_length, up_to, vocab=min(vocab, 1000), device=args.device)
+    warm(model, max_length, up_to, vocab=min(vocab, 1000), device=args.device, tuning=opts.get("tuning"))
     print(f"ortmlx warmup: done in {time.perf_counter() - t1:.1f} s")
     return 0

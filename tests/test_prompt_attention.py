@@ -106,19 +106,26 @@ def test_a_prompt_and_its_bucket_take_the_same_form(knob):
         assert build.fused_attention(4096) and not build.fused_attention(16)
 
 
-def test_the_least_bucket_stays_under_the_fused_form():
-    """``least_bucket``: 256 where our prompt kernel serves short prompts on MLX's CUDA backend, 16 elsewhere, a
-    ``bucket_min`` as asked, and never a bucket of the fused form for a prompt shorter than it, whose eager answer
-    (at its own length) takes the unfused one."""
+def test_the_least_bucket_stays_under_the_fused_form(monkeypatch):
+    """``least_bucket``: 256 where our prompt kernel serves short prompts on MLX's CUDA backend, 16 elsewhere (a GPU
+    of another backend too), a ``bucket_min`` as asked, and never a bucket of the fused form for a prompt shorter
+    than it, whose eager answer (at its own length) takes the unfused one, nor one past the prompt kernel's lengths."""
     from ortmlx.compiled.attention import least_bucket
+    from ortmlx.kernels import cuda_kernels
     cpu = BuildConfig.for_device("cpu", Tuning())
-    cuda = dataclasses.replace(BuildConfig.for_device("gpu", Tuning()), cuda_kernels=True, prompt_kernel=True,
-                               fused_attention=True, fused_attention_min=512)
+    gpu = BuildConfig.for_device("gpu", Tuning())
+    monkeypatch.setattr(cuda_kernels, "cuda_backend", lambda: False)
+    assert least_bucket(gpu, Tuning()) == 16                    # (Metal)
+    monkeypatch.setattr(cuda_kernels, "cuda_backend", lambda: True)
+    cuda = dataclasses.replace(gpu, cuda_kernels=True, prompt_kernel=True, fused_attention=True,
+                               fused_attention_min=512)
     assert least_bucket(cpu, Tuning()) == 16
     assert least_bucket(cuda, Tuning()) == 256
     assert least_bucket(dataclasses.replace(cuda, prompt_kernel=False), Tuning()) == 16
     assert least_bucket(cpu, Tuning.parse("bucket_min=64")) == 64
     assert least_bucket(cpu, Tuning.parse("bucket_min=100")) == 128
+    unfused = dataclasses.replace(cuda, fused_attention=False)
+    assert least_bucket(unfused, Tuning.parse("bucket_min=4096")) == cuda_kernels.PROMPT_MAX
     for fmin in (32, 64, 256, 512):
         c = dataclasses.replace(cuda, fused_attention_min=fmin)
         for want in ("16", "256", "4096"):

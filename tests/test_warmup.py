@@ -25,6 +25,7 @@ def test_prompt_lengths_cover_the_first_bucket_twice_and_each_later_once():
     # from a longer least bucket (MLX's CUDA backend: 256): still two lengths in the first, even a short up_to
     assert warmup.prompt_lengths(1000, 4096, 256) == [(256, 256), (256, 129), (512, 257), (1024, 513)]
     assert warmup.prompt_lengths(40, 4096, 256) == [(256, 40), (256, 39)]
+    assert warmup.prompt_lengths(1, 4096, 256) == [] and warmup.prompt_lengths(100, 1) == []
 
 
 def test_a_longer_least_bucket_pads_short_prompts_into_one_closure(monkeypatch):
@@ -32,7 +33,7 @@ def test_a_longer_least_bucket_pads_short_prompts_into_one_closure(monkeypatch):
     buckets from it (in the environment's tuning, as the EP reads it)."""
     from test_compiled_genai import MAX_LENGTH, model_dir
     monkeypatch.setenv("ORTMLX_TUNING", "build_behind=0,bucket_min=64")
-    assert warmup.least("cpu") == 64
+    assert warmup.least("cpu") == 64 and warmup.least("cpu", "bucket_min=32") == 32     # the option over it
     with C.capture() as rs:
         model, _ = mg.load_model(model_dir("qwen2"), "mlx", {}, {"search": {"past_present_share_buffer": True}})
     (att,) = [r for r in rs if hasattr(r, "prefill")]

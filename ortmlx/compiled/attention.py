@@ -7,6 +7,7 @@ import weakref
 import mlx.core as mx
 import numpy as np
 
+from ..kernels import cuda_kernels
 from ..kernels import dtypes as dt
 from ..kernels.merge import step_readers
 from ..kernels.passes import Step
@@ -52,12 +53,13 @@ def bucket_for(s: int, cap: int, least: int = BUCKET_MIN) -> int | None:
 def least_bucket(config, tuning: Tuning) -> int:
     """The shortest prefill bucket for a program built with ``config`` (``passes.BuildConfig``): ``tuning``'s
     ``bucket_min``, else ``LAUNCH_BOUND_BUCKET`` on MLX's CUDA backend with the prompt kernel, else ``BUCKET_MIN``.
-    Kept under the least fused-attention bucket, so a padded prompt takes its own length's attention form (the
-    eager answer it is verified against)."""
-    want = tuning.bucket_min or (LAUNCH_BOUND_BUCKET if config.cuda_kernels and config.prompt_kernel
-                                 and config.device == "gpu" else BUCKET_MIN)
+    Kept under the least fused-attention bucket and within the prompt kernel's lengths, so a padded prompt takes
+    its own length's attention form (the eager answer it is verified against)."""
+    cuda = config.device == "gpu" and config.cuda_kernels and cuda_kernels.cuda_backend()
+    want = tuning.bucket_min or (LAUNCH_BOUND_BUCKET if cuda and config.prompt_kernel else BUCKET_MIN)
     b = BUCKET_MIN
-    while b < want and (not config.fused_attention or b * 2 < config.fused_attention_min):
+    while b < want and (not config.fused_attention or b * 2 < config.fused_attention_min) \
+            and b * 2 <= cuda_kernels.PROMPT_MAX:
         b *= 2
     return b
 

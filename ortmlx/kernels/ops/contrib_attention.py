@@ -226,10 +226,16 @@ def prompt_attention(q, k, v, qf, seqlens_k, past_len, total_len, *, alpha: floa
         sinks = None if sink is None else sink.astype(q.dtype)
         # (with sinks the mask stays an array: the form run on GPUs before the flag; not tried with both there)
         plain = causal and sinks is None and not 0 < local_window_size < s
-        if plain and not build.tracing() and (p := 1 << max(s - 1, 0).bit_length()) > s:
-            return _causal_padded(q, k, v, alpha, p)
+        p = 1 << max(s - 1, 0).bit_length()
+        if plain and not build.tracing() and p > s:
+            # an eager prompt runs at its bucket's power-of-two length: MLX builds a cuDNN graph for every new
+            # shape (tens to hundreds of ms); causally no kept row sees a padded key, and padded rows drop below
+            widths = [(0, 0), (0, 0), (0, p - s), (0, 0)]
+            q, k, v = (mx.pad(x, widths) for x in (q, k, v))
         out = mx.fast.scaled_dot_product_attention(q, k, v, scale=alpha, mask="causal" if plain else mask(),
                                                    sinks=sinks)
+        if out.shape[2] > s:
+            out = out[:, :, :s]
         return out.transpose(0, 2, 1, 3).reshape(b, s, n * h)
     if cuda_kernels.enabled() and build.prompt_kernel() and \
             cuda_kernels.prompt_attention_reason(q, k, v, n, kvn, attention_bias) is None:
@@ -245,17 +251,6 @@ def prompt_attention(q, k, v, qf, seqlens_k, past_len, total_len, *, alpha: floa
     probs = attention_probs_softmax(scores, mask(), sink)
     out = probs.reshape(b, kvn, group * s, s) @ v.astype(mx.float32)
     return out.reshape(b, n, s, h).transpose(0, 2, 1, 3).reshape(b, s, n * h).astype(q.dtype)
-
-
-def _causal_padded(q, k, v, alpha: float, p: int):
-    """Causal fused attention of an eager prompt run at ``p`` (a power of two) positions, its own rows kept: MLX
-    builds a cuDNN graph for every new shape (tens to hundreds of ms), so eager prompts share their bucket's
-    (a padded bucket's trace has that length already). Causally no row s sees a padded key; padded rows drop."""
-    b, n, s, h = q.shape
-    widths = [(0, 0), (0, 0), (0, p - s), (0, 0)]
-    out = mx.fast.scaled_dot_product_attention(mx.pad(q, widths), mx.pad(k, widths), mx.pad(v, widths), scale=alpha,
-                                               mask="causal")
-    return out[:, :, :s].transpose(0, 2, 1, 3).reshape(b, s, n * h)
 
 
 def split_qkv(qkv, num_heads: int, kv_num_heads: int, qkv_bias=None):

@@ -1,4 +1,5 @@
-"""Compile-check the custom CUDA kernels (``ortmlx/kernels/cuda_kernels.py``, ``cuda_rows.py``) without a GPU.
+"""Compile-check the custom CUDA kernels (``ortmlx/kernels/cuda_kernels.py``, ``cuda_rows.py``,
+``cuda_recurrent.py``) without a GPU.
 
     python scripts/cuda_kernel_check.py [--nvrtc LIBNVRTC] [--include DIR ...] [--arch sm_90a]
 
@@ -95,6 +96,16 @@ def cases():
                ck._COPY_ANY, "", [])
     yield ("copy_from_address", "ortmlx_copy_in_x", ["stage", "limit"], ["uint64", "uint8"], ["out"], ["uint8"],
            ck._COPY_IN, "", [])
+    from ortmlx.kernels import cuda_recurrent as rec
+    for cell, h, d, rev, lens, clip in (("lstm", 256, 2, False, False, None), ("lstm", 20, 1, True, True, 0.5),
+                                        ("gru", 128, 2, False, True, None), ("gru", 13, 1, True, False, 0.3),
+                                        ("gru_early", 256, 2, False, True, None)):
+        nb, units = rec.blocks(h)
+        yield (f"recurrence {cell} H {h} directions {d} lens {lens} clip {clip}", "ortmlx_recurrence_x", rec.INPUTS,
+               ["float32"] * 5 + ["int32"], rec.OUTPUTS, ["float32", "float32", "uint32"], rec.SOURCE,
+               rec.header(clip), [("G", rec.GATES[cell]), ("H", h), ("D", d), ("UNITS", units),
+                                  ("WARPS", rec.WARPS), ("STATE_MAX", rec.STATE_MAX), ("REV0", rev),
+                                  ("HAS_LENS", lens), ("CELL", rec.CELLS[cell])])
 
 
 def check_all(nvrtc, includes: list[str], arch: str = "sm_90a", quiet: bool = False) -> int:

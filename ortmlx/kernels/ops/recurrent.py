@@ -13,6 +13,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from .. import cuda_kernels as ck
+from .. import cuda_recurrent
 from .. import dtypes as dt
 from ..registry import register
 
@@ -34,6 +36,10 @@ ACTS = {
     "HardSigmoid": (2, lambda x, a, b: mx.clip(a * x + b, 0, 1)),
 }
 DEFAULT_ACTS = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}
+#: a direction's activations as ``_activations`` describes them, for the cells ``cuda_recurrent`` computes
+_DEFAULT_SIGS = {"gru": (("Sigmoid", 0.0, 0.0), ("Tanh", 0.0, 0.0)),
+                 "gru_early": (("Sigmoid", 0.0, 0.0), ("Tanh", 0.0, 0.0)),
+                 "lstm": (("Sigmoid", 0.0, 0.0), ("Tanh", 0.0, 0.0), ("Tanh", 0.0, 0.0))}
 
 
 def _s(v):
@@ -134,9 +140,34 @@ def _clip(x, clip):
     return x if clip is None else mx.clip(x, -clip, clip)
 
 
+def _fused(kernel, X, W, R, B, lens, inits, sigs, clip, direction, n_dirs, G, H):
+    """The layer through ``cuda_recurrent.recurrence`` (one kernel for every step), or None where it does not
+    apply: ``kernel`` None (a cell form it lacks), a build without the custom kernels, other activations."""
+    if kernel is None or not ck.enabled() or any(s != _DEFAULT_SIGS[kernel] for s in sigs):
+        return None
+    seq, batch, _ = X.shape
+    if seq == 0 or cuda_recurrent.reason(kernel, X, R, batch, clip) is not None:
+        return None
+    # every bias the gates add directly goes into the input's product (a GRU's h-gate recurrent bias stays apart)
+    xw = X[:, None] @ mx.swapaxes(W, -1, -2)                                     # (T, D, batch, G)
+    rbh = None
+    if B is not None:
+        direct = 2 * H if kernel == "gru" else G
+        bias = B[:, :G] + mx.concatenate([B[:, G:G + direct], mx.zeros((n_dirs, G - direct), B.dtype)], axis=1)
+        xw = xw + bias[:, None, :]
+        rbh = B[:, G + 2 * H:] if kernel == "gru" else None
+    if kernel == "gru" and rbh is None:
+        rbh = mx.zeros((n_dirs, H), mx.float32)
+    h0, c0 = (mx.zeros((n_dirs, batch, H), X.dtype) if s is None else s for s in (list(inits) + [None])[:2])
+    y, yh, yc = cuda_recurrent.recurrence(kernel, xw, R, h0, c0, rbh, lens, reverse_first=direction == "reverse",
+                                          clip=clip)
+    return (y, yh, yc) if kernel == "lstm" else (y, yh)
+
+
 def _recurrent(op, cell, X, W, R, B, sequence_lens, inits, *, activations, activation_alpha, activation_beta,
-               clip, direction, hidden_size, layout, n_gates, extra=None):
-    """Shared driver: layouts, directions, bias split, outputs (Y, Y_h[, Y_c])."""
+               clip, direction, hidden_size, layout, n_gates, extra=None, kernel=None):
+    """Shared driver: layouts, directions, bias split, outputs (Y, Y_h[, Y_c]). ``kernel``: the cell's form in
+    ``cuda_recurrent`` ("lstm", "gru", "gru_early"), used where the build may (``_fused``)."""
     direction = _s(direction)
     if direction not in DIRECTIONS:
         raise ValueError(f"direction {direction!r} is not one of {sorted(DIRECTIONS)}")
@@ -153,6 +184,13 @@ def _recurrent(op, cell, X, W, R, B, sequence_lens, inits, *, activations, activ
     lens = _lengths(sequence_lens, seq, batch)
     acts, sigs = _activations(op, activations, activation_alpha, activation_beta, n_dirs)
     G = n_gates * H
+    fused = _fused(kernel, X, W, R, B, lens, inits, sigs, clip, direction, n_dirs, G, H)
+    if fused is not None:
+        Y, *outs = fused
+        if layout == 1:
+            Y = mx.transpose(Y, (2, 0, 1, 3))
+            outs = [mx.swapaxes(o, 0, 1) for o in outs]
+        return (Y, *outs)
     x_proj = [X @ W[d].T + (B[d, :G] if B is not None else 0) for d in range(n_dirs)]
     if n_dirs == 2 and sigs[0] == sigs[1] and seq:
         # both directions in one batched step k: forward time k, reverse time T-1-k (states (2, batch, H))
@@ -249,7 +287,7 @@ def _gru_cell(linear_before_reset):
 
 def _gru(X, W, R, B, sequence_lens, initial_h, linear_before_reset, layout=0, **kw):
     return _recurrent("GRU", _gru_cell(linear_before_reset), X, W, R, B, sequence_lens, [initial_h], n_gates=3,
-                      layout=layout, **kw)
+                      layout=layout, kernel="gru" if linear_before_reset else "gru_early", **kw)
 
 
 @register("GRU", 7, const=(4,), dtypes=TYPES, check=_check("GRU"))
@@ -296,7 +334,8 @@ def _lstm_cell(input_forget):
 
 def _lstm(X, W, R, B, sequence_lens, initial_h, initial_c, P, input_forget, layout=0, **kw):
     return _recurrent("LSTM", _lstm_cell(input_forget), X, W, R, B, sequence_lens, [initial_h, initial_c],
-                      n_gates=4, layout=layout, extra=P, **kw)
+                      n_gates=4, layout=layout, extra=P, kernel="lstm" if P is None and not input_forget else None,
+                      **kw)
 
 
 @register("LSTM", 7, const=(4,), dtypes=TYPES, check=_check("LSTM"))

@@ -135,12 +135,21 @@ def test_no_route_in_a_build_without_the_kernels(monkeypatch):
     assert len(_run(fn, args, kw, kernels=False)) == 3
 
 
-@pytest.mark.parametrize("hidden,expect", [(256, (16, 16)), (12, (1, 12)), (20, (2, 10)), (1000, (16, 63)),
-                                           (8, (1, 8))])
+@pytest.mark.parametrize("hidden,expect", [(256, (32, 8)), (12, (1, 12)), (20, (2, 10)), (1000, (32, 32)),
+                                           (8, (1, 8)), (100, (12, 9))])
 def test_blocks_cover_every_unit(hidden, expect):
     nb, units = cuda_recurrent.blocks(hidden)
     assert (nb, units) == expect
     assert nb * units >= hidden > (nb - 1) * units
+
+
+def test_blocks_are_capped_by_the_resident_limit():
+    assert cuda_recurrent.blocks(256, most=3) == (3, 86)
+    assert cuda_recurrent.blocks(256, most=1) == (1, 256)
+    if not CUDA:                            # no driver: the conservative count
+        assert cuda_recurrent.multiprocessors() == cuda_recurrent.RESIDENT_UNKNOWN
+    else:
+        assert cuda_recurrent.multiprocessors() >= 1
 
 
 def test_reasons():

@@ -26,7 +26,11 @@ int cuMemFreeHost(void* p);
 int cuCtxSynchronize(void);
 int cuCtxGetFlags(unsigned int* flags);
 int cuMemGetInfo_v2(size_t* free, size_t* total);
+int cuDeviceGetAttribute(int* pi, int attrib, int dev);
 """
+
+#: cuDeviceGetAttribute: the device's streaming multiprocessors
+ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
 
 #: the context's scheduling bits (``cuCtxGetFlags``): how a host thread waits for the GPU
 CTX_SCHED_MASK = 0x07
@@ -79,6 +83,14 @@ class Driver:
         f, t = self.ffi.new("size_t*"), self.ffi.new("size_t*")
         check(self.lib.cuMemGetInfo_v2(f, t), "cuMemGetInfo")
         return int(f[0]), int(t[0])
+
+    def multiprocessors(self) -> int:
+        """The streaming multiprocessors of device 0 (MLX's), as this process sees it (a MIG slice: the slice's)."""
+        self.current()
+        n, dev = self.ffi.new("int*"), self.ffi.new("int*")
+        check(self.lib.cuDeviceGet(dev, 0), "cuDeviceGet")
+        check(self.lib.cuDeviceGetAttribute(n, ATTRIBUTE_MULTIPROCESSOR_COUNT, dev[0]), "cuDeviceGetAttribute")
+        return int(n[0])
 
     def spins(self) -> bool:
         """Whether a context synchronize on this thread waits by polling (the context's scheduling is not

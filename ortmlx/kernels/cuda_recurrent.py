@@ -10,13 +10,13 @@ microseconds of arithmetic. Here one launch runs every step of every direction:
     GRU (the reset gate first, ``gru_early``): the same z and r;  h~ = tanh(xw_h + (r h) R_h^T)
 
 with ``xw_t = x_t W^T + Wb (+ Rb)`` made for all steps by one product beforehand (``clip`` clamps each activation's
-input, as the ops do). A direction's hidden units are split over ``blocks`` blocks; each step every block reads the
-whole previous state (from L2), computes its units' gates (a warp per unit and batch row, the sums in float32), writes
-its part of the new state, and meets its direction's other blocks at a barrier (a counter in global memory; a
-``gru_early`` step meets them twice: every unit's r h before the product with R_h). So all
-of a direction's blocks must be resident at once: at most ``BLOCKS_MAX`` small blocks a direction, which any GPU
-MLX runs on holds beside other work; a barrier not met within ``BARRIER_TIMEOUT_NS`` traps (the call fails; it
-never hangs).
+input, as the ops do). A direction's hidden units are split over ``blocks``; each step every block reads the whole
+previous state (from L2), computes its units' gates (a warp a unit, ``BATCH_TILE`` batch rows at a time, the sums in
+float32), writes its part of the new state, and meets its direction's other blocks at a barrier (a counter in global
+memory; a ``gru_early`` step meets them twice: every unit's r h before the product with R_h). So all of a direction's
+blocks must be resident at once: at most ``BLOCKS_MAX`` small blocks a direction and one a multiprocessor in all,
+which the GPU holds beside other work; a barrier not met within ``BARRIER_TIMEOUT_NS`` traps (the call fails; it
+never hangs). Measured: docs/general_models.md.
 """
 from __future__ import annotations
 
@@ -27,15 +27,22 @@ import mlx.core as mx
 from .cuda_kernels import _f32_literal, _kernel
 
 #: blocks a direction is split over at most (all of them wait for each other every step)
-BLOCKS_MAX = 16
+BLOCKS_MAX = 32
+#: multiprocessors assumed where the driver does not say (the blocks of a launch are at most this many)
+RESIDENT_UNKNOWN = 8
 #: hidden units a block takes at least (fewer blocks for small layers: a barrier costs the same)
 UNITS_MIN = 8
 #: warps a block
 WARPS = 8
+#: batch rows a warp takes at once (each weight it loads serves them all)
+BATCH_TILE = 8
 #: most floats of the state (batch x hidden) a block keeps in shared memory
 STATE_MAX = 8192
 #: a barrier not met in this long traps: a grid that cannot be resident would otherwise spin forever
 BARRIER_TIMEOUT_NS = 5_000_000_000
+#: uint32s between the directions' barrier counts: a line of their own each, and an array over 8 bytes (MLX puts
+#: those in host-visible managed memory, where each atomic took ~60 us: a step's barrier ~125 us on an H100)
+SYNC_STRIDE = 32
 #: gates a cell computes per hidden unit
 GATES = {"lstm": 4, "gru": 3, "gru_early": 3}
 #: the kernel's CELL value per cell (``gru``: linear_before_reset, ``gru_early``: the reset gate before R_h)
@@ -44,7 +51,8 @@ CELLS = {"lstm": 0, "gru": 1, "gru_early": 2}
 SOURCE = r"""
     // grid: (NB blocks, D directions); xw [T, D, B, G*H] (x W^T + biases), r [D, G*H, H], h0/c0 [D, B, H],
     // rbh [D, H] (CELL_GRU), lens [B]; y [T, D, B, H]; st [4, D, B, H]: h after even / odd steps, c (CELL_LSTM)
-    // or z (CELL_GRU_EARLY), r * h (CELL_GRU_EARLY); sync [D]: the direction's barrier count
+    // or z (CELL_GRU_EARLY), r * h (CELL_GRU_EARLY); sync [D * SYNC_STRIDE]: the directions' barrier counts.
+    // A warp takes a unit j for BT batch rows at a time; lane l finishes row b0 + l (the same thread every step).
     const int T = xw_shape[0];
     const int B = xw_shape[2];
     const int d = blockIdx.y;
@@ -57,80 +65,88 @@ SOURCE = r"""
     float* const cst = st + 2 * dbh + off;
     float* const rhx = st + 3 * dbh + off;
     const float* const R = r + static_cast<size_t>(d) * G * H * H;
+    constexpr int G1 = CELL == CELL_GRU_EARLY ? 2 : G;
     unsigned met = 0;
     __shared__ float hs[STATE_MAX];
     for (int k = 0; k < T; ++k) {
         const int t = rev ? T - 1 - k : k;
         const float* hsrc = (k == 0 ? h0 : st + (k & 1) * dbh) + off;
         float* const hdst = st + ((k + 1) & 1) * dbh + off;
+        const float* const xt = xw + (static_cast<size_t>(t) * D + d) * B * (G * H);
+        float* const yt = y + (static_cast<size_t>(t) * D + d) * B * H;
         for (int i = threadIdx.x; i < B * H; i += blockDim.x) hs[i] = __ldcg(hsrc + i);
         __syncthreads();
-        for (int p = warp; p < nunits * B; p += WARPS) {
-            const int j = u0 + p % nunits, b = p / nunits;
-            const float* hb = hs + b * H;
-            float acc[G];
-            dots<G - (CELL == CELL_GRU_EARLY), H>(R, j, hb, lane, acc);
-            if (lane == 0) {
-                const float* x = xw + ((static_cast<size_t>(t) * D + d) * B + b) * (G * H);
+        for (int u = warp; u < nunits; u += WARPS) {
+            const int j = u0 + u;
+            for (int b0 = 0; b0 < B; b0 += BT) {
+                const int rows = min(BT, B - b0);
+                float a[G1];
+                dots<G1, H, BT>(R, j, hs, b0, rows, lane, a);
+                if (lane >= rows) continue;
+                const int b = b0 + lane;
+                const float* x = xt + static_cast<size_t>(b) * (G * H);
                 const size_t o = static_cast<size_t>(b) * H + j;
-                const float hp = hb[j];
+                const float hp = hs[o];
                 const bool live = !HAS_LENS || t < lens[b];
                 float hn = hp;
                 if (CELL == CELL_LSTM) {
                     const float cp = k == 0 ? c0[off + o] : cst[o];
                     float cn = cp;
                     if (live) {
-                        const float gi = sigm(gate_in(x[j] + acc[0]));
-                        const float go = sigm(gate_in(x[H + j] + acc[1]));
-                        const float gf = sigm(gate_in(x[2 * H + j] + acc[2]));
-                        const float gc = tanhf(gate_in(x[3 * H + j] + acc[3]));
+                        const float gi = sigm(gate_in(x[j] + a[0]));
+                        const float go = sigm(gate_in(x[H + j] + a[1]));
+                        const float gf = sigm(gate_in(x[2 * H + j] + a[2]));
+                        const float gc = tanhf(gate_in(x[3 * H + j] + a[3]));
                         cn = gf * cp + gi * gc;
                         hn = go * tanhf(cn);
                     }
                     cst[o] = cn;
                 } else if (CELL == CELL_GRU) {
                     if (live) {
-                        const float z = sigm(gate_in(x[j] + acc[0]));
-                        const float rr = sigm(gate_in(x[H + j] + acc[1]));
-                        const float hh = tanhf(gate_in(x[2 * H + j] + rr * (acc[2] + rbh[d * H + j])));
+                        const float z = sigm(gate_in(x[j] + a[0]));
+                        const float rr = sigm(gate_in(x[H + j] + a[1]));
+                        const float hh = tanhf(gate_in(x[2 * H + j] + rr * (a[G1 - 1] + rbh[d * H + j])));
                         hn = (1.0f - z) * hh + z * hp;
                     }
                 } else {
                     // the reset gate scales h before its product with R_h: first every unit's r * h
-                    cst[o] = sigm(gate_in(x[j] + acc[0]));
-                    rhx[o] = sigm(gate_in(x[H + j] + acc[1])) * hp;
+                    cst[o] = sigm(gate_in(x[j] + a[0]));
+                    rhx[o] = sigm(gate_in(x[H + j] + a[1])) * hp;
                 }
                 if (CELL != CELL_GRU_EARLY) {
-                    y[((static_cast<size_t>(t) * D + d) * B + b) * H + j] = live ? hn : 0.0f;
+                    yt[o] = live ? hn : 0.0f;
                     hdst[o] = hn;
                 }
             }
         }
         if (CELL == CELL_GRU_EARLY) {
-            meet(sync + d, ++met * gridDim.x);
+            meet(sync + d * SYNC_STRIDE, ++met * gridDim.x);
             for (int i = threadIdx.x; i < B * H; i += blockDim.x) hs[i] = __ldcg(rhx + i);
             __syncthreads();
-            for (int p = warp; p < nunits * B; p += WARPS) {
-                const int j = u0 + p % nunits, b = p / nunits;
-                float acc[1];
-                dots<1, H>(R + static_cast<size_t>(2) * H * H, j, hs + b * H, lane, acc);
-                if (lane == 0) {
-                    const float* x = xw + ((static_cast<size_t>(t) * D + d) * B + b) * (G * H);
+            for (int u = warp; u < nunits; u += WARPS) {
+                const int j = u0 + u;
+                for (int b0 = 0; b0 < B; b0 += BT) {
+                    const int rows = min(BT, B - b0);
+                    float a[1];
+                    dots<1, H, BT>(R + static_cast<size_t>(2) * H * H, j, hs, b0, rows, lane, a);
+                    if (lane >= rows) continue;
+                    const int b = b0 + lane;
                     const size_t o = static_cast<size_t>(b) * H + j;
                     const float hp = __ldcg(hsrc + o);
                     const bool live = !HAS_LENS || t < lens[b];
                     float hn = hp;
                     if (live) {
                         const float z = cst[o];
-                        hn = (1.0f - z) * tanhf(gate_in(x[2 * H + j] + acc[0])) + z * hp;
+                        hn = (1.0f - z) * tanhf(gate_in(xt[static_cast<size_t>(b) * (G * H) + 2 * H + j] + a[0]))
+                            + z * hp;
                     }
-                    y[((static_cast<size_t>(t) * D + d) * B + b) * H + j] = live ? hn : 0.0f;
+                    yt[o] = live ? hn : 0.0f;
                     hdst[o] = hn;
                 }
             }
         }
         // the direction's blocks meet: every block's part of this step's state written before any reads it
-        meet(sync + d, ++met * gridDim.x);
+        meet(sync + d * SYNC_STRIDE, ++met * gridDim.x);
     }
 """
 
@@ -142,20 +158,47 @@ __device__ __forceinline__ unsigned long long now_ns() {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
-// acc[g] = R[g * H + j, :] . h (a warp: lanes stride over H, then a butterfly sum)
-template <int NG, int H>
-__device__ __forceinline__ void dots(const float* R, int j, const float* h, int lane, float* acc) {
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+// out[g] = R[g * H + j, :] . h[b0 + lane, :] for lane < rows (a warp: lanes stride over H, each weight loaded once
+// for the BT rows; a butterfly sum gives every lane every row's sums, and lane l keeps row l's)
+template <int NG, int H, int BT>
+__device__ __forceinline__ void dots(const float* R, int j, const float* h, int b0, int rows, int lane, float* out) {
+    float acc[BT][NG];
     #pragma unroll
-    for (int g = 0; g < NG; ++g) acc[g] = 0.0f;
-    for (int i = lane; i < H; i += 32) {
-        const float hv = h[i];
+    for (int b = 0; b < BT; ++b) {
         #pragma unroll
-        for (int g = 0; g < NG; ++g) acc[g] = fmaf(__ldg(R + (static_cast<size_t>(g) * H + j) * H + i), hv, acc[g]);
+        for (int g = 0; g < NG; ++g) acc[b][g] = 0.0f;
+    }
+    for (int i = lane; i < H; i += 32) {
+        float w[NG];
+        #pragma unroll
+        for (int g = 0; g < NG; ++g) w[g] = __ldg(R + (static_cast<size_t>(g) * H + j) * H + i);
+        #pragma unroll
+        for (int b = 0; b < BT; ++b) {
+            if (b < rows) {
+                const float hv = h[(b0 + b) * H + i];
+                #pragma unroll
+                for (int g = 0; g < NG; ++g) acc[b][g] = fmaf(w[g], hv, acc[b][g]);
+            }
+        }
     }
     #pragma unroll
-    for (int g = 0; g < NG; ++g) {
-        #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) acc[g] += __shfl_xor_sync(0xffffffffu, acc[g], o);
+    for (int g = 0; g < NG; ++g) out[g] = 0.0f;
+    #pragma unroll
+    for (int b = 0; b < BT; ++b) {
+        if (b < rows) {
+            #pragma unroll
+            for (int g = 0; g < NG; ++g) {
+                float v = acc[b][g];
+                #pragma unroll
+                for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+                if (lane == b) out[g] = v;
+            }
+        }
     }
 }
 // a barrier of the direction's blocks: the count reaches target once every block has arrived this many times
@@ -164,10 +207,14 @@ __device__ __forceinline__ void meet(unsigned* count, unsigned target) {
     if (threadIdx.x == 0) {
         __threadfence();
         atomicAdd(count, 1u);
-        const unsigned long long start = now_ns();
-        while (atomicAdd(count, 0u) < target) {
-            __nanosleep(32);
-            if (now_ns() - start > TIMEOUT_NS) __trap();
+        unsigned n = 0;
+        unsigned long long start = 0;
+        while (load_acquire(count) < target) {
+            if ((++n & 1023u) == 0) {
+                const unsigned long long now = now_ns();
+                if (start == 0) start = now;
+                else if (now - start > TIMEOUT_NS) __trap();
+            }
         }
         __threadfence();
     }
@@ -194,9 +241,20 @@ def _kernel_for(clip: float | None):
     return _kernel("ortmlx_recurrence", INPUTS, OUTPUTS, SOURCE, header(clip))
 
 
-def blocks(hidden: int) -> tuple[int, int]:
-    """(blocks a direction, hidden units a block) for a layer of ``hidden`` units."""
-    nb = max(1, min(BLOCKS_MAX, hidden // UNITS_MIN))
+@functools.lru_cache(maxsize=1)
+def multiprocessors() -> int:
+    """The GPU's streaming multiprocessors (``RESIDENT_UNKNOWN`` where the driver does not say)."""
+    from . import cuda_driver
+    try:
+        drv = cuda_driver.driver()
+        return drv.multiprocessors() if drv is not None else RESIDENT_UNKNOWN
+    except cuda_driver.DriverError:
+        return RESIDENT_UNKNOWN
+
+
+def blocks(hidden: int, most: int = BLOCKS_MAX) -> tuple[int, int]:
+    """(blocks a direction, hidden units a block) for a layer of ``hidden`` units, at most ``most`` blocks."""
+    nb = max(1, min(most, hidden // UNITS_MIN))
     units = -(-hidden // nb)
     return -(-hidden // units), units
 
@@ -224,7 +282,8 @@ def recurrence(cell: str, xw, r, h0, c0, rbh, lens, *, reverse_first: bool = Fal
     direction 1 runs backwards in time, and direction 0 too with ``reverse_first``."""
     t, d, b, gh = xw.shape
     h = r.shape[-1]
-    nb, units = blocks(h)
+    # one block a multiprocessor at most: the barrier needs every block resident at once, beside other work
+    nb, units = blocks(h, max(1, min(BLOCKS_MAX, multiprocessors() // d)))
     threads = 32 * WARPS
     f32 = mx.float32
     y, st, _ = _kernel_for(None if clip is None else float(clip))(
@@ -232,7 +291,8 @@ def recurrence(cell: str, xw, r, h0, c0, rbh, lens, *, reverse_first: bool = Fal
                 lens if lens is not None else mx.zeros((1,), mx.int32)],
         template=[("G", GATES[cell]), ("H", h), ("D", d), ("UNITS", units), ("WARPS", WARPS),
                   ("STATE_MAX", STATE_MAX), ("REV0", bool(reverse_first)), ("HAS_LENS", lens is not None),
-                  ("CELL", CELLS[cell])],
+                  ("CELL", CELLS[cell]), ("SYNC_STRIDE", SYNC_STRIDE), ("BT", BATCH_TILE)],
         grid=(nb * threads, d, 1), threadgroup=(threads, 1, 1),
-        output_shapes=[(t, d, b, h), (4, d, b, h), (d,)], output_dtypes=[f32, f32, mx.uint32], init_value=0)
+        output_shapes=[(t, d, b, h), (4, d, b, h), (d * SYNC_STRIDE,)], output_dtypes=[f32, f32, mx.uint32],
+        init_value=0)
     return y, st[t % 2], (st[2] if cell == "lstm" else None)

@@ -155,15 +155,18 @@ def _apply_axis(x, axis, idx, w):
         shape = list(x.shape)
         y = mx.broadcast_to(mx.expand_dims(x, axis + 1), shape[:axis + 1] + [r] + shape[axis + 1:])
         return y.reshape(shape[:axis] + [out] + shape[axis + 1:])
-    g = mx.take(x, mx.array(idx.reshape(-1).astype(np.int32)), axis=axis)
     if w is None:
-        return g
-    shape = list(x.shape)
-    shape[axis:axis + 1] = [out, taps]
-    g = g.reshape(shape)
-    wshape = [1] * len(shape)
-    wshape[axis], wshape[axis + 1] = out, taps
-    return mx.sum(g * mx.array(w).reshape(wshape).astype(g.dtype), axis=axis + 1)
+        return mx.take(x, mx.array(idx.reshape(-1).astype(np.int32)), axis=axis)
+    # a gather and a product per tap, added in tap order: elementwise work where a sum over a taps axis between
+    # two others is a strided reduction (MLX's CUDA reduction took 1.26 ms for a UNet's 2x linear upsample)
+    wshape = [1] * x.ndim
+    wshape[axis] = out
+    y = None
+    for k in range(taps):
+        g = mx.take(x, mx.array(idx[:, k].astype(np.int32)), axis=axis)
+        t = g * mx.array(w[:, k]).reshape(wshape).astype(g.dtype)
+        y = t if y is None else y + t
+    return y
 
 
 def resize_core(X, scales, out_sizes, *, mode, ctm, nearest_mode="round_prefer_floor", cubic_coeff_a=-0.75,

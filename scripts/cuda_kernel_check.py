@@ -99,7 +99,7 @@ def cases():
     from ortmlx.kernels import cuda_recurrent as rec
     for cell, h, d, rev, lens, clip in (("lstm", 256, 2, False, False, None), ("lstm", 20, 1, True, True, 0.5),
                                         ("gru", 128, 2, False, True, None), ("gru", 13, 1, True, False, 0.3),
-                                        ("gru_early", 256, 2, False, True, None)):
+                                        ("gru_early", 256, 2, False, True, None), ("rnn", 64, 2, True, True, 0.2)):
         nb, units = rec.blocks(h)
         yield (f"recurrence {cell} H {h} directions {d} lens {lens} clip {clip}", "ortmlx_recurrence_x", rec.INPUTS,
                ["float32"] * 5 + ["int32"], rec.OUTPUTS, ["float32", "float32", "uint32"], rec.SOURCE,

@@ -38,7 +38,9 @@ def reference_recurrence(cell, xw, r, h0, c0, rbh, lens, *, reverse_first=False,
         for k in range(t_len):
             t = t_len - 1 - k if (d == 1 or reverse_first) else k
             x, hr = xw[t, d], hs @ r[d].T
-            if cell == "lstm":
+            if cell == "rnn":
+                hn, cn = np.tanh(cl(x + hr)), cs
+            elif cell == "lstm":
                 g = x + hr
                 gi, go, gf, gc = (g[:, q * h:(q + 1) * h] for q in range(4))
                 cn = sig(cl(gf)) * cs + sig(cl(gi)) * np.tanh(cl(gc))
@@ -83,13 +85,16 @@ LAYERS = [
     ("GRU", {}, "B", True),
     ("GRU", {"direction": "bidirectional", "clip": 0.7}, "B,lens,h0", True),
     ("GRU", {"activations": ["Sigmoid", "Relu"]}, "B", False),
+    ("RNN", {}, "B,h0", True),
+    ("RNN", {"direction": "bidirectional", "layout": 1, "clip": 0.4}, "B,lens", True),
+    ("RNN", {"activations": ["Relu"]}, "B", False),
 ]
 SEQ, BATCH, IN, H = 7, 3, 5, 12
 
 
 def _layer(op, attrs, given, seq=SEQ, batch=BATCH, hidden=H):
     d = 2 if attrs.get("direction") == "bidirectional" else 1
-    g = {"LSTM": 4, "GRU": 3}[op]
+    g = {"LSTM": 4, "GRU": 3, "RNN": 1}[op]
     lay = attrs.get("layout", 0)
     given = set(given.split(",")) - {""}
     x = _f32(*((batch, seq, IN) if lay else (seq, batch, IN)), scale=1.0)
@@ -100,7 +105,7 @@ def _layer(op, attrs, given, seq=SEQ, batch=BATCH, hidden=H):
     if op == "LSTM":
         args += [_f32(*st) if "c0" in given else None, _f32(d, 3 * hidden) if "P" in given else None]
     kw = {k: v for k, v in attrs.items()}
-    return (rc.lstm_14 if op == "LSTM" else rc.gru_14), args, dict(hidden_size=hidden, **kw)
+    return {"LSTM": rc.lstm_14, "GRU": rc.gru_14, "RNN": rc.rnn_14}[op], args, dict(hidden_size=hidden, **kw)
 
 
 def _run(fn, args, kw, *, kernels):
@@ -122,7 +127,7 @@ def test_the_kernel_route_matches_the_unrolled_steps(monkeypatch, op, attrs, giv
     assert calls == []
     monkeypatch.setattr(cuda_kernels, "enabled", lambda: True)
     got = _run(fn, args, kw, kernels=True)
-    cell = op.lower() if op == "LSTM" or attrs.get("linear_before_reset") else "gru_early"
+    cell = "gru_early" if op == "GRU" and not attrs.get("linear_before_reset") else op.lower()
     assert calls == ([cell] if routed else [])
     assert [g.shape for g in got] == [w.shape for w in want]
     for g, w in zip(got, want):
@@ -157,7 +162,7 @@ def test_reasons():
     assert cuda_recurrent.reason("lstm", x, r, 2, None) is None
     assert "state values" in cuda_recurrent.reason("lstm", x, _f32(1, 16, 4096), 4, None)
     assert "dtypes" in cuda_recurrent.reason("gru", x.astype(mx.float16), r, 2, None)
-    assert "cell" in cuda_recurrent.reason("rnn", x, r, 2, None)
+    assert "cell" in cuda_recurrent.reason("lstm_peepholes", x, r, 2, None)
 
 
 # ---------------------------------------------------------------- the kernel itself (MLX's CUDA backend)
@@ -171,6 +176,7 @@ KERNEL_CASES = {
     "gru-reverse": ("gru", 50, 1, 1, 256, [40], True, None),
     "gru-early": ("gru_early", 64, 2, 4, 96, [64, 3, 30, 64], False, None),
     "gru-early-clip": ("gru_early", 12, 1, 2, 256, None, True, 0.5),
+    "rnn": ("rnn", 40, 2, 3, 64, [40, 17, 1], False, None),
 }
 
 

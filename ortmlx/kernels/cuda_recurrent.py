@@ -1,4 +1,4 @@
-"""An LSTM or GRU layer's whole recurrence as one custom CUDA kernel (MLX's CUDA backend).
+"""An LSTM, GRU or RNN layer's whole recurrence as one custom CUDA kernel (MLX's CUDA backend).
 
 Unrolled in MLX ops (``ops/recurrent.py``) a time step is a product of the state with R (a cuBLAS call: 12-25 us
 of host time to launch) and the gates' fused kernel; a 200-step bidirectional layer is hundreds of launches for
@@ -8,6 +8,7 @@ microseconds of arithmetic. Here one launch runs every step of every direction:
     GRU (linear_before_reset): z, r = sigmoid(xw_z + h R_z^T), sigmoid(xw_r + h R_r^T);
                                h~ = tanh(xw_h + r (h R_h^T + Rb_h));  h = (1 - z) h~ + z h
     GRU (the reset gate first, ``gru_early``): the same z and r;  h~ = tanh(xw_h + (r h) R_h^T)
+    RNN: h = tanh(xw_t + h R^T)
 
 with ``xw_t = x_t W^T + Wb (+ Rb)`` made for all steps by one product beforehand (``clip`` clamps each activation's
 input, as the ops do). A direction's hidden units are split over ``blocks``; each step every block reads the whole
@@ -44,9 +45,9 @@ BARRIER_TIMEOUT_NS = 5_000_000_000
 #: those in host-visible managed memory, where each atomic took ~60 us: a step's barrier ~125 us on an H100)
 SYNC_STRIDE = 32
 #: gates a cell computes per hidden unit
-GATES = {"lstm": 4, "gru": 3, "gru_early": 3}
+GATES = {"lstm": 4, "gru": 3, "gru_early": 3, "rnn": 1}
 #: the kernel's CELL value per cell (``gru``: linear_before_reset, ``gru_early``: the reset gate before R_h)
-CELLS = {"lstm": 0, "gru": 1, "gru_early": 2}
+CELLS = {"lstm": 0, "gru": 1, "gru_early": 2, "rnn": 3}
 
 SOURCE = r"""
     // grid: (NB blocks, D directions); xw [T, D, B, G*H] (x W^T + biases), r [D, G*H, H], h0/c0 [D, B, H],
@@ -80,7 +81,7 @@ SOURCE = r"""
             const int j = u0 + u;
             for (int b0 = 0; b0 < B; b0 += BT) {
                 const int rows = min(BT, B - b0);
-                float a[G1];
+                float a[4];                     // G1 <= 4: every cell's branch indexes in bounds
                 dots<G1, H, BT>(R, j, hs, b0, rows, lane, a);
                 if (lane >= rows) continue;
                 const int b = b0 + lane;
@@ -101,6 +102,8 @@ SOURCE = r"""
                         hn = go * tanhf(cn);
                     }
                     cst[o] = cn;
+                } else if (CELL == CELL_RNN) {
+                    if (live) hn = tanhf(gate_in(x[j] + a[0]));
                 } else if (CELL == CELL_GRU) {
                     if (live) {
                         const float z = sigm(gate_in(x[j] + a[0]));
@@ -151,7 +154,7 @@ SOURCE = r"""
 """
 
 _HEADER = r"""
-constexpr int CELL_LSTM = 0, CELL_GRU = 1, CELL_GRU_EARLY = 2;
+constexpr int CELL_LSTM = 0, CELL_GRU = 1, CELL_GRU_EARLY = 2, CELL_RNN = 3;
 __device__ __forceinline__ float sigm(float v) { return 1.0f / (1.0f + expf(-v)); }
 __device__ __forceinline__ unsigned long long now_ns() {
     unsigned long long t;

@@ -39,7 +39,8 @@ DEFAULT_ACTS = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid",
 #: a direction's activations as ``_activations`` describes them, for the cells ``cuda_recurrent`` computes
 _DEFAULT_SIGS = {"gru": (("Sigmoid", 0.0, 0.0), ("Tanh", 0.0, 0.0)),
                  "gru_early": (("Sigmoid", 0.0, 0.0), ("Tanh", 0.0, 0.0)),
-                 "lstm": (("Sigmoid", 0.0, 0.0), ("Tanh", 0.0, 0.0), ("Tanh", 0.0, 0.0))}
+                 "lstm": (("Sigmoid", 0.0, 0.0), ("Tanh", 0.0, 0.0), ("Tanh", 0.0, 0.0)),
+                 "rnn": (("Tanh", 0.0, 0.0),)}
 
 
 def _s(v):
@@ -167,7 +168,7 @@ def _fused(kernel, X, W, R, B, lens, inits, sigs, clip, direction, n_dirs, G, H)
 def _recurrent(op, cell, X, W, R, B, sequence_lens, inits, *, activations, activation_alpha, activation_beta,
                clip, direction, hidden_size, layout, n_gates, extra=None, kernel=None):
     """Shared driver: layouts, directions, bias split, outputs (Y, Y_h[, Y_c]). ``kernel``: the cell's form in
-    ``cuda_recurrent`` ("lstm", "gru", "gru_early"), used where the build may (``_fused``)."""
+    ``cuda_recurrent`` ("lstm", "gru", "gru_early", "rnn"), used where the build may (``_fused``)."""
     direction = _s(direction)
     if direction not in DIRECTIONS:
         raise ValueError(f"direction {direction!r} is not one of {sorted(DIRECTIONS)}")
@@ -239,7 +240,8 @@ def _rnn_cell(R, rb, acts, clip, H, extra):
 
 
 def _rnn(X, W, R, B, sequence_lens, initial_h, layout=0, **kw):
-    return _recurrent("RNN", _rnn_cell, X, W, R, B, sequence_lens, [initial_h], n_gates=1, layout=layout, **kw)
+    return _recurrent("RNN", _rnn_cell, X, W, R, B, sequence_lens, [initial_h], n_gates=1, layout=layout,
+                      kernel="rnn", **kw)
 
 
 @register("RNN", 7, const=(4,), dtypes=TYPES, check=_check("RNN"))

@@ -39,8 +39,9 @@ WARPS = 8
 BATCH_TILE = 8
 #: most floats of the state (batch x hidden) a block keeps in shared memory
 STATE_MAX = 8192
-#: a barrier not met in this long traps: a grid that cannot be resident would otherwise spin forever
-BARRIER_TIMEOUT_NS = 5_000_000_000
+#: a barrier not met in this long traps: a grid that cannot be resident would otherwise spin forever (long enough
+#: for any time slice another process takes the GPU for)
+BARRIER_TIMEOUT_NS = 30_000_000_000
 #: uint32s between the directions' barrier counts: a line of their own each, and an array over 8 bytes (MLX puts
 #: those in host-visible managed memory, where each atomic took ~60 us: a step's barrier ~125 us on an H100)
 SYNC_STRIDE = 32

@@ -6,7 +6,9 @@ share it; a bidirectional layer whose directions have the same activations runs 
 batched step: forward time k and reverse time T-1-k). ``sequence_lens`` is a host value: lengths are
 checked on the host (1..seq_length, as ORT's CPU EP requires) and become per-step masks
 (state carried unchanged and Y zero past a sequence's end). float32 only (ORT's CPU EP
-runs these in float32; MLX's float64 exp/tanh is only float32-accurate).
+runs these in float32; MLX's float64 exp/tanh is only float32-accurate). On MLX's CUDA backend a layer
+with the default activations (an LSTM without peepholes or input_forget) runs every step in one custom
+kernel instead (``cuda_recurrent``): a step's launches cost more than its arithmetic.
 """
 from __future__ import annotations
 

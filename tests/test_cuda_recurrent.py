@@ -134,6 +134,14 @@ def test_the_kernel_route_matches_the_unrolled_steps(monkeypatch, op, attrs, giv
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
 
 
+def test_no_route_in_a_shapeless_trace(monkeypatch):
+    monkeypatch.setattr(cuda_kernels, "enabled", lambda: True)
+    monkeypatch.setattr(cuda_recurrent, "recurrence", lambda *a, **k: pytest.fail("kernel called"))
+    fn, args, kw = _layer("GRU", {"linear_before_reset": 1}, "B")
+    with build.active(build.BuildContext(cuda_kernels=True, shapeless=True)):
+        assert len(fn(*args, **kw)) == 2
+
+
 def test_no_route_in_a_build_without_the_kernels(monkeypatch):
     monkeypatch.setattr(cuda_recurrent, "recurrence", lambda *a, **k: pytest.fail("kernel called"))
     fn, args, kw = _layer("LSTM", {"direction": "bidirectional"}, "B")

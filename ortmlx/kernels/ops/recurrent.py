@@ -15,6 +15,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from .. import build
 from .. import cuda_kernels as ck
 from .. import cuda_recurrent
 from .. import dtypes as dt
@@ -146,7 +147,8 @@ def _clip(x, clip):
 def _fused(kernel, X, W, R, B, lens, inits, sigs, clip, direction, n_dirs, G, H):
     """The layer through ``cuda_recurrent.recurrence`` (one kernel for every step), or None where it does not
     apply: ``kernel`` None (a cell form it lacks), a build without the custom kernels, other activations."""
-    if kernel is None or not ck.enabled() or any(s != _DEFAULT_SIGS[kernel] for s in sigs):
+    # (a shapeless trace would keep this call's sequence length in the kernel's output shapes)
+    if kernel is None or not ck.enabled() or build.shapeless() or any(s != _DEFAULT_SIGS[kernel] for s in sigs):
         return None
     seq, batch, _ = X.shape
     if seq == 0 or cuda_recurrent.reason(kernel, X, R, batch, clip) is not None:

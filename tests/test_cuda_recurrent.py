@@ -185,6 +185,9 @@ KERNEL_CASES = {
     "gru-early": ("gru_early", 64, 2, 4, 96, [64, 3, 30, 64], False, None),
     "gru-early-clip": ("gru_early", 12, 1, 2, 256, None, True, 0.5),
     "rnn": ("rnn", 40, 2, 3, 64, [40, 17, 1], False, None),
+    # more rows than a warp's batch tile (BATCH_TILE): a second, partial tile
+    "lstm-batch-tiles": ("lstm", 25, 1, 19, 64, None, False, None),
+    "gru-early-batch-tiles": ("gru_early", 20, 2, 11, 40, [20, 3, 20, 9, 1, 20, 20, 14, 20, 2, 20], False, None),
 }
 
 

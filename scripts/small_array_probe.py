@@ -5,7 +5,9 @@
 MLX allocates arrays of 8 bytes or less from a pool in managed memory mapped into the GPU, larger ones in device
 memory. A custom kernel reading element 0 of a 4-, 8- or 16-byte int32 array (and adding it to a 28,672-float
 array), 200 launches chained in one evaluation, median of 7: the time a launch, with the small array made once,
-and made from the host before every evaluation (as a call's input is).
+and made from the host before every evaluation (as a call's input is). Then MLX's own ``maximum`` of a
+[1, 32, 256, 256] float32 array and a scalar (a ReLU), 50 chained: the scalar a 0-d array (MLX's pool) against
+element 0 of a 4-element array (device memory).
 """
 from __future__ import annotations
 
@@ -56,6 +58,20 @@ def main() -> int:
             how = "new from the host each call" if fresh else "made once"
             print(f"lenp {size * 4} bytes, {how}: {np.median(ts) / 200 * 1e6:.2f} us a kernel (200 chained)",
                   flush=True)
+    big = mx.random.normal((1, 32, 256, 256))
+    mx.eval(big)
+    for label, zero in (("a 0-d array", lambda: mx.array(0.0)), ("element 0 of 4", lambda: mx.zeros((4,))[0])):
+        z = zero()
+        mx.eval(z)
+        ts = []
+        for _ in range(7):
+            y = big
+            for _ in range(50):
+                y = mx.maximum(y, z)
+            t = time.perf_counter()
+            mx.eval(y)
+            ts.append(time.perf_counter() - t)
+        print(f"maximum with a scalar, {label}: {np.median(ts) / 50 * 1e6:.2f} us an op (50 chained)", flush=True)
     return 0
 
 

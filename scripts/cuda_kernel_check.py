@@ -103,10 +103,7 @@ def cases():
         nb, units = rec.blocks(h)
         yield (f"recurrence {cell} H {h} directions {d} lens {lens} clip {clip}", "ortmlx_recurrence_x", rec.INPUTS,
                ["float32"] * 5 + ["int32"], rec.OUTPUTS, ["float32", "float32", "uint32"], rec.SOURCE,
-               rec.header(clip), [("G", rec.GATES[cell]), ("H", h), ("D", d), ("UNITS", units),
-                                  ("WARPS", rec.WARPS), ("STATE_MAX", rec.STATE_MAX), ("REV0", rev),
-                                  ("HAS_LENS", lens), ("CELL", rec.CELLS[cell]),
-                                  ("SYNC_STRIDE", rec.SYNC_STRIDE), ("BT", rec.BATCH_TILE)])
+               rec.header(clip), rec.template(cell, h, d, units, rev, lens))
 
 
 def check_all(nvrtc, includes: list[str], arch: str = "sm_90a", quiet: bool = False) -> int:

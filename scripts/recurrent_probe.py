@@ -4,10 +4,10 @@
     python scripts/recurrent_probe.py --cell gru --hidden 128 --blocks 8,16,32 --no-barrier
 
 Per configuration: the median of ``--reps`` calls (launch, the kernel, ``mx.eval``) at each ``--steps`` length, and
-a step's cost: (the longest's time - the second length's) / their steps. ``--blocks``: the most blocks a direction (the kernel's
-``BLOCKS_MAX``) in turn; ``--no-barrier`` adds a run whose blocks skip the barrier: wrong answers, but the steps'
-arithmetic alone, so the difference is what the barrier costs. Random inputs; no answers are checked here
-(``tests/test_cuda_recurrent.py`` does that).
+a step's cost: (the longest's time - the second length's) / their steps. ``--blocks``: the most blocks a direction
+(the kernel's ``BLOCKS_MAX``) in turn; ``--no-barrier`` adds a run whose blocks skip the barrier: wrong answers,
+but the steps' arithmetic alone, so the difference is what the barrier costs. Random inputs; no answers are
+checked here (``tests/test_cuda_recurrent.py`` does that).
 """
 from __future__ import annotations
 
@@ -61,6 +61,10 @@ def main(argv=None) -> int:
         return 1
     steps = [int(x) for x in a.steps.split(",")]
     base_src, base_most = rec.SOURCE, rec.BLOCKS_MAX
+    barrier = "meet(sync + d * SYNC_STRIDE, ++met * gridDim.x);"
+    if a.no_barrier and barrier not in base_src:
+        print("recurrent_probe: the kernel's step barrier is not where --no-barrier looks for it")
+        return 1
     runs = [(f"blocks {m}", m, False) for m in ([int(x) for x in a.blocks.split(",")] if a.blocks else [base_most])]
     if a.no_barrier:
         runs.append((f"blocks {runs[0][1]}, no barrier", runs[0][1], True))
@@ -68,8 +72,7 @@ def main(argv=None) -> int:
         for b in (int(x) for x in a.batch.split(",")):
             for label, most, nobar in runs:
                 rec.BLOCKS_MAX = most
-                rec.SOURCE = base_src.replace("meet(sync + d * SYNC_STRIDE, ++met * gridDim.x);", "__syncthreads();") \
-                    if nobar else base_src
+                rec.SOURCE = base_src.replace(barrier, "__syncthreads();") if nobar else base_src
                 rec._kernel_for.cache_clear()
                 ms = [_time(rec, a.cell, t, a.dirs, b, a.hidden, a.reps) for t in steps]
                 lo = 1 if len(steps) > 2 else 0

@@ -25,6 +25,7 @@ import functools
 
 import mlx.core as mx
 
+from . import consts
 from .cuda_kernels import _f32_literal, _kernel
 
 #: blocks a direction is split over at most (all of them wait for each other every step)
@@ -277,6 +278,13 @@ def reason(cell: str, x, r, batch: int, clip) -> str | None:
     return None
 
 
+def template(cell: str, hidden: int, dirs: int, units: int, reverse_first: bool, has_lens: bool) -> list:
+    """The kernel's template values for one layer form (``units`` hidden units a block: ``blocks``)."""
+    return [("G", GATES[cell]), ("H", hidden), ("D", dirs), ("UNITS", units), ("WARPS", WARPS),
+            ("STATE_MAX", STATE_MAX), ("REV0", bool(reverse_first)), ("HAS_LENS", bool(has_lens)),
+            ("CELL", CELLS[cell]), ("SYNC_STRIDE", SYNC_STRIDE), ("BT", BATCH_TILE)]
+
+
 def recurrence(cell: str, xw, r, h0, c0, rbh, lens, *, reverse_first: bool = False, clip: float | None = None):
     """All steps of a layer: (Y [T, D, B, H], Y_h [D, B, H], Y_c [D, B, H] or None for a GRU).
 
@@ -291,11 +299,9 @@ def recurrence(cell: str, xw, r, h0, c0, rbh, lens, *, reverse_first: bool = Fal
     threads = 32 * WARPS
     f32 = mx.float32
     y, st, _ = _kernel_for(None if clip is None else float(clip))(
-        inputs=[xw, r, h0, c0 if c0 is not None else h0, rbh if rbh is not None else mx.zeros((1,), f32),
-                lens if lens is not None else mx.zeros((1,), mx.int32)],
-        template=[("G", GATES[cell]), ("H", h), ("D", d), ("UNITS", units), ("WARPS", WARPS),
-                  ("STATE_MAX", STATE_MAX), ("REV0", bool(reverse_first)), ("HAS_LENS", lens is not None),
-                  ("CELL", CELLS[cell]), ("SYNC_STRIDE", SYNC_STRIDE), ("BT", BATCH_TILE)],
+        inputs=[xw, r, h0, c0 if c0 is not None else h0, rbh if rbh is not None else consts.zeros((1,), f32),
+                lens if lens is not None else consts.zeros((1,), mx.int32)],
+        template=template(cell, h, d, units, reverse_first, lens is not None),
         grid=(nb * threads, d, 1), threadgroup=(threads, 1, 1),
         output_shapes=[(t, d, b, h), (4, d, b, h), (d * SYNC_STRIDE,)], output_dtypes=[f32, f32, mx.uint32],
         init_value=0)

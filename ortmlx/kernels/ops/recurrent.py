@@ -15,7 +15,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from .. import build
+from .. import build, consts
 from .. import cuda_kernels as ck
 from .. import cuda_recurrent
 from .. import dtypes as dt
@@ -158,12 +158,14 @@ def _fused(kernel, X, W, R, B, lens, inits, sigs, clip, direction, n_dirs, G, H)
     rbh = None
     if B is not None:
         direct = 2 * H if kernel == "gru" else G
-        bias = B[:, :G] + mx.concatenate([B[:, G:G + direct], mx.zeros((n_dirs, G - direct), B.dtype)], axis=1)
+        bias = B[:, :G] + mx.concatenate([B[:, G:G + direct], consts.zeros((n_dirs, G - direct), B.dtype)], axis=1)
         xw = xw + bias[:, None, :]
         rbh = B[:, G + 2 * H:] if kernel == "gru" else None
     if kernel == "gru" and rbh is None:
-        rbh = mx.zeros((n_dirs, H), mx.float32)
-    h0, c0 = (mx.zeros((n_dirs, batch, H), X.dtype) if s is None else s for s in (list(inits) + [None])[:2])
+        rbh = consts.zeros((n_dirs, H), mx.float32)
+    zero = consts.zeros((n_dirs, batch, H), X.dtype)
+    h0 = zero if inits[0] is None else inits[0]
+    c0 = None if kernel != "lstm" else zero if inits[1] is None else inits[1]
     y, yh, yc = cuda_recurrent.recurrence(kernel, xw, R, h0, c0, rbh, lens, reverse_first=direction == "reverse",
                                           clip=clip)
     return (y, yh, yc) if kernel == "lstm" else (y, yh)

@@ -58,7 +58,7 @@ def cases():
                    [("T", t), ("HIDDEN", 896), ("HAS_SKIP", skip), ("HAS_BIAS", bias)])
         for gate_first in (True, False):
             yield (f"swiglu {t} gate first {gate_first}", "ortmlx_swiglu_x", ["y"], [t], ["out"], [t],
-                   ck._SWIGLU_SOURCE, "", [("T", t), ("N", 4864), ("ROWS", 1), ("GATE_FIRST", gate_first)])
+                   ck._SWIGLU_SOURCE, "", [("T", t), ("N", 4864), ("GATE_FIRST", gate_first)])
         for k, n, wnd, skip, bias, gated in ((896, 1152, 3, True, False, None), (1536, 17920, 3, True, True, None),
                                              (100, 24, 2, False, False, None), (896, 4864, 3, True, False, True),
                                              (1536, 8960, 3, True, True, False), (100, 12, 2, False, False, True)):

@@ -627,8 +627,8 @@ def reference_swiglu(y, n: int, gate_first: bool = True) -> np.ndarray:
 
 def test_swiglu_wiring_with_the_contract(monkeypatch):
     """Everywhere: the folded MLP step hands a decode row's merged product, its width and the gate's side to
-    the kernel (here its NumPy contract), which answers what the folded nodes' translators do; several rows
-    (a prompt) keep the translators (the kernel is compiled per row count)."""
+    the kernel (here its NumPy contract), which answers what the folded nodes' translators do; a prompt's
+    rows too (the kernel reads the row count at run time)."""
     from ortmlx.kernels import merge
     seen = []
 
@@ -648,12 +648,13 @@ def test_swiglu_wiring_with_the_contract(monkeypatch):
             assert got.shape == want.shape == lead + (24,) and got.dtype == mx.float16
             err = np.abs(np.array(got, np.float32) - np.array(want, np.float32)).max()
             assert err <= 2 ** -10 * max(1.0, float(np.abs(np.array(want, np.float32)).max())), err
-    assert seen == [((1, 1, 48), 24, True), ((1, 1, 48), 24, False)]
+    assert seen == [((1, 1, 48), 24, True), ((1, 1, 48), 24, False), ((2, 3, 48), 24, True), ((2, 3, 48), 24, False)]
 
 
 @gpu_only
 @pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16, mx.float32], ids=["fp16", "bf16", "fp32"])
-@pytest.mark.parametrize("shape,n,gate_first", [((1, 1), 4864, True), ((3, 5), 40, False), ((7,), 8960, True)])
+@pytest.mark.parametrize("shape,n,gate_first", [((1, 1), 4864, True), ((3, 5), 40, False), ((7,), 8960, True),
+                                                ((1, 300), 4864, False)])
 def test_swiglu_kernel(dtype, shape, n, gate_first):
     """On the GPU: the kernel against its contract (each node's rounding) and against the folded nodes'
     translators run by MLX (at most one unit in the last place of the type apart)."""

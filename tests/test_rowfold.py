@@ -198,7 +198,7 @@ def test_decode_row_takes_the_kernels(monkeypatch, bias, variant):
     feeds = _feeds(g, npt, (2, 3))
     calls.clear()
     folded.run(feeds)
-    assert calls == ["rms", "rms", "rms"], calls          # rows by default: the norm nodes' kernel, MLX's gating
+    assert calls == ["rms", "rms", "glu", "rms"], calls   # rows by default: the nodes' own kernels
     # with tuning batch_rows, a batch's rows take the same kernels as a lone row
     folded, plain = _programs(g, row_limit=cuda_rows.ROWS_MAX)
     cuda_rows.register_col_major(v for k, v in folded.constants.items() if k not in row_major)
@@ -210,7 +210,7 @@ def test_decode_row_takes_the_kernels(monkeypatch, bias, variant):
         np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32), rtol=1e-2, atol=1e-2, err_msg=name)
     calls.clear()
     folded.run(_feeds(g, npt, (2, cuda_rows.ROWS_MAX)))
-    assert calls == ["rms", "rms", "rms"], calls          # more rows than ROWS_MAX: the nodes' own kernels
+    assert calls == ["rms", "rms", "glu", "rms"], calls   # more rows than ROWS_MAX: the nodes' own kernels
 
 
 def test_row_reason():

@@ -565,9 +565,12 @@ def rms_norm(x, gamma, epsilon: float, skip=None, bias=None):
 
 _SWIGLU_SOURCE = r"""
     // y: rows of [gate | up] (or [up | gate]), 2 * N each; out = (g * sigmoid(g)) * u with the ONNX nodes'
-    // roundings: Sigmoid in float32 rounded to T, each Mul of two T values rounded to T.
+    // roundings: Sigmoid in float32 rounded to T, each Mul of two T values rounded to T. The row count is y's
+    // shape, read at run time: a prompt of any length runs the one build.
+    size_t rows = 1;
+    for (int k = 0; k + 1 < y_ndim; ++k) rows *= static_cast<size_t>(y_shape[k]);
     const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
-    if (i >= ROWS * static_cast<size_t>(N)) return;
+    if (i >= rows * static_cast<size_t>(N)) return;
     const size_t r = i / N, c = i % N;
     const T* yr = y + r * 2 * static_cast<size_t>(N);
     const float g = static_cast<float>(yr[GATE_FIRST ? c : N + c]);
@@ -595,12 +598,12 @@ def swiglu_reason(y, n: int) -> str | None:
 
 def swiglu(y, n: int, gate_first: bool = True):
     """(g * sigmoid(g)) * u of a merged gate/up product ``y`` [..., 2N] (gate then up, or up then gate):
-    [..., N] in y's type, one kernel instead of two slices and the fused elementwise kernel. Rounded as
-    the ONNX nodes are (Sigmoid computed in float32 and rounded, each Mul rounded to the type)."""
-    rows = y.size // (2 * n)
-    total = rows * n
+    [..., N] in y's type, one kernel instead of two slices and MLX's elementwise kernels (a prompt's four
+    unfused ones, over float32 copies). Rounded as the ONNX nodes are (Sigmoid computed in float32 and rounded,
+    each Mul rounded to the type)."""
+    total = y.size // 2
     (out,) = _swiglu_kernel()(
-        inputs=[y], template=[("T", y.dtype), ("N", n), ("ROWS", rows), ("GATE_FIRST", bool(gate_first))],
+        inputs=[y], template=[("T", y.dtype), ("N", n), ("GATE_FIRST", bool(gate_first))],
         grid=(-(-total // SWIGLU_THREADS) * SWIGLU_THREADS, 1, 1), threadgroup=(SWIGLU_THREADS, 1, 1),
         output_shapes=[tuple(y.shape[:-1]) + (n,)], output_dtypes=[y.dtype])
     return out

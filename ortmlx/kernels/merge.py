@@ -119,10 +119,9 @@ def merged_swiglu(A, W, *, width: int, gate_first: bool, mm=None):
 
 
 def swiglu_of(y, width: int, gate_first: bool):
-    """The SiLU gating of a merged gate/up product y: one custom kernel for a decode row on MLX's CUDA
-    backend, else the folded nodes' own translators over the product's slices (the kernel is compiled per
-    row count: a prompt of a new length would pay a compile)."""
-    if y.size == 2 * width and cuda_kernels.enabled() and cuda_kernels.swiglu_reason(y, width) is None:
+    """The SiLU gating of a merged gate/up product y: one custom kernel on MLX's CUDA backend (any row count:
+    it reads them at run time), else the folded nodes' own translators over the product's slices."""
+    if cuda_kernels.enabled() and cuda_kernels.swiglu_reason(y, width) is None:
         return cuda_kernels.swiglu(y, width, gate_first)
     first, second = merged_matmul_slices(y, (width, width))
     g, u = (first, second) if gate_first else (second, first)

@@ -35,6 +35,31 @@ def test_zeros_is_cached_evaluated_and_a_constant_in_a_trace():
     assert np.array(kept(x))[0] == 1.0
 
 
+@pytest.mark.parametrize("value,dtype", [(0.0, mx.float16), (-2.5, mx.float32), (7, mx.int32), (True, mx.bool_),
+                                         (-3, mx.int64), (200, mx.uint8)])
+def test_small_constants_are_roomy_views(value, dtype):
+    """Arrays of 8 bytes or less come back as other (evaluated) arrays of the same values, shape and type: views
+    into 16 bytes a kernel wrote (MLX's CUDA allocator pools the small ones in managed memory); larger ones as
+    they are."""
+    for shape in ((), (1,), (1, 1)):
+        a = mx.full(shape, value, dtype)
+        if a.nbytes > consts.POOLED_BYTES:
+            continue
+        r = consts.roomy(a)
+        assert r is not a and r.shape == shape and r.dtype == dtype
+        assert np.array_equal(np.array(r), np.array(a))
+    two = mx.full((2,), value, dtype)
+    if two.nbytes <= consts.POOLED_BYTES:
+        assert np.array(consts.roomy(two)).tolist() == np.array(two).tolist()
+    big = mx.full((4,), value, mx.float32)
+    assert consts.roomy(big) is big
+    s = consts.scalar(value, dtype)
+    assert s is consts.scalar(value, dtype) and s.shape == () and s.dtype == dtype and s.item() == np.array(
+        mx.array(value, dtype)).item()
+    z = consts.zeros((1,), dtype)
+    assert z.shape == (1,) and z.dtype == dtype and np.array(z).tolist() == [0]
+
+
 def _primitives(out) -> list[str]:
     import re
     import tempfile

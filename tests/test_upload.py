@@ -5,7 +5,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from ortmlx.kernels import cuda_kernels
+from ortmlx.kernels import consts, cuda_kernels
 from ortmlx.kernels import dtypes as dt
 from ortmlx.runtime import upload as U
 
@@ -25,11 +25,17 @@ class _Buffer:
 
 
 def _reads(log):
+    """The copy kernel's contract: an ``n``-byte output holding the header's count of bytes (at most ``n``); never
+    an output MLX would put in its pool of 8 bytes or less."""
     def copier(stage, n):
+        assert stage.dtype == mx.uint64 and stage.size == 1 and n >= consts.ROOM_BYTES
         addr = int(np.array(stage).reshape(-1)[0])
-        assert ctypes.c_uint64.from_address(addr).value == n            # the header's count
-        log.append(n)
-        return mx.array(np.frombuffer(ctypes.string_at(addr + U._HEADER, n), np.uint8).copy())
+        count = ctypes.c_uint64.from_address(addr).value                # the header's count
+        assert count <= n
+        log.append(count)
+        out = np.full(n, 0xEE, np.uint8)                                # bytes past the count: not written
+        out[:count] = np.frombuffer(ctypes.string_at(addr + U._HEADER, count), np.uint8)
+        return mx.array(out)
     return copier
 
 
@@ -62,11 +68,15 @@ def test_small_arrays_each_take_a_buffer_of_the_ring():
     assert log == [a.nbytes for a in arrs] and u.small_uploads == len(arrs) and u.uploads == 0
     for a, g in zip(arrs, got):
         np.testing.assert_array_equal(np.array(g), a)
-    n = u.small_uploads
-    scalar = u(np.array(2.5, np.float32), dt.FLOAT)             # MLX's scalar pool: no fault to save
-    assert scalar.shape == () and float(scalar) == 2.5 and u.small_uploads == n
+    # 8 bytes or less: views into a 16-byte copy (MLX would keep them in its managed pool)
+    n, log[:] = u.small_uploads, []
+    scalar = u(np.array(2.5, np.float32), dt.FLOAT)
+    assert scalar.shape == () and scalar.dtype == mx.float32 and float(scalar) == 2.5
     pair = u(np.array([7, -1], np.int32), dt.INT32)
-    assert pair.tolist() == [7, -1] and u.small_uploads == n
+    assert pair.shape == (2,) and pair.tolist() == [7, -1]
+    byte = u(np.array([[200]], np.uint8), dt.UINT8)
+    assert byte.shape == (1, 1) and byte.dtype == mx.uint8 and byte.tolist() == [[200]]
+    assert u.small_uploads == n + 3 and log == [4, 8, 1] and u.failed == 0
 
 
 class _Lazy:

@@ -197,15 +197,12 @@ def gqa_traced(decode: bool, padded: bool = False):
     the runtime uses where the past was a zero stand-in or a mirror (``BucketedPrefill``).
     """
     def gqa(*args, **attrs):
-        out = _gqa(*args, **attrs)
         if not padded or attrs.get("sliding_window_cache", 0):
-            return out
-        o, pk, pv = out
+            return _gqa(*args, **attrs)
+        # the presents' rows at or past the prompt's length are zero (selected over the bucket's rows only)
         seqlens = args[5].reshape(-1).astype(mx.int32)
-        b, t = pk.shape[0], pk.shape[2]
-        keep = consts.arange(t).reshape(1, 1, t, 1) < (seqlens + 1).reshape(b, 1, 1, 1)
-        zero = consts.zeros((1,), pk.dtype)
-        pk, pv = mx.where(keep, pk, zero), mx.where(keep, pv, zero)
+        o, pk, pv = _gqa(*args, prompt_valid=seqlens + 1, **attrs)
+        b = pk.shape[0]
         s = args[0].shape[1]                    # the bucket (<= t: BucketedPrefill caps it by the buffer)
         build.memo(PADDED_VALID, lambda: seqlens + 1)      # the prompt's own length, for ``gather_padded_tail``
         start = build.memo(("prefill_start", b), lambda: consts.zeros((b,), mx.int32))
@@ -213,7 +210,7 @@ def gqa_traced(decode: bool, padded: bool = False):
         add_row_hint(pv, args[4], start, pv[:, :, :s])
         return o, pk, pv
 
-    def _gqa(*args, **attrs):
+    def _gqa(*args, prompt_valid=None, **attrs):
         a, x, q, k, v = _gqa_args(args, attrs, (), "traced GroupQueryAttention", pack=True)
         if a["sliding_window_cache"]:
             return gqa_window_traced(a, x, q, k, v, decode, padded)
@@ -274,7 +271,14 @@ def gqa_traced(decode: bool, padded: bool = False):
                        sin_cache=x["sin_cache"] if a["do_rotary"] else None,
                        rotary_interleaved=bool(a["rotary_interleaved"]), position_ids=None,
                        attention_bias=x["attention_bias"], sink=sink, in_place=decode, packed=packed,
-                       qkv_bias=x["qkv_bias"], kv_quant=kvq, causal_prompt=causal)
+                       qkv_bias=x["qkv_bias"], kv_quant=kvq, causal_prompt=causal,
+                       prompt_valid=prompt_valid if first_prompt else None)
+        if prompt_valid is not None and not first_prompt:       # rows past the prompt's length zeroed over all
+            o, pk, pv = res
+            t = pk.shape[2]
+            keep = consts.arange(t).reshape(1, 1, t, 1) < prompt_valid.reshape(b, 1, 1, 1)
+            zero = consts.zeros((), pk.dtype)
+            return o, mx.where(keep, pk, zero), mx.where(keep, pv, zero)
         if not decode:
             return res
         # decode writes row seqlens_k (= past length, S == 1) into the buffer and leaves the others

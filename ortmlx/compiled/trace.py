@@ -13,7 +13,7 @@ import math
 import mlx.core as mx
 import numpy as np
 
-from ..kernels import build, cuda_cache, cuda_driver, cuda_kernels
+from ..kernels import build, consts, cuda_cache, cuda_driver, cuda_kernels
 from ..kernels import dtypes as dt
 from ..stats import SessionStats
 from .config import CompiledConfig
@@ -156,7 +156,7 @@ def _sink_address(c, offset: int, nbytes: int) -> mx.array | None:
             return None
     if offset + nbytes > c.sink.nbytes:
         raise Untraceable(f"{offset + nbytes} bytes outgrew the closure's host buffer ({c.sink.nbytes} bytes)")
-    return mx.array([c.sink.device_address + offset], dtype=mx.uint64)
+    return consts.roomy(mx.array([c.sink.device_address + offset], dtype=mx.uint64))
 
 
 #: element types an output may take through host memory (a NumPy view of the bytes; not bfloat16)

@@ -17,6 +17,23 @@ import mlx.core as mx
 
 #: casts of constants up to this many elements are kept (larger ones are recast each call)
 CAST_MAX_ELEMS = 1 << 20
+#: MLX's CUDA allocator serves arrays of this many bytes or less from a pool of managed memory that every kernel
+#: reading one reads across the bus (~10 us of GPU time a kernel: docs/performance.md); ``roomy`` keeps constants
+#: out of it
+POOLED_BYTES = 8
+#: the bytes a ``roomy`` array's buffer holds at least
+ROOM_BYTES = 16
+
+
+def roomy(a: mx.array) -> mx.array:
+    """``a``, evaluated; one of ``POOLED_BYTES`` or less as a view into a buffer of ``ROOM_BYTES`` that a kernel
+    wrote (on MLX's CUDA backend: device memory, not the pool). The same values, shape and type."""
+    if 0 < a.nbytes <= POOLED_BYTES:
+        room = -(-ROOM_BYTES // a.dtype.size)
+        flat = mx.concatenate([a.reshape(-1), mx.zeros((room - a.size,), a.dtype)])
+        a = flat[:a.size].reshape(a.shape)
+    mx.eval(a)
+    return a
 
 
 @functools.lru_cache(maxsize=512)
@@ -24,18 +41,21 @@ def arange(n: int, dtype=mx.int32, start: int = 0) -> mx.array:
     """``mx.arange(start, start + n, dtype=dtype)``, evaluated once (never write into it)."""
     if n < 0:
         raise ValueError(f"arange length {n} is negative")
-    a = mx.arange(start, start + n, dtype=dtype)
-    mx.eval(a)
-    return a
+    return roomy(mx.arange(start, start + n, dtype=dtype))
 
 
 @functools.lru_cache(maxsize=256)
 def zeros(shape: tuple, dtype=mx.float32) -> mx.array:
     """``mx.zeros(shape, dtype)``, evaluated once (never write into it): inside a trace a captured
     constant, where ``mx.zeros`` would be a fill kernel every call."""
-    a = mx.zeros(tuple(shape), dtype)
-    mx.eval(a)
-    return a
+    return roomy(mx.zeros(tuple(shape), dtype))
+
+
+@functools.lru_cache(maxsize=256)
+def scalar(value, dtype) -> mx.array:
+    """A 0-d ``value`` of ``dtype``, evaluated once (``roomy``): an operand for a kernel over a large array, where a
+    Python number would be MLX's pooled scalar."""
+    return roomy(mx.array(value, dtype))
 
 
 #: re-entrant: a registered constant dying while ``register`` holds the lock (a collection run by its own
@@ -70,7 +90,5 @@ def cast(x, dtype):
         return x.astype(dtype)
     got = e[1].get(dtype)
     if got is None:
-        got = x.astype(dtype)
-        mx.eval(got)
-        e[1][dtype] = got
+        got = e[1][dtype] = roomy(x.astype(dtype))
     return got

@@ -11,7 +11,8 @@ the kernel reads the other, and is evaluated before it returns. A small one take
 ``SMALL_SLOTS`` buffers (one ring per thread) and returns lazily, its copy run with the graph that reads it; a
 buffer is written again only once its last copy has run (as a rule long before: each call is evaluated before the
 next). Inside a compiled closure's trace small arrays take MLX's copy: a trace would replay the copy from a buffer
-since reused; so do arrays of ``SCALAR_BYTES`` or less, which MLX keeps in a pool the GPU reads in place.
+since reused. An array of 8 bytes or less (a length, a position) is a view into the copy's 16 bytes: MLX would keep
+it in its pool of managed memory, which every kernel reading it reads across the bus (``consts.roomy``).
 
 ``uploader(device, enabled)`` is the ``Upload`` (``dtypes.to_mx``'s signature) a session's program uses for its
 call inputs and constants: this one on MLX's CUDA backend once its self-test passed, else ``dtypes.to_mx``.
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from ..kernels import build, cuda_kernels
+from ..kernels import build, consts, cuda_kernels
 from ..kernels import dtypes as dt
 from ..kernels.cuda_driver import Driver, HostBuffer
 from ..kernels.cuda_driver import driver as _open_driver
@@ -35,8 +36,6 @@ from .devread import parallel_memmove
 UPLOAD_MIN = 1 << 20
 #: bytes one large buffer holds; larger arrays take two, alternately
 STAGE_BYTES = 32 << 20
-#: arrays of at most this many bytes keep MLX's copy: its pool for them is mapped into the GPU (no page faults)
-SCALAR_BYTES = 8
 #: small buffers, taken in turn (a call's small inputs rarely outnumber them: then an earlier copy is run first)
 SMALL_SLOTS = 16
 _HEADER = cuda_kernels.COPY_IN_HEADER
@@ -51,9 +50,8 @@ class Stage:
     def __init__(self, drv, nbytes: int, buffer):
         self.buf = buffer(drv, -(-(nbytes + _HEADER) // 4096) * 4096)
         self.capacity = self.buf.nbytes - _HEADER
-        a = mx.array(self.buf.device_address, dtype=mx.uint64)
-        self.address = mx.bitwise_or(a, mx.array(0, mx.uint64))     # a kernel's result: no host write ever again
-        mx.eval(self.address)
+        # a kernel's result in device memory: no host write ever again, not in MLX's pool (``consts.roomy``)
+        self.address = consts.roomy(mx.array(self.buf.device_address, dtype=mx.uint64))
         self.pending = None
 
     def settle(self) -> None:
@@ -63,15 +61,16 @@ class Stage:
             self.pending = None
 
     def fill(self, src: int, n: int, copier, threads: bool = False) -> mx.array:
-        """Write the count and ``n`` bytes from host address ``src``; the (lazy) uint8 copy of them."""
+        """Write the count and ``n`` bytes from host address ``src``; the (lazy) uint8 copy of them (a view into
+        ``consts.ROOM_BYTES`` when fewer)."""
         self.settle()
         ctypes.c_uint64.from_address(self.buf.host_address).value = n
         if threads:
             parallel_memmove(self.buf.host_address + _HEADER, src, n)
         else:
             ctypes.memmove(self.buf.host_address + _HEADER, src, n)
-        self.pending = copier(self.address, n)
-        return self.pending
+        self.pending = copier(self.address, max(n, consts.ROOM_BYTES))      # (the kernel copies n of them)
+        return self.pending if n >= consts.ROOM_BYTES else self.pending[:n]
 
     def free(self) -> None:
         self.settle()
@@ -97,7 +96,7 @@ class Uploader:
 
     def __call__(self, a: np.ndarray, t: int) -> mx.array:
         m = _PLAIN.get(t)
-        if m is None or self.failed >= 3 or not isinstance(a, np.ndarray) or a.nbytes <= SCALAR_BYTES \
+        if m is None or self.failed >= 3 or not isinstance(a, np.ndarray) or a.nbytes == 0 \
                 or not a.flags.c_contiguous or a.dtype.itemsize != m.size:
             return dt.to_mx(a, t)
         large = a.nbytes >= UPLOAD_MIN

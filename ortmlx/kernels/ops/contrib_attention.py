@@ -116,7 +116,7 @@ def _bnsh(x, n: int):
     return x.reshape(b, s, n, hidden // n).transpose(0, 2, 1, 3)
 
 
-def _present(past, new, past_len, total: int, in_place: bool = False, first: bool = False):
+def _present(past, new, past_len, total: int, in_place: bool = False, first: bool = False, valid=None):
     """KV cache after appending ``new`` (B,Nkv,S,H) at row ``past_len[b]`` of each batch row.
 
     Rows below past_len come from ``past`` (None: none), rows past_len..past_len+S-1 from
@@ -124,11 +124,16 @@ def _present(past, new, past_len, total: int, in_place: bool = False, first: boo
     ``in_place`` (S == 1, a past of ``total`` rows): every other row is the past's, as ORT's
     kernel leaves a shared buffer (rows past the new one are never read). ``first`` (a first
     prompt: past_len 0): ``new`` padded with zero rows, so no fused kernel holds S as a constant
-    (MLX builds one per constant: a bucketed prefill would build two at every new bucket).
+    (MLX builds one per constant: a bucketed prefill would build two at every new bucket). ``valid`` ((B,) int32,
+    first prompts): rows at or past it are zero too (a padded prompt's). The zeros are a device constant: MLX's
+    own fill value would be a pooled scalar every thread reads (``consts.roomy``).
     """
     b, n, s, h = new.shape
     if first and not in_place:
-        return mx.pad(new, [(0, 0), (0, 0), (0, total - s), (0, 0)]) if total > s else new
+        zero = consts.zeros((), new.dtype)
+        if valid is not None:
+            new = mx.where(consts.arange(s).reshape(1, 1, s, 1) < valid.reshape(b, 1, 1, 1), new, zero)
+        return mx.pad(new, [(0, 0), (0, 0), (0, total - s), (0, 0)], constant_values=zero) if total > s else new
     pl = past_len.reshape(b, 1, 1, 1)
     if in_place:
         if s != 1 or past is None or past.shape[2] != total:
@@ -394,7 +399,7 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
              kv_num_heads: int, first_prompt: bool, scale: float = 0.0, softcap: float = 0.0,
              local_window_size: int = -1, cos_cache=None, sin_cache=None, position_ids=None,
              rotary_interleaved: bool = False, attention_bias=None, sink=None, in_place: bool = False,
-             packed: bool = False, qkv_bias=None, kv_quant=None, causal_prompt: bool = False):
+             packed: bool = False, qkv_bias=None, kv_quant=None, causal_prompt: bool = False, prompt_valid=None):
     """GroupQueryAttention on MLX arrays, as ORT's CPU kernel computes it.
 
     q (B,S,N*H); k, v (B,S,Nkv*H); or ``packed``: q is the packed QKV ((B,S,(N+2*Nkv)*H) or its
@@ -409,7 +414,8 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
     ``kv_quant`` (a quantized KV cache, ``KVQuant``): past_key/value hold the quantized cache; the new rows
     are quantized into the presents and attention reads the dequantized presents (as ORT's CPU kernel).
     ``causal_prompt``: a first prompt's rows past its total length are absent or dropped (``prompt_attention``'s
-    ``causal``).
+    ``causal``). ``prompt_valid`` ((B,) int32, a first prompt padded past its length): present rows at or past it
+    are zero, as for the unpadded prompt.
     """
     nq = num_heads + kv_num_heads
     flat = q
@@ -478,8 +484,8 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
     present_len = max(total_sequence_length, past_key.shape[2] if past_key is not None else 0)
     if kv_quant is not None:          # the cache holds quantized rows; attention reads them dequantized
         k, v = kv_quant.quantize_k(k), kv_quant.quantize_v(v)
-    pk = _present(past_key, k, past_len, present_len, in_place, first_prompt)
-    pv = _present(past_value, v, past_len, present_len, in_place, first_prompt)
+    pk = _present(past_key, k, past_len, present_len, in_place, first_prompt, prompt_valid)
+    pv = _present(past_value, v, past_len, present_len, in_place, first_prompt, prompt_valid)
     pkf, pvf = (pk, pv) if kv_quant is None else (kv_quant.dequantize_k(pk), kv_quant.dequantize_v(pv))
     if s == 1 and kv_quant is None and cuda_kernels.enabled():
         qsrc = qk if packed else q

@@ -4,6 +4,10 @@ the CUDA API calls the host makes (CUDA graph building and launching dominate) a
 
     python scripts/gpu_profile.py MODEL_DIR [--hf HF_DIR] [--tokens 8] [--option key=value ...]
     python scripts/gpu_profile.py --general resnet18,bert [--batch 1] [--tokens 20]
+    python scripts/gpu_profile.py MODEL_DIR --prompt 128,2048 --engine cuda [--tokens 4]
+
+``--prompt N,...``: genai prompts of N tokens instead of decode tokens (each: a new generator, ``append_tokens`` and the
+first token, what TTFT times), on the MLX EP or (``--engine cuda``) ORT's CUDA EP; run both in two processes.
 
 ``--general``: models of ``models/build_general.py`` (full preset), each call of the MLX EP and of ORT's CUDA EP
 (``use_tf32=0``) in turn, per call: wall time, the host's CUDA API calls and the GPU's kernels.
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import sys
 import time
@@ -24,7 +29,7 @@ if importlib.util.find_spec("ortmlx") is None:      # a checkout run without an 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def summarize(prof, label: str, n: int) -> None:
+def summarize(prof, label: str, n: int, top: int = 18) -> None:
     rows = [(e.key, e.count, e.self_cpu_time_total, getattr(e, "self_device_time_total", 0))
             for e in prof.key_averages()]
     api = sorted((r for r in rows if r[0].startswith("cu") and r[2] > 0), key=lambda r: -r[2])
@@ -33,7 +38,7 @@ def summarize(prof, label: str, n: int) -> None:
         print(f"  {k:<40} {c / n:8.1f} {cpu / n:10.1f}")
     ker = sorted((r for r in rows if r[3] > 0), key=lambda r: -r[3])
     print(f"GPU activities: {sum(r[1] for r in ker) / n:.0f}, {sum(r[3] for r in ker) / n:.0f} us of GPU time; top:")
-    for k, c, _, g in ker[:18]:
+    for k, c, _, g in ker[:top]:
         print(f"  {k[:72]:<72} {c / n:7.1f} {g / n:9.1f}")
 
 
@@ -78,6 +83,49 @@ def profile_general(args) -> int:
     return 0
 
 
+def profile_prompt(args) -> int:
+    """``--prompt N[,N...]``: per warm prompt of N tokens on one engine, wall time, CUDA API calls and kernels."""
+    import onnxruntime_genai as og
+    from torch.profiler import ProfilerActivity, profile
+
+    from ortmlx import genai as mg
+    opts = {"device": "gpu", **dict(o.split("=", 1) for o in args.option)} if args.engine == "mlx" else {}
+    model, _ = mg.load_model(args.model_dir, args.engine, opts)
+    with open(os.path.join(args.model_dir, "genai_config.json")) as f:
+        vocab = int(json.load(f)["model"]["vocab_size"])
+    lengths = [int(v) for v in args.prompt.split(",")]
+    max_len = max(lengths) + 8
+
+    def ttft(ids) -> float:
+        if args.clear_cache:
+            import mlx.core as mx
+            mx.clear_cache()
+        g = og.Generator(model, mg.search_options(model, max_len))
+        t = time.perf_counter()
+        g.append_tokens(ids)
+        g.generate_next_token()
+        dt = time.perf_counter() - t
+        del g
+        return dt
+    n = args.tokens
+    for length in lengths:
+        ids = np.random.default_rng(length).integers(5, min(vocab - 8, 150000), length).astype(np.int32)
+        for _ in range(3):
+            ttft(ids)
+        if args.engine == "mlx":
+            from ortmlx.kernels import background
+            background.wait(600)                # the bucket's closure built and verified behind the calls
+            for _ in range(3):
+                ttft(ids)
+        plain = sorted(ttft(ids) for _ in range(n))[n // 2]
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            under = sum(ttft(ids) for _ in range(n)) / n
+        print(f"\n{args.engine} prompt {length}: TTFT median {plain * 1e3:.2f} ms ({under * 1e3:.2f} under the "
+              "profiler)")
+        summarize(prof, f"{args.engine}, prompt {length}", n, args.top)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model_dir", nargs="?")
@@ -86,9 +134,17 @@ def main(argv=None) -> int:
     ap.add_argument("--hf", help="also profile mlx-lm on this checkpoint (float16), stepped one token at a time")
     ap.add_argument("--tokens", type=int, default=8)
     ap.add_argument("--option", action="append", default=[], help="MLX EP option key=value")
+    ap.add_argument("--prompt", default="", help="profile genai prompts of these lengths (comma list)")
+    ap.add_argument("--engine", choices=("mlx", "cuda"), default="mlx", help="--prompt's engine")
+    ap.add_argument("--clear-cache", action="store_true", help="--prompt: mx.clear_cache() before each prompt")
+    ap.add_argument("--top", type=int, default=18, help="kernels listed")
     args = ap.parse_args(argv)
     if args.general:
         return profile_general(args)
+    if args.prompt:
+        if not args.model_dir:
+            ap.error("--prompt needs MODEL_DIR")
+        return profile_prompt(args)
     if not args.model_dir:
         ap.error("MODEL_DIR or --general is needed")
     import mlx.core as mx

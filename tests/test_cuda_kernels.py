@@ -242,7 +242,7 @@ def test_decode_attention_matches_mlx_ops(case, packed, rotary, first, bias, mon
 
 
 @gpu_only
-@pytest.mark.parametrize("sizes", [[48], [2, 4, 6, 1], [128] * 48 + [4]])
+@pytest.mark.parametrize("sizes", [[48], [2, 4, 6, 1], [128] * 48 + [4], [1 << 19, 37, 3 << 16, 5]])
 def test_gather_bytes_equals_concatenate(sizes):
     rng = np.random.default_rng(len(sizes))
     dtypes = [mx.float16, mx.int32, mx.bfloat16, mx.float32, mx.uint8]

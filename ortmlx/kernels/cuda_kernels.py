@@ -689,18 +689,32 @@ def decode_rope_attention(q, k, v, cos, sin, past_k, past_v, past_len, total_len
 
 
 def _gather_source(parts: int, to_host: bool = False) -> str:
-    """Block ``i`` copies input ``in{i}``: its byte count and offset come as data (``table``: int64 pairs), so
-    one kernel per number of parts serves every size (a prompt bucket's rows build no kernel of their own)."""
+    """Blocks ``i * per .. i * per + per - 1`` copy input ``in{i}`` (``per``: the grid's blocks over the parts): its
+    byte count and offset come as data (``table``: int64 pairs), so one kernel per number of parts serves every size
+    (a prompt bucket's rows build no kernel of their own); 16-byte stores where both ends are aligned (over the bus
+    to host memory a byte store is a transaction of its own)."""
     cases = "\n".join(f"        case {i}: src = reinterpret_cast<const uint8_t*>(in{i}); break;" for i in range(parts))
     # to host memory: the address comes as data (``sink[0]``), ``out`` is one byte the host never reads
     dst = ("    uint8_t* dst = reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(sink[0]));\n"
            "    if (blockIdx.x == 0 && threadIdx.x == 0) out[0] = 1;\n") if to_host else "    uint8_t* dst = out;\n"
     return ("    const uint8_t* src = nullptr;\n"
-            f"    switch (blockIdx.x) {{\n{cases}\n        default: return;\n    }}\n"
-            "    const size_t nbytes = static_cast<size_t>(table[2 * blockIdx.x]);\n"
-            "    const size_t off = static_cast<size_t>(table[2 * blockIdx.x + 1]);\n"
+            f"    const unsigned per = gridDim.x / {parts}u;\n"
+            "    const unsigned part = blockIdx.x / per;\n"
+            f"    switch (part) {{\n{cases}\n        default: return;\n    }}\n"
+            "    const size_t nbytes = static_cast<size_t>(table[2 * part]);\n"
+            "    const size_t off = static_cast<size_t>(table[2 * part + 1]);\n"
             f"{dst}"
-            "    for (size_t j = threadIdx.x; j < nbytes; j += blockDim.x) dst[off + j] = src[j];\n")
+            "    uint8_t* d = dst + off;\n"
+            "    const size_t i = static_cast<size_t>(blockIdx.x % per) * blockDim.x + threadIdx.x;\n"
+            "    const size_t step = static_cast<size_t>(per) * blockDim.x;\n"
+            "    size_t k0 = 0;\n"
+            "    if (((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(d)) & 0xF) == 0) {\n"
+            "        const size_t n16 = nbytes / 16;\n"
+            "        for (size_t k = i; k < n16; k += step)\n"
+            "            reinterpret_cast<uint4*>(d)[k] = reinterpret_cast<const uint4*>(src)[k];\n"
+            "        k0 = n16 * 16;\n"
+            "    }\n"
+            "    for (size_t k = k0 + i; k < nbytes; k += step) d[k] = src[k];\n")
 
 
 @functools.lru_cache(maxsize=64)
@@ -718,6 +732,16 @@ def _gather_table(sizes: tuple[int, ...]) -> mx.array:
 
 #: most arrays one ``gather_bytes`` kernel takes (a kernel's parameters are limited to 32 KB)
 GATHER_MAX = 512
+#: threads of a ``gather_bytes`` block; the blocks a part gets: one per this many bytes of the largest, at most
+#: ``GATHER_BLOCKS_MAX``
+GATHER_THREADS = 256
+GATHER_BYTES_PER_BLOCK = 64 << 10
+GATHER_BLOCKS_MAX = 16
+
+
+def _gather_grid(sizes: tuple[int, ...]) -> tuple:
+    per = max(1, min(GATHER_BLOCKS_MAX, max(sizes) // GATHER_BYTES_PER_BLOCK))
+    return (len(sizes) * per * GATHER_THREADS, 1, 1), (GATHER_THREADS, 1, 1)
 
 
 def gather_bytes(arrays: list, size: int | None = None, to_host=None) -> mx.array:
@@ -734,13 +758,15 @@ def gather_bytes(arrays: list, size: int | None = None, to_host=None) -> mx.arra
         raise ValueError("gather_bytes: an empty array")
     if to_host is not None:
         _check_address(to_host, "gather_bytes")
+        grid, group = _gather_grid(sizes)
         (out,) = _gather_kernel(len(sizes), True)(inputs=list(arrays) + [_gather_table(sizes), to_host],
-                                                  grid=(len(arrays) * 128, 1, 1), threadgroup=(128, 1, 1),
+                                                  grid=grid, threadgroup=group,
                                                   output_shapes=[(1,)], output_dtypes=[mx.uint8])
         return out
     n = sum(sizes) if size is None else max(int(size), sum(sizes))
-    (out,) = _gather_kernel(len(sizes))(inputs=list(arrays) + [_gather_table(sizes)], grid=(len(arrays) * 128, 1, 1),
-                                        threadgroup=(128, 1, 1), output_shapes=[(n,)], output_dtypes=[mx.uint8])
+    grid, group = _gather_grid(sizes)
+    (out,) = _gather_kernel(len(sizes))(inputs=list(arrays) + [_gather_table(sizes)], grid=grid, threadgroup=group,
+                                        output_shapes=[(n,)], output_dtypes=[mx.uint8])
     return out
 
 

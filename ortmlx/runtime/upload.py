@@ -11,8 +11,9 @@ the kernel reads the other, and is evaluated before it returns. A small one take
 ``SMALL_SLOTS`` buffers (one ring per thread) and returns lazily, its copy run with the graph that reads it; a
 buffer is written again only once its last copy has run (as a rule long before: each call is evaluated before the
 next). Inside a compiled closure's trace small arrays take MLX's copy: a trace would replay the copy from a buffer
-since reused. An array of 8 bytes or less (a length, a position) is a view into the copy's 16 bytes: MLX would keep
-it in its pool of managed memory, which every kernel reading it reads across the bus (``consts.roomy``).
+since reused; so do arrays of ``SCALAR_BYTES`` or less (a length, a position), which MLX keeps in its pool of managed
+memory: a kernel reads them across the bus (``consts.roomy``), but what a graph computes from them (a length + 1) is
+pooled too, so they get no copy kernel of their own (a launch a call, for a gain not measured).
 
 ``uploader(device, enabled)`` is the ``Upload`` (``dtypes.to_mx``'s signature) a session's program uses for its
 call inputs and constants: this one on MLX's CUDA backend once its self-test passed, else ``dtypes.to_mx``.
@@ -36,6 +37,8 @@ from .devread import parallel_memmove
 UPLOAD_MIN = 1 << 20
 #: bytes one large buffer holds; larger arrays take two, alternately
 STAGE_BYTES = 32 << 20
+#: arrays of at most this many bytes keep MLX's copy (see the module's docstring)
+SCALAR_BYTES = consts.POOLED_BYTES
 #: small buffers, taken in turn (a call's small inputs rarely outnumber them: then an earlier copy is run first)
 SMALL_SLOTS = 16
 _HEADER = cuda_kernels.COPY_IN_HEADER
@@ -96,7 +99,7 @@ class Uploader:
 
     def __call__(self, a: np.ndarray, t: int) -> mx.array:
         m = _PLAIN.get(t)
-        if m is None or self.failed >= 3 or not isinstance(a, np.ndarray) or a.nbytes == 0 \
+        if m is None or self.failed >= 3 or not isinstance(a, np.ndarray) or a.nbytes <= SCALAR_BYTES \
                 or not a.flags.c_contiguous or a.dtype.itemsize != m.size:
             return dt.to_mx(a, t)
         large = a.nbytes >= UPLOAD_MIN

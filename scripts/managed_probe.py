@@ -1,4 +1,4 @@
-"""What a bucketed prompt's present K/V costs on MLX's CUDA backend, built four ways, and whether managed memory
+"""What a bucketed prompt's present K/V costs on MLX's CUDA backend, built five ways, and whether managed memory
 slows it.
 
     python scripts/managed_probe.py [--rows 4104] [--prompt 256] [--layers 24]

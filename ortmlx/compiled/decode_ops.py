@@ -201,10 +201,11 @@ def gqa_traced(decode: bool, padded: bool = False):
             return _gqa(*args, **attrs)
         # the presents' rows at or past the prompt's length are zero (selected over the bucket's rows only)
         seqlens = args[5].reshape(-1).astype(mx.int32)
-        o, pk, pv = _gqa(*args, prompt_valid=seqlens + 1, **attrs)
+        # the prompt's own length, also for ``gather_padded_tail``
+        valid = build.memo(PADDED_VALID, lambda: seqlens + 1)
+        o, pk, pv = _gqa(*args, prompt_valid=valid, **attrs)
         b = pk.shape[0]
         s = args[0].shape[1]                    # the bucket (<= t: BucketedPrefill caps it by the buffer)
-        build.memo(PADDED_VALID, lambda: seqlens + 1)      # the prompt's own length, for ``gather_padded_tail``
         start = build.memo(("prefill_start", b), lambda: consts.zeros((b,), mx.int32))
         add_row_hint(pk, args[3], start, pk[:, :, :s])
         add_row_hint(pv, args[4], start, pv[:, :, :s])

@@ -89,6 +89,9 @@ class Tuning:
     #: a Gather of a table's rows (an embedding, RoPE's cos/sin rows) as one custom kernel (cuda_kernels.take_rows;
     #: GPU, with cuda_kernels), built beside a call's other kernels where MLX's gather is a JIT build of its own
     take_rows: bool = True
+    #: a first prompt's rotation, query transpose and presents as one custom kernel (cuda_kernels.prompt_rope; GPU,
+    #: with cuda_kernels), where MLX takes a float32 rotation and, per present, a pad and a select over its rows
+    prompt_rope: bool = True
     #: large results copied to the host as their bytes (one copy-kernel build for every type; GPU)
     byte_copies: bool = True
     #: MatMulNBits products in the activations' half precision, scales included (MLX's CUDA tensor-core qmm

@@ -51,6 +51,13 @@ def cases():
                    ck._PROMPT_SOURCE, ck._attn_header(0.125, cap),
                    [("T", t), ("NH", 14), ("NKV", 2), ("HEAD", head), ("WARPS", ck.ATTN_WARPS),
                     ("KEYS", ck.ATTN_KEYS), ("WINDOW", win), ("HAS_SINK", sink)])
+        for rot, inter, bias, valid, head, rows in ((64, False, True, True, 64, 4104), (32, True, False, False, 64, 0),
+                                                    (0, False, False, True, 80, 0)):
+            yield (f"prompt_rope {t} head {head} rotary {rot} interleaved {inter} bias {bias} valid {valid}",
+                   "ortmlx_prompt_rope_x", ["qkv", "cosv", "sinv", "valid", "bias"], [t, "float32", "float32", "int32", t],
+                   ["q_out", "present_k", "present_v"], [t] * 3, ck._PROMPT_ROPE_SOURCE, ck._ROPE_HEADER,
+                   [("T", t), ("NH", 14), ("NKV", 2), ("HEAD", head), ("ROWS", rows), ("ROT_DIM", rot),
+                    ("INTERLEAVED", inter), ("HAS_QKV_BIAS", bias), ("HAS_VALID", valid)])
         for skip, bias in ((True, False), (True, True), (False, False)):
             yield (f"rms_norm {t} skip {skip} bias {bias}", "ortmlx_rms_norm_x", ["x", "skip", "bias", "gamma"],
                    [t] * 4, ["out", "sum"], [t, t], ck._NORM_SOURCE,

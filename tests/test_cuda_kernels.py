@@ -329,6 +329,135 @@ def test_ep_decode_matches_cpu_ep(t, bias, monkeypatch):
     assert len(calls) >= 9 and "decode_rope_attention" in calls, f"fused kernels used: {calls}"
 
 
+# ---------------------------------------------------------------------------- prompt_rope
+def reference_prompt_rope(qkv, cos, sin, valid, rows, *, num_heads, kv_num_heads, rot_dim, interleaved,
+                          qkv_bias=None):
+    """``cuda_kernels.prompt_rope``'s contract: bias, rotation (``_rope_rows``), the queries (B, N, S, H), the
+    presents (B, Nkv, rows, H) with the prompt's rows below ``valid`` and zeros elsewhere."""
+    b, s = qkv.shape[:2]
+    kvn = kv_num_heads
+    heads = num_heads + 2 * kvn
+    x = qkv.reshape(b, s, heads, -1)
+    h = x.shape[-1]
+    if qkv_bias is not None:
+        x = x + qkv_bias.reshape(heads, h)
+    flat = x.reshape(b * s, heads, h)
+    c, sn = (None, None) if rot_dim == 0 else (np.array(a).reshape(b * s, h) for a in (cos, sin))
+    rot = _rope_rows(flat[:, :num_heads + kvn], c, sn, rot_dim, interleaved)
+    q = rot[:, :num_heads].reshape(b, s, num_heads, h).transpose(0, 2, 1, 3)
+    k = rot[:, num_heads:].reshape(b, s, kvn, h).transpose(0, 2, 1, 3)
+    v = flat[:, num_heads + kvn:].reshape(b, s, kvn, h).transpose(0, 2, 1, 3)
+    lens = mx.array([s] * b, mx.int32) if valid is None else valid
+    keep = mx.arange(s).reshape(1, 1, s, 1) < lens.reshape(b, 1, 1, 1)
+    zero = mx.zeros((), x.dtype)
+    pad = [(0, 0), (0, 0), (0, rows - s), (0, 0)]
+    return q, mx.pad(mx.where(keep, k, zero), pad), mx.pad(mx.where(keep, v, zero), pad)
+
+
+# name: (B, N, Nkv, H, present rows, prompt rows, valid rows (None: all), rotary, interleaved, bias, dtype)
+PROMPTS = {
+    "fp16 qwen 0.5b shape, padded": (1, 14, 2, 64, 300, 128, [97], True, False, True, mx.float16),
+    "fp16 two rows": (2, 8, 2, 64, 40, 24, [24, 9], True, False, False, mx.float16),
+    "bf16 interleaved": (1, 8, 4, 64, 33, 33, None, True, True, False, mx.bfloat16),
+    "fp32 head 80 no rotary": (2, 6, 3, 80, 50, 17, [17, 3], False, False, True, mx.float32),
+    "fp32 no buffer": (1, 4, 2, 32, 12, 12, None, True, False, False, mx.float32),
+}
+
+
+def _prompt(case: str, rope: bool, kernel=None):
+    """``gqa_core`` on a first prompt of packed QKV into a buffer (the contract or, ``kernel``, the kernel for
+    ``prompt_rope``; else MLX ops); the attention always as MLX's float32 ops. Returns its outputs and the calls."""
+    b, n, kvn, h, rows, s, valid, rotary, inter, bias, dtype = PROMPTS[case]
+    rng = np.random.default_rng(len(case))
+
+    def arr(*shape):
+        return mx.array(rng.standard_normal(shape).astype(np.float32)).astype(dtype)
+    qkv = arr(b, s, (n + 2 * kvn) * h)
+    past = None if rows == s else [arr(b, kvn, rows, h), arr(b, kvn, rows, h)]
+    lens = valid or [s] * b
+    kw = dict(total_sequence_length=s, num_heads=n, kv_num_heads=kvn, first_prompt=True, packed=True,
+              causal_prompt=True, prompt_valid=None if valid is None else mx.array(valid, mx.int32))
+    if rotary:
+        half = h // 2 - (4 if h == 80 else 0)                # a partial rotation where the head allows it
+        ang = np.outer(np.arange(rows), 1.0 / 10000 ** (np.arange(half) / half))
+        kw.update(cos_cache=mx.array(np.cos(ang).astype(np.float32)).astype(dtype),
+                  sin_cache=mx.array(np.sin(ang).astype(np.float32)).astype(dtype), rotary_interleaved=inter)
+    if bias:
+        kw["qkv_bias"] = arr((n + 2 * kvn) * h)
+    calls = []
+
+    def spy(*a, **k):
+        calls.append(k["rot_dim"])
+        return (kernel or reference_prompt_rope)(*a, **k)
+    real = cuda_kernels.prompt_rope
+    cuda_kernels.prompt_rope = spy
+    try:
+        dev = mx.gpu if kernel is not None else mx.cpu
+        ctx = build.BuildContext(cuda_kernels=rope, prompt_rope=rope, prompt_kernel=False)
+        with mx.stream(dev), build.active(ctx):
+            out = gqa_core(qkv, None, None, *(past or [None, None]), mx.array([x - 1 for x in lens], mx.int32),
+                           **kw)
+            mx.eval(*out)
+    finally:
+        cuda_kernels.prompt_rope = real
+    return [np.array(o.astype(mx.float32)) for o in out], calls
+
+
+@pytest.mark.parametrize("case", sorted(PROMPTS))
+def test_prompt_rope_wiring_with_the_contract(case, monkeypatch):
+    """Everywhere: a first prompt's queries and presents through ``prompt_rope``'s contract give ``gqa_core``'s own
+    answer: the presents bit for bit, the attention too (the same rows reach it)."""
+    monkeypatch.setattr(cuda_kernels, "cuda_backend", lambda: True)
+    monkeypatch.setattr(mx, "default_device", lambda: mx.gpu)
+    got, calls = _prompt(case, rope=True)
+    b, n, kvn, h, rows, s, valid, rotary, *_ = PROMPTS[case]
+    assert calls == [(2 * (h // 2 - (4 if h == 80 else 0))) if rotary else 0], calls
+    want, none = _prompt(case, rope=False)
+    assert none == []
+    assert got[1].shape == (b, kvn, rows, h)
+    for j, what in enumerate(("attention output", "present key", "present value")):
+        np.testing.assert_array_equal(got[j], want[j], err_msg=f"{case}: {what}")
+
+
+def test_prompt_rope_reason():
+    q = mx.zeros((1, 8, (4 + 2 * 2) * 64), mx.float16)
+    assert cuda_kernels.prompt_rope_reason(q, 4, 2, 64, 100) is None
+    assert cuda_kernels.prompt_rope_reason(q.reshape(1, 8, 8, 64), 4, 2, 64, 8) is None
+    assert "rows" in cuda_kernels.prompt_rope_reason(q, 4, 2, 64, 7)
+    assert "rotary dim 66" in cuda_kernels.prompt_rope_reason(q, 4, 2, 66, 100)
+    assert "heads 5+2*2" in cuda_kernels.prompt_rope_reason(q, 5, 2, 64, 100)
+    assert "int32" in cuda_kernels.prompt_rope_reason(q.astype(mx.int32), 4, 2, 64, 100)
+
+
+@gpu_only
+@pytest.mark.parametrize("case", sorted(PROMPTS))
+def test_prompt_rope_kernel(case):
+    """The kernel against its contract bit for bit (the rotation is IEEE float32 in both), and inside ``gqa_core``
+    against MLX's ops on the GPU."""
+    seen = []
+
+    def check(*a, **k):
+        got = cuda_kernels.prompt_rope(*a, **k)
+        want = reference_prompt_rope(*a, **k)
+        mx.eval(*got, *want)
+        for j, (g, w) in enumerate(zip(got, want)):
+            assert g.shape == w.shape and g.dtype == w.dtype, (j, g.shape, w.shape)
+            np.testing.assert_array_equal(np.array(g.astype(mx.float32)), np.array(w.astype(mx.float32)),
+                                          err_msg=f"{case}: output {j}")
+        seen.append(1)
+        return got
+    got, calls = _prompt(case, rope=True, kernel=check)
+    assert seen == [1] and len(calls) == 1
+    want, none = _prompt(case, rope=False)
+    assert none == []
+    for j, what in enumerate(("attention output", "present key", "present value")):
+        if j:
+            np.testing.assert_array_equal(got[j], want[j], err_msg=f"{case}: {what}")
+    tol = {mx.float32: 2e-5, mx.float16: 2 ** -10, mx.bfloat16: 2 ** -7}[PROMPTS[case][-1]]
+    err = np.abs(got[0].astype(np.float64) - want[0]) / (np.abs(want[0]) + 0.05)
+    assert err.max() <= 1.01 * tol, f"{case}: attention output off by {err.max():.3g} (relative)"
+
+
 # ---------------------------------------------------------------------------- rms_norm
 def reference_rms_norm(x, gamma, epsilon, skip=None, bias=None):
     """``cuda_kernels.rms_norm``'s contract in float64 NumPy: (y, sum) in x's type."""

@@ -10,6 +10,8 @@ A build is an eager run of a group's program or a compiled closure's trace. Its 
 - ``prompt_kernel``: whether a prompt's attention not given to MLX's fused kernel may take ours
   (``cuda_kernels.prompt_attention``, with ``cuda_kernels``);
 - ``take_rows``: whether a Gather of a table's rows may take ``cuda_kernels.take_rows`` (with ``cuda_kernels``);
+- ``prompt_rope``: whether a first prompt's packed QKV may become its queries and presents in one kernel
+  (``cuda_kernels.prompt_rope``, with ``cuda_kernels``);
 - ``half_nbits``: whether a half-precision MatMulNBits product stays in half precision (else float32);
 - ``poly_exp``: whether float32 Exp and Sigmoid use ``fastmath``'s polynomial exp (MLX's CPU backend);
 - ``conv_gemm``: which forms of 2-D convolution run as products over their shifted input views (``ops/conv.py``),
@@ -38,6 +40,7 @@ class BuildContext:
     fused_attention_min: int = 1
     prompt_kernel: bool = True
     take_rows: bool = False
+    prompt_rope: bool = False
     half_nbits: bool = False
     poly_exp: bool = False
     conv_gemm: frozenset = frozenset()
@@ -96,6 +99,12 @@ def take_rows() -> bool:
     """Whether the build in progress may gather a table's rows with ``cuda_kernels.take_rows``."""
     b = _CURRENT.get()
     return b is not None and b.take_rows
+
+
+def prompt_rope() -> bool:
+    """Whether the build in progress may make a first prompt's queries and presents with ``cuda_kernels.prompt_rope``."""
+    b = _CURRENT.get()
+    return b is not None and b.prompt_rope
 
 
 def half_nbits() -> bool:

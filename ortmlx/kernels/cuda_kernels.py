@@ -490,6 +490,109 @@ def prompt_attention(q, k, v, total_len, *, alpha: float, softcap: float = 0.0, 
     return out
 
 
+_PROMPT_ROPE_SOURCE = r"""
+    // thread i < B*NH*S*HEAD: element (b, n, s, d) of the rotated queries (B, NH, S, HEAD); past them, the
+    // presents' elements (b, kh, r, d) of (B, NKV, ROWS, HEAD), keys then values: row r < S (and, HAS_VALID,
+    // r < valid[b]) the rotated key / the value of prompt row r, every other row zero. B and S are qkv's shape,
+    // read at run time: one build serves every prompt length (ROWS 0: the presents have S rows).
+    constexpr int HEADS = NH + 2 * NKV;
+    const size_t nb = qkv_shape[0], S = qkv_shape[1];
+    const size_t R = ROWS ? static_cast<size_t>(ROWS) : S;
+    const size_t nq = nb * NH * S * HEAD;
+    const size_t np_ = nb * NKV * R * HEAD;
+    size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+    if (i < nq) {
+        const int d = i % HEAD;
+        size_t t = i / HEAD;
+        const size_t s = t % S;
+        t /= S;
+        const int n = t % NH;
+        const size_t row = (t / NH) * S + s;
+        q_out[i] = ortmlx_rope<T, ROT_DIM, INTERLEAVED, HAS_QKV_BIAS>(
+            qkv + row * (HEADS * HEAD) + n * HEAD, bias + n * HEAD, cosv + row * HEAD, sinv + row * HEAD, d);
+        return;
+    }
+    i -= nq;
+    if (i >= 2 * np_) return;
+    const bool is_v = i >= np_;
+    const size_t j = is_v ? i - np_ : i;
+    const int d = j % HEAD;
+    size_t t = j / HEAD;
+    const size_t r = t % R;
+    t /= R;
+    const int kh = t % NKV;
+    const size_t b = t / NKV;
+    T val = static_cast<T>(0.0f);
+    if (r < S && (!HAS_VALID || static_cast<long long>(r) < static_cast<long long>(valid[b]))) {
+        const size_t row = b * S + r;
+        const int head = NH + (is_v ? NKV : 0) + kh;
+        const T* x = qkv + row * (HEADS * HEAD) + head * HEAD;
+        val = is_v ? ortmlx_ld<T, HAS_QKV_BIAS>(x, bias + head * HEAD, d)
+                   : ortmlx_rope<T, ROT_DIM, INTERLEAVED, HAS_QKV_BIAS>(x, bias + head * HEAD, cosv + row * HEAD,
+                                                                      sinv + row * HEAD, d);
+    }
+    (is_v ? present_v : present_k)[j] = val;
+"""
+#: threads per block of ``prompt_rope``
+ROPE_THREADS = 256
+
+
+@functools.lru_cache(maxsize=1)
+def _prompt_rope_kernel():
+    return _kernel("ortmlx_prompt_rope", ["qkv", "cosv", "sinv", "valid", "bias"], ["q_out", "present_k", "present_v"],
+                   _PROMPT_ROPE_SOURCE, _ROPE_HEADER)
+
+
+def prompt_rope_reason(qkv, num_heads: int, kv_num_heads: int, rot_dim: int, rows: int) -> str | None:
+    """Why ``prompt_rope`` does not cover this case (None: it does)."""
+    if qkv.dtype not in _ATTN_DTYPES or qkv.ndim not in (3, 4):
+        return f"packed QKV {qkv.dtype} {qkv.shape}"
+    b, s = qkv.shape[:2]
+    heads = num_heads + 2 * kv_num_heads
+    h = qkv.shape[3] if qkv.ndim == 4 else qkv.shape[2] // heads
+    if qkv.shape[2:] not in ((heads, h), (heads * h,)) or h == 0:
+        return f"packed QKV {qkv.shape} for heads {num_heads}+2*{kv_num_heads}"
+    if rot_dim % 2 or rot_dim > h or rows < s:
+        return f"rotary dim {rot_dim}, head size {h}, {rows} present rows for {s} tokens"
+    if b * (num_heads * s + 2 * kv_num_heads * rows) * h >= 2**31:
+        return "too large"
+    return None
+
+
+def prompt_rope(qkv, cos, sin, valid, rows: int, *, num_heads: int, kv_num_heads: int, rot_dim: int,
+                interleaved: bool, qkv_bias=None):
+    """A first prompt's queries and presents from its packed QKV, in one kernel.
+
+    qkv (B, S, N+2Nkv, H) or (B, S, (N+2Nkv)*H); cos, sin (B, S, H) float32 rotary tables (``rotary_tables``; unused
+    when ``rot_dim`` is 0); valid (B,) int32 or None: the prompt's own length in each row (a padded prompt). The
+    query and key heads are rotated as ``apply_rotary`` rotates them, after ``qkv_bias`` ((N+2Nkv)*H,) is added in
+    the input's type. Returns q (B, N, S, H) and the presents (B, Nkv, rows, H): row r < S (and < valid[b]) the
+    rotated key / the value of prompt row r, zero past it, where MLX took a transpose, the rotation's float32
+    kernel, and per present a pad and a select over all its rows.
+    """
+    b, s = qkv.shape[:2]
+    heads = num_heads + 2 * kv_num_heads
+    h = qkv.shape[3] if qkv.ndim == 4 else qkv.shape[2] // heads
+    dtype = qkv.dtype
+    if rot_dim == 0:
+        cos = sin = consts.zeros((1,), mx.float32)
+    if qkv_bias is not None and (qkv_bias.shape != (heads * h,) or qkv_bias.dtype != dtype):
+        raise ValueError(f"qkv_bias {qkv_bias.shape} {qkv_bias.dtype} needs a packed QKV row of {heads * h}")
+    total = b * (num_heads * s + 2 * kv_num_heads * rows) * h
+    q, pk, pv = _prompt_rope_kernel()(
+        inputs=[qkv, cos.astype(mx.float32), sin.astype(mx.float32),
+                consts.zeros((1,), mx.int32) if valid is None else valid.astype(mx.int32),
+                consts.zeros((1,), dtype) if qkv_bias is None else qkv_bias],
+        template=[("T", dtype), ("NH", num_heads), ("NKV", kv_num_heads), ("HEAD", h),
+                  ("ROWS", 0 if rows == s else int(rows)),
+                  ("ROT_DIM", int(rot_dim)), ("INTERLEAVED", bool(interleaved)),
+                  ("HAS_QKV_BIAS", qkv_bias is not None), ("HAS_VALID", valid is not None)],
+        grid=(-(-total // ROPE_THREADS) * ROPE_THREADS, 1, 1), threadgroup=(ROPE_THREADS, 1, 1),
+        output_shapes=[(b, num_heads, s, h), (b, kv_num_heads, rows, h), (b, kv_num_heads, rows, h)],
+        output_dtypes=[dtype] * 3)
+    return q, pk, pv
+
+
 _NORM_SOURCE = r"""
     // block: one row; threads stride over its features. x = input (+ skip) (+ bias) in float32;
     // the sum (rounded to T) is an output; y = gamma * (x * rsqrt(mean(x^2) + eps)), rounded to T.

@@ -109,6 +109,8 @@ class BuildConfig:
     prompt_kernel: bool = True
     #: a table's rows gathered by ``cuda_kernels.take_rows`` (``BuildContext.take_rows``)
     take_rows: bool = False
+    #: a first prompt's queries and presents from one kernel (``BuildContext.prompt_rope``)
+    prompt_rope: bool = False
     #: half-precision MatMulNBits products (``BuildContext.half_nbits``)
     half_nbits: bool = False
     #: float32 Exp and Sigmoid through ``fastmath``'s polynomial exp (``BuildContext.poly_exp``)
@@ -157,6 +159,7 @@ class BuildConfig:
                        or _least_fused(kernels, prompt))),
                    prompt_kernel=prompt,
                    take_rows=pick("take_rows", t.take_rows, True) and kernels,
+                   prompt_rope=pick("prompt_rope", t.prompt_rope, True) and kernels,
                    half_nbits=pick("half_nbits", t.half_nbits, gpu),
                    poly_exp=pick("poly_exp", t.poly_exp, device == "cpu"),
                    conv_gemm=_conv_forms(conv, gpu),

@@ -461,6 +461,22 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
             kv_num_heads=kv_num_heads, rot_dim=rd, interleaved=rotary_interleaved, alpha=alpha, softcap=softcap,
             local_window_size=local_window_size, sink=sink, qkv_bias=qkv_bias)
         return out, pk, pv, k_new, v_new
+    present_len = max(total_sequence_length, past_key.shape[2] if past_key is not None else 0)
+    if first_prompt and s > 1 and packed and kv_quant is None and not in_place and cuda_kernels.enabled() and \
+            build.prompt_rope() and \
+            cuda_kernels.prompt_rope_reason(flat, num_heads, kv_num_heads, rd, present_len) is None:
+        # the rotation, the queries' transpose and both presents in one kernel; attention reads the presents' rows
+        c = sn = None
+        if cos_cache is not None:
+            c, sn = build.memo(table_key, tables)
+            c, sn = c.reshape(b, s, h), sn.reshape(b, s, h)
+        q, pk, pv = cuda_kernels.prompt_rope(flat, c, sn, prompt_valid, present_len, num_heads=num_heads,
+                                             kv_num_heads=kv_num_heads, rot_dim=rd, interleaved=rotary_interleaved,
+                                             qkv_bias=qkv_bias)
+        out = prompt_attention(q, pk[:, :, :s], pv[:, :, :s], q.astype(mx.float32), seqlens_k, past_len, total_len,
+                               alpha=alpha, softcap=softcap, local_window_size=local_window_size, sink=sink,
+                               attention_bias=attention_bias, causal=causal_prompt)
+        return out, pk, pv
     if qkv_bias is not None:
         q = q + qkv_bias.reshape(q.shape[2:])
     if packed:
@@ -481,7 +497,6 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
         q, k = qk[:, :num_heads], qk[:, num_heads:]
     else:
         qf = q.astype(mx.float32)
-    present_len = max(total_sequence_length, past_key.shape[2] if past_key is not None else 0)
     if kv_quant is not None:          # the cache holds quantized rows; attention reads them dequantized
         k, v = kv_quant.quantize_k(k), kv_quant.quantize_v(v)
     pk = _present(past_key, k, past_len, present_len, in_place, first_prompt, prompt_valid)

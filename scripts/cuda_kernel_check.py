@@ -50,7 +50,7 @@ def cases():
                    ["q", "k", "v", "total_len", "sink"], [t, t, t, "int32", "float32"], ["out"], [t],
                    ck._PROMPT_SOURCE, ck._attn_header(0.125, cap),
                    [("T", t), ("NH", 14), ("NKV", 2), ("HEAD", head), ("WARPS", ck.ATTN_WARPS),
-                    ("KEYS", ck.ATTN_KEYS), ("WINDOW", win), ("HAS_SINK", sink)])
+                    ("KEYS", ck.ATTN_KEYS), ("WINDOW", win), ("HAS_SINK", sink), ("DROP_PAST", not sink)])
         for rot, inter, bias, valid, head, rows in ((64, False, True, True, 64, 4104), (32, True, False, False, 64, 0),
                                                     (0, False, False, True, 80, 0)):
             yield (f"prompt_rope {t} head {head} rotary {rot} interleaved {inter} bias {bias} valid {valid}",

@@ -19,14 +19,18 @@ gpu_only = pytest.mark.skipif(not CUDA, reason="needs MLX's CUDA backend")
 RNG = np.random.default_rng(5)
 
 
-def reference_prompt_attention(q, k, v, total_len, *, alpha, softcap=0.0, local_window_size=-1, sink=None):
+def reference_prompt_attention(q, k, v, total_len, *, alpha, softcap=0.0, local_window_size=-1, sink=None,
+                               drop_past=False):
     """``cuda_kernels.prompt_attention``'s contract in float64: each query row s is the decode kernel's contract at
-    past length s over the prompt's keys; (B, S, N * H) in q's type."""
+    past length s over the prompt's keys (``drop_past``: zero at s >= total_len[b]); (B, S, N * H) in q's type."""
     b, n, s, h = q.shape
     rows = [reference_decode_attention(q[:, :, r:r + 1], k, v, mx.full((b,), r, mx.int32), total_len, num_heads=n,
                                        kv_num_heads=k.shape[1], alpha=alpha, softcap=softcap,
                                        local_window_size=local_window_size, sink=sink) for r in range(s)]
-    return mx.stack(rows, axis=1).reshape(b, s, n * h)
+    out = mx.stack(rows, axis=1)
+    if drop_past:
+        out = mx.where(mx.arange(s).reshape(1, s, 1, 1) < total_len.reshape(b, 1, 1, 1), out, mx.zeros((), q.dtype))
+    return out.reshape(b, s, n * h)
 
 
 def _packed(b, s, n, kvn, h, dtype):
@@ -73,11 +77,11 @@ def test_the_contract_is_the_ops(name):
     np.testing.assert_allclose(got, np.array(_ops(q, k, v, total, kw)), atol=1e-5, rtol=1e-5)
 
 
-def _translate(q, k, v, total, kw, *, fused_min=1 << 20, knob=True, bias=None):
+def _translate(q, k, v, total, kw, *, fused_min=1 << 20, knob=True, bias=None, causal=False):
     with build.active(build.BuildContext(cuda_kernels=True, fused_attention=True, fused_attention_min=fused_min,
                                          prompt_kernel=knob)):
         return ca.prompt_attention(q, k, v, q.astype(mx.float32), total - 1, mx.zeros(total.shape, mx.int32), total,
-                                   attention_bias=bias, **kw)
+                                   attention_bias=bias, causal=causal, **kw)
 
 
 @pytest.fixture
@@ -93,13 +97,15 @@ def stand_in(monkeypatch):
     return calls
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["", "causal"])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_short_prompts_take_the_kernel(stand_in, name):
+def test_short_prompts_take_the_kernel(stand_in, name, causal):
+    """A causal prompt (its caller drops the rows past its length) lets the kernel skip those rows."""
     q, k, v, total, kw = _case(name, mx.float16)
-    got = _translate(q, k, v, total, kw)
+    got = _translate(q, k, v, total, kw, causal=causal)
     assert len(stand_in) == 1
     assert stand_in[0][:4] == (q.shape, k.shape, v.shape, np.array(total).tolist())
-    assert stand_in[0][4] == kw
+    assert stand_in[0][4] == {**kw, "drop_past": causal}
     s = q.shape[2]
     rows = CASES[name][5]
     want = np.array(_ops(q, k, v, total, kw).astype(mx.float32))
@@ -146,3 +152,8 @@ def test_the_kernel_keeps_its_contract(name, dtype):
     # inside a compiled function, as a prompt's closure runs it
     fn = mx.compile(lambda q, k, v, t: cuda_kernels.prompt_attention(q, k, v, t, **kw))
     np.testing.assert_array_equal(np.array(fn(q, k, v, total).astype(mx.float32)), g)
+    # rows past a row's length dropped: zeros there, the same rows below it
+    dropped = np.array(cuda_kernels.prompt_attention(q, k, v, total, drop_past=True, **kw).astype(mx.float32))
+    for i, n in enumerate(CASES[name][5]):
+        np.testing.assert_array_equal(dropped[i, :n], g[i, :n], err_msg=f"{name} row {i}")
+        assert not dropped[i, n:].any(), f"{name} row {i}: rows past {n} not zero"

@@ -434,6 +434,11 @@ _PROMPT_SOURCE = r"""
     const int b = row;
     const int kvh = n / (NH / NKV);
     const int tl = total_len[bb];
+    if (DROP_PAST && ql >= tl) {            // a row the caller drops (a padded prompt's): zeros, no keys read
+        T* zrow = out + ((size_t)row * NH + n) * HEAD;
+        for (int d = threadIdx.x; d < HEAD; d += blockDim.x) zrow[d] = static_cast<T>(0.0f);
+        return;
+    }
     const T* qrow = q + bb * q_strides[0] + n * q_strides[1] + ql * q_strides[2];
     const T* kb = k + bb * k_strides[0] + kvh * k_strides[1];
     const T* vb = v + bb * v_strides[0] + kvh * v_strides[1];
@@ -470,13 +475,14 @@ def prompt_attention_reason(q, k, v, num_heads: int, kv_num_heads: int, attentio
 
 
 def prompt_attention(q, k, v, total_len, *, alpha: float, softcap: float = 0.0, local_window_size: int = -1,
-                     sink=None):
+                     sink=None, drop_past: bool = False):
     """A first prompt's GroupQueryAttention over its own keys, as ``contrib_attention.prompt_attention`` computes it.
 
     q (B, N, S, H) rotated queries; k, v (B, Nkv, S, H); total_len (B,) int32: query s of row b sees keys
     t <= s, t < total_len[b] (and t > s - w with a local window w > 0). Scores ``(q . k) * alpha`` (then softcap),
     softmax with the optional per-head ``sink`` logit, weighted values: float32, rounded once to q's type
-    (``decode_attention``'s arithmetic, one query row a block). Returns (B, S, N * H).
+    (``decode_attention``'s arithmetic, one query row a block). Returns (B, S, N * H). ``drop_past``: the caller
+    drops query rows s >= total_len[b] (a padded prompt's), which are zero, their keys never read.
     """
     b, n, s, h = q.shape
     sink_arr = _sink_input(sink)
@@ -484,7 +490,8 @@ def prompt_attention(q, k, v, total_len, *, alpha: float, softcap: float = 0.0, 
     (out,) = _prompt_kernel(float(alpha), float(softcap))(
         inputs=[q, k, v, total_len.astype(mx.int32), sink_arr],
         template=[("T", q.dtype), ("NH", n), ("NKV", k.shape[1]), ("HEAD", h), ("WARPS", ATTN_WARPS),
-                  ("KEYS", ATTN_KEYS), ("WINDOW", max(int(local_window_size), 0)), ("HAS_SINK", sink is not None)],
+                  ("KEYS", ATTN_KEYS), ("WINDOW", max(int(local_window_size), 0)), ("HAS_SINK", sink is not None),
+                  ("DROP_PAST", bool(drop_past))],
         grid=(b * s * n * threads, 1, 1), threadgroup=(threads, 1, 1),
         output_shapes=[(b, s, n * h)], output_dtypes=[q.dtype])
     return out

@@ -246,7 +246,7 @@ def prompt_attention(q, k, v, qf, seqlens_k, past_len, total_len, *, alpha: floa
             cuda_kernels.prompt_attention_reason(q, k, v, n, kvn, attention_bias) is None:
         # the float32 ops' arithmetic in one launch (they are eight kernels, two of them cuBLAS products)
         return cuda_kernels.prompt_attention(q, k, v, total_len, alpha=alpha, softcap=softcap,
-                                             local_window_size=local_window_size, sink=sink)
+                                             local_window_size=local_window_size, sink=sink, drop_past=causal)
     group = n // kvn
     scores = (qf.reshape(b, kvn, group * s, h) @ k.astype(mx.float32).swapaxes(-1, -2)).reshape(b, n, s, s) * alpha
     if softcap > 0.0:

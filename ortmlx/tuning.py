@@ -92,6 +92,9 @@ class Tuning:
     #: a first prompt's rotation, query transpose and presents as one custom kernel (cuda_kernels.prompt_rope; GPU,
     #: with cuda_kernels), where MLX takes a float32 rotation and, per present, a pad and a select over its rows
     prompt_rope: bool = True
+    #: the lengths every layer's attention kernel reads (seqlens_k + 1, the past length) computed into 16-byte device
+    #: arrays, not MLX's pool of managed memory for arrays of 8 bytes or less (kernels/consts.py unpooled; GPU)
+    unpooled_lengths: bool = True
     #: large results copied to the host as their bytes (one copy-kernel build for every type; GPU)
     byte_copies: bool = True
     #: MatMulNBits products in the activations' half precision, scales included (MLX's CUDA tensor-core qmm

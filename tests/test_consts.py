@@ -129,3 +129,30 @@ def test_memo_is_scoped_to_one_build():
         assert build.memo(("k",), make) == 3
     assert build.memo(("k",), make) == 5
 
+
+
+def test_small_lengths_are_unpooled_in_builds_that_ask():
+    """A computed length of 8 bytes or less becomes a view into 16 bytes (its values, shape and type), traced too;
+    not outside such a build, not in a shapeless trace, not for larger arrays."""
+    from ortmlx.kernels import build
+    lens = mx.array([6], mx.int32)
+    plain = lens + 1
+    assert consts.unpooled(plain) is plain                           # no build: as it is
+    with build.active(build.BuildContext(unpooled=True)):
+        u = consts.unpooled(lens + 1)
+        assert u.shape == (1,) and u.dtype == mx.int32 and np.array(u).tolist() == [7]
+        pair = mx.array([3, 4], mx.int16)
+        assert np.array(consts.unpooled(pair)).tolist() == [3, 4] and consts.unpooled(pair) is not pair
+        big = mx.array([1, 2, 3], mx.int32)
+        assert consts.unpooled(big) is big
+        traced = mx.compile(lambda a: consts.unpooled(a + 1) * 2)
+        assert np.array(traced(mx.array([5], mx.int32))).tolist() == [12]
+        assert np.array(traced(mx.array([9], mx.int32))).tolist() == [20]
+    with build.active(build.BuildContext(unpooled=True, shapeless=True)):
+        s = lens + 1
+        assert consts.unpooled(s) is s
+    from ortmlx.kernels.passes import BuildConfig
+    from ortmlx.tuning import Tuning
+    assert BuildConfig.for_device("gpu").context().unpooled
+    assert not BuildConfig.for_device("cpu").context().unpooled
+    assert not BuildConfig.for_device("gpu", Tuning.parse("unpooled_lengths=0")).context().unpooled

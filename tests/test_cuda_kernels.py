@@ -134,7 +134,7 @@ def _gqa(case: str, packed: bool, rotary: bool, first: bool, fused: bool, bias: 
         args = (qkv[:, :, :n].reshape(b, 1, n * h), qkv[:, :, n:n + kvn].reshape(b, 1, kvn * h),
                 qkv[:, :, n + kvn:].reshape(b, 1, kvn * h))
     dev = mx.gpu if fused and CUDA else mx.cpu
-    with mx.stream(dev), build.active(build.BuildContext(cuda_kernels=fused)):
+    with mx.stream(dev), build.active(build.BuildContext(cuda_kernels=fused, unpooled=fused)):
         out = gqa_core(*args, past[0], past[1], sl, packed=packed, **kw)
         mx.eval(*out)
     return [np.array(o.astype(mx.float32)) if o.dtype == mx.bfloat16 else np.array(o) for o in out]
@@ -393,7 +393,7 @@ def _prompt(case: str, rope: bool, kernel=None):
     cuda_kernels.prompt_rope = spy
     try:
         dev = mx.gpu if kernel is not None else mx.cpu
-        ctx = build.BuildContext(cuda_kernels=rope, prompt_rope=rope, prompt_kernel=False)
+        ctx = build.BuildContext(cuda_kernels=rope, prompt_rope=rope, prompt_kernel=False, unpooled=rope)
         with mx.stream(dev), build.active(ctx):
             out = gqa_core(qkv, None, None, *(past or [None, None]), mx.array([x - 1 for x in lens], mx.int32),
                            **kw)

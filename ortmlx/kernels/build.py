@@ -12,6 +12,8 @@ A build is an eager run of a group's program or a compiled closure's trace. Its 
 - ``take_rows``: whether a Gather of a table's rows may take ``cuda_kernels.take_rows`` (with ``cuda_kernels``);
 - ``prompt_rope``: whether a first prompt's packed QKV may become its queries and presents in one kernel
   (``cuda_kernels.prompt_rope``, with ``cuda_kernels``);
+- ``unpooled``: whether the lengths every layer's attention reads go into arrays out of MLX's pool of small arrays
+  (``consts.unpooled``);
 - ``half_nbits``: whether a half-precision MatMulNBits product stays in half precision (else float32);
 - ``poly_exp``: whether float32 Exp and Sigmoid use ``fastmath``'s polynomial exp (MLX's CPU backend);
 - ``conv_gemm``: which forms of 2-D convolution run as products over their shifted input views (``ops/conv.py``),
@@ -41,6 +43,7 @@ class BuildContext:
     prompt_kernel: bool = True
     take_rows: bool = False
     prompt_rope: bool = False
+    unpooled: bool = False
     half_nbits: bool = False
     poly_exp: bool = False
     conv_gemm: frozenset = frozenset()
@@ -105,6 +108,12 @@ def prompt_rope() -> bool:
     """Whether the build in progress may make a first prompt's queries and presents with ``cuda_kernels.prompt_rope``."""
     b = _CURRENT.get()
     return b is not None and b.prompt_rope
+
+
+def unpooled() -> bool:
+    """Whether the build in progress keeps small lengths out of MLX's pool (``consts.unpooled``)."""
+    b = _CURRENT.get()
+    return b is not None and b.unpooled
 
 
 def half_nbits() -> bool:

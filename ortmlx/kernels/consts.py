@@ -15,6 +15,8 @@ import weakref
 
 import mlx.core as mx
 
+from . import build
+
 #: casts of constants up to this many elements are kept (larger ones are recast each call)
 CAST_MAX_ELEMS = 1 << 20
 #: MLX's CUDA allocator serves arrays of this many bytes or less from a pool of managed memory that every kernel
@@ -34,6 +36,16 @@ def roomy(a: mx.array) -> mx.array:
         a = flat[:a.size].reshape(a.shape)
     mx.eval(a)
     return a
+
+
+def unpooled(a: mx.array) -> mx.array:
+    """``a`` (lazy: inside a trace too) as a view into an array of ``ROOM_BYTES`` where it has ``POOLED_BYTES`` or
+    less and the build asks for it (``build.unpooled``): a length every layer's kernel reads, out of the pool. A
+    shapeless trace keeps ``a`` (MLX cannot trace a slice shapeless)."""
+    if not 0 < a.nbytes <= POOLED_BYTES or build.shapeless() or not build.unpooled():
+        return a
+    room = -(-ROOM_BYTES // a.dtype.size)
+    return mx.concatenate([a.reshape(-1), zeros((room - a.size,), a.dtype)])[:a.size].reshape(a.shape)
 
 
 @functools.lru_cache(maxsize=512)

@@ -111,6 +111,8 @@ class BuildConfig:
     take_rows: bool = False
     #: a first prompt's queries and presents from one kernel (``BuildContext.prompt_rope``)
     prompt_rope: bool = False
+    #: a batch's lengths out of MLX's pool of small arrays (``BuildContext.unpooled``)
+    unpooled: bool = False
     #: half-precision MatMulNBits products (``BuildContext.half_nbits``)
     half_nbits: bool = False
     #: float32 Exp and Sigmoid through ``fastmath``'s polynomial exp (``BuildContext.poly_exp``)
@@ -160,6 +162,7 @@ class BuildConfig:
                    prompt_kernel=prompt,
                    take_rows=pick("take_rows", t.take_rows, True) and kernels,
                    prompt_rope=pick("prompt_rope", t.prompt_rope, True) and kernels,
+                   unpooled=pick("unpooled", t.unpooled_lengths, True) and gpu,
                    half_nbits=pick("half_nbits", t.half_nbits, gpu),
                    poly_exp=pick("poly_exp", t.poly_exp, device == "cpu"),
                    conv_gemm=_conv_forms(conv, gpu),

@@ -429,8 +429,11 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
     b, s = q.shape[:2]
     h = q.shape[3] if packed else q.shape[2] // num_heads
     seqlens = seqlens_k.astype(mx.int32)
-    total_len = seqlens + 1
-    past_len = consts.zeros((b,), mx.int32) if first_prompt else total_len - s
+
+    def lengths():          # read by every layer's kernels: made once a build, out of MLX's pool of small arrays
+        total = consts.unpooled(seqlens + 1)
+        return total, consts.zeros((b,), mx.int32) if first_prompt else consts.unpooled(total - s)
+    total_len, past_len = build.memo(("gqa_lengths", id(seqlens_k), first_prompt, b, s), lengths)
     alpha = scale if scale != 0.0 else 1.0 / math.sqrt(h)
 
     def tables():

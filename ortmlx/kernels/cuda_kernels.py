@@ -498,7 +498,7 @@ def prompt_attention(q, k, v, total_len, *, alpha: float, softcap: float = 0.0, 
 
 
 _PROMPT_ROPE_SOURCE = r"""
-    // thread i < B*NH*S*HEAD: element (b, n, s, d) of the rotated queries (B, NH, S, HEAD); past them, the
+    // thread i < B*S*NH*HEAD: element (b, s, n, d) of the rotated queries (B, S, NH, HEAD); past them, the
     // presents' elements (b, kh, r, d) of (B, NKV, ROWS, HEAD), keys then values: row r < S (and, HAS_VALID,
     // r < valid[b]) the rotated key / the value of prompt row r, every other row zero. B and S are qkv's shape,
     // read at run time: one build serves every prompt length (ROWS 0: the presents have S rows).
@@ -510,11 +510,9 @@ _PROMPT_ROPE_SOURCE = r"""
     size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
     if (i < nq) {
         const int d = i % HEAD;
-        size_t t = i / HEAD;
-        const size_t s = t % S;
-        t /= S;
+        const size_t t = i / HEAD;
         const int n = t % NH;
-        const size_t row = (t / NH) * S + s;
+        const size_t row = t / NH;
         q_out[i] = ortmlx_rope<T, ROT_DIM, INTERLEAVED, HAS_QKV_BIAS>(
             qkv + row * (HEADS * HEAD) + n * HEAD, bias + n * HEAD, cosv + row * HEAD, sinv + row * HEAD, d);
         return;
@@ -573,9 +571,10 @@ def prompt_rope(qkv, cos, sin, valid, rows: int, *, num_heads: int, kv_num_heads
     qkv (B, S, N+2Nkv, H) or (B, S, (N+2Nkv)*H); cos, sin (B, S, H) float32 rotary tables (``rotary_tables``; unused
     when ``rot_dim`` is 0); valid (B,) int32 or None: the prompt's own length in each row (a padded prompt). The
     query and key heads are rotated as ``apply_rotary`` rotates them, after ``qkv_bias`` ((N+2Nkv)*H,) is added in
-    the input's type. Returns q (B, N, S, H) and the presents (B, Nkv, rows, H): row r < S (and < valid[b]) the
-    rotated key / the value of prompt row r, zero past it, where MLX took a transpose, the rotation's float32
-    kernel, and per present a pad and a select over all its rows.
+    the input's type. Returns q (B, N, S, H), a view of (B, S, N, H) rows (MLX's cuDNN attention gives its output
+    the queries' layout: (B, S, N * H) rows with no transpose), and the presents (B, Nkv, rows, H): row r < S (and
+    < valid[b]) the rotated key / the value of prompt row r, zero past it, where MLX took a transpose, the
+    rotation's float32 kernel, and per present a pad and a select over all its rows.
     """
     b, s = qkv.shape[:2]
     heads = num_heads + 2 * kv_num_heads
@@ -595,9 +594,9 @@ def prompt_rope(qkv, cos, sin, valid, rows: int, *, num_heads: int, kv_num_heads
                   ("ROT_DIM", int(rot_dim)), ("INTERLEAVED", bool(interleaved)),
                   ("HAS_QKV_BIAS", qkv_bias is not None), ("HAS_VALID", valid is not None)],
         grid=(-(-total // ROPE_THREADS) * ROPE_THREADS, 1, 1), threadgroup=(ROPE_THREADS, 1, 1),
-        output_shapes=[(b, num_heads, s, h), (b, kv_num_heads, rows, h), (b, kv_num_heads, rows, h)],
+        output_shapes=[(b, s, num_heads, h), (b, kv_num_heads, rows, h), (b, kv_num_heads, rows, h)],
         output_dtypes=[dtype] * 3)
-    return q, pk, pv
+    return q.transpose(0, 2, 1, 3), pk, pv
 
 
 _NORM_SOURCE = r"""

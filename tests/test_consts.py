@@ -7,7 +7,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from ortmlx.kernels import build, consts
+from ortmlx.kernels import build, consts, cuda_kernels
 
 
 def test_arange_is_cached_and_right():
@@ -134,7 +134,6 @@ def test_memo_is_scoped_to_one_build():
 def test_small_lengths_are_unpooled_in_builds_that_ask():
     """A computed length of 8 bytes or less becomes a view into 16 bytes (its values, shape and type), traced too;
     not outside such a build, not in a shapeless trace, not for larger arrays."""
-    from ortmlx.kernels import build
     lens = mx.array([6], mx.int32)
     plain = lens + 1
     assert consts.unpooled(plain) is plain                           # no build: as it is
@@ -156,3 +155,33 @@ def test_small_lengths_are_unpooled_in_builds_that_ask():
     assert BuildConfig.for_device("gpu").context().unpooled
     assert not BuildConfig.for_device("cpu").context().unpooled
     assert not BuildConfig.for_device("gpu", Tuning.parse("unpooled_lengths=0")).context().unpooled
+
+
+def test_roomy_all_replaces_the_small_ones_in_one_go():
+    arrays = {"eps": mx.array(1e-5, mx.float32), "half": mx.array([0.5], mx.float16), "pair": mx.array([1, 2], mx.int32),
+              "gamma": mx.ones((4,), mx.float32), "big": mx.arange(10)}
+    before = dict(arrays)
+    assert consts.roomy_all(arrays) == 3
+    for k in ("eps", "half", "pair"):
+        assert arrays[k] is not before[k] and arrays[k].shape == before[k].shape and arrays[k].dtype == before[k].dtype
+        assert np.array_equal(np.array(arrays[k]), np.array(before[k]))
+    assert arrays["gamma"] is before["gamma"] and arrays["big"] is before["big"]
+
+
+@pytest.mark.skipif(not cuda_kernels.cuda_backend(), reason="needs MLX's CUDA backend")
+def test_scalar_constants_on_the_gpu_answer_as_the_cpu_ep():
+    """A graph's scalar initializers (views into 16 device bytes on a GPU) in fused elementwise work and a Clip."""
+    from onnx import TensorProto as T
+    from onnx import helper, numpy_helper
+
+    from ortmlx.testing import make_model, session
+    nodes = [helper.make_node("Mul", ["x", "half"], ["a"]), helper.make_node("Add", ["a", "one"], ["b"]),
+             helper.make_node("Clip", ["b", "lo", "hi"], ["y"])]
+    inits = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in
+             (("half", 0.5), ("one", 1.0), ("lo", 0.0), ("hi", 6.0))]
+    m = make_model(nodes, [("x", T.FLOAT, [2, 3000])], [("y", T.FLOAT, [2, 3000])], initializers=inits)
+    x = (np.random.default_rng(3).standard_normal((2, 3000)) * 8).astype(np.float32)
+    want = session(m, "CPUExecutionProvider", record=False).run(None, {"x": x})[0]
+    for opts in ({"device": "gpu"}, {"device": "gpu", "no_compile": "1"}):
+        got = session(m, options=opts).run(None, {"x": x})[0]
+        np.testing.assert_array_equal(got, want)

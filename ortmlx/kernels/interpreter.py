@@ -162,6 +162,7 @@ class Program:
                 made = dt.device_copies(constants_mx, self._matmul_weights(graph) |
                                         {merge.merged_name(g) for g in r.groups})
                 cuda_rows.register_col_major(constants_mx[k] for k in made)
+                consts.roomy_all(constants_mx)          # scalars: out of MLX's pool of small arrays
             for k in conv_w & constants_mx.keys():      # uploaded channels-last: back to ONNX's axes, as a view
                 constants_mx[k] = conv.to_channels_first(constants_mx[k])
         self.constants = constants_mx

@@ -55,7 +55,8 @@ def cases():
                                                     (0, False, False, True, 80, 0)):
             yield (f"prompt_rope {t} head {head} rotary {rot} interleaved {inter} bias {bias} valid {valid}",
                    "ortmlx_prompt_rope_x", ["qkv", "cosv", "sinv", "valid", "bias"], [t, "float32", "float32", "int32", t],
-                   ["q_out", "present_k", "present_v"], [t] * 3, ck._PROMPT_ROPE_SOURCE, ck._ROPE_HEADER,
+                   ["q_out", "present_k", "present_v", "k_rows", "v_rows"], [t] * 5, ck._PROMPT_ROPE_SOURCE,
+                   ck._ROPE_HEADER,
                    [("T", t), ("NH", 14), ("NKV", 2), ("HEAD", head), ("ROWS", rows), ("ROT_DIM", rot),
                     ("INTERLEAVED", inter), ("HAS_QKV_BIAS", bias), ("HAS_VALID", valid)])
         for skip, bias in ((True, False), (True, True), (False, False)):

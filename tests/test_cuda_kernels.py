@@ -333,7 +333,7 @@ def test_ep_decode_matches_cpu_ep(t, bias, monkeypatch):
 def reference_prompt_rope(qkv, cos, sin, valid, rows, *, num_heads, kv_num_heads, rot_dim, interleaved,
                           qkv_bias=None):
     """``cuda_kernels.prompt_rope``'s contract: bias, rotation (``_rope_rows``), the queries (B, N, S, H), the
-    presents (B, Nkv, rows, H) with the prompt's rows below ``valid`` and zeros elsewhere."""
+    presents (B, Nkv, rows, H) with the prompt's rows below ``valid`` and zeros elsewhere, their first S rows."""
     b, s = qkv.shape[:2]
     kvn = kv_num_heads
     heads = num_heads + 2 * kvn
@@ -351,7 +351,8 @@ def reference_prompt_rope(qkv, cos, sin, valid, rows, *, num_heads, kv_num_heads
     keep = mx.arange(s).reshape(1, 1, s, 1) < lens.reshape(b, 1, 1, 1)
     zero = mx.zeros((), x.dtype)
     pad = [(0, 0), (0, 0), (0, rows - s), (0, 0)]
-    return q, mx.pad(mx.where(keep, k, zero), pad), mx.pad(mx.where(keep, v, zero), pad)
+    k, v = mx.where(keep, k, zero), mx.where(keep, v, zero)
+    return q, mx.pad(k, pad), mx.pad(v, pad), k, v
 
 
 # name: (B, N, Nkv, H, present rows, prompt rows, valid rows (None: all), rotary, interleaved, bias, dtype)
@@ -366,7 +367,8 @@ PROMPTS = {
 
 def _prompt(case: str, rope: bool, kernel=None):
     """``gqa_core`` on a first prompt of packed QKV into a buffer (the contract or, ``kernel``, the kernel for
-    ``prompt_rope``; else MLX ops); the attention always as MLX's float32 ops. Returns its outputs and the calls."""
+    ``prompt_rope``; else MLX ops), its new rows too; the attention always as MLX's float32 ops. Returns its
+    outputs and the calls."""
     b, n, kvn, h, rows, s, valid, rotary, inter, bias, dtype = PROMPTS[case]
     rng = np.random.default_rng(len(case))
 
@@ -396,7 +398,7 @@ def _prompt(case: str, rope: bool, kernel=None):
         ctx = build.BuildContext(cuda_kernels=rope, prompt_rope=rope, prompt_kernel=False, unpooled=rope)
         with mx.stream(dev), build.active(ctx):
             out = gqa_core(qkv, None, None, *(past or [None, None]), mx.array([x - 1 for x in lens], mx.int32),
-                           **kw)
+                           new_rows=True, **kw)
             mx.eval(*out)
     finally:
         cuda_kernels.prompt_rope = real
@@ -414,9 +416,17 @@ def test_prompt_rope_wiring_with_the_contract(case, monkeypatch):
     assert calls == [(2 * (h // 2 - (4 if h == 80 else 0))) if rotary else 0], calls
     want, none = _prompt(case, rope=False)
     assert none == []
-    assert got[1].shape == (b, kvn, rows, h)
-    for j, what in enumerate(("attention output", "present key", "present value")):
+    assert got[1].shape == (b, kvn, rows, h) and got[3].shape == (b, kvn, s, h)
+    for j, what in enumerate(("attention output", "present key", "present value", "key rows", "value rows")):
         np.testing.assert_array_equal(got[j], want[j], err_msg=f"{case}: {what}")
+    np.testing.assert_array_equal(got[3], got[1][:, :, :s])
+
+
+def test_new_rows_are_for_first_prompts():
+    past = mx.zeros((1, 2, 8, 16), mx.float32)
+    with pytest.raises(ValueError, match="first prompts"):
+        gqa_core(mx.zeros((1, 1, 8 * 16)), None, None, past, past, mx.array([3], mx.int32), total_sequence_length=8,
+                 num_heads=4, kv_num_heads=2, first_prompt=False, packed=True, new_rows=True)
 
 
 def test_prompt_rope_reason():
@@ -450,7 +460,7 @@ def test_prompt_rope_kernel(case):
     assert seen == [1] and len(calls) == 1
     want, none = _prompt(case, rope=False)
     assert none == []
-    for j, what in enumerate(("attention output", "present key", "present value")):
+    for j, what in enumerate(("attention output", "present key", "present value", "key rows", "value rows")):
         if j:
             np.testing.assert_array_equal(got[j], want[j], err_msg=f"{case}: {what}")
     tol = {mx.float32: 2e-5, mx.float16: 2 ** -10, mx.bfloat16: 2 ** -7}[PROMPTS[case][-1]]

@@ -203,15 +203,15 @@ def gqa_traced(decode: bool, padded: bool = False):
         seqlens = args[5].reshape(-1).astype(mx.int32)
         # the prompt's own length, also for ``gather_padded_tail``
         valid = build.memo(PADDED_VALID, lambda: consts.unpooled(seqlens + 1))
-        o, pk, pv = _gqa(*args, prompt_valid=valid, **attrs)
+        o, pk, pv, k_rows, v_rows = _gqa(*args, prompt_valid=valid, new_rows=True, **attrs)
         b = pk.shape[0]
-        s = args[0].shape[1]                    # the bucket (<= t: BucketedPrefill caps it by the buffer)
         start = build.memo(("prefill_start", b), lambda: consts.zeros((b,), mx.int32))
-        add_row_hint(pk, args[3], start, pk[:, :, :s])
-        add_row_hint(pv, args[4], start, pv[:, :, :s])
+        # the bucket's first rows (<= t: BucketedPrefill caps the bucket by the buffer)
+        add_row_hint(pk, args[3], start, k_rows)
+        add_row_hint(pv, args[4], start, v_rows)
         return o, pk, pv
 
-    def _gqa(*args, prompt_valid=None, **attrs):
+    def _gqa(*args, prompt_valid=None, new_rows=False, **attrs):
         a, x, q, k, v = _gqa_args(args, attrs, (), "traced GroupQueryAttention", pack=True)
         if a["sliding_window_cache"]:
             return gqa_window_traced(a, x, q, k, v, decode, padded)
@@ -273,13 +273,14 @@ def gqa_traced(decode: bool, padded: bool = False):
                        rotary_interleaved=bool(a["rotary_interleaved"]), position_ids=None,
                        attention_bias=x["attention_bias"], sink=sink, in_place=decode, packed=packed,
                        qkv_bias=x["qkv_bias"], kv_quant=kvq, causal_prompt=causal,
-                       prompt_valid=prompt_valid if first_prompt else None)
+                       prompt_valid=prompt_valid if first_prompt else None, new_rows=new_rows and first_prompt)
         if prompt_valid is not None and not first_prompt:       # rows past the prompt's length zeroed over all
             o, pk, pv = res
             t = pk.shape[2]
             keep = consts.arange(t).reshape(1, 1, t, 1) < prompt_valid.reshape(b, 1, 1, 1)
             zero = consts.zeros((), pk.dtype)
-            return o, mx.where(keep, pk, zero), mx.where(keep, pv, zero)
+            pk, pv = mx.where(keep, pk, zero), mx.where(keep, pv, zero)
+            return (o, pk, pv, pk[:, :, :s], pv[:, :, :s]) if new_rows else (o, pk, pv)
         if not decode:
             return res
         # decode writes row seqlens_k (= past length, S == 1) into the buffer and leaves the others

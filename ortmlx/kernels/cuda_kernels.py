@@ -500,7 +500,8 @@ def prompt_attention(q, k, v, total_len, *, alpha: float, softcap: float = 0.0, 
 _PROMPT_ROPE_SOURCE = r"""
     // thread i < B*S*NH*HEAD: element (b, s, n, d) of the rotated queries (B, S, NH, HEAD); past them, the
     // presents' elements (b, kh, r, d) of (B, NKV, ROWS, HEAD), keys then values: row r < S (and, HAS_VALID,
-    // r < valid[b]) the rotated key / the value of prompt row r, every other row zero. B and S are qkv's shape,
+    // r < valid[b]) the rotated key / the value of prompt row r, every other row zero; rows r < S also into the
+    // (B, NKV, S, HEAD) k_rows / v_rows (the rows the runtime writes back). B and S are qkv's shape,
     // read at run time: one build serves every prompt length (ROWS 0: the presents have S rows).
     constexpr int HEADS = NH + 2 * NKV;
     const size_t nb = qkv_shape[0], S = qkv_shape[1];
@@ -537,6 +538,7 @@ _PROMPT_ROPE_SOURCE = r"""
                                                                       sinv + row * HEAD, d);
     }
     (is_v ? present_v : present_k)[j] = val;
+    if (r < S) (is_v ? v_rows : k_rows)[((b * NKV + kh) * S + r) * HEAD + d] = val;
 """
 #: threads per block of ``prompt_rope``
 ROPE_THREADS = 256
@@ -544,8 +546,8 @@ ROPE_THREADS = 256
 
 @functools.lru_cache(maxsize=1)
 def _prompt_rope_kernel():
-    return _kernel("ortmlx_prompt_rope", ["qkv", "cosv", "sinv", "valid", "bias"], ["q_out", "present_k", "present_v"],
-                   _PROMPT_ROPE_SOURCE, _ROPE_HEADER)
+    return _kernel("ortmlx_prompt_rope", ["qkv", "cosv", "sinv", "valid", "bias"],
+                   ["q_out", "present_k", "present_v", "k_rows", "v_rows"], _PROMPT_ROPE_SOURCE, _ROPE_HEADER)
 
 
 def prompt_rope_reason(qkv, num_heads: int, kv_num_heads: int, rot_dim: int, rows: int) -> str | None:
@@ -572,9 +574,10 @@ def prompt_rope(qkv, cos, sin, valid, rows: int, *, num_heads: int, kv_num_heads
     when ``rot_dim`` is 0); valid (B,) int32 or None: the prompt's own length in each row (a padded prompt). The
     query and key heads are rotated as ``apply_rotary`` rotates them, after ``qkv_bias`` ((N+2Nkv)*H,) is added in
     the input's type. Returns q (B, N, S, H), a view of (B, S, N, H) rows (MLX's cuDNN attention gives its output
-    the queries' layout: (B, S, N * H) rows with no transpose), and the presents (B, Nkv, rows, H): row r < S (and
-    < valid[b]) the rotated key / the value of prompt row r, zero past it, where MLX took a transpose, the
-    rotation's float32 kernel, and per present a pad and a select over all its rows.
+    the queries' layout: (B, S, N * H) rows with no transpose), the presents (B, Nkv, rows, H): row r < S (and
+    < valid[b]) the rotated key / the value of prompt row r, zero past it, and their first S rows as arrays of their
+    own (B, Nkv, S, H) (what the runtime writes back to host memory, with no copy of a strided view). MLX took a
+    transpose, the rotation's float32 kernel, and per present a pad and a select over all its rows.
     """
     b, s = qkv.shape[:2]
     heads = num_heads + 2 * kv_num_heads
@@ -585,7 +588,7 @@ def prompt_rope(qkv, cos, sin, valid, rows: int, *, num_heads: int, kv_num_heads
     if qkv_bias is not None and (qkv_bias.shape != (heads * h,) or qkv_bias.dtype != dtype):
         raise ValueError(f"qkv_bias {qkv_bias.shape} {qkv_bias.dtype} needs a packed QKV row of {heads * h}")
     total = b * (num_heads * s + 2 * kv_num_heads * rows) * h
-    q, pk, pv = _prompt_rope_kernel()(
+    q, pk, pv, k_rows, v_rows = _prompt_rope_kernel()(
         inputs=[qkv, cos.astype(mx.float32), sin.astype(mx.float32),
                 consts.zeros((1,), mx.int32) if valid is None else valid.astype(mx.int32),
                 consts.zeros((1,), dtype) if qkv_bias is None else qkv_bias],
@@ -594,9 +597,9 @@ def prompt_rope(qkv, cos, sin, valid, rows: int, *, num_heads: int, kv_num_heads
                   ("ROT_DIM", int(rot_dim)), ("INTERLEAVED", bool(interleaved)),
                   ("HAS_QKV_BIAS", qkv_bias is not None), ("HAS_VALID", valid is not None)],
         grid=(-(-total // ROPE_THREADS) * ROPE_THREADS, 1, 1), threadgroup=(ROPE_THREADS, 1, 1),
-        output_shapes=[(b, s, num_heads, h), (b, kv_num_heads, rows, h), (b, kv_num_heads, rows, h)],
-        output_dtypes=[dtype] * 3)
-    return q.transpose(0, 2, 1, 3), pk, pv
+        output_shapes=[(b, s, num_heads, h)] + [(b, kv_num_heads, rows, h)] * 2 + [(b, kv_num_heads, s, h)] * 2,
+        output_dtypes=[dtype] * 5)
+    return q.transpose(0, 2, 1, 3), pk, pv, k_rows, v_rows
 
 
 _NORM_SOURCE = r"""

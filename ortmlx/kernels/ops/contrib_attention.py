@@ -399,7 +399,8 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
              kv_num_heads: int, first_prompt: bool, scale: float = 0.0, softcap: float = 0.0,
              local_window_size: int = -1, cos_cache=None, sin_cache=None, position_ids=None,
              rotary_interleaved: bool = False, attention_bias=None, sink=None, in_place: bool = False,
-             packed: bool = False, qkv_bias=None, kv_quant=None, causal_prompt: bool = False, prompt_valid=None):
+             packed: bool = False, qkv_bias=None, kv_quant=None, causal_prompt: bool = False, prompt_valid=None,
+             new_rows: bool = False):
     """GroupQueryAttention on MLX arrays, as ORT's CPU kernel computes it.
 
     q (B,S,N*H); k, v (B,S,Nkv*H); or ``packed``: q is the packed QKV ((B,S,(N+2*Nkv)*H) or its
@@ -415,8 +416,30 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
     are quantized into the presents and attention reads the dequantized presents (as ORT's CPU kernel).
     ``causal_prompt``: a first prompt's rows past its total length are absent or dropped (``prompt_attention``'s
     ``causal``). ``prompt_valid`` ((B,) int32, a first prompt padded past its length): present rows at or past it
-    are zero, as for the unpadded prompt.
+    are zero, as for the unpadded prompt. ``new_rows`` (first prompts): the presents' first S rows come back too,
+    as ``in_place``'s new rows do (as arrays of their own where the prompt's kernel makes them).
     """
+    if new_rows and not first_prompt:
+        raise ValueError("new_rows is for first prompts")
+    res = _gqa_core(q, k, v, past_key, past_value, seqlens_k, total_sequence_length=total_sequence_length,
+                    num_heads=num_heads, kv_num_heads=kv_num_heads, first_prompt=first_prompt, scale=scale,
+                    softcap=softcap, local_window_size=local_window_size, cos_cache=cos_cache, sin_cache=sin_cache,
+                    position_ids=position_ids, rotary_interleaved=rotary_interleaved, attention_bias=attention_bias,
+                    sink=sink, in_place=in_place, packed=packed, qkv_bias=qkv_bias, kv_quant=kv_quant,
+                    causal_prompt=causal_prompt, prompt_valid=prompt_valid, new_rows=new_rows)
+    if new_rows and len(res) == 3:                  # the presents' own first rows (views)
+        s = q.shape[1]
+        res = (*res, res[1][:, :, :s], res[2][:, :, :s])
+    return res
+
+
+def _gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length: int, num_heads: int,
+              kv_num_heads: int, first_prompt: bool, scale: float = 0.0, softcap: float = 0.0,
+              local_window_size: int = -1, cos_cache=None, sin_cache=None, position_ids=None,
+              rotary_interleaved: bool = False, attention_bias=None, sink=None, in_place: bool = False,
+              packed: bool = False, qkv_bias=None, kv_quant=None, causal_prompt: bool = False, prompt_valid=None,
+              new_rows: bool = False):
+    """``gqa_core``'s work; the first prompt's kernel gives ``new_rows`` itself."""
     nq = num_heads + kv_num_heads
     flat = q
     if packed and q.ndim == 3:
@@ -473,13 +496,13 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
         if cos_cache is not None:
             c, sn = build.memo(table_key, tables)
             c, sn = c.reshape(b, s, h), sn.reshape(b, s, h)
-        q, pk, pv = cuda_kernels.prompt_rope(flat, c, sn, prompt_valid, present_len, num_heads=num_heads,
-                                             kv_num_heads=kv_num_heads, rot_dim=rd, interleaved=rotary_interleaved,
-                                             qkv_bias=qkv_bias)
+        q, pk, pv, k_rows, v_rows = cuda_kernels.prompt_rope(
+            flat, c, sn, prompt_valid, present_len, num_heads=num_heads, kv_num_heads=kv_num_heads, rot_dim=rd,
+            interleaved=rotary_interleaved, qkv_bias=qkv_bias)
         out = prompt_attention(q, pk[:, :, :s], pv[:, :, :s], q.astype(mx.float32), seqlens_k, past_len, total_len,
                                alpha=alpha, softcap=softcap, local_window_size=local_window_size, sink=sink,
                                attention_bias=attention_bias, causal=causal_prompt)
-        return out, pk, pv
+        return (out, pk, pv, k_rows, v_rows) if new_rows else (out, pk, pv)
     if qkv_bias is not None:
         q = q + qkv_bias.reshape(q.shape[2:])
     if packed:

@@ -15,6 +15,9 @@ kernels replace chains of MLX ops with one launch each, computing the same value
   prompts): the same float32 arithmetic as ``decode_attention``, one query row a block, where MLX takes eight
   launches (two of them cuBLAS products, ~15-30 us of host time each); the length is read from the keys' shape,
   so one build serves every prompt length.
+- ``prompt_rope``: a first prompt's packed QKV as its rotated queries, both presents over the whole KV buffer and
+  the prompt's rows written back: where MLX ran the rotation in float32, a transpose and per present a pad and a
+  select over every buffer row.
 - ``rms_norm``: (Skip)SimplifiedLayerNormalization of rows: the float32 sum of input, skip and
   bias, its mean square, the scaled result and both roundings to the output type in one kernel, where
   MLX takes three (the sum and its casts, ``mx.fast.rms_norm`` on float32, the final cast).

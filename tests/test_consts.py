@@ -132,24 +132,30 @@ def test_memo_is_scoped_to_one_build():
 
 
 def test_small_lengths_are_unpooled_in_builds_that_ask():
-    """A computed length of 8 bytes or less becomes a view into 16 bytes (its values, shape and type), traced too;
-    not outside such a build, not in a shapeless trace, not for larger arrays."""
+    """A length computed from an array of 8 bytes or less comes out of one elementwise kernel over a 16-element
+    broadcast of it, seen through its first row (its values, shape and type), traced too; as it is outside such a
+    build, in a shapeless trace, and from larger arrays."""
     lens = mx.array([6], mx.int32)
-    plain = lens + 1
-    assert consts.unpooled(plain) is plain                           # no build: as it is
+    inc = lambda x: x + 1                                            # noqa: E731
+    assert np.array(consts.unpooled(inc, lens)).tolist() == [7]     # no build: fn(a)
+    calls = []
     with build.active(build.BuildContext(unpooled=True)):
-        u = consts.unpooled(lens + 1)
+        u = consts.unpooled(lambda x: calls.append(x.shape) or x + 1, lens)
+        assert calls == [(16, 1)]
         assert u.shape == (1,) and u.dtype == mx.int32 and np.array(u).tolist() == [7]
         pair = mx.array([3, 4], mx.int16)
-        assert np.array(consts.unpooled(pair)).tolist() == [3, 4] and consts.unpooled(pair) is not pair
+        assert np.array(consts.unpooled(lambda x: x - 1, pair)).tolist() == [2, 3]
         big = mx.array([1, 2, 3], mx.int32)
-        assert consts.unpooled(big) is big
-        traced = mx.compile(lambda a: consts.unpooled(a + 1) * 2)
+        calls.clear()
+        assert np.array(consts.unpooled(lambda x: calls.append(x.shape) or x * 2, big)).tolist() == [2, 4, 6]
+        assert calls == [(3,)]
+        traced = mx.compile(lambda a: consts.unpooled(inc, a) * 2)
         assert np.array(traced(mx.array([5], mx.int32))).tolist() == [12]
         assert np.array(traced(mx.array([9], mx.int32))).tolist() == [20]
     with build.active(build.BuildContext(unpooled=True, shapeless=True)):
-        s = lens + 1
-        assert consts.unpooled(s) is s
+        calls.clear()
+        assert np.array(consts.unpooled(lambda x: calls.append(x.shape) or x + 1, lens)).tolist() == [7]
+        assert calls == [(1,)]
     from ortmlx.kernels.passes import BuildConfig
     from ortmlx.tuning import Tuning
     assert BuildConfig.for_device("gpu").context().unpooled

@@ -202,7 +202,7 @@ def gqa_traced(decode: bool, padded: bool = False):
         # the presents' rows at or past the prompt's length are zero (selected over the bucket's rows only)
         seqlens = args[5].reshape(-1).astype(mx.int32)
         # the prompt's own length, also for ``gather_padded_tail``
-        valid = build.memo(PADDED_VALID, lambda: consts.unpooled(seqlens + 1))
+        valid = build.memo(PADDED_VALID, lambda: consts.unpooled(lambda x: x + 1, seqlens))
         o, pk, pv, k_rows, v_rows = _gqa(*args, prompt_valid=valid, new_rows=True, **attrs)
         b = pk.shape[0]
         start = build.memo(("prefill_start", b), lambda: consts.zeros((b,), mx.int32))

@@ -51,13 +51,15 @@ def roomy_all(arrays: dict) -> int:
     return len(small)
 
 
-def unpooled(a: mx.array) -> mx.array:
-    """``a`` (lazy: inside a trace too) as a view into an array of ``ROOM_BYTES`` where it has ``POOLED_BYTES`` or
-    less and the build asks for it (``build.unpooled``): a length every layer's kernel reads, out of the pool. A
-    shapeless trace keeps ``a`` (MLX cannot trace a slice shapeless)."""
+def unpooled(fn, a: mx.array) -> mx.array:
+    """``fn(a)`` for an elementwise ``fn`` (lazy: inside a trace too), made where the build asks for it
+    (``build.unpooled``) and ``a`` has ``POOLED_BYTES`` or less over ``a`` broadcast to ``ROOM_BYTES`` elements or
+    more: one kernel whose output is out of the pool, seen through a view of its first row. For a length every
+    layer's kernel reads. A shapeless trace keeps ``fn(a)`` (MLX cannot trace a slice shapeless)."""
     if not 0 < a.nbytes <= POOLED_BYTES or build.shapeless() or not build.unpooled():
-        return a
-    return _room(a, zeros)
+        return fn(a)
+    wide = mx.broadcast_to(a.reshape(1, -1), (-(-ROOM_BYTES // a.size), a.size))
+    return fn(wide)[0].reshape(a.shape)
 
 
 @functools.lru_cache(maxsize=512)

@@ -454,8 +454,8 @@ def _gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length
     seqlens = seqlens_k.astype(mx.int32)
 
     def lengths():          # read by every layer's kernels: made once a build, out of MLX's pool of small arrays
-        total = consts.unpooled(seqlens + 1)
-        return total, consts.zeros((b,), mx.int32) if first_prompt else consts.unpooled(total - s)
+        total = consts.unpooled(lambda x: x + 1, seqlens)
+        return total, consts.zeros((b,), mx.int32) if first_prompt else consts.unpooled(lambda x: x + (1 - s), seqlens)
     total_len, past_len = build.memo(("gqa_lengths", id(seqlens_k), first_prompt, b, s), lengths)
     alpha = scale if scale != 0.0 else 1.0 / math.sqrt(h)
 

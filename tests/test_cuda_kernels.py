@@ -468,6 +468,36 @@ def test_prompt_rope_kernel(case):
     assert err.max() <= 1.01 * tol, f"{case}: attention output off by {err.max():.3g} (relative)"
 
 
+@gpu_only
+@pytest.mark.parametrize("t", [T.FLOAT16, T.FLOAT], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("bias", [False, True], ids=["", "bias-add"])
+def test_ep_prompt_matches_cpu_ep(t, bias, monkeypatch):
+    """First prompts (S > 1 into a fixed-length buffer, as genai's shared buffer) through the EP on the GPU,
+    compiled and eager, against the CPU EP: the prompt's kernel runs and the answers agree."""
+    calls = []
+    real = cuda_kernels.prompt_rope
+    monkeypatch.setattr(cuda_kernels, "prompt_rope", lambda *a, **k: calls.append(1) or real(*a, **k))
+    m, npt, n, kvn, h, p = _decode_model(t, bias=bias)
+    rng = np.random.default_rng(11)
+    mlx = session(m, options={"device": "gpu"})
+    eager = session(m, options={"device": "gpu", "no_compile": "1"})
+    cpu = session(m, "CPUExecutionProvider", record=False)
+    for s in (5, 17, 9, 17):
+        feeds = {"qkv": rng.standard_normal((1, s, (n + 2 * kvn) * h)).astype(npt),
+                 "past_key": np.zeros((1, kvn, p, h), npt), "past_value": np.zeros((1, kvn, p, h), npt),
+                 "seqlens_k": np.array([s - 1], np.int32), "total_sequence_length": np.array(s, np.int32)}
+        want = cpu.run(None, feeds)
+        for name, sess in (("compiled", mlx), ("eager", eager)):
+            got = sess.run(None, feeds)
+            tol = dict(rtol=2e-2, atol=2e-3) if t == T.FLOAT16 else dict(rtol=1e-4, atol=1e-5)
+            assert_close(got[0], want[0], what=f"{name} {s} tokens: output", **tol)
+            for j in (1, 2):
+                assert_close(got[j][:, :, :s], want[j][:, :, :s], what=f"{name} {s} tokens: present {j}",
+                             **(dict(rtol=1e-3, atol=0) if t == T.FLOAT16 else dict(rtol=3e-7, atol=1e-7)))
+                assert not got[j][:, :, s:].any(), f"{name} {s} tokens: present {j} rows past the prompt"
+    assert calls, "the prompt's kernel did not run"
+
+
 # ---------------------------------------------------------------------------- rms_norm
 def reference_rms_norm(x, gamma, epsilon, skip=None, bias=None):
     """``cuda_kernels.rms_norm``'s contract in float64 NumPy: (y, sum) in x's type."""

@@ -54,7 +54,8 @@ def cases():
         for rot, inter, bias, valid, head, rows in ((64, False, True, True, 64, 4104), (32, True, False, False, 64, 0),
                                                     (0, False, False, True, 80, 0)):
             yield (f"prompt_rope {t} head {head} rotary {rot} interleaved {inter} bias {bias} valid {valid}",
-                   "ortmlx_prompt_rope_x", ["qkv", "cosv", "sinv", "valid", "bias"], [t, "float32", "float32", "int32", t],
+                   "ortmlx_prompt_rope_x", ["qkv", "cosv", "sinv", "valid", "bias"],
+                   [t, "float32", "float32", "int32", t],
                    ["q_out", "present_k", "present_v", "k_rows", "v_rows"], [t] * 5, ck._PROMPT_ROPE_SOURCE,
                    ck._ROPE_HEADER,
                    [("T", t), ("NH", 14), ("NKV", 2), ("HEAD", head), ("ROWS", rows), ("ROT_DIM", rot),

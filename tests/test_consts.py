@@ -164,8 +164,8 @@ def test_small_lengths_are_unpooled_in_builds_that_ask():
 
 
 def test_roomy_all_replaces_the_small_ones_in_one_go():
-    arrays = {"eps": mx.array(1e-5, mx.float32), "half": mx.array([0.5], mx.float16), "pair": mx.array([1, 2], mx.int32),
-              "gamma": mx.ones((4,), mx.float32), "big": mx.arange(10)}
+    arrays = {"eps": mx.array(1e-5, mx.float32), "half": mx.array([0.5], mx.float16),
+              "pair": mx.array([1, 2], mx.int32), "gamma": mx.ones((4,), mx.float32), "big": mx.arange(10)}
     before = dict(arrays)
     assert consts.roomy_all(arrays) == 3
     for k in ("eps", "half", "pair"):

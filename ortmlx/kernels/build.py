@@ -105,7 +105,7 @@ def take_rows() -> bool:
 
 
 def prompt_rope() -> bool:
-    """Whether the build in progress may make a first prompt's queries and presents with ``cuda_kernels.prompt_rope``."""
+    """Whether the build in progress may make a first prompt's queries and presents in one kernel."""
     b = _CURRENT.get()
     return b is not None and b.prompt_rope
 

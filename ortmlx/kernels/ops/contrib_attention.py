@@ -421,25 +421,6 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
     """
     if new_rows and not first_prompt:
         raise ValueError("new_rows is for first prompts")
-    res = _gqa_core(q, k, v, past_key, past_value, seqlens_k, total_sequence_length=total_sequence_length,
-                    num_heads=num_heads, kv_num_heads=kv_num_heads, first_prompt=first_prompt, scale=scale,
-                    softcap=softcap, local_window_size=local_window_size, cos_cache=cos_cache, sin_cache=sin_cache,
-                    position_ids=position_ids, rotary_interleaved=rotary_interleaved, attention_bias=attention_bias,
-                    sink=sink, in_place=in_place, packed=packed, qkv_bias=qkv_bias, kv_quant=kv_quant,
-                    causal_prompt=causal_prompt, prompt_valid=prompt_valid, new_rows=new_rows)
-    if new_rows and len(res) == 3:                  # the presents' own first rows (views)
-        s = q.shape[1]
-        res = (*res, res[1][:, :, :s], res[2][:, :, :s])
-    return res
-
-
-def _gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length: int, num_heads: int,
-              kv_num_heads: int, first_prompt: bool, scale: float = 0.0, softcap: float = 0.0,
-              local_window_size: int = -1, cos_cache=None, sin_cache=None, position_ids=None,
-              rotary_interleaved: bool = False, attention_bias=None, sink=None, in_place: bool = False,
-              packed: bool = False, qkv_bias=None, kv_quant=None, causal_prompt: bool = False, prompt_valid=None,
-              new_rows: bool = False):
-    """``gqa_core``'s work; the first prompt's kernel gives ``new_rows`` itself."""
     nq = num_heads + kv_num_heads
     flat = q
     if packed and q.ndim == 3:
@@ -452,6 +433,9 @@ def _gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length
     b, s = q.shape[:2]
     h = q.shape[3] if packed else q.shape[2] // num_heads
     seqlens = seqlens_k.astype(mx.int32)
+
+    def first_rows(out, pk, pv):            # ``new_rows``: the presents' first S rows too (views)
+        return (out, pk, pv, pk[:, :, :s], pv[:, :, :s]) if new_rows else (out, pk, pv)
 
     def lengths():          # read by every layer's kernels: made once a build, out of MLX's pool of small arrays
         total = consts.unpooled(lambda x: x + 1, seqlens)
@@ -535,13 +519,13 @@ def _gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length
                                                 kv_num_heads=kv_num_heads, alpha=alpha, softcap=softcap,
                                                 local_window_size=local_window_size, sink=sink)
             out = out.reshape(b, 1, num_heads * h)
-            return (out, pk, pv, k, v) if in_place else (out, pk, pv)
+            return (out, pk, pv, k, v) if in_place else first_rows(out, pk, pv)
     if first_prompt and s > 1 and kv_quant is None:
         # a first prompt sees only its own S keys: no scores over the rest of the KV buffer
         out = prompt_attention(q, k, v, qf, seqlens_k, past_len, total_len, alpha=alpha, softcap=softcap,
                                local_window_size=local_window_size, sink=sink, attention_bias=attention_bias,
                                causal=causal_prompt)
-        return (out, pk, pv, k, v) if in_place else (out, pk, pv)
+        return (out, pk, pv, k, v) if in_place else first_rows(out, pk, pv)
     mask = build.memo(("gqa_mask", id(seqlens_k), first_prompt, b, s, present_len, local_window_size),
                        lambda: gqa_mask(past_len, total_len, s, present_len, local_window_size))
     group = num_heads // kv_num_heads
@@ -560,7 +544,7 @@ def _gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length
     out = out.reshape(b, num_heads, s, h).transpose(0, 2, 1, 3).reshape(b, s, num_heads * h)
     if in_place:
         return out.astype(q.dtype), pk, pv, k, v
-    return out.astype(q.dtype), pk, pv
+    return first_rows(out.astype(q.dtype), pk, pv)
 
 
 def _qt(x) -> str:

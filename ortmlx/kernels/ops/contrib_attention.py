@@ -439,7 +439,8 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
 
     def lengths():          # read by every layer's kernels: made once a build, out of MLX's pool of small arrays
         total = consts.unpooled(lambda x: x + 1, seqlens)
-        return total, consts.zeros((b,), mx.int32) if first_prompt else consts.unpooled(lambda x: x + (1 - s), seqlens)
+        past = consts.zeros((b,), mx.int32) if first_prompt else consts.unpooled(lambda x: x + (1 - s), seqlens)
+        return total, past
     total_len, past_len = build.memo(("gqa_lengths", id(seqlens_k), first_prompt, b, s), lengths)
     alpha = scale if scale != 0.0 else 1.0 / math.sqrt(h)
 
@@ -475,7 +476,7 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
     if first_prompt and s > 1 and packed and kv_quant is None and not in_place and cuda_kernels.enabled() and \
             build.prompt_rope() and \
             cuda_kernels.prompt_rope_reason(flat, num_heads, kv_num_heads, rd, present_len) is None:
-        # the rotation, the queries' transpose and both presents in one kernel; attention reads the presents' rows
+        # the rotation, the queries' transpose and both presents in one kernel; attention reads the new rows
         c = sn = None
         if cos_cache is not None:
             c, sn = build.memo(table_key, tables)
@@ -483,7 +484,7 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
         q, pk, pv, k_rows, v_rows = cuda_kernels.prompt_rope(
             flat, c, sn, prompt_valid, present_len, num_heads=num_heads, kv_num_heads=kv_num_heads, rot_dim=rd,
             interleaved=rotary_interleaved, qkv_bias=qkv_bias)
-        out = prompt_attention(q, pk[:, :, :s], pv[:, :, :s], q.astype(mx.float32), seqlens_k, past_len, total_len,
+        out = prompt_attention(q, k_rows, v_rows, q.astype(mx.float32), seqlens_k, past_len, total_len,
                                alpha=alpha, softcap=softcap, local_window_size=local_window_size, sink=sink,
                                attention_bias=attention_bias, causal=causal_prompt)
         return (out, pk, pv, k_rows, v_rows) if new_rows else (out, pk, pv)

@@ -27,17 +27,17 @@ POOLED_BYTES = 8
 ROOM_BYTES = 16
 
 
-def _room(a: mx.array, fill) -> mx.array:
-    """``a`` (lazy) as a view into the front of ``ROOM_BYTES`` a kernel writes, the rest ``fill`` zeros."""
+def _room(a: mx.array) -> mx.array:
+    """``a`` (lazy) as a view into the front of ``ROOM_BYTES`` a kernel writes, the rest zeros."""
     room = -(-ROOM_BYTES // a.dtype.size)
-    return mx.concatenate([a.reshape(-1), fill((room - a.size,), a.dtype)])[:a.size].reshape(a.shape)
+    return mx.concatenate([a.reshape(-1), mx.zeros((room - a.size,), a.dtype)])[:a.size].reshape(a.shape)
 
 
 def roomy(a: mx.array) -> mx.array:
     """``a``, evaluated; one of ``POOLED_BYTES`` or less as a view into a buffer of ``ROOM_BYTES`` that a kernel
     wrote (on MLX's CUDA backend: device memory, not the pool). The same values, shape and type."""
     if 0 < a.nbytes <= POOLED_BYTES:
-        a = _room(a, mx.zeros)
+        a = _room(a)
     mx.eval(a)
     return a
 
@@ -45,7 +45,7 @@ def roomy(a: mx.array) -> mx.array:
 def roomy_all(arrays: dict) -> int:
     """``roomy`` for every array of ``arrays`` (name -> array) in place, in one evaluation (a graph's scalar
     constants: every fused kernel reading one would read MLX's pool). Returns how many were replaced."""
-    small = {k: _room(a, mx.zeros) for k, a in arrays.items() if 0 < a.nbytes <= POOLED_BYTES}
+    small = {k: _room(a) for k, a in arrays.items() if 0 < a.nbytes <= POOLED_BYTES}
     mx.eval(*small.values())
     arrays.update(small)
     return len(small)

@@ -12,8 +12,9 @@ the kernel reads the other, and is evaluated before it returns. A small one take
 buffer is written again only once its last copy has run (as a rule long before: each call is evaluated before the
 next). Inside a compiled closure's trace small arrays take MLX's copy: a trace would replay the copy from a buffer
 since reused; so do arrays of ``SCALAR_BYTES`` or less (a length, a position), which MLX keeps in its pool of managed
-memory: a kernel reads them across the bus (``consts.roomy``), but what a graph computes from them (a length + 1) is
-pooled too, so they get no copy kernel of their own (a launch a call, for a gain not measured).
+memory: a kernel reads them across the bus (``consts.roomy``), but the attention's lengths are computed from them
+once a call out of the pool (``consts.unpooled``), so they get no copy kernel of their own (a launch a call, for a
+gain not measured).
 
 ``uploader(device, enabled)`` is the ``Upload`` (``dtypes.to_mx``'s signature) a session's program uses for its
 call inputs and constants: this one on MLX's CUDA backend once its self-test passed, else ``dtypes.to_mx``.

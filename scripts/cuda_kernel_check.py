@@ -72,23 +72,25 @@ def cases():
                                              (100, 24, 2, False, False, None), (896, 4864, 3, True, False, True),
                                              (1536, 8960, 3, True, True, False), (100, 12, 2, False, False, True)):
             tpr = cr.threads_per_output(k, 4 if t == "float32" else 8)
-            yield (f"norm_gemv {t} K {k} N {n} skip {skip} bias {bias} gated {gated}", "ortmlx_norm_gemv_x",
+            rb = cr.rows_per_block(16, k, 4 if t == "float32" else 2)
+            yield (f"norm_gemv {t} K {k} N {n} skip {skip} bias {bias} gated {gated} rows {rb}", "ortmlx_norm_gemv_x",
                    ["x", "skip", "bias", "gamma", "w"], [t] * 5, ["out", "sum"], [t, t], cr.NORM_SOURCE,
                    f"constexpr float EPS = {ck._f32_literal(1e-6)};\n",
                    [("T", t), ("HAS_SKIP", skip), ("HAS_BIAS", bias), ("XND", 3), ("WND", wnd),
                     ("GATED", gated is not None), ("GATE_FIRST", gated is not False), ("K", k), ("N", n),
-                    ("TPR", tpr), ("THREADS", cr.THREADS)])
+                    ("TPR", tpr), ("THREADS", cr.THREADS), ("RB", rb), ("NR", 16)])
         for k, n, gate_first in ((4864, 896, True), (8960, 1536, False), (36, 40, True)):
             tpr = cr.threads_per_output(k, 4 if t == "float32" else 8)
             yield (f"swiglu_gemv {t} K {k} N {n}", "ortmlx_swiglu_gemv_x", ["y", "w"], [t, t], ["out"], [t],
                    cr.SWIGLU_SOURCE, "", [("T", t), ("GATE_FIRST_ROW", gate_first), ("YND", 3), ("WND", 3),
                                           ("GATED", False), ("GATE_FIRST", True), ("K", k), ("N", n),
-                                          ("TPR", tpr), ("THREADS", cr.THREADS)])
+                                          ("TPR", tpr), ("THREADS", cr.THREADS), ("RB", 1), ("NR", 1)])
         for k, n, rnd in ((4864, 896, 3), (8960, 1536, 3), (36, 40, 1)):
             tpr = cr.threads_per_output(k, 4 if t == "float32" else 8)
             yield (f"row_gemv {t} K {k} N {n}", "ortmlx_row_gemv_x", ["a", "w"], [t, t], ["out"], [t],
                    cr.ROW_SOURCE, "", [("T", t), ("AND_", rnd), ("WND", 3), ("GATED", False), ("GATE_FIRST", True),
-                                       ("K", k), ("N", n), ("TPR", tpr), ("THREADS", cr.THREADS)])
+                                       ("K", k), ("N", n), ("TPR", tpr), ("THREADS", cr.THREADS),
+                                       ("RB", cr.rows_per_block(4, k, 2)), ("NR", 4)])
     for t in ("float16", "bfloat16", "float32"):
         yield (f"take_rows {t}", "ortmlx_take_rows_x", ["data", "idx"], [t, "int32"], ["out"], [t], ck._TAKE_SOURCE,
                "", [("T", t)])

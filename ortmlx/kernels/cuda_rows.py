@@ -13,11 +13,12 @@ a column-major weight (each output's K contiguous: ``dtypes.device_copies``), fl
 - ``swiglu_gemv``: the SiLU gating of a merged gate/up row (``cuda_kernels.swiglu``), then ``row @ W`` (when
   the gate/up product did not make the gating: every block makes the whole gated row again).
 
-Rows (up to ``ROWS_MAX``, as tuning ``batch_rows`` allows: a batch's decode rows) are grid rows, each computed
-as a lone row is: a batch's row gets the bits that row gets alone. Every block makes its whole row (a few KB read
-from L2), so a product runs at most ``GRID_MAX`` blocks a row that take rounds of outputs; ``TPR`` threads split
-each output's K with 16-byte loads, and a thread's first weights are loaded into registers before the row is made
-(their latency overlaps its making).
+Rows (up to ``ROWS_MAX``, as tuning ``batch_rows`` allows: a batch's decode rows) go ``RB`` to a block
+(``rows_per_block``: as many as 32 KB of shared memory holds), which makes them all and multiplies each weight it
+loads into every one of them, each row summed as a lone row is: a batch's row gets the bits that row gets alone.
+Every block makes its rows (a few KB read from L2), so a product runs at most ``GRID_MAX`` blocks a row block that
+take rounds of outputs; ``TPR`` threads split each output's K with 16-byte loads, and a thread's first weights are
+loaded into registers before the rows are made (their latency overlaps their making).
 Used only where ``row_reason`` is None, in a build that may use the custom kernels
 (``cuda_kernels.enabled``). Measured on the H200: ``docs/performance.md`` (tuning keys ``fuse_rows``, ``gated_rows``).
 """
@@ -30,8 +31,8 @@ import weakref
 from . import build
 from .cuda_kernels import NORM_THREADS, _ATTN_DTYPES, _f32_literal, _kernel
 
-#: most rows a product takes (a batch's decode rows, a short prompt's): each block makes one row and reads the
-#: weight's outputs it takes, so R rows read the weight R times (from L2 after the first); more go to MLX's GEMM
+#: most rows a product takes (a batch's decode rows, a short prompt's): a block makes RB of them and reads the
+#: weight's outputs it takes once for those, so R rows read the weight ceil(R / RB) times; more go to MLX's GEMM
 ROWS_MAX = 16
 #: rows taken by default (tuning batch_rows unset): a batch of 4's step ran faster so, one of 16's no faster
 #: than through MLX's GEMM (docs/performance.md)
@@ -66,7 +67,9 @@ def col_major(w) -> bool:
 #: and the up's (WC 2): the merged [gate | up] (or [up | gate]) weight of an MLP, N its width
 _GEMV_HEAD = r"""
     constexpr int VEC = 16 / sizeof(T);
-    out += static_cast<int64_t>(blockIdx.y) * N;
+    const int64_t r0 = static_cast<int64_t>(blockIdx.y) * RB;
+    const int nr = static_cast<int>(NR - r0 < RB ? NR - r0 : RB);
+    out += r0 * N;
     constexpr int PER = THREADS / TPR;
     constexpr int CPT = (K / VEC + TPR - 1) / TPR;
     constexpr int WC = GATED ? 2 : 1;
@@ -100,12 +103,14 @@ _GEMV_HEAD = r"""
 _GEMV_ROUNDS = r"""
     __syncthreads();
     for (int64_t base = first; base < N; base += step, n += step) {
-        float acc[WC];
+        float acc[RB][WC];
         #pragma unroll
-        for (int q = 0; q < WC; ++q) acc[q] = 0.0f;
+        for (int i = 0; i < RB; ++i) {
+            #pragma unroll
+            for (int q = 0; q < WC; ++q) acc[i][q] = 0.0f;
+        }
         if (n < N) {
             if (vec) {
-                const uint4* av = reinterpret_cast<const uint4*>(arow);
                 if (base != first) {
                     #pragma unroll
                     for (int q = 0; q < WC; ++q) {
@@ -118,14 +123,19 @@ _GEMV_ROUNDS = r"""
                 #pragma unroll
                 for (int c = 0; c < CPT; ++c) {
                     if (part + c * TPR < K / VEC) {
-                        const uint4 aa = av[part + c * TPR];
-                        const T* at = reinterpret_cast<const T*>(&aa);
                         #pragma unroll
-                        for (int q = 0; q < WC; ++q) {
-                            const T* wt = reinterpret_cast<const T*>(&wr[q][c]);
-                            #pragma unroll
-                            for (int j = 0; j < VEC; ++j)
-                                acc[q] += static_cast<float>(wt[j]) * static_cast<float>(at[j]);
+                        for (int i = 0; i < RB; ++i) {
+                            if (i < nr) {
+                                const uint4 aa = reinterpret_cast<const uint4*>(arow + i * K)[part + c * TPR];
+                                const T* at = reinterpret_cast<const T*>(&aa);
+                                #pragma unroll
+                                for (int q = 0; q < WC; ++q) {
+                                    const T* wt = reinterpret_cast<const T*>(&wr[q][c]);
+                                    #pragma unroll
+                                    for (int j = 0; j < VEC; ++j)
+                                        acc[i][q] += static_cast<float>(wt[j]) * static_cast<float>(at[j]);
+                                }
+                            }
                         }
                     }
                 }
@@ -133,38 +143,57 @@ _GEMV_ROUNDS = r"""
                 #pragma unroll
                 for (int q = 0; q < WC; ++q) {
                     const T* wn = w + (n + (q ? UOFF : GOFF)) * sn;
-                    for (int k = part; k < K; k += TPR)
-                        acc[q] += static_cast<float>(wn[k * sk]) * static_cast<float>(arow[k]);
+                    for (int k = part; k < K; k += TPR) {
+                        const float wk = static_cast<float>(wn[k * sk]);
+                        #pragma unroll
+                        for (int i = 0; i < RB; ++i)
+                            if (i < nr) acc[i][q] += wk * static_cast<float>(arow[i * K + k]);
+                    }
                 }
             }
         }
         #pragma unroll
-        for (int q = 0; q < WC; ++q) {
+        for (int i = 0; i < RB; ++i) {
             #pragma unroll
-            for (int off = 16; off > 0; off >>= 1) acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], off);
+            for (int q = 0; q < WC; ++q) {
+                #pragma unroll
+                for (int off = 16; off > 0; off >>= 1) acc[i][q] += __shfl_xor_sync(0xffffffffu, acc[i][q], off);
+            }
         }
         if (TPR > 32) {
-            __shared__ float red[WC][THREADS / 32];
+            __shared__ float red[RB][WC][THREADS / 32];
             __syncthreads();
             if (tid % 32 == 0) {
                 #pragma unroll
-                for (int q = 0; q < WC; ++q) red[q][tid / 32] = acc[q];
+                for (int i = 0; i < RB; ++i) {
+                    #pragma unroll
+                    for (int q = 0; q < WC; ++q) red[i][q][tid / 32] = acc[i][q];
+                }
             }
             __syncthreads();
             if (part == 0) {
                 #pragma unroll
-                for (int q = 0; q < WC; ++q) {
-                    float t = 0.0f;
-                    for (int j = 0; j < TPR / 32; ++j) t += red[q][tid / 32 + j];
-                    acc[q] = t;
+                for (int i = 0; i < RB; ++i) {
+                    #pragma unroll
+                    for (int q = 0; q < WC; ++q) {
+                        float t = 0.0f;
+                        for (int j = 0; j < TPR / 32; ++j) t += red[i][q][tid / 32 + j];
+                        acc[i][q] = t;
+                    }
                 }
             }
         }
         if (n < N && part == 0) {
-            if (GATED)
-                out[n] = gating(static_cast<float>(static_cast<T>(acc[0])), static_cast<float>(static_cast<T>(acc[WC - 1])));
-            else
-                out[n] = static_cast<T>(acc[0]);
+            #pragma unroll
+            for (int i = 0; i < RB; ++i) {
+                if (i < nr) {
+                    if (GATED)
+                        out[i * N + n] = gating(static_cast<float>(static_cast<T>(acc[i][0])),
+                                                static_cast<float>(static_cast<T>(acc[i][WC - 1])));
+                    else
+                        out[i * N + n] = static_cast<T>(acc[i][0]);
+                }
+            }
         }
     }
 """
@@ -183,44 +212,44 @@ _GATING = r"""
 #: the row: s = x (+ skip) (+ bias) in float32, its sum of squares in rms_norm's order (THREADS is its
 #: NORM_THREADS), loops unrolled so that a thread's loads are in flight together
 _NORM_ROW = r"""
-    __shared__ __align__(16) T arow[K];
-    __shared__ float nsum[THREADS / 32];
-    x += row_loc(blockIdx.y, x_shape, x_strides, XND);
-    if (HAS_SKIP) {
-        skip += row_loc(blockIdx.y, skip_shape, skip_strides, XND);
-        sum += static_cast<int64_t>(blockIdx.y) * K;
-    }
+    __shared__ __align__(16) T arow[RB * K];
+    __shared__ float nsum[RB][THREADS / 32];
     constexpr int PASSES = (K + THREADS - 1) / THREADS;
     const int64_t xs = x_strides[XND - 1];
     const int64_t ks = HAS_SKIP ? skip_strides[XND - 1] : 0;
-    float t[PASSES];
-    float ss = 0.0f;
-    #pragma unroll
-    for (int i = 0; i < PASSES; ++i) {
-        const int j = tid + i * THREADS;
-        if (j < K) {
-            float v = static_cast<float>(x[j * xs]);
-            if (HAS_SKIP) v = v + static_cast<float>(skip[j * ks]);
-            if (HAS_BIAS) v = v + static_cast<float>(bias[j]);
-            t[i] = v;
+    for (int r = 0; r < nr; ++r) {
+        const T* xr = x + row_loc(r0 + r, x_shape, x_strides, XND);
+        const T* kr = HAS_SKIP ? skip + row_loc(r0 + r, skip_shape, skip_strides, XND) : skip;
+        T* sr = HAS_SKIP ? sum + (r0 + r) * K : sum;
+        float t[PASSES];
+        float ss = 0.0f;
+        #pragma unroll
+        for (int i = 0; i < PASSES; ++i) {
+            const int j = tid + i * THREADS;
+            if (j < K) {
+                float v = static_cast<float>(xr[j * xs]);
+                if (HAS_SKIP) v = v + static_cast<float>(kr[j * ks]);
+                if (HAS_BIAS) v = v + static_cast<float>(bias[j]);
+                t[i] = v;
+            }
         }
-    }
-    #pragma unroll
-    for (int i = 0; i < PASSES; ++i)
-        if (tid + i * THREADS < K) ss += t[i] * t[i];
-    #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-    if (tid % 32 == 0) nsum[tid / 32] = ss;
-    __syncthreads();
-    float tot = 0.0f;
-    for (int q = 0; q < THREADS / 32; ++q) tot += nsum[q];
-    const float normalizer = rsqrtf(tot / K + EPS);
-    #pragma unroll
-    for (int i = 0; i < PASSES; ++i) {
-        const int j = tid + i * THREADS;
-        if (j < K) {
-            if (HAS_SKIP && blockIdx.x == 0) sum[j] = static_cast<T>(t[i]);
-            arow[j] = static_cast<T>(static_cast<float>(gamma[j]) * (t[i] * normalizer));
+        #pragma unroll
+        for (int i = 0; i < PASSES; ++i)
+            if (tid + i * THREADS < K) ss += t[i] * t[i];
+        #pragma unroll
+        for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+        if (tid % 32 == 0) nsum[r][tid / 32] = ss;
+        __syncthreads();
+        float tot = 0.0f;
+        for (int q = 0; q < THREADS / 32; ++q) tot += nsum[r][q];
+        const float normalizer = rsqrtf(tot / K + EPS);
+        #pragma unroll
+        for (int i = 0; i < PASSES; ++i) {
+            const int j = tid + i * THREADS;
+            if (j < K) {
+                if (HAS_SKIP && blockIdx.x == 0) sr[j] = static_cast<T>(t[i]);
+                arow[r * K + j] = static_cast<T>(static_cast<float>(gamma[j]) * (t[i] * normalizer));
+            }
         }
     }
 """
@@ -228,51 +257,57 @@ _NORM_ROW = r"""
 #: the row: (g * sigmoid(g)) * u of y = [gate | up] (or [up | gate]) with swiglu's roundings; 16-byte loads
 #: and stores when y's row is contiguous and aligned
 _SWIGLU_ROW = r"""
-    __shared__ __align__(16) T arow[K];
-    y += row_loc(blockIdx.y, y_shape, y_strides, YND);
+    __shared__ __align__(16) T arow[RB * K];
     const int64_t ys = y_strides[YND - 1];
-    const T* gp = y + (GATE_FIRST_ROW ? 0 : K * ys);
-    const T* up = y + (GATE_FIRST_ROW ? K * ys : 0);
-    if (ys == 1 && (K % VEC) == 0 && ((reinterpret_cast<uintptr_t>(gp) | reinterpret_cast<uintptr_t>(up)) % 16) == 0) {
-        constexpr int CH = (K / VEC + THREADS - 1) / THREADS;
-        uint4 gv[CH], uv[CH];
-        #pragma unroll
-        for (int i = 0; i < CH; ++i) {
-            const int c = tid + i * THREADS;
-            if (c < K / VEC) {
-                gv[i] = reinterpret_cast<const uint4*>(gp)[c];
-                uv[i] = reinterpret_cast<const uint4*>(up)[c];
+    for (int r = 0; r < nr; ++r) {
+        const T* yr = y + row_loc(r0 + r, y_shape, y_strides, YND);
+        const T* gp = yr + (GATE_FIRST_ROW ? 0 : K * ys);
+        const T* up = yr + (GATE_FIRST_ROW ? K * ys : 0);
+        T* ar = arow + r * K;
+        if (ys == 1 && (K % VEC) == 0 && ((reinterpret_cast<uintptr_t>(gp) | reinterpret_cast<uintptr_t>(up)) % 16) == 0) {
+            constexpr int CH = (K / VEC + THREADS - 1) / THREADS;
+            uint4 gv[CH], uv[CH];
+            #pragma unroll
+            for (int i = 0; i < CH; ++i) {
+                const int c = tid + i * THREADS;
+                if (c < K / VEC) {
+                    gv[i] = reinterpret_cast<const uint4*>(gp)[c];
+                    uv[i] = reinterpret_cast<const uint4*>(up)[c];
+                }
             }
-        }
-        #pragma unroll
-        for (int i = 0; i < CH; ++i) {
-            const int c = tid + i * THREADS;
-            if (c < K / VEC) {
-                const T* g8 = reinterpret_cast<const T*>(&gv[i]);
-                const T* u8 = reinterpret_cast<const T*>(&uv[i]);
-                uint4 o;
-                T* o8 = reinterpret_cast<T*>(&o);
-                #pragma unroll
-                for (int j = 0; j < VEC; ++j) o8[j] = gating(static_cast<float>(g8[j]), static_cast<float>(u8[j]));
-                reinterpret_cast<uint4*>(arow)[c] = o;
+            #pragma unroll
+            for (int i = 0; i < CH; ++i) {
+                const int c = tid + i * THREADS;
+                if (c < K / VEC) {
+                    const T* g8 = reinterpret_cast<const T*>(&gv[i]);
+                    const T* u8 = reinterpret_cast<const T*>(&uv[i]);
+                    uint4 o;
+                    T* o8 = reinterpret_cast<T*>(&o);
+                    #pragma unroll
+                    for (int j = 0; j < VEC; ++j) o8[j] = gating(static_cast<float>(g8[j]), static_cast<float>(u8[j]));
+                    reinterpret_cast<uint4*>(ar)[c] = o;
+                }
             }
+        } else {
+            for (int j = tid; j < K; j += THREADS)
+                ar[j] = gating(static_cast<float>(gp[j * ys]), static_cast<float>(up[j * ys]));
         }
-    } else {
-        for (int j = tid; j < K; j += THREADS)
-            arow[j] = gating(static_cast<float>(gp[j * ys]), static_cast<float>(up[j * ys]));
     }
 """
 
 #: the row: a copy of one row a (a decode row's gating made by the gate/up product: ``norm_gemv(gating=)``)
 _COPY_ROW = r"""
-    __shared__ __align__(16) T arow[K];
-    a += row_loc(blockIdx.y, a_shape, a_strides, AND_);
+    __shared__ __align__(16) T arow[RB * K];
     const int64_t as = a_strides[AND_ - 1];
-    if (as == 1 && (K % VEC) == 0 && (reinterpret_cast<uintptr_t>(a) % 16) == 0) {
-        for (int c = tid; c < K / VEC; c += THREADS)
-            reinterpret_cast<uint4*>(arow)[c] = reinterpret_cast<const uint4*>(a)[c];
-    } else {
-        for (int j = tid; j < K; j += THREADS) arow[j] = a[j * as];
+    for (int r = 0; r < nr; ++r) {
+        const T* ap = a + row_loc(r0 + r, a_shape, a_strides, AND_);
+        T* ar = arow + r * K;
+        if (as == 1 && (K % VEC) == 0 && (reinterpret_cast<uintptr_t>(ap) % 16) == 0) {
+            for (int c = tid; c < K / VEC; c += THREADS)
+                reinterpret_cast<uint4*>(ar)[c] = reinterpret_cast<const uint4*>(ap)[c];
+        } else {
+            for (int j = tid; j < K; j += THREADS) ar[j] = ap[j * as];
+        }
     }
 """
 
@@ -348,13 +383,23 @@ def _rows(shape) -> int:
     return math.prod(shape[:-1])
 
 
+def rows_per_block(rows: int, k: int, size: int) -> int:
+    """Rows a block makes and multiplies (``RB``): as many as its shared memory holds (``ROW_MAX_BYTES``), so a
+    weight is read once for them all; each row's sums are a lone row's, in its order."""
+    return max(1, min(rows, ROW_MAX_BYTES // (k * size)))
+
+
 def _launch(kernel, inputs, template, k: int, n: int, dtype, row_shape, extra_shapes=(), gating=None):
     """One product kernel's call: ``n`` outputs of each K-long row (``gating`` (width, gate_first): ``n`` gated
-    outputs of a [K, 2n] merged weight); row r is grid row r (``blockIdx.y``), computed as a lone row is."""
+    outputs of a [K, 2n] merged weight); grid row y takes rows [y * RB, (y + 1) * RB), each computed as a lone
+    row is."""
     tpr = threads_per_output(k, 16 // dtype.size)
+    rows = _rows(row_shape)
+    rb = rows_per_block(rows, k, dtype.size)
     gate = [("GATED", gating is not None), ("GATE_FIRST", bool(gating[1]) if gating else True)]
-    return kernel(inputs=inputs, template=template + gate + [("K", k), ("N", n), ("TPR", tpr), ("THREADS", THREADS)],
-                  grid=(grid_blocks(n, tpr) * THREADS, _rows(row_shape), 1), threadgroup=(THREADS, 1, 1),
+    return kernel(inputs=inputs, template=template + gate + [("K", k), ("N", n), ("TPR", tpr), ("THREADS", THREADS),
+                                                             ("RB", rb), ("NR", rows)],
+                  grid=(grid_blocks(n, tpr) * THREADS, -(-rows // rb), 1), threadgroup=(THREADS, 1, 1),
                   output_shapes=[tuple(row_shape[:-1]) + (n,), *extra_shapes],
                   output_dtypes=[dtype] * (1 + len(extra_shapes)))
 

@@ -4,8 +4,8 @@
 
 Each knob switches one optimisation for A/B measurement (docs/performance.md, "How to measure").
 Users never need them: the defaults are the measured best per device. A provider option wins over
-the environment, key by key. ``blas`` and ``blas_threads`` act when ``ortmlx`` is imported (before
-MLX loads), so only the environment sets them.
+the environment, key by key. The process-wide knobs (``ENV_ONLY``: ``blas`` and ``blas_threads`` act when
+``ortmlx`` is imported, before MLX loads) are read from the environment only; the provider option refuses them.
 
 Imports only ``ortmlx.errors``: every layer may read a ``Tuning``.
 """
@@ -32,9 +32,9 @@ class Tuning:
     """What each knob does; ``None``: decided by the device (the documented default)."""
     #: device mirrors of ORT buffers an output writes in place (genai's shared KV buffer)
     kv_mirror: bool = True
-    #: row-hinted KV buffers written back in one batch of C copies per call (ep/kvbatch.py)
+    #: row-hinted KV buffers written back in one batch of C copies per call (runtime/kvbatch.py)
     kv_batch: bool = True
-    #: results read with the CUDA driver's copy on MLX's CUDA backend (ep/devread.py), not NumPy
+    #: results read with the CUDA driver's copy on MLX's CUDA backend (runtime/devread.py), not NumPy
     driver_read: bool = True
     #: constants copied into device memory once, MatMul weights column-major (GPU)
     device_constants: bool = True
@@ -96,7 +96,8 @@ class Tuning:
     #: the lengths every layer's attention kernel reads (seqlens_k + 1, the past length) computed once a call over a
     #: 16-element broadcast, out of MLX's pool of managed memory for arrays of 8 bytes or less (consts.unpooled; GPU)
     unpooled_lengths: bool = True
-    #: large results copied to the host as their bytes (one copy-kernel build for every type; GPU)
+    #: process-wide, environment only: large results copied to the host as their bytes (one copy-kernel build for
+    #: every type; GPU)
     byte_copies: bool = True
     #: MatMulNBits products in the activations' half precision, scales included (MLX's CUDA tensor-core qmm
     #: takes half inputs only; off: A widened to float32, one rounding, as ORT's CPU EP; None: on a GPU)
@@ -129,7 +130,7 @@ class Tuning:
     batch_rows: int | None = None
     #: shapeless closures compiled on a GPU too (off: MLX 0.32.4's CUDA backend ran them ~3x slower)
     gpu_shapeless: bool = False
-    #: testing only: stage[:node][#count] at which to raise (see ep/stats.py)
+    #: testing only: stage[:node][#count] at which to raise (see ortmlx/stats.py)
     fault: str = ""
     #: process-wide, environment only: OpenBLAS under MLX's Linux CPU backend (ortmlx/blas.py)
     blas: bool = True
@@ -173,6 +174,15 @@ class Tuning:
         d = Tuning()
         return ",".join(f"{f.name}={_show(getattr(self, f.name))}" for f in dataclasses.fields(self)
                         if getattr(self, f.name) != getattr(d, f.name))
+
+
+#: the process-wide knobs, read from ORTMLX_TUNING only (one process, many sessions; some act at import)
+ENV_ONLY = frozenset({"byte_copies", "blas", "blas_threads", "kernel_cache", "prefault_out"})
+
+
+def keys(text: str | None) -> list[str]:
+    """The keys a tuning string names, in order (unchecked: ``Tuning.parse`` checks them)."""
+    return [k for k in (item.partition("=")[0].strip() for item in (text or "").split(",")) if k]
 
 
 def _value(where: str, key: str, kind: str, raw: str):

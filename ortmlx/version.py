@@ -35,6 +35,18 @@ def loaded_ort_version() -> str | None:
     return _LOADED[0]
 
 
+def ptx_cache_dir() -> str | None:
+    """MLX's CUDA kernel cache as MLX resolves it (``ptx_cache_dir`` in mlx/backend/cuda/jit_module.cpp):
+    ``MLX_PTX_CACHE_DIR`` when set, else ``$TMPDIR/mlx/<version>/ptx``; None when set empty (MLX keeps none)."""
+    d = os.environ.get("MLX_PTX_CACHE_DIR")
+    if d is not None:
+        return os.path.abspath(d) if d else None
+    import mlx.core as mx
+    return os.path.join(tempfile.gettempdir(), "mlx", mx.__version__, "ptx")
+
+
 def mlx_cache_dir() -> str:
-    """Where MLX keeps the kernels it builds (CPU: g++ libraries; CUDA: PTX/CUBIN, ``MLX_PTX_CACHE_DIR`` if set)."""
-    return os.environ.get("MLX_PTX_CACHE_DIR") or os.path.join(tempfile.gettempdir(), "mlx")
+    """Where MLX keeps the kernels it builds: on its CUDA backend the PTX cache (``ptx_cache_dir``); else, or with
+    that cache off, ``$TMPDIR/mlx`` (the CPU backend's g++ libraries are in ``<version>/cpu`` there)."""
+    import mlx.core as mx
+    return (ptx_cache_dir() if mx.cuda.is_available() else None) or os.path.join(tempfile.gettempdir(), "mlx")

@@ -115,6 +115,16 @@ def test_tuning_provider_over_environment_key_by_key():
         Tuning.parse("blas_threads=0")
 
 
+def test_process_wide_tuning_keys_only_from_the_environment():
+    """A process-wide knob in the provider option would be ignored: it is refused, naming where it goes."""
+    from ortmlx.tuning import ENV_ONLY
+    assert ENV_ONLY <= set(Tuning.__dataclass_fields__)
+    with pytest.raises(OptionError, match="option tuning: 'byte_copies' is process-wide, read from the environment "
+                                          "only: set it in ORTMLX_TUNING"):
+        EpOptions.from_sources({"tuning": "fold_mlp=0, byte_copies=0"}, {})
+    assert not EpOptions.from_sources({}, {"ORTMLX_TUNING": "byte_copies=0"}).tuning.byte_copies
+
+
 def test_retired_environment_variable_warns_once(monkeypatch):
     from ortmlx.ep import options
     monkeypatch.setattr(options, "_warned", set())

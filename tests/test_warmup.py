@@ -81,8 +81,10 @@ def test_warm_traces_the_buckets_so_new_prompt_lengths_replay(behind):
 def test_warmup_command(tmp_path):
     from test_compiled_genai import model_dir
     path = model_dir("qwen2")
+    # the kernels go under $TMPDIR/mlx on MLX's CPU backend, into MLX_PTX_CACHE_DIR on its CUDA backend: both here
+    env = dict(os.environ, TMPDIR=str(tmp_path), MLX_PTX_CACHE_DIR=str(tmp_path))
     r = subprocess.run([sys.executable, "-m", "ortmlx", "warmup", path, "--up-to", "20", "--max-length", "160"],
-                       capture_output=True, text=True, timeout=300, env=dict(os.environ, MLX_PTX_CACHE_DIR=str(tmp_path)))
+                       capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"kernels cached under {tmp_path}" in r.stdout and "KV buffer 160" in r.stdout, r.stdout
     assert "prompt    16 tokens (bucket    16)" in r.stdout and "prompt    17 tokens (bucket    32)" in r.stdout

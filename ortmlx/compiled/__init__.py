@@ -16,19 +16,19 @@ from .attention import AttentionRunner, traced_overrides
 from .config import DECODE, GENERAL, PREFILL, SHAPE_KEYED, SHAPELESS, CompiledConfig
 from .core import TRACE_LOCK, CompiledSubgraph, tracing
 from .mode import apply_compile_mode
-from .result import EagerRunner, Prebuild, RowHints, Runner, RunResult
+from .result import EagerRunner, Prebuild, RowHints, Runner, RunnerOptions, RunResult
 from ..stats import SessionStats
 
 __all__ = ["make_runner", "release_all", "runners", "capture", "stats", "tracing", "CompiledSubgraph",
            "CompiledConfig", "GENERAL", "PREFILL", "DECODE", "SHAPELESS", "SHAPE_KEYED", "TRACE_LOCK", "Runner",
-           "RunResult", "RowHints", "EagerRunner", "Prebuild"]
+           "RunResult", "RowHints", "EagerRunner", "Prebuild", "RunnerOptions"]
 
 _LOCK = threading.Lock()
 _RUNNERS: "weakref.WeakSet" = weakref.WeakSet()
 _CAPTURES: list[list] = []
 
 
-def choose(program, options) -> tuple[CompiledConfig | str | None, str]:
+def choose(program, options: RunnerOptions | None) -> tuple[CompiledConfig | str | None, str]:
     """The strategy for a group and why (config None: run eagerly)."""
     if options is None or not options.compile_enabled:
         return None, "compilation off (no_compile / compile_mode=disabled)"
@@ -44,7 +44,8 @@ def choose(program, options) -> tuple[CompiledConfig | str | None, str]:
     return GENERAL, "general"
 
 
-def make_runner(program, options, stats: SessionStats | None = None, prebuild: Prebuild | None = None) -> Runner:
+def make_runner(program, options: RunnerOptions | None, stats: SessionStats | None = None,
+                prebuild: Prebuild | None = None) -> Runner:
     """The runner of one group; ``prebuild``: where its new closures' kernels may be built meanwhile (a GPU's)."""
     config, why = choose(program, options)
     if config is not None:

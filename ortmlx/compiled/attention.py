@@ -17,7 +17,7 @@ from .config import DECODE, PREFILL, PREFILL_EXACT
 
 from .analysis import constant_if
 from .core import Call, CompiledSubgraph
-from .result import RunResult
+from .result import RunnerOptions, RunResult
 from .decode_ops import (gather_block_quantized_traced, gather_elements_traced, gather_padded_tail, gather_traced,
                          gqa_growing_traced, gqa_traced, prepack_nbits, prepack_qmoe, rotary_traced,
                          scatter_elements_traced)
@@ -264,7 +264,7 @@ def dims_named(program, names) -> frozenset:
 class AttentionRunner:
     """Decode (S == 1: shapeless) and prefill (shape-keyed) closures over one attention group."""
 
-    def __init__(self, program, options, stats=None):
+    def __init__(self, program, options: RunnerOptions, stats=None):
         self.program = program
         self.name = program.graph.name
         self.seq_dims = sorted(dims_named(program, {SEQ_DIM_NAME}))

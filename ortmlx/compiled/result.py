@@ -8,6 +8,8 @@ from typing import Protocol
 import mlx.core as mx
 import numpy as np
 
+from ..tuning import Tuning
+
 
 class RowHints:
     """What a trace declared about its aliased outputs (``decode_ops.add_row_hint``), evaluated:
@@ -100,6 +102,21 @@ class Steady:
             elif s is None or type(a) is not np.ndarray or a.shape != s or a.dtype != d:
                 return False
         return True
+
+
+class RunnerOptions(Protocol):
+    """The session's options a runner is made with (the ABI layer's ``EpOptions``)."""
+
+    @property
+    def tuning(self) -> Tuning:
+        """The developer knobs."""
+
+    @property
+    def compile_enabled(self) -> bool:
+        """Whether any group may be compiled."""
+
+    def compiles(self, path: str) -> bool:
+        """Whether the compiled ``path`` (general / prefill / decode) is on."""
 
 
 class Prebuild(Protocol):

@@ -27,7 +27,7 @@ class Abi:
         # bound once: attribute access on a cdata struct costs per call
         self.gather_inputs = lib.ortmlx_gather_inputs
         self.get_output = lib.ortmlx_get_output
-        # the gather's view check and the batched helpers of the KV fast path (ep/kvbatch.py): the shim is built
+        # the gather's view check and the batched helpers of the KV fast path (runtime/kvbatch.py): the shim is built
         # from this package's cdef (pip install / build_ext), so every helper is there
         self.same_inputs = lib.ortmlx_same_inputs
         self.get_outputs = lib.ortmlx_get_outputs

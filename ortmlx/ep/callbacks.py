@@ -6,8 +6,8 @@ and runs inside ``guarded``: no exception ever reaches C.
 from __future__ import annotations
 
 import atexit
-import os
 
+from ..errors import OrtmlxError
 from . import cdef
 from .abi import Abi, check_ort_version
 from .errors import ORT_FAIL, ORT_INVALID_ARGUMENT, format_error, guarded
@@ -207,17 +207,14 @@ def install(ffi, lib) -> None:
         f = next(iter(_FACTORIES), None)
         return f.abi.status(ORT_FAIL, "MLXExecutionProvider Compute: unknown compute state") if f else ffi.NULL
 
-    @guarded("Compute")
+    def _compute_node(exc, info, kctx):
+        """The node a failed call names: the exception's own, else the group with its nodes (``info.label``)."""
+        node = exc.node if isinstance(exc, OrtmlxError) else None
+        return info.label if node in (None, info.name) else node
+
+    @guarded("Compute", node_of=_compute_node)
     def _compute(_abi, info, kctx):
-        try:
-            info.compute(kctx)
-        except BaseException as e:
-            if getattr(e, "node", None) in (None, info.name):
-                try:
-                    e.node = info.label
-                except Exception:  # noqa: BLE001
-                    pass
-            raise
+        info.compute(kctx)
         return ffi.NULL
 
     @ffi.def_extern()
@@ -231,10 +228,6 @@ def _at_exit() -> None:
     """Drop compiled closures and MLX state before the interpreter tears down."""
     try:
         from .. import compiled
-        release = getattr(compiled, "release_all", None)
-        if release is not None:
-            release()
+        compiled.release_all()
     except BaseException:  # noqa: BLE001
         pass
-    if os.environ.get("ORTMLX_EXIT_DEBUG"):
-        print("ortmlx: atexit cleanup done")

@@ -13,8 +13,7 @@ import os
 import sys
 import traceback
 
-from ..errors import (ORT_EP_FAIL, ORT_FAIL, ORT_INVALID_ARGUMENT, ORT_NOT_IMPLEMENTED, InjectedFault, KernelError,
-                      UserError)
+from ..errors import ORT_EP_FAIL, ORT_FAIL, ORT_INVALID_ARGUMENT, ORT_NOT_IMPLEMENTED, OrtmlxError, UserError
 
 EP_NAME = "MLXExecutionProvider"
 __all__ = ["EP_NAME", "ORT_EP_FAIL", "ORT_FAIL", "ORT_INVALID_ARGUMENT", "ORT_NOT_IMPLEMENTED", "EpError",
@@ -23,22 +22,20 @@ __all__ = ["EP_NAME", "ORT_EP_FAIL", "ORT_FAIL", "ORT_INVALID_ARGUMENT", "ORT_NO
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-class OrtCallError(RuntimeError):
+class OrtCallError(OrtmlxError, RuntimeError):
     """An ORT C API call returned a non-NULL status."""
 
 
-class EpError(RuntimeError):
+class EpError(OrtmlxError, RuntimeError):
     """An EP failure with a status code and the node it concerns."""
 
     def __init__(self, msg: str, code: int = ORT_EP_FAIL, node: str | None = None):
-        super().__init__(msg)
-        self.code = code
-        self.node = node
+        super().__init__(msg, node=node, code=code)
 
 
 def is_bug(exc: BaseException) -> bool:
     """Whether ``exc`` is none of the failures we report as such (a bug of ours: its traceback is shown)."""
-    return not isinstance(exc, (UserError, KernelError, EpError, OrtCallError, InjectedFault))
+    return not isinstance(exc, OrtmlxError)
 
 
 def _one_line(text: str) -> str:
@@ -60,8 +57,8 @@ def _origin(exc: BaseException) -> str:
 
 
 def format_error(where: str, exc: BaseException, node: str | None = None) -> str:
-    """The status message for ``exc``: one line."""
-    node = node or getattr(exc, "node", None)
+    """The status message for ``exc``: one line naming ``node``, else the node ``exc`` carries."""
+    node = node or (exc.node if isinstance(exc, OrtmlxError) else None)
     head = f"{EP_NAME} {where}" + (f" [{node}]" if node else "")
     if isinstance(exc, UserError) or (isinstance(exc, EpError) and exc.code == ORT_INVALID_ARGUMENT):
         return f"{head}: {_one_line(exc)}"
@@ -70,15 +67,16 @@ def format_error(where: str, exc: BaseException, node: str | None = None) -> str
     return f"{head}: internal error, {type(exc).__name__}: {_one_line(exc)}{_origin(exc)} (traceback on stderr)"
 
 
-def guarded(where: str, default=None, status: bool = True):
+def guarded(where: str, default=None, status: bool = True, node_of=None):
     """Decorate a callback body ``fn(abi_owner, *args)``.
 
     ``status=True``: the callback returns ``OrtStatus*`` and an exception becomes a status created with the
     owner's API. ``status=False``: the callback returns a value (or nothing); an exception is logged to stderr
-    and ``default`` returned. The first argument's ``.abi`` gives the API.
+    and ``default`` returned. The first argument's ``.abi`` gives the API. ``node_of(exc, *args)``: the node or
+    group the message names (default: the node the exception carries).
     """
     # bound here: at interpreter exit ORT may still call back after this module's globals are cleared
-    fmt, bug, the_sys, fail_code, tb = format_error, is_bug, sys, ORT_EP_FAIL, traceback
+    fmt, bug, the_sys, fail_code, tb, ours = format_error, is_bug, sys, ORT_EP_FAIL, traceback, OrtmlxError
 
     def deco(fn):
         @functools.wraps(fn)
@@ -87,14 +85,15 @@ def guarded(where: str, default=None, status: bool = True):
                 return fn(abi, *args)
             except BaseException as e:  # noqa: BLE001 - nothing may escape into C
                 try:
-                    msg = fmt(where, e)
+                    msg = fmt(where, e, node_of(e, *args) if node_of is not None else None)
                     if bug(e):
                         the_sys.stderr.write(f"{msg}\n{''.join(tb.format_exception(type(e), e, e.__traceback__))}")
                     if not status:
                         if not bug(e):
                             the_sys.stderr.write(msg + "\n")
                         return default
-                    return abi.status(getattr(e, "code", fail_code), msg)
+                    code = e.code if isinstance(e, ours) and e.code is not None else fail_code
+                    return abi.status(code, msg)
                 except BaseException:  # noqa: BLE001 - even reporting failed (interpreter teardown)
                     return default
         return wrapper

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from ..errors import UserError
 from ..kernels import REGISTRY
 from ..tuning import ENV as TUNING_ENV
-from ..tuning import Tuning
+from ..tuning import ENV_ONLY, Tuning
+from ..tuning import keys as tuning_keys
 
 PREFIX = "ep.mlxexecutionprovider."
 SWITCH_TRUE = ("1", "true", "on", "yes")
@@ -154,6 +155,10 @@ class EpOptions:
                                   f"{_close(bad[0], known)} (list: docs/operators.md)")
         vals["disable_ops"] = ops
         base = Tuning.parse(env.get(TUNING_ENV), where=TUNING_ENV)
+        process_wide = [k for k in tuning_keys(provider.get("tuning")) if k in ENV_ONLY]
+        if process_wide:
+            raise OptionError(f"option tuning: {process_wide[0]!r} is process-wide, read from the environment only: "
+                              f"set it in {TUNING_ENV}")
         vals["tuning"] = Tuning.parse(provider.get("tuning"), base, where="option tuning")
         return cls(**vals, raw=dict(provider))
 

@@ -171,12 +171,8 @@ def ptx_path(cache_dir: str, module: str) -> str:
 def cache_dir() -> str | None:
     """MLX's CUDA kernel cache (``ptx_cache_dir``: ``MLX_PTX_CACHE_DIR``, else ``$TMPDIR/mlx/<version>/ptx``); None
     where MLX keeps none (the variable set empty)."""
-    import tempfile
-    import mlx.core as mx
-    d = os.environ.get("MLX_PTX_CACHE_DIR")
-    if d is not None:
-        return os.path.abspath(d) if d else None
-    return os.path.join(tempfile.gettempdir(), "mlx", mx.__version__, "ptx")
+    from ..version import ptx_cache_dir
+    return ptx_cache_dir()
 
 
 def loaded_nvrtc(major: int | None = None) -> str | None:

@@ -22,14 +22,14 @@ from typing import Protocol
 import mlx.core as mx
 import numpy as np
 
-from ..compiled import RunResult, make_runner
+from ..compiled import RunnerOptions, RunResult, make_runner
 from ..compiled.core import compile_thread
 from ..errors import KernelError
 from ..kernels import dtypes as dt
 from ..kernels.interpreter import Program
 from ..kernels.passes import BuildConfig
 from . import devread, residency, upload
-from .kvbatch import KvBatches
+from .kvbatch import KvBatches, ShimCalls
 from .prebuild import ModelSource, WorkerPrebuild
 from .mirror import (MirrorSet, changed_rows, hint_bytes, mirrorable, predicted_rows, write_hinted, write_predicted,
                      write_rows)
@@ -91,10 +91,19 @@ def _copy_whole(dst: np.ndarray, r: mx.array, read: devread.Reader) -> int:
     return host.nbytes
 
 
+class GroupOptions(RunnerOptions, Protocol):
+    """The session's options a group is made with (the ABI layer's ``EpOptions``)."""
+
+    @property
+    def raw(self) -> dict:
+        """The provider options as given (a prebuild worker's session is made with them)."""
+
+
 class Group:
     """A fused group's program, runner and device-resident state (one per ORT compute info)."""
 
-    def __init__(self, plan, device: str, options, stats, abi, source: ModelSource | None = None):
+    def __init__(self, plan, device: str, options: GroupOptions, stats, abi: ShimCalls,
+                 source: ModelSource | None = None):
         self.name = plan.name
         self.device = device
         self.stats = stats

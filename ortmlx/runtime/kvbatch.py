@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import threading
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -127,10 +128,19 @@ class KvBatch:
         self.keep = keep                    # arrays the expected addresses point into
 
 
+class ShimCalls(Protocol):
+    """The shim's C helpers the runtime calls (the ABI layer's ``Abi``): its cffi ``ffi`` and, from its library,
+    ``ortmlx_copy_blocks``, ``ortmlx_compare_blocks`` and ``ortmlx_kv_write`` (``ep/cdef.py``)."""
+    ffi: Any
+    copy_blocks: Callable[..., None]
+    compare_blocks: Callable[..., int]
+    kv_write: Callable[..., int]
+
+
 class KvBatches:
     """A group's batches: a call takes the one its inputs are, its copy-out leaves the next."""
 
-    def __init__(self, abi):
+    def __init__(self, abi: ShimCalls):
         self._lock = threading.Lock()
         self._batches: list[KvBatch] = []
         self._ffi = abi.ffi

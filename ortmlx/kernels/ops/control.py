@@ -81,7 +81,7 @@ def _body(view, attr: str):
 
 def _arity(body, n_in: int, n_out: int, attr: str) -> str | None:
     """The body's input/output counts the node's contract requires."""
-    if body is None or not hasattr(body, "nodes"):
+    if not isinstance(body, ir.Graph):
         return f"attribute '{attr}' is not a readable graph"
     if len(body.inputs) != n_in:
         return f"{attr} has {len(body.inputs)} inputs, the node needs {n_in}"
@@ -98,7 +98,7 @@ def _if_check(view) -> str | None:
     n_out = len(view.node.outputs)
     for attr in ("then_branch", "else_branch"):
         body = _body(view, attr)
-        if body is None or not hasattr(body, "nodes"):
+        if not isinstance(body, ir.Graph):
             return f"attribute '{attr}' is not a readable graph"
         if body.inputs:
             return f"{attr} has inputs {body.inputs} (If branches take none)"

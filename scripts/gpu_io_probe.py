@@ -247,7 +247,7 @@ def main() -> None:
     for name, a in (("24 KB", x24), ("300 KB", x300), ("324 KB", x324)):
         print(f"kernel + eval + host read {name}: %.1f us" % median_us(read_after_kernel(a)))
         if drv.driver:
-            print(f"kernel + eval + host read {name} through the CUDA driver (ep/devread.py): %.1f us"
+            print(f"kernel + eval + host read {name} through the CUDA driver (runtime/devread.py): %.1f us"
                   % median_us(read_after_kernel(a, drv)))
     print("two kernels + eval + reads of 24 KB and 300 KB: %.1f us" % median_us(two_reads))
     if drv.driver:

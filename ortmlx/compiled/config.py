@@ -16,12 +16,12 @@ class CompiledConfig:
       before it is trusted) or ``shape_keyed`` (one trace per input-shape key).
     - ``kv_alias``: present K/V outputs may share the past K/V buffer (genai's shared buffer).
       Informational: the aliasing is detected and served generically by ``ep/compute.py`` +
-      ``ep/mirror.py`` (any output ORT places in an input's buffer, whichever runner ran), which
+      ``runtime/mirror.py`` (any output ORT places in an input's buffer, whichever runner ran), which
       the closures allow by returning their outputs as MLX arrays.
     - ``rope_as_data``: RoPE position and valid past length are closure inputs, not baked
       (the traced RotaryEmbedding / GroupQueryAttention forms in ``attention.py`` do this).
     - ``delta_copyout``: with an aliased KV buffer only the new rows are written back.
-      Informational, like ``kv_alias``: ``ep/mirror.py`` finds the changed rows by a device diff
+      Informational, like ``kv_alias``: ``runtime/mirror.py`` finds the changed rows by a device diff
       against the mirror (no hint from the runner needed), for every runner.
     - ``contiguous_outputs``: outputs are made row-contiguous inside the trace.
     """

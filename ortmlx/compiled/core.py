@@ -692,7 +692,7 @@ class CompiledSubgraph:
 
     def _upload(self, c: _Closure, host: list) -> list:
         """The closure's device inputs (``host``: its entries of a call's inputs): MLX arrays as they are
-        (device mirrors, ep/mirror.py), host arrays uploaded. Which ones are host arrays is kept per closure
+        (device mirrors, runtime/mirror.py), host arrays uploaded. Which ones are host arrays is kept per closure
         while the inputs' types repeat."""
         dev = list(host)
         kinds = tuple(map(type, dev))

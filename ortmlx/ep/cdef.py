@@ -328,7 +328,7 @@ size_t ortmlx_same_inputs(size_t n, size_t r, const void** data, const int64_t* 
     memcpy(prev_types, types, n * sizeof(int));
     return k;
 }
-/* One KV batch's copy-out (ep/kvbatch.py, KvBatches.write). Buffer b's new rows start at row starts[b], which
+/* One KV batch's copy-out (runtime/kvbatch.py, KvBatches.write). Buffer b's new rows start at row starts[b], which
    must lie in 0..max_start[b]; its nblk[b] blocks k (in order, nb = sum nblk in all) go from flat + rel_src[k] to
    base[k] + starts[b] * rb[k], len[k] bytes each. The next call's check is left in check_dst / check_src (2 nb
    each): [0, nb) the blocks' row 0 (base; their copies' addresses from row0_src when it is given and no start

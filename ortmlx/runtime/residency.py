@@ -6,7 +6,7 @@ into ORT's buffer. ``ortmlx.ep.compute`` adds those byte counts here; ``snapshot
 reads them, ``reset()`` zeroes them. ``bench.py`` divides by tokens to report the
 per-token host<->device bytes of a generation.
 
-Inputs served from a device mirror (``ep/mirror.py``: genai's shared KV buffer) count 0 bytes in;
+Inputs served from a device mirror (``runtime/mirror.py``: genai's shared KV buffer) count 0 bytes in;
 an in-place output counts only the rows written back.
 """
 from __future__ import annotations

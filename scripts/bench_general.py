@@ -26,7 +26,7 @@ CUDA EP with its default options, with ``--device gpu`` where onnxruntime has it
   1.0 at batch 1, <= 0.8 at batch 8, answers within tolerance) is printed after the table.
 
 ``--breakdown floor|all|none``: at batch 1, a plain MLX session and one with ``trace`` on (the EP's observed path:
-``ortmlx/ep/stats.py``, ``ortmlx/trace.py``; ``--trace-dir`` keeps the Perfetto traces), interleaved; per call, the
+``ortmlx/stats.py``, ``ortmlx/trace.py``; ``--trace-dir`` keeps the Perfetto traces), interleaved; per call, the
 traced session's stages (copy_in: ORT's inputs gathered and the runner's key and closure lookup; build: upload and
 the closure call; eval: ``mx.eval``, the wait included; copy_out: ORT's outputs allocated, the host read and
 copy), medians and means, and what is outside Compute (ORT's session.run, the plugin call, the Python binding).

@@ -93,8 +93,9 @@ class Tuning:
     #: with cuda_kernels), where MLX takes a float32 rotation and, per present, a pad and a select over its rows;
     #: off until it has run on a GPU
     prompt_rope: bool = False
-    #: the lengths every layer's attention kernel reads (seqlens_k + 1, the past length) computed once a call over a
-    #: 16-element broadcast, out of MLX's pool of managed memory for arrays of 8 bytes or less (consts.unpooled; GPU)
+    #: the lengths every layer's attention kernel reads (seqlens_k + 1, the past length) computed once a call over
+    #: seqlens_k plus 16 bytes of zeros, out of MLX's pool of managed memory for arrays of 8 bytes or less
+    #: (consts.unpooled; GPU)
     unpooled_lengths: bool = True
     #: process-wide, environment only: large results copied to the host as their bytes (one copy-kernel build for
     #: every type; GPU)

@@ -132,16 +132,16 @@ def test_memo_is_scoped_to_one_build():
 
 
 def test_small_lengths_are_unpooled_in_builds_that_ask():
-    """A length computed from an array of 8 bytes or less comes out of one elementwise kernel over a 16-element
-    broadcast of it, seen through its first row (its values, shape and type), traced too; as it is outside such a
-    build, in a shapeless trace, and from larger arrays."""
+    """A length computed from an array of 8 bytes or less comes out of an elementwise kernel over it plus 16 bytes of
+    zeros, seen through its first row (its values, shape and type), traced too; as it is outside such a build, in a
+    shapeless trace, and from larger arrays."""
     lens = mx.array([6], mx.int32)
     inc = lambda x: x + 1                                            # noqa: E731
     assert np.array(consts.unpooled(inc, lens)).tolist() == [7]     # no build: fn(a)
     calls = []
     with build.active(build.BuildContext(unpooled=True)):
         u = consts.unpooled(lambda x: calls.append(x.shape) or x + 1, lens)
-        assert calls == [(16, 1)]
+        assert calls == [(4, 1)]
         assert u.shape == (1,) and u.dtype == mx.int32 and np.array(u).tolist() == [7]
         pair = mx.array([3, 4], mx.int16)
         assert np.array(consts.unpooled(lambda x: x - 1, pair)).tolist() == [2, 3]
@@ -191,3 +191,39 @@ def test_scalar_constants_on_the_gpu_answer_as_the_cpu_ep():
     for opts in ({"device": "gpu"}, {"device": "gpu", "no_compile": "1"}):
         got = session(m, options=opts).run(None, {"x": x})[0]
         np.testing.assert_array_equal(got, want)
+
+
+def _held_bytes(make, n: int = 64) -> float:
+    """The bytes of MLX memory each of ``n`` kept results of ``make(i)`` holds."""
+    keep = []
+    mx.synchronize()
+    m0 = mx.get_active_memory()
+    for i in range(n):
+        r = make(i)
+        mx.eval(r)
+        keep.append(r)
+    mx.synchronize()
+    return (mx.get_active_memory() - m0) / n
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "traced"])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_unpooled_lengths_hold_a_whole_buffer(batch, compiled):
+    """An unpooled length is a view into at least ``ROOM_BYTES`` (a result of 8 bytes or less is what MLX's CUDA
+    allocator pools): neither a gather of its first row nor an elementwise result sized as a broadcast input."""
+    inc = lambda x: x + 1                                            # noqa: E731
+    f = mx.compile(lambda a: consts.unpooled(inc, a)) if compiled else (lambda a: consts.unpooled(inc, a))
+    with build.active(build.BuildContext(unpooled=True)):
+        lens = [mx.array([i + 5] * batch, mx.int32) for i in range(64)]
+        mx.eval(*lens)
+        held = _held_bytes(lambda i: f(lens[i]))
+        assert np.array(f(lens[3])).tolist() == [9] * batch
+    assert held >= consts.ROOM_BYTES
+
+
+@pytest.mark.parametrize("value, dtype", [(0.5, mx.float32), (3, mx.int64), (1, mx.int8)])
+def test_roomy_constants_hold_a_whole_buffer(value, dtype):
+    """A roomy constant of 8 bytes or less is a view into at least ``ROOM_BYTES``, out of MLX's pool of small
+    arrays."""
+    held = _held_bytes(lambda i: consts.roomy(mx.array(value, dtype) + mx.array(i % 2, dtype)))
+    assert held >= consts.ROOM_BYTES

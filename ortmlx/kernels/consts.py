@@ -53,13 +53,16 @@ def roomy_all(arrays: dict) -> int:
 
 def unpooled(fn, a: mx.array) -> mx.array:
     """``fn(a)`` for an elementwise ``fn`` (lazy: inside a trace too), made where the build asks for it
-    (``build.unpooled``) and ``a`` has ``POOLED_BYTES`` or less over ``a`` broadcast to ``ROOM_BYTES`` elements or
-    more: one kernel whose output is out of the pool, seen through a view of its first row. For a length every
-    layer's kernel reads. A shapeless trace keeps ``fn(a)`` (MLX cannot trace a slice shapeless)."""
+    (``build.unpooled``) and ``a`` has ``POOLED_BYTES`` or less over ``a`` added to ``ROOM_BYTES`` or more of zeros
+    (a broadcast of ``a`` alone would keep its size: MLX allocates an elementwise result over broadcast inputs at
+    their data size), seen through a slice of its first row (a view: an index would gather into a new small array).
+    For a length every layer's kernel reads. A shapeless trace keeps ``fn(a)`` (MLX cannot trace a slice
+    shapeless)."""
     if not 0 < a.nbytes <= POOLED_BYTES or build.shapeless() or not build.unpooled():
         return fn(a)
-    wide = mx.broadcast_to(a.reshape(1, -1), (-(-ROOM_BYTES // a.size), a.size))
-    return fn(wide)[0].reshape(a.shape)
+    rows = -(-ROOM_BYTES // a.nbytes)
+    wide = a.reshape(1, -1) + zeros((rows, a.size), a.dtype)
+    return fn(wide)[:1].reshape(a.shape)
 
 
 @functools.lru_cache(maxsize=512)

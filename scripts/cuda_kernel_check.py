@@ -90,7 +90,7 @@ def cases():
             yield (f"row_gemv {t} K {k} N {n}", "ortmlx_row_gemv_x", ["a", "w"], [t, t], ["out"], [t],
                    cr.ROW_SOURCE, "", [("T", t), ("AND_", rnd), ("WND", 3), ("GATED", False), ("GATE_FIRST", True),
                                        ("K", k), ("N", n), ("TPR", tpr), ("THREADS", cr.THREADS),
-                                       ("RB", cr.rows_per_block(4, k, 2)), ("NR", 4)])
+                                       ("RB", cr.rows_per_block(4, k, 4 if t == "float32" else 2)), ("NR", 4)])
     for t in ("float16", "bfloat16", "float32"):
         yield (f"take_rows {t}", "ortmlx_take_rows_x", ["data", "idx"], [t, "int32"], ["out"], [t], ck._TAKE_SOURCE,
                "", [("T", t)])

@@ -297,3 +297,16 @@ def test_genai_models_fold_and_answer_the_same(arch, monkeypatch):
     monkeypatch.setattr(interpreter.Program, "__init__", orig)
     assert out[True][0] == out[False][0]
     assert out[True][1] == 2 * layers + 1 and out[False][1] == 0, (out[True][1], layers)
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_row_blocks_fit_static_shared_memory(size):
+    """Every row block the product kernels may be launched with (rows up to ``ROWS_MAX``, any K ``row_reason``
+    takes) fits in 48 KB of static shared memory: its rows, the norm's per-row warp sums and the reduction's
+    per-row partials (two weight columns when gated), and takes at least one row, at most the rows there are."""
+    warps = cuda_rows.THREADS // 32
+    for rows in range(1, cuda_rows.ROWS_MAX + 1):
+        for k in range(8, cuda_rows.ROW_MAX_BYTES // size + 1, 8):
+            rb = cuda_rows.rows_per_block(rows, k, size)
+            assert 1 <= rb <= rows
+            assert rb * k * size + rb * warps * 4 + rb * 2 * warps * 4 <= 48 << 10, (rows, k, rb)

@@ -103,96 +103,76 @@ _GEMV_HEAD = r"""
 _GEMV_ROUNDS = r"""
     __syncthreads();
     for (int64_t base = first; base < N; base += step, n += step) {
-        float acc[RB][WC];
-        #pragma unroll
-        for (int i = 0; i < RB; ++i) {
+        if (vec && n < N && base != first) {
             #pragma unroll
-            for (int q = 0; q < WC; ++q) acc[i][q] = 0.0f;
-        }
-        if (n < N) {
-            if (vec) {
-                if (base != first) {
-                    #pragma unroll
-                    for (int q = 0; q < WC; ++q) {
-                        const uint4* wv = reinterpret_cast<const uint4*>(w + (n + (q ? UOFF : GOFF)) * sn);
-                        #pragma unroll
-                        for (int c = 0; c < CPT; ++c)
-                            if (part + c * TPR < K / VEC) wr[q][c] = wv[part + c * TPR];
-                    }
-                }
+            for (int q = 0; q < WC; ++q) {
+                const uint4* wv = reinterpret_cast<const uint4*>(w + (n + (q ? UOFF : GOFF)) * sn);
                 #pragma unroll
-                for (int c = 0; c < CPT; ++c) {
-                    if (part + c * TPR < K / VEC) {
-                        #pragma unroll
-                        for (int i = 0; i < RB; ++i) {
-                            if (i < nr) {
-                                const uint4 aa = reinterpret_cast<const uint4*>(arow + i * K)[part + c * TPR];
-                                const T* at = reinterpret_cast<const T*>(&aa);
+                for (int c = 0; c < CPT; ++c)
+                    if (part + c * TPR < K / VEC) wr[q][c] = wv[part + c * TPR];
+            }
+        }
+        // the block's rows one after another over the weights in registers (a row's sums at a time: few registers)
+        #pragma unroll 1
+        for (int i = 0; i < (RB == 1 ? 1 : nr); ++i) {     // (a lone row: no loop at all)
+            const T* ai = arow + i * K;
+            float acc[WC];
+            #pragma unroll
+            for (int q = 0; q < WC; ++q) acc[q] = 0.0f;
+            if (n < N) {
+                if (vec) {
+                    const uint4* av = reinterpret_cast<const uint4*>(ai);
+                    #pragma unroll
+                    for (int c = 0; c < CPT; ++c) {
+                        if (part + c * TPR < K / VEC) {
+                            const uint4 aa = av[part + c * TPR];
+                            const T* at = reinterpret_cast<const T*>(&aa);
+                            #pragma unroll
+                            for (int q = 0; q < WC; ++q) {
+                                const T* wt = reinterpret_cast<const T*>(&wr[q][c]);
                                 #pragma unroll
-                                for (int q = 0; q < WC; ++q) {
-                                    const T* wt = reinterpret_cast<const T*>(&wr[q][c]);
-                                    #pragma unroll
-                                    for (int j = 0; j < VEC; ++j)
-                                        acc[i][q] += static_cast<float>(wt[j]) * static_cast<float>(at[j]);
-                                }
+                                for (int j = 0; j < VEC; ++j)
+                                    acc[q] += static_cast<float>(wt[j]) * static_cast<float>(at[j]);
                             }
                         }
                     }
-                }
-            } else {
-                #pragma unroll
-                for (int q = 0; q < WC; ++q) {
-                    const T* wn = w + (n + (q ? UOFF : GOFF)) * sn;
-                    for (int k = part; k < K; k += TPR) {
-                        const float wk = static_cast<float>(wn[k * sk]);
-                        #pragma unroll
-                        for (int i = 0; i < RB; ++i)
-                            if (i < nr) acc[i][q] += wk * static_cast<float>(arow[i * K + k]);
+                } else {
+                    #pragma unroll
+                    for (int q = 0; q < WC; ++q) {
+                        const T* wn = w + (n + (q ? UOFF : GOFF)) * sn;
+                        for (int k = part; k < K; k += TPR)
+                            acc[q] += static_cast<float>(wn[k * sk]) * static_cast<float>(ai[k]);
                     }
                 }
             }
-        }
-        #pragma unroll
-        for (int i = 0; i < RB; ++i) {
             #pragma unroll
             for (int q = 0; q < WC; ++q) {
                 #pragma unroll
-                for (int off = 16; off > 0; off >>= 1) acc[i][q] += __shfl_xor_sync(0xffffffffu, acc[i][q], off);
+                for (int off = 16; off > 0; off >>= 1) acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], off);
             }
-        }
-        if (TPR > 32) {
-            __shared__ float red[RB][WC][THREADS / 32];
-            __syncthreads();
-            if (tid % 32 == 0) {
-                #pragma unroll
-                for (int i = 0; i < RB; ++i) {
+            if (TPR > 32) {
+                __shared__ float red[WC][THREADS / 32];
+                __syncthreads();
+                if (tid % 32 == 0) {
                     #pragma unroll
-                    for (int q = 0; q < WC; ++q) red[i][q][tid / 32] = acc[i][q];
+                    for (int q = 0; q < WC; ++q) red[q][tid / 32] = acc[q];
                 }
-            }
-            __syncthreads();
-            if (part == 0) {
-                #pragma unroll
-                for (int i = 0; i < RB; ++i) {
+                __syncthreads();
+                if (part == 0) {
                     #pragma unroll
                     for (int q = 0; q < WC; ++q) {
                         float t = 0.0f;
-                        for (int j = 0; j < TPR / 32; ++j) t += red[i][q][tid / 32 + j];
-                        acc[i][q] = t;
+                        for (int j = 0; j < TPR / 32; ++j) t += red[q][tid / 32 + j];
+                        acc[q] = t;
                     }
                 }
             }
-        }
-        if (n < N && part == 0) {
-            #pragma unroll
-            for (int i = 0; i < RB; ++i) {
-                if (i < nr) {
-                    if (GATED)
-                        out[i * N + n] = gating(static_cast<float>(static_cast<T>(acc[i][0])),
-                                                static_cast<float>(static_cast<T>(acc[i][WC - 1])));
-                    else
-                        out[i * N + n] = static_cast<T>(acc[i][0]);
-                }
+            if (n < N && part == 0) {
+                if (GATED)
+                    out[i * N + n] = gating(static_cast<float>(static_cast<T>(acc[0])),
+                                            static_cast<float>(static_cast<T>(acc[WC - 1])));
+                else
+                    out[i * N + n] = static_cast<T>(acc[0]);
             }
         }
     }

@@ -828,6 +828,12 @@ def test_swiglu_wiring_with_the_contract(monkeypatch):
             err = np.abs(np.array(got, np.float32) - np.array(want, np.float32)).max()
             assert err <= 2 ** -10 * max(1.0, float(np.abs(np.array(want, np.float32)).max())), err
     assert seen == [((1, 1, 48), 24, True), ((1, 1, 48), 24, False), ((2, 3, 48), 24, True), ((2, 3, 48), 24, False)]
+    # an empty product (a batch or prompt of 0 rows) is not the kernel's: a grid of no threads fails its launch
+    seen.clear()
+    monkeypatch.setattr(cuda_kernels, "enabled", lambda: True)
+    empty = merge.merged_swiglu(mx.zeros((0, 1, 40), mx.float16), W, width=24, gate_first=True)
+    assert seen == [] and empty.shape == (0, 1, 24)
+    assert cuda_kernels.swiglu_reason(mx.zeros((0, 48), mx.float16), 24) is not None
 
 
 @gpu_only

@@ -706,7 +706,7 @@ def _swiglu_kernel():
 
 def swiglu_reason(y, n: int) -> str | None:
     """Why ``swiglu`` does not cover this case (None: it does)."""
-    if y.dtype not in _ATTN_DTYPES or y.ndim < 1 or y.shape[-1] != 2 * n or n <= 0 or y.size >= 2**31:
+    if y.dtype not in _ATTN_DTYPES or y.ndim < 1 or y.shape[-1] != 2 * n or n <= 0 or not 0 < y.size < 2**31:
         return f"merged product {y.dtype} {y.shape} for width {n}"
     return None
 
@@ -839,12 +839,17 @@ def _gather_kernel(parts: int, to_host: bool = False):
                    _gather_source(parts, to_host))
 
 
+@functools.lru_cache(maxsize=64)
 def _gather_table(sizes: tuple[int, ...]) -> mx.array:
-    """The (bytes, offset) pairs of ``gather_bytes``'s parts, flat int64."""
+    """The (bytes, offset) pairs of ``gather_bytes``'s parts, flat int64; made once per layout (a host-made array is
+    read across the bus until the GPU has touched it)."""
     offsets = np.cumsum((0,) + sizes[:-1])
     return mx.array(np.stack([np.array(sizes, np.int64), offsets.astype(np.int64)], axis=1).reshape(-1))
 
 
+#: bytes of the array a host-writing kernel returns to order the work (its first byte: one the kernel writes), above
+#: the 8 bytes or less MLX's CUDA allocator serves from its pool of managed memory (a write across the bus)
+ORDER_BYTES = 16
 #: most arrays one ``gather_bytes`` kernel takes (a kernel's parameters are limited to 32 KB)
 GATHER_MAX = 512
 #: threads of a ``gather_bytes`` block; the blocks a part gets: one per this many bytes of the largest, at most
@@ -876,8 +881,8 @@ def gather_bytes(arrays: list, size: int | None = None, to_host=None) -> mx.arra
         grid, group = _gather_grid(sizes)
         (out,) = _gather_kernel(len(sizes), True)(inputs=list(arrays) + [_gather_table(sizes), to_host],
                                                   grid=grid, threadgroup=group,
-                                                  output_shapes=[(1,)], output_dtypes=[mx.uint8])
-        return out
+                                                  output_shapes=[(ORDER_BYTES,)], output_dtypes=[mx.uint8])
+        return out[:1]
     n = sum(sizes) if size is None else max(int(size), sum(sizes))
     grid, group = _gather_grid(sizes)
     (out,) = _gather_kernel(len(sizes))(inputs=list(arrays) + [_gather_table(sizes)], grid=grid, threadgroup=group,
@@ -942,8 +947,9 @@ def copy_to_address(a: mx.array, target: mx.array) -> mx.array:
     blocks = max(1, min(COPY_BLOCKS, -(-n // (16 * COPY_THREADS))))
     src = a.reshape(-1).view(mx.uint8) if byte_copies() and a.dtype != mx.uint8 else a
     (out,) = _copy_any_kernel()(inputs=[src, target], grid=(blocks * COPY_THREADS, 1, 1),
-                                threadgroup=(COPY_THREADS, 1, 1), output_shapes=[(1,)], output_dtypes=[mx.uint8])
-    return out
+                                threadgroup=(COPY_THREADS, 1, 1), output_shapes=[(ORDER_BYTES,)],
+                                output_dtypes=[mx.uint8])
+    return out[:1]
 
 
 #: ``stage[0]`` is the device address of a page-locked buffer: its first 8 bytes the byte count, the bytes from
@@ -1089,5 +1095,6 @@ def copy_to_host(a: mx.array, to_host: mx.array) -> mx.array:
         raise ValueError("copy_to_host: an empty array")
     blocks = max(1, min(COPY_BLOCKS, -(-n // (16 * COPY_THREADS))))
     (out,) = _copy_host_kernel(n)(inputs=[a, to_host], grid=(blocks * COPY_THREADS, 1, 1),
-                                  threadgroup=(COPY_THREADS, 1, 1), output_shapes=[(1,)], output_dtypes=[mx.uint8])
-    return out
+                                  threadgroup=(COPY_THREADS, 1, 1), output_shapes=[(ORDER_BYTES,)],
+                                output_dtypes=[mx.uint8])
+    return out[:1]

@@ -438,7 +438,8 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
         return (out, pk, pv, pk[:, :, :s], pv[:, :, :s]) if new_rows else (out, pk, pv)
 
     def lengths():          # read by every layer's kernels: made once a build, out of MLX's pool of small arrays
-        total = consts.unpooled(lambda x: x + 1, seqlens)
+        # a padded first prompt's valid length is this very length (seqlens_k + 1), made once already
+        total = prompt_valid if prompt_valid is not None else consts.unpooled(lambda x: x + 1, seqlens)
         past = consts.zeros((b,), mx.int32) if first_prompt else consts.unpooled(lambda x: x + (1 - s), seqlens)
         return total, past
     total_len, past_len = build.memo(("gqa_lengths", id(seqlens_k), first_prompt, b, s), lengths)

@@ -152,12 +152,7 @@ class Tuning:
             return base
         kinds = {f.name: f.type for f in dataclasses.fields(cls)}
         vals = {}
-        for item in text.split(","):
-            item = item.strip()
-            if not item:
-                continue
-            key, sep, raw = item.partition("=")
-            key, raw = key.strip(), raw.strip()
+        for key, sep, raw in _items(text):
             if key not in kinds:
                 raise TuningError(f"{where}: unknown key {key!r}; keys: {', '.join(kinds)}")
             if not sep:
@@ -181,9 +176,17 @@ class Tuning:
 ENV_ONLY = frozenset({"byte_copies", "blas", "blas_threads", "kernel_cache", "prefault_out"})
 
 
+def _items(text: str | None):
+    """(key, "=" or "", value) of each non-empty ``key=value`` item of a tuning string, stripped, in order."""
+    for item in (text or "").split(","):
+        key, sep, raw = item.strip().partition("=")
+        if key or sep or raw:
+            yield key.strip(), sep, raw.strip()
+
+
 def keys(text: str | None) -> list[str]:
     """The keys a tuning string names, in order (unchecked: ``Tuning.parse`` checks them)."""
-    return [k for k in (item.partition("=")[0].strip() for item in (text or "").split(",")) if k]
+    return [k for k, _, _ in _items(text) if k]
 
 
 def _value(where: str, key: str, kind: str, raw: str):

@@ -1096,5 +1096,5 @@ def copy_to_host(a: mx.array, to_host: mx.array) -> mx.array:
     blocks = max(1, min(COPY_BLOCKS, -(-n // (16 * COPY_THREADS))))
     (out,) = _copy_host_kernel(n)(inputs=[a, to_host], grid=(blocks * COPY_THREADS, 1, 1),
                                   threadgroup=(COPY_THREADS, 1, 1), output_shapes=[(ORDER_BYTES,)],
-                                output_dtypes=[mx.uint8])
+                                  output_dtypes=[mx.uint8])
     return out[:1]

@@ -200,9 +200,11 @@ def gqa_traced(decode: bool, padded: bool = False):
         if not padded or attrs.get("sliding_window_cache", 0):
             return _gqa(*args, **attrs)
         # the presents' rows at or past the prompt's length are zero (selected over the bucket's rows only)
-        seqlens = args[5].reshape(-1).astype(mx.int32)
-        # the prompt's own length, also for ``gather_padded_tail``
-        valid = build.memo(PADDED_VALID, lambda: consts.unpooled(lambda x: x + 1, seqlens))
+        sk = args[5]
+        seqlens = sk.reshape(-1).astype(mx.int32)
+        # the prompt's own length, once per seqlens_k input; also for ``gather_padded_tail``
+        valid = build.memo(PADDED_VALID + (id(sk),), lambda: consts.unpooled(lambda x: x + 1, seqlens))
+        _note_padded_valid(valid)
         o, pk, pv, k_rows, v_rows = _gqa(*args, prompt_valid=valid, new_rows=True, **attrs)
         b = pk.shape[0]
         start = build.memo(("prefill_start", b), lambda: consts.zeros((b,), mx.int32))
@@ -374,8 +376,19 @@ def gather_traced(data, indices, *, axis=0):
     return cuda_kernels.take(data, idx.astype(mx.int32) if n < 2**31 else idx, a)
 
 
-#: build-memo key of a padded prefill's valid length per batch row (set by its GroupQueryAttention)
+#: build-memo key of a padded prefill's valid length per batch row (set by its GroupQueryAttention): with a
+#: ``seqlens_k`` input's id, that input's length; alone, the one length every such node gave, or ``AMBIGUOUS``
 PADDED_VALID = ("padded_valid_length",)
+AMBIGUOUS = object()
+
+
+def _note_padded_valid(valid) -> None:
+    """Record the length ``gather_padded_tail`` reads: ``AMBIGUOUS`` once two nodes gave different ones."""
+    b = build.current()
+    if b is not None:
+        seen = b.memo.setdefault(PADDED_VALID, valid)
+        if seen is not valid:
+            b.memo[PADDED_VALID] = AMBIGUOUS
 
 
 def gather_padded_tail(k: int):
@@ -387,6 +400,8 @@ def gather_padded_tail(k: int):
         valid = b.memo.get(PADDED_VALID) if b is not None else None
         if valid is None or data.ndim < 2:
             raise Untraceable("a padded prompt's tail gather before any GroupQueryAttention gave its length")
+        if valid is AMBIGUOUS:
+            raise Untraceable("a padded prompt's tail gather after GroupQueryAttention nodes of different seqlens_k")
         n = data.shape[0]
         idx = (valid.reshape(-1).astype(mx.int32) + k).reshape((n,) + (1,) * (data.ndim - 1))
         add_guard(every(idx >= 0))

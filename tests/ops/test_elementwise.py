@@ -370,3 +370,22 @@ def test_softmax_over_an_empty_axis(op):
     m = make_model([_helper.make_node(op, ["X"], ["Y"], axis=1)], [("X", T.FLOAT, [2, 0])],
                    [("Y", T.FLOAT, [2, 0])])
     check_against_cpu(m, [{"X": np.zeros((2, 0), np.float32)}])
+
+
+SIGNED_ZERO_OPS = ["Reciprocal", "Sqrt", "Exp", "Log", "Floor", "Ceil", "Round", "Erf", "Sin", "Cos", "Tan", "Asin",
+                   "Acos", "Atan", "Sinh", "Cosh", "Tanh", "Asinh", "Acosh", "Atanh", "Neg", "Abs", "Relu", "Sign"]
+
+
+@pytest.mark.parametrize("t", (T.FLOAT, T.FLOAT16))
+@pytest.mark.parametrize("op", SIGNED_ZERO_OPS)
+def test_signed_zero(op, t):
+    """-0 and +0 in, the sign of every zero out as ORT's CPU EP gives it (MLX 0.32.4: Sin(-0) +0 on its CPU backend,
+    Erf(+0) -0, Relu(-0) +0)."""
+    nt = np.float32 if t == T.FLOAT else np.float16
+    x = np.array([-0.0, 0.0, -1e-3, 1e-3], nt)
+    m = node_model(op, [t], [t], opset=13)
+    got, = session(m).run(None, {"x0": x})
+    want, = session(m, "CPUExecutionProvider", record=False).run(None, {"x0": x})
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want), err_msg=f"{op}: {got} vs {want}")
+    np.testing.assert_allclose(got, want, rtol=2e-3 if t == T.FLOAT16 else 1e-4, atol=0)

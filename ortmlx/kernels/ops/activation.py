@@ -37,8 +37,8 @@ def _s(v, x):
 
 @register("Relu", 6, dtypes=FD | frozenset({dt.INT8, dt.INT32}))
 def relu(X):
-    """max(X, 0)."""
-    return mx.maximum(X, _s(0, X))
+    """max(X, 0); -0 stays -0 and NaN stays NaN, as ORT's CPU EP gives them."""
+    return mx.where(X < 0, _s(0, X), X)
 
 
 @register("LeakyRelu", 6, dtypes=FD)

@@ -212,6 +212,9 @@ def _bshape(a: tuple, b: tuple) -> tuple | None:
 # ---------------------------------------------------------------------------- op builders
 UNARY_EXACT = {"Neg": NUM, "Abs": NUM, "Relu": FLOATS, "Identity": NUM + (BOOL,)}
 UNARY_STEP = {"Floor": FLOATS, "Ceil": FLOATS, "Round": FLOATS, "Sign": NUM}
+#: periodic ops: a 1-ulp difference in a computed input of magnitude M moves them by ~M ulp (sin of a ReduceProd
+#: of 1e5), so they read exact values only, as the step ops do
+PERIODIC = {"Sin", "Cos", "Tan"}
 UNARY_F = {"Exp": FLOATS, "Log": FLOATS, "Sqrt": FLOATS, "Tanh": FLOATS, "Sigmoid": FLOATS, "Erf": (F32,),
            "Sin": FLOATS, "Cos": FLOATS, "Reciprocal": FLOATS, "Softplus": (F32,), "Softsign": (F32,),
            "Atan": (F32,), "Elu": (F32,), "Selu": (F32,), "HardSigmoid": (F32,), "HardSwish": (F32,),
@@ -229,7 +232,7 @@ REDUCE = {"ReduceSum": NUM, "ReduceMax": NUM, "ReduceMin": NUM, "ReduceMean": FL
 
 def b_unary(b: Builder, op: str) -> None:
     types = {**UNARY_EXACT, **UNARY_STEP, **UNARY_F}[op]
-    step = op in UNARY_STEP
+    step = op in UNARY_STEP or op in PERIODIC
     v = b.pick(lambda w: w.dtype in types and (w.exact or not step), b.choice(types))
     if v is None:
         return

@@ -201,9 +201,9 @@ def gqa_traced(decode: bool, padded: bool = False):
             return _gqa(*args, **attrs)
         # the presents' rows at or past the prompt's length are zero (selected over the bucket's rows only)
         sk = args[5]
-        seqlens = sk.reshape(-1).astype(mx.int32)
         # the prompt's own length, once per seqlens_k input; also for ``gather_padded_tail``
-        valid = build.memo(PADDED_VALID + (id(sk),), lambda: consts.unpooled(lambda x: x + 1, seqlens))
+        valid = build.memo(PADDED_VALID + (id(sk),),
+                           lambda: consts.unpooled(lambda x: x + 1, sk.reshape(-1).astype(mx.int32)))
         _note_padded_valid(valid)
         o, pk, pv, k_rows, v_rows = _gqa(*args, prompt_valid=valid, new_rows=True, **attrs)
         b = pk.shape[0]

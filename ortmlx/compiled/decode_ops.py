@@ -58,6 +58,12 @@ def add_guard(ok: mx.array) -> None:
         items.append(ok)
 
 
+def seqlens_i32(sk: mx.array) -> mx.array:
+    """A GroupQueryAttention's ``seqlens_k`` flat int32, once per build for every layer (a group input: alive to the
+    build's end, so its id is a memo key)."""
+    return build.memo(("gqa_seqlens", id(sk)), lambda: sk.reshape(-1).astype(mx.int32))
+
+
 def every(x: mx.array) -> mx.array:
     """``mx.all(x)`` for a guard's condition; one element in a shape-keyed trace stays as it is.
 
@@ -145,7 +151,7 @@ def gqa_window_traced(a, x, q, k, v, decode: bool, padded: bool = False):
         if s != tot:
             raise ValueError(f"batch_size must be 1 when sequence_length > 1 and past context is given (B={b}, S={s})")
     sk = x["seqlens_k"]
-    seqlens = build.memo(("gqa_seqlens", id(sk)), lambda: sk.reshape(-1).astype(mx.int32))
+    seqlens = seqlens_i32(sk)
     rows = None
     if a["do_rotary"]:
         cos = x["cos_cache"]
@@ -202,8 +208,7 @@ def gqa_traced(decode: bool, padded: bool = False):
         # the presents' rows at or past the prompt's length are zero (selected over the bucket's rows only)
         sk = args[5]
         # the prompt's own length, once per seqlens_k input; also for ``gather_padded_tail``
-        valid = build.memo(PADDED_VALID + (id(sk),),
-                           lambda: consts.unpooled(lambda x: x + 1, sk.reshape(-1).astype(mx.int32)))
+        valid = build.memo(PADDED_VALID + (id(sk),), lambda: consts.unpooled(lambda x: x + 1, seqlens_i32(sk)))
         _note_padded_valid(valid)
         o, pk, pv, k_rows, v_rows = _gqa(*args, prompt_valid=valid, new_rows=True, **attrs)
         b = pk.shape[0]
@@ -228,10 +233,9 @@ def gqa_traced(decode: bool, padded: bool = False):
         if past_k.shape != (b, kvh, p, hp) or past_v.shape != past_k.shape or \
                 (not packed and k.shape != (b, s, kvh * h)):
             raise ValueError(f"traced GroupQueryAttention: shapes q {q.shape} k {None if packed else k.shape} past {past_k.shape}")
-        # one int32 form per build for every layer (a group input: alive to the build's end): one start
-        # array for all their row hints
+        # one int32 form per build for every layer: one start array for all their row hints
         sk = x["seqlens_k"]
-        seqlens = build.memo(("gqa_seqlens", id(sk)), lambda: sk.reshape(-1).astype(mx.int32))
+        seqlens = seqlens_i32(sk)
         total = x["total_sequence_length"]
         if decode:
             if s != 1 or x["position_ids"] is not None or x["attention_bias"] is not None:

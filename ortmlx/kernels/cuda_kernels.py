@@ -850,6 +850,16 @@ def _gather_table(sizes: tuple[int, ...]) -> mx.array:
 #: bytes of the array a host-writing kernel returns to order the work (its first byte: one the kernel writes), above
 #: the 8 bytes or less MLX's CUDA allocator serves from its pool of managed memory (a write across the bus)
 ORDER_BYTES = 16
+
+
+def _host_write(kernel, inputs: list, grid: tuple, threadgroup: tuple) -> mx.array:
+    """Launch a kernel that writes host memory: its result, a view of the first byte of ``ORDER_BYTES``, is what
+    later work waits on."""
+    (out,) = kernel(inputs=inputs, grid=grid, threadgroup=threadgroup, output_shapes=[(ORDER_BYTES,)],
+                    output_dtypes=[mx.uint8])
+    return out[:1]
+
+
 #: most arrays one ``gather_bytes`` kernel takes (a kernel's parameters are limited to 32 KB)
 GATHER_MAX = 512
 #: threads of a ``gather_bytes`` block; the blocks a part gets: one per this many bytes of the largest, at most
@@ -879,10 +889,8 @@ def gather_bytes(arrays: list, size: int | None = None, to_host=None) -> mx.arra
     if to_host is not None:
         _check_address(to_host, "gather_bytes")
         grid, group = _gather_grid(sizes)
-        (out,) = _gather_kernel(len(sizes), True)(inputs=list(arrays) + [_gather_table(sizes), to_host],
-                                                  grid=grid, threadgroup=group,
-                                                  output_shapes=[(ORDER_BYTES,)], output_dtypes=[mx.uint8])
-        return out[:1]
+        return _host_write(_gather_kernel(len(sizes), True), list(arrays) + [_gather_table(sizes), to_host],
+                           grid, group)
     n = sum(sizes) if size is None else max(int(size), sum(sizes))
     grid, group = _gather_grid(sizes)
     (out,) = _gather_kernel(len(sizes))(inputs=list(arrays) + [_gather_table(sizes)], grid=grid, threadgroup=group,
@@ -912,6 +920,12 @@ _COPY_HOST = r"""
 """
 #: threads per block of ``copy_to_host``, and most blocks
 COPY_THREADS, COPY_BLOCKS = 256, 264
+
+
+def _copy_grid(nbytes: int) -> tuple[tuple, tuple]:
+    """(grid, threadgroup) of the copy kernels: a block per 16 stores a thread, at most ``COPY_BLOCKS``."""
+    blocks = max(1, min(COPY_BLOCKS, -(-nbytes // (16 * COPY_THREADS))))
+    return (blocks * COPY_THREADS, 1, 1), (COPY_THREADS, 1, 1)
 
 
 @functools.lru_cache(maxsize=64)
@@ -944,12 +958,8 @@ def copy_to_address(a: mx.array, target: mx.array) -> mx.array:
     n = int(a.nbytes)
     if n == 0:
         raise ValueError("copy_to_address: an empty array")
-    blocks = max(1, min(COPY_BLOCKS, -(-n // (16 * COPY_THREADS))))
     src = a.reshape(-1).view(mx.uint8) if byte_copies() and a.dtype != mx.uint8 else a
-    (out,) = _copy_any_kernel()(inputs=[src, target], grid=(blocks * COPY_THREADS, 1, 1),
-                                threadgroup=(COPY_THREADS, 1, 1), output_shapes=[(ORDER_BYTES,)],
-                                output_dtypes=[mx.uint8])
-    return out[:1]
+    return _host_write(_copy_any_kernel(), [src, target], *_copy_grid(n))
 
 
 #: ``stage[0]`` is the device address of a page-locked buffer: its first 8 bytes the byte count, the bytes from
@@ -1078,10 +1088,10 @@ def copy_from_address(stage: mx.array, nbytes: int) -> mx.array:
                          f"of shape {stage.shape}")
     if nbytes <= 0:
         raise ValueError("copy_from_address: an empty copy")
-    blocks = max(1, min(COPY_BLOCKS, -(-nbytes // (16 * COPY_THREADS))))
     limit = mx.broadcast_to(_zero_byte(), (nbytes,))
-    (out,) = _copy_in_kernel()(inputs=[stage, limit], grid=(blocks * COPY_THREADS, 1, 1), threadgroup=(COPY_THREADS, 1, 1),
-                               output_shapes=[(nbytes,)], output_dtypes=[mx.uint8])
+    grid, group = _copy_grid(nbytes)
+    (out,) = _copy_in_kernel()(inputs=[stage, limit], grid=grid, threadgroup=group, output_shapes=[(nbytes,)],
+                               output_dtypes=[mx.uint8])
     return out
 
 
@@ -1093,8 +1103,4 @@ def copy_to_host(a: mx.array, to_host: mx.array) -> mx.array:
     n = int(a.nbytes)
     if n == 0:
         raise ValueError("copy_to_host: an empty array")
-    blocks = max(1, min(COPY_BLOCKS, -(-n // (16 * COPY_THREADS))))
-    (out,) = _copy_host_kernel(n)(inputs=[a, to_host], grid=(blocks * COPY_THREADS, 1, 1),
-                                  threadgroup=(COPY_THREADS, 1, 1), output_shapes=[(ORDER_BYTES,)],
-                                  output_dtypes=[mx.uint8])
-    return out[:1]
+    return _host_write(_copy_host_kernel(n), [a, to_host], *_copy_grid(n))

@@ -897,39 +897,45 @@ def test_failing_kernel_turns_the_kernels_off(monkeypatch):
         np.testing.assert_array_equal(a, b)
 
 
-def reference_take_rows(data, idx):
-    """``cuda_kernels.take_rows``'s contract: ``mx.take`` along axis 0 with the indices clamped into [0, N)."""
-    return mx.take(data, mx.clip(idx, 0, data.shape[0] - 1), axis=0)
+def reference_take_rows(data, idx, axis=0):
+    """``cuda_kernels.take_rows``'s contract: ``mx.take`` along ``axis`` with the indices clamped into [0, N)."""
+    return mx.take(data, mx.clip(idx, 0, data.shape[axis] - 1), axis=axis)
 
 
 def test_take_wiring_with_the_contract(monkeypatch):
-    """Everywhere: the eager Gather and the traced one hand a table's rows to ``take_rows`` (its contract standing
-    in) when the build asks for it (tuning ``take_rows``, on by default on a GPU) and may use the kernels, and only then;
-    other gathers keep ``mx.take``."""
+    """Everywhere: the eager Gather and the traced one hand their data to ``take_rows`` (its contract standing in),
+    along any axis, when the build asks for it (tuning ``take_rows``, on by default on a GPU) and may use the
+    kernels, and only then; gathers of other types keep ``mx.take``."""
     from ortmlx.compiled.decode_ops import gather_traced
     from ortmlx.kernels.ops.indexing import gather
     calls = []
     monkeypatch.setattr(cuda_kernels, "cuda_backend", lambda: True)
     monkeypatch.setattr(mx, "default_device", lambda: mx.gpu)
-    monkeypatch.setattr(cuda_kernels, "take_rows", lambda d, i: calls.append(i.shape) or reference_take_rows(d, i))
+    monkeypatch.setattr(cuda_kernels, "take_rows",
+                        lambda d, i, a=0: calls.append((i.shape, a)) or reference_take_rows(d, i, a))
     rng = np.random.default_rng(4)
     table = mx.array(rng.standard_normal((50, 6)).astype(np.float16))
+    cube = mx.array(rng.standard_normal((2, 50, 3)).astype(np.float32))
     ids = np.array([[3, -1, 7], [0, 49, 3]], np.int64)
-    want = np.take(np.array(table), ids, axis=0)
+    flags = mx.array(rng.integers(0, 2, 50).astype(bool))
     with mx.stream(mx.cpu):
         for on, kernels in ((True, True), (False, True), (True, False)):
             calls.clear()
             with build.active(build.BuildContext(cuda_kernels=kernels, take_rows=on, guards=[])):
-                got = [gather(table, ids), gather_traced(table, mx.array(ids))]
-                other = [gather(table, ids % 6, axis=1), gather(mx.array(np.arange(50.0)), ids)]
-            assert calls == ([(2, 3), (2, 3)] if on and kernels else []), (on, kernels, calls)
-            for g in got:
-                np.testing.assert_array_equal(np.array(g), want)
-            np.testing.assert_array_equal(np.array(other[0]), np.take(np.array(table), ids % 6, axis=1))
-            np.testing.assert_array_equal(np.array(other[1]), np.take(np.arange(50.0), ids))
+                got = [gather(table, ids), gather_traced(table, mx.array(ids)), gather(table, ids % 6, axis=1),
+                       gather(cube, ids, axis=1), gather_traced(cube, mx.array(ids), axis=1)]
+                other = gather(flags, ids)
+            want = [((2, 3), 0), ((2, 3), 0), ((2, 3), 1), ((2, 3), 1), ((2, 3), 1)]
+            assert calls == (want if on and kernels else []), (on, kernels, calls)
+            tn, cn = np.array(table), np.array(cube)
+            for g, w in zip(got, [np.take(tn, ids, 0), np.take(tn, ids, 0), np.take(tn, ids % 6, 1),
+                                  np.take(cn, ids, 1), np.take(cn, ids, 1)]):
+                np.testing.assert_array_equal(np.array(g), w)
+            np.testing.assert_array_equal(np.array(other), np.take(np.array(flags), ids))
     assert cuda_kernels.take_reason(table, mx.zeros((2,), mx.int64), 0).startswith("indices")
-    assert cuda_kernels.take_reason(table, mx.zeros((2,), mx.int32), 1).startswith("data")
-    assert cuda_kernels.take_reason(table, mx.zeros((2,), mx.int32), 0) is None
+    assert cuda_kernels.take_reason(table, mx.zeros((2,), mx.int32), 2).startswith("data")
+    assert cuda_kernels.take_reason(flags, mx.zeros((2,), mx.int32), 0).startswith("data")
+    assert cuda_kernels.take_reason(table, mx.zeros((2,), mx.int32), 1) is None
     from ortmlx.kernels.passes import BuildConfig
     from ortmlx.tuning import Tuning
     # both on by default, on a GPU with the kernels only
@@ -945,7 +951,8 @@ def test_quantized_embedding_takes_rows_with_the_contract(monkeypatch):
     calls = []
     monkeypatch.setattr(cuda_kernels, "cuda_backend", lambda: True)
     monkeypatch.setattr(mx, "default_device", lambda: mx.gpu)
-    monkeypatch.setattr(cuda_kernels, "take_rows", lambda d, i: calls.append(d.dtype) or reference_take_rows(d, i))
+    monkeypatch.setattr(cuda_kernels, "take_rows",
+                        lambda d, i, a=0: calls.append(d.dtype) or reference_take_rows(d, i, a))
     rng = np.random.default_rng(7)
     data = mx.array(rng.integers(0, 256, (40, 16)).astype(np.uint8))          # 32 4-bit columns a row
     scales = mx.array(rng.standard_normal((40, 2)).astype(np.float16))         # blocks of 16
@@ -985,12 +992,34 @@ def test_take_rows_kernel(dtype):
 
 
 @gpu_only
+@pytest.mark.parametrize("dtype", [mx.float16, mx.float32, mx.uint8])
+def test_take_rows_kernel_any_axis(dtype):
+    """On the GPU: ``take_rows`` along every axis of 1-D to 4-D data (row-major, transposed, sliced), bit for bit
+    ``np.take`` of the clamped indices, one index and several."""
+    rng = np.random.default_rng(9)
+    base = mx.array(rng.standard_normal((6, 7, 5, 4)).astype(np.float32)).astype(dtype)
+    cases = [base, base.transpose(2, 0, 3, 1), base[1:5, ::2, 1:], base[2, :, 3], base[:, 4], base.reshape(-1)]
+    with mx.stream(mx.gpu):
+        for data in cases:
+            dn = np.array(data.astype(mx.float32))
+            for a in range(data.ndim):
+                n = data.shape[a]
+                for idx in (np.array([n - 1], np.int32), rng.integers(-2, n + 2, (2, 3)).astype(np.int32)):
+                    got = cuda_kernels.take_rows(data, mx.array(idx), a)
+                    mx.eval(got)
+                    want = np.take(dn, np.clip(idx, 0, n - 1), axis=a)
+                    assert got.shape == want.shape and got.dtype == dtype, (data.shape, a, idx.shape)
+                    np.testing.assert_array_equal(np.array(got.astype(mx.float32)), want,
+                                                  err_msg=f"{data.shape} axis {a}")
+
+
+@gpu_only
 def test_ep_embedding_gather_matches_cpu_ep(monkeypatch):
     """An embedding Gather (int64 ids, negative ones too) through the EP on the GPU, eager and compiled, equal to the
     CPU EP with ``take_rows`` in use."""
     calls = []
     real = cuda_kernels.take_rows
-    monkeypatch.setattr(cuda_kernels, "take_rows", lambda d, i: calls.append(1) or real(d, i))
+    monkeypatch.setattr(cuda_kernels, "take_rows", lambda d, i, a=0: calls.append(1) or real(d, i, a))
     rng = np.random.default_rng(6)
     table = rng.standard_normal((1000, 64)).astype(np.float16)
     m = make_model([helper.make_node("Gather", ["table", "ids"], ["y"], axis=0)], [("ids", T.INT64, ["b", "s"])],

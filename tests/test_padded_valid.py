@@ -65,3 +65,22 @@ def test_tail_gather_refuses_two_lengths_and_reads_one():
         _gqa(_inputs(1), sk)
         got = tail(hidden, mx.array(-1), axis=1)
         np.testing.assert_array_equal(np.asarray(got), np.asarray(hidden)[:, 4])
+
+
+def test_tail_gather_of_one_row_is_a_take(monkeypatch):
+    """Batch 1 (genai's prompt): the tail row through ``take_rows`` along the sequence axis (its contract standing
+    in; on a GPU MLX's gather would be a JIT kernel built alone on a new host), where the build may use it."""
+    from ortmlx.kernels import cuda_kernels
+    calls = []
+    monkeypatch.setattr(cuda_kernels, "cuda_backend", lambda: True)
+    monkeypatch.setattr(mx, "default_device", lambda: mx.gpu)
+    monkeypatch.setattr(cuda_kernels, "take_rows", lambda d, i, a=0: calls.append((d.shape, i.shape, a))
+                        or mx.take(d, mx.clip(i, 0, d.shape[a] - 1), axis=a))
+    hidden = mx.array(np.arange(S * 3, dtype=np.float16).reshape(1, S, 3))
+    for on in (True, False):
+        calls.clear()
+        with mx.stream(mx.cpu), build.active(build.BuildContext(guards=[], hints=[], cuda_kernels=True, take_rows=on)):
+            D._note_padded_valid(mx.array([5], mx.int32))     # as the padded GroupQueryAttention records it
+            got = D.gather_padded_tail(-1)(hidden, mx.array(-1), axis=1)
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(hidden)[:, 4])
+        assert calls == ([((1, S, 3), (1,), 1)] if on else []), calls

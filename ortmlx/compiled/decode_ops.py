@@ -407,9 +407,12 @@ def gather_padded_tail(k: int):
         if valid is AMBIGUOUS:
             raise Untraceable("a padded prompt's tail gather after GroupQueryAttention nodes of different seqlens_k")
         n = data.shape[0]
-        idx = (valid.reshape(-1).astype(mx.int32) + k).reshape((n,) + (1,) * (data.ndim - 1))
+        idx = valid.reshape(-1).astype(mx.int32) + k
         add_guard(every(idx >= 0))
-        idx = mx.broadcast_to(mx.maximum(idx, 0), (n, 1) + tuple(data.shape[2:]))
+        idx = mx.maximum(idx, 0)
+        if n == 1:      # a take: ``take_rows`` on a GPU, where MLX's gather is a JIT kernel built alone
+            return cuda_kernels.take(data, idx, 1).squeeze(1)
+        idx = mx.broadcast_to(idx.reshape((n,) + (1,) * (data.ndim - 1)), (n, 1) + tuple(data.shape[2:]))
         return mx.take_along_axis(data, idx, axis=1).squeeze(1)
     return gather
 

@@ -21,7 +21,8 @@ kernels replace chains of MLX ops with one launch each, computing the same value
 - ``rms_norm``: (Skip)SimplifiedLayerNormalization of rows: the float32 sum of input, skip and
   bias, its mean square, the scaled result and both roundings to the output type in one kernel, where
   MLX takes three (the sum and its casts, ``mx.fast.rms_norm`` on float32, the final cast).
-- ``take_rows``: a Gather of table rows (an embedding), where MLX's gather is a JIT kernel of its own.
+- ``take_rows``: a Gather along any axis (an embedding's rows, a pruned LM head's last token), where MLX's gather
+  is a JIT kernel of its own.
 - ``gather_bytes``: many small arrays' bytes into one uint8 array (a ``concatenate`` of N arrays
   is N copy kernels).
 
@@ -996,20 +997,35 @@ def _zero_byte() -> mx.array:
     return mx.array(0, mx.uint8)
 
 
-#: ``take_rows``: rows of a [N, W] table (any strides) at int32 positions, clamped into [0, N) so an index a traced
-#: guard will reject reads no memory outside the table
+#: ``take_rows``: ``mx.take(data, idx, A)`` for data of any rank and strides, the int32 positions clamped into [0, N)
+#: so an index a traced guard will reject reads no memory outside the data. Output element i is (outer o, index r,
+#: inner c) of [prod(shape[:A]), K, prod(shape[A+1:])]; o and c are unravelled through the data's own strides.
 _TAKE_SOURCE = r"""
-    const int64_t n = data_shape[0];
-    const int64_t w = data_shape[1];
-    const int64_t s0 = data_strides[0];
-    const int64_t s1 = data_strides[1];
-    const int64_t total = static_cast<int64_t>(idx_shape[0]) * w;
+    const int nd = data_ndim;
+    const int64_t n = data_shape[A];
+    const int64_t k = idx_shape[0];
+    int64_t inner = 1;
+    for (int d = A + 1; d < nd; ++d) inner *= data_shape[d];
+    int64_t outer = 1;
+    for (int d = 0; d < A; ++d) outer *= data_shape[d];
+    const int64_t total = outer * k * inner;
     const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total; i += step) {
-        const int64_t r = i / w;
-        int64_t j = static_cast<int64_t>(idx[r * idx_strides[0]]);
+        int64_t c = i % inner;
+        const int64_t t = i / inner;
+        int64_t o = t / k;
+        int64_t j = static_cast<int64_t>(idx[(t - o * k) * idx_strides[0]]);
         j = j < 0 ? 0 : (j >= n ? n - 1 : j);
-        out[i] = data[j * s0 + (i - r * w) * s1];
+        int64_t off = j * data_strides[A];
+        for (int d = nd - 1; d > A; --d) {
+            off += (c % data_shape[d]) * data_strides[d];
+            c /= data_shape[d];
+        }
+        for (int d = A - 1; d >= 0; --d) {
+            off += (o % data_shape[d]) * data_strides[d];
+            o /= data_shape[d];
+        }
+        out[i] = data[off];
     }
 """
 TAKE_THREADS, TAKE_BLOCKS = 256, 1024
@@ -1020,28 +1036,30 @@ def _take_kernel():
     return _kernel("ortmlx_take_rows", ["data", "idx"], ["out"], _TAKE_SOURCE, ensure_row_contiguous=False)
 
 
-#: the tables ``take_rows`` copies rows of (element by element: any plain type; 4-bit weights' bytes among them)
+#: the data ``take_rows`` copies elements of (any plain type; 4-bit weights' bytes among them)
 _TAKE_DTYPES = _ATTN_DTYPES + (mx.uint8, mx.int8, mx.uint16, mx.int16, mx.uint32, mx.int32)
 
 
 def take_reason(data, idx, axis: int) -> str | None:
     """Why ``take_rows`` does not take ``mx.take(data, idx, axis)`` (None: it does)."""
-    if axis != 0 or data.ndim != 2 or data.dtype not in _TAKE_DTYPES or data.size == 0 or data.size >= 2**31:
+    if not 0 <= axis < data.ndim or data.dtype not in _TAKE_DTYPES or data.size == 0 or data.size >= 2**31:
         return f"data {data.dtype} {data.shape} along axis {axis}"
     if idx.dtype != mx.int32 or idx.size == 0:
         return f"indices {idx.dtype} {idx.shape}"
     return None
 
 
-def take_rows(data, idx):
-    """``mx.take(data, idx, axis=0)`` for a [N, W] table (``take_reason`` None): one kernel of ours, read through
-    the table's strides, so a new host builds it beside the call's other kernels (MLX's own gather is a JIT kernel
-    built alone at the first evaluation: ~2.6 s on a new H100 host). Indices outside [0, N) are clamped."""
+def take_rows(data, idx, axis: int = 0):
+    """``mx.take(data, idx, axis)`` (``take_reason`` None) as one kernel of ours, read through the data's strides, so
+    a new host builds it beside the call's other kernels (MLX's own gather is a JIT kernel built alone at the first
+    evaluation: ~2.6-3 s on a new H100 host). Indices outside [0, N) are clamped."""
     flat = idx.reshape(-1)
-    total = flat.size * data.shape[1]
+    shape = tuple(data.shape)
+    total = flat.size * (data.size // shape[axis])
     blocks = max(1, min(TAKE_BLOCKS, -(-total // TAKE_THREADS)))
-    (out,) = _take_kernel()(inputs=[data, flat], template=[("T", data.dtype)], grid=(blocks * TAKE_THREADS, 1, 1),
-                            threadgroup=(TAKE_THREADS, 1, 1), output_shapes=[tuple(idx.shape) + (data.shape[1],)],
+    (out,) = _take_kernel()(inputs=[data, flat], template=[("T", data.dtype), ("A", axis)],
+                            grid=(blocks * TAKE_THREADS, 1, 1), threadgroup=(TAKE_THREADS, 1, 1),
+                            output_shapes=[shape[:axis] + tuple(idx.shape) + shape[axis + 1:]],
                             output_dtypes=[data.dtype])
     return out
 
@@ -1050,7 +1068,7 @@ def take(data, idx, axis: int):
     """``mx.take(data, idx, axis)``: through ``take_rows`` where the build in progress asks for it (tuning
     ``take_rows``) and may use these kernels."""
     if build.take_rows() and enabled() and take_reason(data, idx, axis) is None:
-        return take_rows(data, idx)
+        return take_rows(data, idx, axis)
     return mx.take(data, idx, axis=axis)
 
 

@@ -90,9 +90,8 @@ class Tuning:
     #: GPU, with cuda_kernels), built beside a call's other kernels where MLX's gather is a JIT build of its own
     take_rows: bool = True
     #: a first prompt's rotation, query transpose and presents as one custom kernel (cuda_kernels.prompt_rope; GPU,
-    #: with cuda_kernels), where MLX takes a float32 rotation and, per present, a pad and a select over its rows;
-    #: off until it has run on a GPU
-    prompt_rope: bool = False
+    #: with cuda_kernels), where MLX takes a float32 rotation and, per present, a pad and a select over its rows
+    prompt_rope: bool = True
     #: the lengths every layer's attention kernel reads (seqlens_k + 1, the past length) computed once a call over
     #: seqlens_k plus 16 bytes of zeros, out of MLX's pool of managed memory for arrays of 8 bytes or less
     #: (consts.unpooled; GPU)

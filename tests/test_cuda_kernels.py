@@ -423,11 +423,11 @@ def test_prompt_rope_wiring_with_the_contract(case, monkeypatch):
 
 
 def test_prompt_rope_knob_reaches_the_build():
-    """Off by default (not yet run on a GPU); on asks for the custom kernels too."""
+    """On by default on a GPU; it asks for the custom kernels too."""
     from ortmlx.kernels.passes import BuildConfig
     from ortmlx.tuning import Tuning
-    assert not BuildConfig.for_device("gpu").context().prompt_rope
-    assert BuildConfig.for_device("gpu", Tuning.parse("prompt_rope=1")).context().prompt_rope
+    assert BuildConfig.for_device("gpu").context().prompt_rope
+    assert not BuildConfig.for_device("gpu", Tuning.parse("prompt_rope=0")).context().prompt_rope
     assert not BuildConfig.for_device("gpu", Tuning.parse("prompt_rope=1,cuda_kernels=0")).context().prompt_rope
     assert not BuildConfig.for_device("cpu", Tuning.parse("prompt_rope=1")).context().prompt_rope
 
@@ -490,8 +490,8 @@ def test_ep_prompt_matches_cpu_ep(t, bias, monkeypatch):
     monkeypatch.setattr(cuda_kernels, "prompt_rope", lambda *a, **k: calls.append(1) or real(*a, **k))
     m, npt, n, kvn, h, p = _decode_model(t, bias=bias)
     rng = np.random.default_rng(11)
-    mlx = session(m, options={"device": "gpu", "tuning": "prompt_rope=1"})
-    eager = session(m, options={"device": "gpu", "no_compile": "1", "tuning": "prompt_rope=1"})
+    mlx = session(m, options={"device": "gpu"})
+    eager = session(m, options={"device": "gpu", "no_compile": "1"})
     cpu = session(m, "CPUExecutionProvider", record=False)
     for s in (5, 17, 9, 17):
         feeds = {"qkv": rng.standard_normal((1, s, (n + 2 * kvn) * h)).astype(npt),

@@ -161,7 +161,7 @@ class BuildConfig:
                        or _least_fused(kernels, prompt))),
                    prompt_kernel=prompt,
                    take_rows=pick("take_rows", t.take_rows, True) and kernels,
-                   prompt_rope=pick("prompt_rope", t.prompt_rope, False) and kernels,
+                   prompt_rope=pick("prompt_rope", t.prompt_rope, True) and kernels,
                    unpooled=pick("unpooled", t.unpooled_lengths, True) and gpu,
                    half_nbits=pick("half_nbits", t.half_nbits, gpu),
                    poly_exp=pick("poly_exp", t.poly_exp, device == "cpu"),

@@ -1,0 +1,230 @@
+"""What replaying a step's kernels ourselves would cost the host, next to MLX launching them.
+
+    python3 scripts/replay_probe.py [--kernels 170] [--size 4096] [--steps 300] [--rounds 3]
+
+A chain of K launches of one custom kernel of ours (y = 0.5 x + 1, float32, built into MLX's kernel cache by
+``kernels/cuda_cache.py`` as every kernel of ours is) run three ways, per step:
+  mlx     a compiled function of the K calls, ``mx.async_eval`` (the host's part) then the wait
+  driver  the same module loaded from the cache with the CUDA driver, K ``cuLaunchKernel`` from Python
+  graph   those K launches captured once into a CUDA graph, one ``cuGraphLaunch`` a step
+Each form's answer is checked bit for bit against MLX's. Then an MLX array's device address, which MLX 0.32 does not
+export (no CUDA DLPack), is read through a kernel that writes its input's pointer, and the bytes at that address
+are checked against the array: how a replay would find MLX-owned weights. A decode step of the 0.5B model is ~170
+kernels (docs/performance.md), MLX's host part ~1.4 ms of it. GPU only (MLX's CUDA backend).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+CDEF = """
+typedef unsigned long long CUdeviceptr;
+int cuModuleLoadData(void** module, const void* image);
+int cuModuleGetFunction(void** hfunc, void* hmod, const char* name);
+int cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize);
+int cuMemFree_v2(CUdeviceptr dptr);
+int cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t n);
+int cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t n);
+int cuStreamCreate(void** stream, unsigned int flags);
+int cuStreamSynchronize(void* stream);
+int cuLaunchKernel(void* f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by,
+                   unsigned int bz, unsigned int shmem, void* stream, void** params, void** extra);
+int cuStreamBeginCapture_v2(void* stream, int mode);
+int cuStreamEndCapture(void* stream, void** graph);
+int cuGraphInstantiateWithFlags(void** exec, void* graph, unsigned long long flags);
+int cuGraphLaunch(void* exec, void* stream);
+int cuGraphExecDestroy(void* exec);
+int cuGraphDestroy(void* graph);
+"""
+STREAM_NON_BLOCKING = 1
+CAPTURE_RELAXED = 2
+THREADS = 256
+
+SOURCE = r"""
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < N) out[i] = a[i] * static_cast<T>(0.5f) + static_cast<T>(1.0f);
+"""
+ADDRESS_SOURCE = r"""
+    if (blockIdx.x == 0 && threadIdx.x == 0) out[0] = reinterpret_cast<uint64_t>(a);
+"""
+
+
+class Cuda:
+    def __init__(self):
+        import cffi
+        from ortmlx.kernels.cuda_driver import driver
+        drv = driver()
+        if drv is None:
+            raise SystemExit("replay_probe: no CUDA driver (needs MLX's CUDA backend)")
+        drv.current()                       # MLX's primary context on this thread
+        self.ffi = cffi.FFI()
+        self.ffi.cdef(CDEF)
+        self.lib = self.ffi.dlopen("libcuda.so.1")
+
+    def __call__(self, what: str, *args):
+        rc = getattr(self.lib, what)(*args)
+        if rc != 0:
+            raise RuntimeError(f"{what} failed with CUresult {rc}")
+
+
+def cached_function(cuda: Cuda, kern, template: list, inputs: list, out_types: list):
+    """The CUfunction of one instantiation of ``kern`` (a ``CachedKernel``), loaded from MLX's kernel cache."""
+    from ortmlx.kernels import cuda_cache as cc
+    func = cc.kernel_name(kern.name, template)
+    src = cc.mlx_source(func, kern.header, kern.source, kern.input_names, inputs, kern.output_names, out_types,
+                        template)
+    path = cc.ptx_path(cc.cache_dir(), cc.module_name(func, src))
+    if not os.path.exists(path):
+        raise SystemExit(f"replay_probe: {path} is not in the cache (kernel cache off? {cc.reason()})")
+    with open(path, "rb") as f:
+        image = f.read()
+    with open(path[:-4] + ".txt") as f:
+        lowered = f.read().split("\t", 1)[1].strip()
+    mod, fn = cuda.ffi.new("void**"), cuda.ffi.new("void**")
+    cuda("cuModuleLoadData", mod, cuda.ffi.from_buffer(image))
+    cuda("cuModuleGetFunction", fn, mod[0], lowered.encode())
+    return fn[0]
+
+
+def median_us(xs: list) -> float:
+    return statistics.median(xs) * 1e6
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kernels", type=int, default=170, help="launches a step (K)")
+    ap.add_argument("--size", type=int, default=4096, help="float32 elements each launch reads and writes")
+    ap.add_argument("--steps", type=int, default=300, help="timed steps a form and round")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    import mlx.core as mx
+    from ortmlx.kernels import cuda_cache as cc
+    from ortmlx.kernels import cuda_kernels as ck
+    if not (hasattr(mx, "cuda") and mx.cuda.is_available()):
+        print("replay_probe: needs MLX's CUDA backend")
+        return 2
+    mx.set_default_device(mx.gpu)
+    k, n = args.kernels, args.size
+    kern = ck._kernel("ortmlx_replay_probe", ["a"], ["out"], SOURCE)
+    template = [("T", mx.float32), ("N", n)]
+    blocks = -(-n // THREADS)
+
+    def one(x):
+        return kern(inputs=[x], template=template, grid=(blocks * THREADS, 1, 1), threadgroup=(THREADS, 1, 1),
+                    output_shapes=[x.shape], output_dtypes=[mx.float32])[0]
+
+    def chain(x):
+        for _ in range(k):
+            x = one(x)
+        return x
+
+    f = mx.compile(chain)
+    host = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    x = mx.array(host)
+    want = np.array(f(x))
+    cuda = Cuda()
+    ffi = cuda.ffi
+    fn = cached_function(cuda, kern, template, [(cc.dtype_name(mx.float32), 1)], [cc.dtype_name(mx.float32)])
+    bufs = [ffi.new("CUdeviceptr*") for _ in range(2)]
+    for b in bufs:
+        cuda("cuMemAlloc_v2", b, n * 4)
+    stream = ffi.new("void**")
+    cuda("cuStreamCreate", stream, STREAM_NON_BLOCKING)
+    s = stream[0]
+    params = []
+    for j in range(2):          # launch j % 2 reads bufs[j % 2] and writes the other
+        p = ffi.new("void*[2]")
+        p[0], p[1] = bufs[j], bufs[1 - j]
+        params.append(p)
+    null = ffi.NULL
+
+    def launches(checked: bool = False):
+        for j in range(k):
+            rc = cuda.lib.cuLaunchKernel(fn, blocks, 1, 1, THREADS, 1, 1, 0, s, params[j % 2], null)
+            if checked and rc != 0:
+                raise RuntimeError(f"cuLaunchKernel failed with CUresult {rc}")
+
+    def result() -> np.ndarray:
+        got = np.empty(n, np.float32)
+        cuda("cuStreamSynchronize", s)
+        cuda("cuMemcpyDtoH_v2", ffi.from_buffer(got), bufs[k % 2][0], n * 4)
+        return got
+
+    def reset():
+        cuda("cuMemcpyHtoD_v2", bufs[0][0], ffi.from_buffer(host), n * 4)
+
+    reset()
+    launches(checked=True)
+    ok_driver = np.array_equal(result(), want)
+    graph, exec_ = ffi.new("void**"), ffi.new("void**")
+    cuda("cuStreamBeginCapture_v2", s, CAPTURE_RELAXED)
+    launches()
+    cuda("cuStreamEndCapture", s, graph)
+    cuda("cuGraphInstantiateWithFlags", exec_, graph[0], 0)
+    reset()
+    cuda("cuStreamSynchronize", s)
+    cuda("cuGraphLaunch", exec_[0], s)
+    ok_graph = np.array_equal(result(), want)
+
+    rows = {"mlx": ([], []), "driver": ([], []), "graph": ([], [])}
+    for _ in range(args.rounds):
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            y = f(x)
+            mx.async_eval(y)
+            t1 = time.perf_counter()
+            mx.eval(y)
+            t2 = time.perf_counter()
+            rows["mlx"][0].append(t1 - t0)
+            rows["mlx"][1].append(t2 - t0)
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            launches()
+            t1 = time.perf_counter()
+            cuda.lib.cuStreamSynchronize(s)
+            t2 = time.perf_counter()
+            rows["driver"][0].append(t1 - t0)
+            rows["driver"][1].append(t2 - t0)
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            cuda.lib.cuGraphLaunch(exec_[0], s)
+            t1 = time.perf_counter()
+            cuda.lib.cuStreamSynchronize(s)
+            t2 = time.perf_counter()
+            rows["graph"][0].append(t1 - t0)
+            rows["graph"][1].append(t2 - t0)
+    print(f"{k} launches a step of a {n}-element float32 kernel ({args.rounds} x {args.steps} steps, medians, us):")
+    print(f"  {'form':8} {'host':>9} {'step':>9} {'host/launch':>12}  answer")
+    base = median_us(rows["mlx"][1])
+    for name, (h, w) in rows.items():
+        ok = {"mlx": "(reference)", "driver": ok_driver, "graph": ok_graph}[name]
+        ok = ok if isinstance(ok, str) else ("equal to MLX's" if ok else "DIFFERS from MLX's")
+        print(f"  {name:8} {median_us(h):9.1f} {median_us(w):9.1f} {median_us(h) / k:12.2f}  {ok}"
+              f"   (step {median_us(w) / base:.2f}x MLX's)")
+
+    addr_kern = ck._kernel("ortmlx_replay_address", ["a"], ["out"], ADDRESS_SOURCE)
+    probe = mx.array(host) * 2              # device memory MLX allocated for a result
+    (addr,) = addr_kern(inputs=[probe], grid=(1, 1, 1), threadgroup=(1, 1, 1), output_shapes=[(1,)],
+                        output_dtypes=[mx.uint64])
+    mx.eval(addr, probe)
+    at = int(np.array(addr)[0])
+    got = np.empty(probe.size, np.float32)
+    cuda("cuMemcpyDtoH_v2", ffi.from_buffer(got), at, got.nbytes)
+    print(f"an MLX array's device address through a kernel: {at:#x}; the bytes there "
+          f"{'equal the array' if np.array_equal(got, np.array(probe)) else 'DIFFER from the array'}")
+    cuda("cuGraphExecDestroy", exec_[0])
+    cuda("cuGraphDestroy", graph[0])
+    for b in bufs:
+        cuda("cuMemFree_v2", b[0])
+    return 0 if ok_driver and ok_graph else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

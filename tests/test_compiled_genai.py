@@ -101,8 +101,9 @@ def attention_parts(rs):
 
 
 def test_a_later_bucket_is_trusted_after_one_match():
-    """Once one bucket's closure matched eager at two lengths, a later bucket's is trusted at its first match
-    (the same traced body): lengths 16, 7 verify bucket 16, 20 verifies bucket 32, 25 replays it."""
+    """A bucket's first call matches eager at its length and at one token less (the same bucket); once one bucket's
+    closure matched at two lengths, a later bucket's is trusted at its first match (the same traced body): 16 (and
+    15) verify bucket 16, 7 replays it, 20 verifies bucket 32, 25 replays it."""
     path = model_dir("qwen2")
     prompts = PROMPTS[:2] + (PROMPTS[3], [510] + list(range(90, 114)))
     eager, _ = run(path, options={"no_compile": "1"}, prompts=prompts)
@@ -110,8 +111,35 @@ def test_a_later_bucket_is_trusted_after_one_match():
     assert got == eager
     pre = attention_parts(rs).prefill
     assert pre.trace_counts == [1, 1], pre.counters
-    assert (pre.counters["verify_calls"], pre.counters["compiled_calls"]) == (3, 1), pre.counters
+    assert (pre.counters["verify_calls"], pre.counters["compiled_calls"]) == (3, 2), pre.counters
     assert no_poison(rs) == []
+
+
+def test_a_bucket_wrong_at_another_length_is_caught_in_its_first_call(monkeypatch):
+    """The first call's second match (the prompt less its last token, in the same bucket) is a real check: a prefill
+    closure right at its first call's length and wrong at any other is poisoned in that first call, and every
+    answer is eager's."""
+    from ortmlx.compiled import core
+    real = core.compile_closure
+
+    def wrong_after_first(c, *a, **k):
+        fn = real(c, *a, **k)
+        if a[2].name != "prefill":
+            return fn
+        calls = []
+
+        def f(*dev):
+            outs = fn(*dev)
+            calls.append(1)
+            return outs if len(calls) == 1 else [outs[0] + 1] + list(outs[1:])
+        return f
+    monkeypatch.setattr(core, "compile_closure", wrong_after_first)
+    path = model_dir("qwen2")
+    eager, _ = run(path, options={"no_compile": "1"}, prompts=PROMPTS[:1])
+    got, rs = run(path, prompts=PROMPTS[:1])
+    assert got == eager
+    pre = attention_parts(rs).prefill
+    assert pre.counters["verify_calls"] == 2 and "differ" in pre.counters["poisoned"], pre.counters
 
 
 def no_poison(rs):
@@ -132,10 +160,10 @@ def test_decode_traces_once_tokens_match_eager_and_cpu(arch):
     assert att.decode.trace_counts == [1], (att.decode.counters, att.decode.n_closures)
     assert att.decode.counters["verify_calls"] == 2, att.decode.counters
     assert att.decode.counters["compiled_calls"] == len(PROMPTS) * (N - 1) - 2, att.decode.counters
-    # prefill: one trace per bucket (16: lengths 16, 7, 11; 32: length 20); a bucket is trusted
-    # after two lengths matched eager (16 and 7), so length 11 replays
+    # prefill: one trace per bucket (16: lengths 16, 7, 11; 32: length 20); bucket 16's first call matched eager
+    # at two lengths (16 and 15), so 7 and 11 replay, and bucket 32 is trusted at its first match
     assert att.prefill.trace_counts == [1, 1], att.prefill.counters
-    assert att.prefill.counters["verify_calls"] == 3 and att.prefill.counters["compiled_calls"] == 1
+    assert att.prefill.counters["verify_calls"] == 3 and att.prefill.counters["compiled_calls"] == 2
     assert att.prefill_exact.trace_counts == []
     assert no_poison(rs) == []
     # the decode closure's hoisted mask work ran through its closed form, equal to the generic runner
@@ -510,6 +538,6 @@ def test_a_batch_of_equal_length_prompts_is_padded_to_a_bucket():
             pre, exact = dict(att.prefill.counters), att.prefill_exact
         del model
     assert toks["mlx"] == toks["cpu"], toks
-    # 20 and 25 verify bucket 32 at two lengths, 27 replays it, 40 verifies bucket 64 at its first match
-    assert (pre["traces"], pre["verify_calls"], pre["compiled_calls"]) == (2, 3, 1) and not pre["poisoned"], pre
+    # 20 verifies bucket 32 at two lengths (20 and 19), 25 and 27 replay it, 40 verifies bucket 64 at its first match
+    assert (pre["traces"], pre["verify_calls"], pre["compiled_calls"]) == (2, 3, 2) and not pre["poisoned"], pre
     assert exact is None or exact.counters["traces"] == 0, exact.counters

@@ -83,7 +83,8 @@ class BucketedPrefill(CompiledSubgraph):
     rows all of one length), with a shared KV buffer at least as long as the bucket. Inputs are padded with
     zeros along their ``sequence_length``/``total_sequence_length`` dims; outputs are cropped
     back along ``sequence_length``; present rows past the valid length are zeroed in the trace.
-    A bucket's closure is trusted after matching eager at two different prompt lengths.
+    A bucket's closure is trusted after matching eager at two different prompt lengths, the second in the first's
+    call where it can (``_another_length``: the prompt less its last token).
 
     A first prompt reads nothing of its past KV buffers: where GroupQueryAttention is their only reader,
     the closure gets device zeros in their place (``zero_past``: no upload of genai's whole buffer), and its
@@ -124,6 +125,20 @@ class BucketedPrefill(CompiledSubgraph):
     def release(self) -> None:
         self._zeros.clear()
         super().release()
+
+    def _another_length(self, inputs: list) -> list | None:
+        """The prompt's first s - 1 tokens (its sequence and mask dims cut), where they pad to the same bucket."""
+        sb = self.bucket(inputs)
+        if sb is None:
+            return None
+        s, b = sb
+        cut = list(inputs)
+        for i, ax in self.seq + self.total:
+            idx = [slice(None)] * cut[i].ndim
+            idx[ax] = slice(0, s - 1)
+            cut[i] = cut[i][tuple(idx)]
+        again = self.bucket(cut)
+        return cut if again is not None and again == (s - 1, b) else None
 
     def bucket(self, inputs: list) -> tuple[int, int] | None:
         """(prompt length, bucket) when this call can be padded (one batch size and length, masks all ones), else

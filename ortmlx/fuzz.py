@@ -1043,8 +1043,10 @@ def b_global_pool(b: Builder, op: str) -> None:
 
 
 def b_reduce_log_sum(b: Builder, op: str) -> None:
-    a = b.pick(lambda w: w.dtype == F32 and len(w.shape) >= 1, F32)
-    if a is None or a.dtype != F32 or not a.shape:
+    # exact values only: a sum of computed ones can cancel to a rounding residue (+-3e-8 of a normalization's
+    # outputs), whose log is -17 on one summation order and NaN on another
+    a = b.pick(lambda w: w.dtype == F32 and w.exact and len(w.shape) >= 1, F32)
+    if a is None or a.dtype != F32 or not a.exact or not a.shape:
         return
     b.emit(op, [a.name], [b.out(F32, (1,) * len(a.shape), False, False)])
 

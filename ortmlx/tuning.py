@@ -86,7 +86,7 @@ class Tuning:
     bucket_min: int | None = None
     #: a shorter prompt's attention as one custom kernel (GPU, with cuda_kernels), not MLX's float32 ops
     prompt_kernel: bool = True
-    #: a Gather of a table's rows (an embedding, RoPE's cos/sin rows) as one custom kernel (cuda_kernels.take_rows;
+    #: a Gather along any axis (an embedding, RoPE's cos/sin rows, a last token) as one custom kernel (take_rows;
     #: GPU, with cuda_kernels), built beside a call's other kernels where MLX's gather is a JIT build of its own
     take_rows: bool = True
     #: a first prompt's rotation, query transpose and presents as one custom kernel (cuda_kernels.prompt_rope; GPU,

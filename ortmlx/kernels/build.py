@@ -9,7 +9,7 @@ A build is an eager run of a group's program or a compiled closure's trace. Its 
   power-of-two bucket is ``fused_attention_min`` or more;
 - ``prompt_kernel``: whether a prompt's attention not given to MLX's fused kernel may take ours
   (``cuda_kernels.prompt_attention``, with ``cuda_kernels``);
-- ``take_rows``: whether a Gather of a table's rows may take ``cuda_kernels.take_rows`` (with ``cuda_kernels``);
+- ``take_rows``: whether a Gather may take ``cuda_kernels.take_rows`` (with ``cuda_kernels``);
 - ``prompt_rope``: whether a first prompt's packed QKV may become its queries and presents in one kernel
   (``cuda_kernels.prompt_rope``, with ``cuda_kernels``);
 - ``unpooled``: whether the lengths every layer's attention reads go into arrays out of MLX's pool of small arrays
@@ -99,7 +99,7 @@ def prompt_kernel() -> bool:
 
 
 def take_rows() -> bool:
-    """Whether the build in progress may gather a table's rows with ``cuda_kernels.take_rows``."""
+    """Whether the build in progress may gather with ``cuda_kernels.take_rows``."""
     b = _CURRENT.get()
     return b is not None and b.take_rows
 

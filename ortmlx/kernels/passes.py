@@ -107,7 +107,7 @@ class BuildConfig:
     fused_attention_min: int = 1
     #: shorter prompts' attention in one custom kernel (``BuildContext.prompt_kernel``)
     prompt_kernel: bool = True
-    #: a table's rows gathered by ``cuda_kernels.take_rows`` (``BuildContext.take_rows``)
+    #: Gathers by ``cuda_kernels.take_rows`` (``BuildContext.take_rows``)
     take_rows: bool = False
     #: a first prompt's queries and presents from one kernel (``BuildContext.prompt_rope``)
     prompt_rope: bool = False

@@ -2,7 +2,7 @@
 the same way), through PyTorch's profiler (CUPTI sees MLX's CUDA work in the same process): per token,
 the CUDA API calls the host makes (CUDA graph building and launching dominate) and the GPU kernels.
 
-    python scripts/gpu_profile.py MODEL_DIR [--hf HF_DIR] [--tokens 8] [--option key=value ...]
+    python scripts/gpu_profile.py MODEL_DIR [--hf HF_DIR] [--tokens 8] [--settle 10] [--option key=value ...]
     python scripts/gpu_profile.py --general resnet18,bert [--batch 1] [--tokens 20]
     python scripts/gpu_profile.py MODEL_DIR --prompt 128,2048 --engine cuda [--tokens 4]
 
@@ -138,6 +138,9 @@ def main(argv=None) -> int:
     ap.add_argument("--engine", choices=("mlx", "cuda"), default="mlx", help="--prompt's engine")
     ap.add_argument("--clear-cache", action="store_true", help="--prompt: mx.clear_cache() before each prompt")
     ap.add_argument("--top", type=int, default=18, help="kernels listed")
+    ap.add_argument("--settle", type=float, default=0.0,
+                    help="decode: seconds to wait after the warm-up, then 4 more warm tokens, so a closure whose fused "
+                         "kernels a worker process builds is profiled, not its unfused stand-in (interim)")
     args = ap.parse_args(argv)
     if args.general:
         return profile_general(args)
@@ -156,10 +159,14 @@ def main(argv=None) -> int:
     n = args.tokens
     model, _ = mg.load_model(args.model_dir, "mlx", {"device": "gpu", **dict(o.split("=", 1) for o in args.option)})
     ids = np.arange(100, 132, dtype=np.int32)
-    g = og.Generator(model, mg.search_options(model, 32 + n + 16, 32 + n + 16))
+    g = og.Generator(model, mg.search_options(model, 32 + n + 24, 32 + n + 24))
     g.append_tokens(ids)
     for _ in range(12):                         # warm-up: traces, verification, kernel JIT
         g.generate_next_token()
+    if args.settle > 0:
+        time.sleep(args.settle)
+        for _ in range(4):
+            g.generate_next_token()
     with profile(activities=acts) as prof:
         t = time.perf_counter()
         for _ in range(n):

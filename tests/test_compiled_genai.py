@@ -142,6 +142,23 @@ def test_a_bucket_wrong_at_another_length_is_caught_in_its_first_call(monkeypatc
     assert pre.counters["verify_calls"] == 2 and "differ" in pre.counters["poisoned"], pre.counters
 
 
+def test_a_failing_second_length_leaves_the_bucket_to_its_next_call(monkeypatch):
+    """Where the other length cannot be made or run, the first call answers as before and the bucket's next
+    call of another length makes its second match (16 and 7 verify bucket 16, 11 replays)."""
+    from ortmlx.compiled.attention import BucketedPrefill
+
+    def fails(self, inputs):
+        raise RuntimeError("no other length")
+    monkeypatch.setattr(BucketedPrefill, "_another_length", fails)
+    path = model_dir("qwen2")
+    eager, _ = run(path, options={"no_compile": "1"}, prompts=PROMPTS[:3])
+    got, rs = run(path, prompts=PROMPTS[:3])
+    assert got == eager
+    pre = attention_parts(rs).prefill
+    assert (pre.counters["verify_calls"], pre.counters["compiled_calls"]) == (2, 1), pre.counters
+    assert no_poison(rs) == []
+
+
 def no_poison(rs):
     return [p.counters["poisoned"] for r in rs for p in r.parts if p.counters["poisoned"]]
 

@@ -295,7 +295,6 @@ class CompiledSubgraph:
                             f"(traced at {c.keyed[moved[0]]}; its declared dims are the key's)")
             return ref
         self._verify(c, call, ref)
-        self._verify_another(c, call, inputs)
         return ref
 
     def steady(self, inputs: list) -> Steady | None:
@@ -448,10 +447,12 @@ class CompiledSubgraph:
         return None
 
     def _verify_another(self, c: _Closure, call: "Call", inputs: list) -> None:
-        """After a padded closure's first match, its second at another valid length of the same key
-        (``_another_length``), in the same call rather than at the key's next one, which would pay an eager answer
-        and the closure's run (docs/compiled.md). The user's answer is this call's eager one; nothing of the other
-        length's leaves here (the closure's results, its host buffer's rows among them, are dropped)."""
+        """After a padded closure's first match in the call that traced it, its second at another valid length of the
+        same key (``_another_length``), in that call rather than at the key's next one, which would pay an eager
+        answer and the closure's run (docs/compiled.md). Not in a later verifying call (a closure whose kernels were
+        built elsewhere meanwhile): that would double a user's call to spare another. The user's answer is this
+        call's eager one; nothing of the other length's leaves here (the closure's results, its host buffer's rows
+        among them, are dropped)."""
         if not call.padded or c.trusted or c.poisoned or len(c.verified) != 1:
             return
         try:

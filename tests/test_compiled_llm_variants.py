@@ -204,8 +204,9 @@ def test_conv_state_decode_traces_once_prefill_unpadded():
 @pytest.mark.slow
 def test_moe_router_ops_traced_in_prefill():
     """LFM2-MoE's router (TopK -> GatherElements -> ScatterElements) traces with the indices as data in the
-    shape-keyed prefill; decode stays eager: its router reshapes by a shape computed from a traced input's
-    shape (Shape -> Slice -> Concat -> Reshape), which a shapeless trace would bake (the closure says so)."""
+    shape-keyed prefill; decode compiles too: its router reshapes by a shape computed from a traced input's shape
+    (Shape -> Slice -> Concat -> Reshape), dims the decode key fixes, baked as constants since c2a1f84 (before,
+    decode stayed eager)."""
     path = arch_dir("lfm2moe")
     eager, _ = base.run(path, options={"no_compile": "1"})
     got, rs = base.run(path)
@@ -217,5 +218,7 @@ def test_moe_router_ops_traced_in_prefill():
     att = base.attention_parts(rs)
     assert att.prefill_exact.trace_counts == [1] * len(base.PROMPTS), att.prefill_exact.counters
     assert att.prefill_exact.counters["guard_fails"] == 0
-    assert att.decode.n_closures == 0 and att.decode.counters["eager_calls"] == 2 * DECODE_CALLS, att.decode.counters
+    # both runs' decode: one closure, its first two calls verified against eager, every later one compiled
+    assert att.decode.trace_counts == [1], att.decode.counters
+    assert att.decode.counters["compiled_calls"] == 2 * DECODE_CALLS - 2, att.decode.counters
     assert base.no_poison(rs) == []

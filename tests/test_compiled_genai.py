@@ -100,16 +100,21 @@ def attention_parts(rs):
     return att[0]
 
 
+def prefill_as_eager(prompts) -> tuple:
+    """(the prefill runner's snapshot, all runners') of the tiny qwen2 compiled over ``prompts``, its tokens checked
+    equal to eager's."""
+    path = model_dir("qwen2")
+    eager, _ = run(path, options={"no_compile": "1"}, prompts=prompts)
+    got, rs = run(path, prompts=prompts)
+    assert got == eager
+    return attention_parts(rs).prefill, rs
+
+
 def test_a_later_bucket_is_trusted_after_one_match():
     """A bucket's first call matches eager at its length and at one token less (the same bucket); once one bucket's
     closure matched at two lengths, a later bucket's is trusted at its first match (the same traced body): 16 (and
     15) verify bucket 16, 7 replays it, 20 verifies bucket 32, 25 replays it."""
-    path = model_dir("qwen2")
-    prompts = PROMPTS[:2] + (PROMPTS[3], [510] + list(range(90, 114)))
-    eager, _ = run(path, options={"no_compile": "1"}, prompts=prompts)
-    got, rs = run(path, prompts=prompts)
-    assert got == eager
-    pre = attention_parts(rs).prefill
+    pre, rs = prefill_as_eager(PROMPTS[:2] + (PROMPTS[3], [510] + list(range(90, 114))))
     assert pre.trace_counts == [1, 1], pre.counters
     assert (pre.counters["verify_calls"], pre.counters["compiled_calls"]) == (3, 2), pre.counters
     assert no_poison(rs) == []
@@ -134,11 +139,7 @@ def test_a_bucket_wrong_at_another_length_is_caught_in_its_first_call(monkeypatc
             return outs if len(calls) == 1 else [outs[0] + 1] + list(outs[1:])
         return f
     monkeypatch.setattr(core, "compile_closure", wrong_after_first)
-    path = model_dir("qwen2")
-    eager, _ = run(path, options={"no_compile": "1"}, prompts=PROMPTS[:1])
-    got, rs = run(path, prompts=PROMPTS[:1])
-    assert got == eager
-    pre = attention_parts(rs).prefill
+    pre, _ = prefill_as_eager(PROMPTS[:1])
     assert pre.counters["verify_calls"] == 2 and "differ" in pre.counters["poisoned"], pre.counters
 
 
@@ -150,11 +151,7 @@ def test_a_failing_second_length_leaves_the_bucket_to_its_next_call(monkeypatch)
     def fails(self, inputs):
         raise RuntimeError("no other length")
     monkeypatch.setattr(BucketedPrefill, "_another_length", fails)
-    path = model_dir("qwen2")
-    eager, _ = run(path, options={"no_compile": "1"}, prompts=PROMPTS[:3])
-    got, rs = run(path, prompts=PROMPTS[:3])
-    assert got == eager
-    pre = attention_parts(rs).prefill
+    pre, rs = prefill_as_eager(PROMPTS[:3])
     assert (pre.counters["verify_calls"], pre.counters["compiled_calls"]) == (2, 1), pre.counters
     assert no_poison(rs) == []
 

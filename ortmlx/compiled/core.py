@@ -439,37 +439,33 @@ class CompiledSubgraph:
         if c.fn is not None and not (self._prebuilt(c, key) if self.prebuild is not None
                                      else self._behind and self._build_behind(c, call)):
             self._verify(c, call, ref)
-            self._verify_another(c, call, inputs)
+            self._verify_another(c, key, new, call, inputs)
         return ref
 
     def _another_length(self, inputs: list) -> list | None:
         """This call's inputs at another valid length of the same padded key (None: none such)."""
         return None
 
-    def _verify_another(self, c: _Closure, call: "Call", inputs: list) -> None:
-        """After a padded closure's first match in the call that traced it, its second at another valid length of the
-        same key (``_another_length``), in that call rather than at the key's next one, which would pay an eager
-        answer and the closure's run (docs/compiled.md). Not in a later verifying call (a closure whose kernels were
-        built elsewhere meanwhile): that would double a user's call to spare another. The user's answer is this
-        call's eager one; nothing of the other length's leaves here (the closure's results, its host buffer's rows
-        among them, are dropped)."""
+    def _verify_another(self, c: _Closure, key: tuple, plan: HostPlan, call: "Call", inputs: list) -> None:
+        """After a padded closure's first match in the call that traced it (``key``: its key, ``plan`` its host plan),
+        its second at another valid length of the same key (``_another_length``), in that call rather than at the
+        key's next one, which would pay an eager answer and the closure's run (docs/compiled.md). Not in a later
+        verifying call (a closure whose kernels were built elsewhere meanwhile): that would double a user's call to
+        spare another. The user's answer is this call's eager one; nothing of the other length's leaves here (the
+        closure's results, its host buffer's rows among them, are dropped)."""
         if not call.padded or c.trusted or c.poisoned or len(c.verified) != 1:
             return
         try:
-            k1 = self.keys.key(call.inputs, None)
-            plan = self._plans.get(k1)
-            other = self._another_length(inputs) if isinstance(plan, HostPlan) else None
+            other = self._another_length(inputs)
             again = self._prepare(other) if other is not None else None
-            if again is None or not again.padded or self.keys.key(again.inputs, None) != k1 \
-                    or _host_bytes(plan, again.inputs) != _host_bytes(plan, call.inputs):
+            if again is None or not again.padded \
+                    or (self.keys.key(again.inputs, None), _host_bytes(plan, again.inputs)) != key:
                 return
             ref, _ = self._eager_env(other, None)
         except Exception:  # noqa: BLE001 - the other length's eager answer failed: the key's next call verifies
             return
-        finally:
-            self._next = self._ahead_prev = None    # (nothing made ahead from a call no one made)
         self._verify(c, again, ref)
-        self._next = self._ahead_prev = None
+        self._next = self._ahead_prev = None        # (nothing made ahead from a call no one made)
 
     def _interim(self, c: _Closure, call: "Call", inputs: list, probe) -> "list | RunResult":
         """A call of ``c``'s key while its fused kernels are built elsewhere: ``c``'s program traced without MLX's

@@ -127,18 +127,17 @@ class BucketedPrefill(CompiledSubgraph):
         super().release()
 
     def _another_length(self, inputs: list) -> list | None:
-        """The prompt's first s - 1 tokens (its sequence and mask dims cut), where they pad to the same bucket."""
+        """The prompt's first s - 1 tokens (its sequence and mask dims cut); whether they pad to the same key is the
+        caller's check (``_verify_another``)."""
         sb = self.bucket(inputs)
         if sb is None:
             return None
-        s, b = sb
         cut = list(inputs)
         for i, ax in self.seq + self.total:
             idx = [slice(None)] * cut[i].ndim
-            idx[ax] = slice(0, s - 1)
+            idx[ax] = slice(0, sb[0] - 1)
             cut[i] = cut[i][tuple(idx)]
-        again = self.bucket(cut)
-        return cut if again is not None and again == (s - 1, b) else None
+        return cut
 
     def bucket(self, inputs: list) -> tuple[int, int] | None:
         """(prompt length, bucket) when this call can be padded (one batch size and length, masks all ones), else

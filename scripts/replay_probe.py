@@ -1,6 +1,7 @@
 """What replaying a step's kernels ourselves would cost the host, next to MLX launching them.
 
     python3 scripts/replay_probe.py [--kernels 170] [--size 4096] [--steps 300] [--rounds 3]
+    python3 scripts/replay_probe.py --decode [--layers 24] [--max-len 4104] [--steps 200]
 
 A chain of K launches of one custom kernel of ours (y = 0.5 x + 1, float32, built into MLX's kernel cache by
 ``kernels/cuda_cache.py`` as every kernel of ours is) run three ways, per step:
@@ -11,6 +12,12 @@ Each form's answer is checked bit for bit against MLX's. Then an MLX array's dev
 export (no CUDA DLPack), is read through a kernel that writes its input's pointer, and the bytes at that address
 are checked against the array: how a replay would find MLX-owned weights. A decode step of the 0.5B model is ~170
 kernels (docs/performance.md), MLX's host part ~1.4 ms of it. GPU only (MLX's CUDA backend).
+
+``--decode``: a decode step of Qwen2-0.5B's shapes (random weights) made of our kernels only, as the EP's decode
+closure makes it (per layer: norm + QKV product, fused RoPE attention over the KV buffers, output product, norm +
+gated MLP, down product; then the final norm + LM head), run through MLX compiled, MLX eager, and as a
+``kernels/cuda_replay.py`` replay (its KV buffers written in place); per step the host's part and the wall time,
+and the replay's logits checked bit for bit against MLX's at the same step.
 """
 from __future__ import annotations
 
@@ -97,13 +104,134 @@ def median_us(xs: list) -> float:
     return statistics.median(xs) * 1e6
 
 
+def decode(args) -> int:
+    """``--decode``: MLX compiled / MLX eager / replayed, a synthetic decode step of our kernels."""
+    import mlx.core as mx
+    from ortmlx.kernels import consts, cuda_kernels as ck, cuda_replay, cuda_rows
+    h, nq, nkv, d, ff, vocab, t = 896, 14, 2, 64, 4864, 151936, args.max_len
+    mx.random.seed(0)
+
+    def col(k, n):                          # a column-major [K, N] weight, as the EP stores MatMul weights
+        w = (mx.random.normal((n, k)) * (k ** -0.5)).astype(mx.float16).T
+        mx.eval(w)
+        cuda_rows.register_col_major([w])
+        return w
+
+    def vec(n, mean=0.0):
+        return (mean + mx.random.normal((n,)) * 0.02).astype(mx.float16)
+
+    layers = [dict(g1=vec(h, 1), g2=vec(h, 1), wqkv=col(h, (nq + 2 * nkv) * d), bqkv=vec((nq + 2 * nkv) * d),
+                   wo=col(nq * d, h), wgu=col(h, 2 * ff), wd=col(ff, h)) for _ in range(args.layers)]
+    embed = (mx.random.normal((vocab, h)) * 0.5).astype(mx.float16)
+    gf, head = vec(h, 1), col(h, vocab)
+    pos = np.arange(t, dtype=np.float32)[:, None] / (10000 ** (np.arange(d, dtype=np.float32) % (d // 2) * 2 / d))
+    cos, sin = mx.array(np.cos(pos)), mx.array(np.sin(pos) * np.where(np.arange(d) < d // 2, -1, 1))
+    mx.eval(layers, embed, gf, head, cos, sin)
+
+    def step(ids, position, past_len, total_len, *kv):
+        x = ck.take_rows(embed, ids).reshape(1, 1, h)
+        c, s_ = ck.take_rows(cos, position), ck.take_rows(sin, position)
+        resid, down, presents = x, None, []
+        for i, p in enumerate(layers):
+            qkv, resid = cuda_rows.norm_gemv(resid if down is None else down, p["g1"], 1e-6, p["wqkv"],
+                                             skip=None if down is None else resid)
+            if resid is None:
+                resid = x
+            attn, pk, pv, _, _ = ck.decode_rope_attention(
+                qkv, None, None, c, s_, kv[2 * i], kv[2 * i + 1], past_len, total_len, num_heads=nq,
+                kv_num_heads=nkv, rot_dim=d, interleaved=False, alpha=d ** -0.5, qkv_bias=p["bqkv"])
+            o = cuda_rows.gemv(attn, p["wo"])
+            g, resid = cuda_rows.norm_gemv(o, p["g2"], 1e-6, p["wgu"], skip=resid, gating=(ff, True))
+            down = cuda_rows.gemv(g, p["wd"])
+            presents += [pk, pv]
+        logits, _ = cuda_rows.norm_gemv(down, gf, 1e-6, head, skip=resid)
+        return [logits] + presents
+
+    def small(n: int, token: int):
+        return [consts.roomy(mx.array(np.array([v], np.int32))) for v in (token, n, n, n + 1)]
+
+    kv0 = [mx.zeros((1, nkv, t, d), mx.float16) for _ in range(2 * args.layers)]
+    mx.eval(kv0)
+    start = 16
+    recs, ins, outs = [], [], []
+    kv = kv0
+    for n in (start, start + 1):
+        a = small(n, n % vocab) + kv
+        with cuda_replay.record() as launches:
+            o = step(*a)
+        mx.eval(o)
+        recs.append(launches)
+        ins.append(a)
+        outs.append(o)
+        kv = o[1:]
+    second = outs[1]
+    pairs = [(second[1 + j], ins[1][4 + j]) for j in range(2 * args.layers)]
+    t0 = time.perf_counter()
+    r = cuda_replay.Replay.build(recs[0], recs[1], (ins[0], ins[1]), in_place=pairs)
+    print(f"replay of {r.launches} launches built in {time.perf_counter() - t0:.2f} s")
+    # the replay writes its presents over the second step's pasts (which hold the first step's rows): the second
+    # step again through the replay, so both go on from its presents (MLX from its own arrays, never read here:
+    # MLX moves a device buffer it reads on the host)
+    for i, v in enumerate(((start + 1) % vocab, start + 1, start + 1, start + 2)):
+        r.write(i, np.array([v], np.int32))
+    r.launch()
+    r.wait()
+    mlx_kv = list(second[1:])
+    fn = mx.compile(step)
+    n = start + 2
+    rows = {"mlx compiled": ([], []), "mlx eager": ([], []), "replay": ([], [])}
+    checked = None
+    for k in range(args.steps):
+        token = (7 * n) % vocab
+        for name in rows if k % 2 == 0 else reversed(list(rows)):
+            if name == "replay":
+                t0 = time.perf_counter()
+                for i, v in enumerate((token, n, n, n + 1)):
+                    r.write(i, np.array([v], np.int32))
+                r.launch()
+                t1 = time.perf_counter()
+                r.wait()
+                t2 = time.perf_counter()
+            else:
+                f = fn if name == "mlx compiled" else step
+                t0 = time.perf_counter()
+                y = f(*small(n, token), *mlx_kv)
+                mx.async_eval(y)
+                t1 = time.perf_counter()
+                mx.eval(y)
+                t2 = time.perf_counter()
+                if name == "mlx compiled":
+                    mlx_y = y
+            rows[name][0].append(t1 - t0)
+            rows[name][1].append(t2 - t0)
+        mlx_kv = mlx_y[1:]
+        if checked is None:
+            checked = np.array_equal(r.read(second[0]), np.array(mlx_y[0]))
+        n += 1
+        if n >= t - 1:
+            break
+    print(f"decode step, {args.layers} layers, KV {t} (medians over {len(rows['replay'][0])} steps, us):")
+    base = median_us(rows["mlx compiled"][1])
+    for name, (hst, w) in rows.items():
+        print(f"  {name:13} host {median_us(hst):8.1f}  step {median_us(w):8.1f}  ({median_us(w) / base:.2f}x "
+              f"MLX compiled's step)")
+    print(f"replay's logits at the first timed step {'equal' if checked else 'DIFFER from'} MLX compiled's")
+    r.close()
+    return 0 if checked else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--decode", action="store_true", help="a synthetic decode step: MLX against a replay")
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--max-len", type=int, default=4104, help="the KV buffers' length (genai's max_length)")
     ap.add_argument("--kernels", type=int, default=170, help="launches a step (K)")
     ap.add_argument("--size", type=int, default=4096, help="float32 elements each launch reads and writes")
     ap.add_argument("--steps", type=int, default=300, help="timed steps a form and round")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
+    if args.decode:
+        return decode(args)
     import mlx.core as mx
     from ortmlx.kernels import cuda_cache as cc
     from ortmlx.kernels import cuda_kernels as ck

@@ -465,13 +465,22 @@ def reason() -> str | None:
     return _reason[0] if _reason else None
 
 
+#: ``launches`` (a list) while ``cuda_replay.record`` records this thread's launches of our kernels
+RECORDING = threading.local()
+
+
 class CachedKernel:
     """An ``mx.fast.cuda_kernel`` whose instantiations are made sure of in MLX's kernel cache before MLX's first
     launch of each in this process; called as the kernel is."""
 
-    def __init__(self, name: str, input_names: list, output_names: list, source: str, header: str, fn):
+    def __init__(self, name: str, input_names: list, output_names: list, source: str, header: str, fn,
+                 contiguous: bool = True):
         self.name, self.input_names, self.output_names = name, list(input_names), list(output_names)
         self.source, self.header, self.fn = source, header, fn
+        #: MLX copies an input that is not row-contiguous before the launch (``ensure_row_contiguous``)
+        self.contiguous = contiguous
+        #: output name -> the input it may be written over (its launch is right with both the same buffer)
+        self.in_place: dict[str, str] = {}
         self.seen: dict = {}        # (template, inputs, output types) -> the builder's answer
 
     def __call__(self, *, inputs, output_dtypes, template=None, **kw):
@@ -484,7 +493,11 @@ class CachedKernel:
             key = None
         if key is not None and key not in self.seen:
             self.seen[key] = self.prepare(template, list(key[1]), list(key[2]))
-        return self.fn(inputs=inputs, output_dtypes=output_dtypes, template=template, **kw)
+        outs = self.fn(inputs=inputs, output_dtypes=output_dtypes, template=template, **kw)
+        launches = getattr(RECORDING, "launches", None)
+        if launches is not None:            # ``cuda_replay.record``
+            launches.append((self, tuple(template), dict(kw), tuple(inputs), tuple(outs), tuple(output_dtypes)))
+        return outs
 
     def queue(self, inputs: list, output_dtypes: list, template: list | None = None) -> str:
         """Start building one instantiation (``inputs``: (dtype name, ndim) per input) on the builder's workers and

@@ -94,7 +94,7 @@ def _kernel(prefix: str, input_names: list, output_names: list, source: str, hea
     name = f"{prefix}_{hashlib.sha1((header + source).encode()).hexdigest()[:12]}"
     fn = mx.fast.cuda_kernel(name=name, input_names=input_names, output_names=output_names,
                              source=source, header=header, ensure_row_contiguous=ensure_row_contiguous)
-    return cuda_cache.CachedKernel(name, input_names, output_names, source, header, fn)
+    return cuda_cache.CachedKernel(name, input_names, output_names, source, header, fn, ensure_row_contiguous)
 
 
 def _f32_literal(x: float) -> str:
@@ -728,10 +728,13 @@ def swiglu(y, n: int, gate_first: bool = True):
 @functools.lru_cache(maxsize=64)
 def _fused_kernel(alpha: float, softcap: float):
     head = _attn_header(alpha, softcap) + _ROPE_HEADER
-    return _kernel("ortmlx_decode_rope_attention",
-                   ["qsrc", "ksrc", "vsrc", "cosv", "sinv", "past_k", "past_v", "past_len", "total_len", "sink",
-                    "bias"],
-                   ["out", "present_k", "present_v", "k_new", "v_new"], _FUSED_SOURCE, head)
+    k = _kernel("ortmlx_decode_rope_attention",
+                ["qsrc", "ksrc", "vsrc", "cosv", "sinv", "past_k", "past_v", "past_len", "total_len", "sink", "bias"],
+                ["out", "present_k", "present_v", "k_new", "v_new"], _FUSED_SOURCE, head)
+    # a present over its past: the copy writes each row's own bytes back and skips row past_len, which the
+    # attention reads from shared memory (a replayed step keeps one KV buffer: ``cuda_replay``)
+    k.in_place.update(present_k="past_k", present_v="past_v")
+    return k
 
 
 def decode_rope_attention_reason(q, k, v, past_k, past_v, num_heads: int, kv_num_heads: int, rot_dim: int,

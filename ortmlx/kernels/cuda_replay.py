@@ -1,0 +1,476 @@
+"""A step made of our kernels only, recorded as MLX runs it and replayed as one CUDA graph.
+
+MLX's host work is ~5-8 us a launch of a custom kernel (``docs/performance.md``), so a decode step of ~170
+launches is bound by the host. A step whose every launch is one of ours (``cuda_cache.CachedKernel``) can skip it:
+
+1. ``record()`` runs the step twice through MLX (two calls with different inputs) and notes each launch: the
+   kernel, its template and grid, its input and output arrays.
+2. ``Replay.build`` reads every array's device address, shape and strides through one kernel (MLX 0.32 exports no
+   CUDA DLPack) and checks each launch's pointers: an earlier launch's output, a step input (its buffer refilled
+   before each replay: ``write``), or a constant (the same address in both calls). Anything else came from an
+   operation that is not ours (MLX's own kernels, a copy MLX made for a strided input): the step is refused.
+3. The second call's launches are captured once on a stream of ours (``cuLaunchKernel`` of the kernels' modules
+   in MLX's kernel cache, arguments packed as MLX's ``custom_kernel.cpp`` packs them) and replayed by one
+   ``cuGraphLaunch``. Step inputs and outputs live in one device allocation of the replay's own (MLX moves a
+   buffer it reads on the host: a graph must not point into MLX's); the constants are MLX's, held.
+
+An output a kernel may write over its input (``CachedKernel.in_place``, a KV buffer's present over its past) is
+given that input's buffer, so a replayed decode step keeps one KV buffer.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+
+import mlx.core as mx
+import numpy as np
+
+from . import cuda_cache as cc
+from . import cuda_driver
+
+#: cuStreamCreate: no implicit ordering with the legacy stream
+STREAM_NON_BLOCKING = 1
+#: cuStreamBeginCapture: only this thread's calls are captured
+CAPTURE_THREAD_LOCAL = 1
+#: MLX's Shape / Strides: fixed arrays of this many int32 / int64 (``MAX_NDIM``)
+MAX_NDIM = 10
+#: arrays ``describe`` reads in one kernel (a kernel's parameters are limited to 32 KB: ~136 bytes each)
+DESCRIBE_CHUNK = 64
+#: int64 fields per array ``describe`` writes: address, ndim, shape, strides
+_FIELDS = 2 + 2 * MAX_NDIM
+
+DRIVER_CDEF = """
+int cuModuleLoadData(void** module, const void* image);
+int cuModuleUnload(void* hmod);
+int cuModuleGetFunction(void** hfunc, void* hmod, const char* name);
+int cuMemcpyHtoDAsync_v2(unsigned long long dst, const void* src, size_t n, void* stream);
+int cuMemcpyDtoH_v2(void* dst, unsigned long long src, size_t n);
+int cuMemcpyDtoD_v2(unsigned long long dst, unsigned long long src, size_t n);
+int cuMemAlloc_v2(unsigned long long* dptr, size_t bytesize);
+int cuMemFree_v2(unsigned long long dptr);
+int cuStreamCreate(void** stream, unsigned int flags);
+int cuStreamDestroy_v2(void* stream);
+int cuStreamSynchronize(void* stream);
+int cuLaunchKernel(void* f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by,
+                   unsigned int bz, unsigned int shmem, void* stream, void** params, void** extra);
+int cuStreamBeginCapture_v2(void* stream, int mode);
+int cuStreamEndCapture(void* stream, void** graph);
+int cuGraphInstantiateWithFlags(void** exec, void* graph, unsigned long long flags);
+int cuGraphLaunch(void* exec, void* stream);
+int cuGraphExecDestroy(void* exec);
+int cuGraphDestroy(void* graph);
+"""
+
+
+class Refused(RuntimeError):
+    """The recorded step cannot be replayed (the reason names the launch and argument)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """One launch of a kernel of ours as ``CachedKernel.__call__`` made it."""
+    kernel: cc.CachedKernel
+    template: tuple
+    grid: tuple
+    threadgroup: tuple
+    inputs: tuple
+    outputs: tuple
+    output_dtypes: tuple
+    extra: tuple                # keywords other than grid, threadgroup, output_shapes (init_value: refused)
+
+    @property
+    def label(self) -> str:
+        return self.kernel.name.rsplit("_", 1)[0]
+
+
+@contextlib.contextmanager
+def record():
+    """Note every launch of our kernels this thread makes meanwhile: yields the list ``Launch``es go into."""
+    prev = getattr(cc.RECORDING, "launches", None)
+    raw: list = []
+    cc.RECORDING.launches = raw
+    launches: list[Launch] = []
+    try:
+        yield launches
+    finally:
+        cc.RECORDING.launches = prev
+        for kernel, template, kw, inputs, outs, dtypes in raw:
+            extra = tuple(sorted(k for k in kw if k not in ("grid", "threadgroup", "output_shapes")))
+            launches.append(Launch(kernel, template, tuple(kw.get("grid", ())), tuple(kw.get("threadgroup", ())),
+                                   inputs, outs, dtypes, extra))
+
+
+@dataclasses.dataclass(frozen=True)
+class ArrayInfo:
+    """What the device sees of an array: the address MLX passes a kernel, shape and strides (elements)."""
+    address: int
+    shape: tuple
+    strides: tuple
+    itemsize: int
+
+    @property
+    def extent(self) -> int:
+        """Bytes from ``address`` to one past the last element."""
+        if any(d == 0 for d in self.shape):
+            return 0
+        return (sum((d - 1) * abs(s) for d, s in zip(self.shape, self.strides)) + 1) * self.itemsize
+
+    @property
+    def row_contiguous(self) -> bool:
+        """MLX's flag: the strides of a row-major layout, dimensions of size 1 aside."""
+        acc = 1
+        for d, s in zip(reversed(self.shape), reversed(self.strides)):
+            if d != 1:
+                if s != acc:
+                    return False
+                acc *= d
+        return True
+
+
+def _describe_source(n: int) -> str:
+    lines = ["    if (blockIdx.x != 0 || threadIdx.x != 0) return;"]
+    for i in range(n):
+        f = i * _FIELDS
+        lines += [f"    info[{f}] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(a{i}));",
+                  f"    info[{f + 1}] = a{i}_ndim;",
+                  f"    for (int d = 0; d < a{i}_ndim; ++d) {{ info[{f + 2} + d] = a{i}_shape[d]; "
+                  f"info[{f + 2 + MAX_NDIM} + d] = a{i}_strides[d]; }}"]
+    return "\n".join(lines) + "\n"
+
+
+@functools.lru_cache(maxsize=2)
+def _describe_kernel(n: int):
+    from .cuda_kernels import _kernel
+    return _kernel("ortmlx_describe", [f"a{i}" for i in range(n)], ["info"], _describe_source(n),
+                   ensure_row_contiguous=False)
+
+
+def describe(arrays: list) -> list[ArrayInfo]:
+    """Each (evaluated) array's device address, shape and strides as MLX passes them to a kernel that reads them
+    as they lie: one launch per ``DESCRIBE_CHUNK`` arrays. A 0-d array is read as its (1,) view."""
+    flat = [a.reshape(1) if a.ndim == 0 else a for a in arrays]
+    infos = []
+    for at in range(0, len(flat), DESCRIBE_CHUNK):
+        part = flat[at:at + DESCRIBE_CHUNK]
+        pad = part + [part[-1]] * (DESCRIBE_CHUNK - len(part))
+        (info,) = _describe_kernel(DESCRIBE_CHUNK)(inputs=pad, grid=(1, 1, 1), threadgroup=(1, 1, 1),
+                                                   output_shapes=[(DESCRIBE_CHUNK * _FIELDS,)],
+                                                   output_dtypes=[mx.int64])
+        rows = np.array(info).reshape(DESCRIBE_CHUNK, _FIELDS)
+        for a, r in zip(part, rows):
+            nd = int(r[1])
+            infos.append(ArrayInfo(int(r[0]) & ((1 << 64) - 1), tuple(int(x) for x in r[2:2 + nd]),
+                                   tuple(int(x) for x in r[2 + MAX_NDIM:2 + MAX_NDIM + nd]), a.dtype.size))
+    return infos
+
+
+@dataclasses.dataclass(frozen=True)
+class Ref:
+    """Where a launch's pointer argument points: ``kind`` "out" (launch ``which``'s output ``index``), "input"
+    (step input ``which``) or "const"; ``offset`` bytes into it."""
+    kind: str
+    which: int
+    index: int
+    offset: int
+
+
+def _locate(addr: int, outs: list, inputs: list, before: int) -> Ref | None:
+    """The output of a launch before ``before`` or the step input whose bytes hold ``addr`` (None: neither)."""
+    for k in range(before - 1, -1, -1):
+        for j, info in enumerate(outs[k]):
+            if info.address <= addr < info.address + max(info.extent, 1):
+                return Ref("out", k, j, addr - info.address)
+    for m, info in enumerate(inputs):
+        if info.address <= addr < info.address + max(info.extent, 1):
+            return Ref("input", m, 0, addr - info.address)
+    return None
+
+
+def plan(first: list[Launch], second: list[Launch], infos: dict, step_inputs: tuple[list, list]) -> list[list[Ref]]:
+    """Every pointer argument of ``second``'s launches as a ``Ref`` (inputs, then outputs), checked against
+    ``first`` (the same step with other inputs): the same kernels, templates, grids and shapes; each input an
+    earlier output, a step input, or a constant. ``infos``: id(array) -> ``ArrayInfo`` for every array of both
+    calls. Raises ``Refused``."""
+    if len(first) != len(second):
+        raise Refused(f"the two calls made {len(first)} and {len(second)} launches")
+    ins = [[infos[id(a)] for a in step] for step in step_inputs]
+    outs = [[[infos[id(o)] for o in ln.outputs] for ln in lns] for lns in (first, second)]
+    refs = []
+    for i, (a, b) in enumerate(zip(first, second)):
+        where = f"launch {i} ({b.label})"
+        if a.kernel is not b.kernel or a.template != b.template or a.grid != b.grid or \
+                a.threadgroup != b.threadgroup or a.output_dtypes != b.output_dtypes:
+            raise Refused(f"{where}: the two calls launched it otherwise")
+        if b.extra:
+            raise Refused(f"{where}: launched with {', '.join(b.extra)}")
+        row = []
+        for j, (x, y) in enumerate(zip(a.inputs, b.inputs)):
+            ia, ib = infos[id(x)], infos[id(y)]
+            name = b.kernel.input_names[j]
+            if ia.shape != ib.shape or ia.strides != ib.strides or x.dtype != y.dtype:
+                raise Refused(f"{where} input {name}: {ia.shape}/{ia.strides} then {ib.shape}/{ib.strides}")
+            if b.kernel.contiguous and not ib.row_contiguous and ib.extent:
+                raise Refused(f"{where} input {name}: strides {ib.strides} (MLX copies it before the launch)")
+            ra = _locate(ia.address, outs[0], ins[0], i)
+            rb = _locate(ib.address, outs[1], ins[1], i)
+            if rb is None and ra is None and ia.address == ib.address:
+                rb = Ref("const", 0, 0, 0)
+            elif rb is None or rb != ra:
+                raise Refused(f"{where} input {name}: made by an operation that is not a kernel of ours")
+            row.append(rb)
+        for j, (x, y) in enumerate(zip(a.outputs, b.outputs)):
+            if tuple(x.shape) != tuple(y.shape):
+                raise Refused(f"{where} output {b.kernel.output_names[j]}: shape {x.shape} then {y.shape}")
+            row.append(Ref("out", i, j, 0))
+        refs.append(row)
+    return refs
+
+
+#: alignment of each buffer in a replay's arena (MLX's allocator aligns as much; 16-byte loads need 16)
+ALIGN = 256
+
+
+class Replay:
+    """A recorded step as one CUDA graph (``build``): ``write`` the step inputs, ``launch``, ``wait``, ``read``.
+
+    The replay owns its buffers: one device allocation (the arena) holds every step input and every launch's
+    output (an in-place output shares its input's), so MLX's allocator never sees them; the constants it reads
+    (weights) stay MLX's arrays, held here."""
+
+    def __init__(self, drv, lib, ffi):
+        self.drv, self.lib, self.ffi = drv, lib, ffi
+        self.stream = self.graph = self.exec = None
+        self.arena = None               # the device allocation (an address)
+        self.modules: dict = {}
+        self.consts: list = []          # MLX arrays the launches read in place
+        self.addr: dict = {}            # id(array of the second call) -> its address in the arena
+        self.inputs: list = []          # the second call's step inputs
+        self.launches = 0
+
+    def _check(self, rc: int, what: str) -> None:
+        if rc != 0:
+            raise cuda_driver.DriverError(f"{what} failed with CUresult {rc}")
+
+    @classmethod
+    def build(cls, first: list[Launch], second: list[Launch], step_inputs: tuple[list, list],
+              in_place: list | None = None) -> "Replay":
+        """The replay of ``second`` (``first``: the same step run with other inputs; ``step_inputs``: the arrays
+        each call was given, evaluated, row-contiguous). ``in_place``: (output, step input) array pairs of
+        ``second`` a kernel may write over (``CachedKernel.in_place``): the output gets the input's buffer. The
+        step inputs start as the second call's. Raises ``Refused``; needs MLX's CUDA backend and kernel cache."""
+        drv = cuda_driver.driver()
+        if drv is None:
+            raise Refused("no CUDA driver")
+        lib = _driver_lib(drv)
+        if cc.cache_dir() is None:
+            raise Refused("MLX keeps no kernel cache (MLX_PTX_CACHE_DIR is empty)")
+        arrays, seen = [], set()
+        for lns, step in zip((first, second), step_inputs):
+            for a in list(step) + [x for ln in lns for x in ln.inputs + ln.outputs]:
+                if id(a) not in seen:
+                    seen.add(id(a))
+                    arrays.append(a)
+        mx.eval(arrays)
+        infos = dict(zip((id(a) for a in arrays), describe(arrays)))
+        refs = plan(first, second, infos, step_inputs)
+        r = cls(drv, lib, drv.ffi)
+        r.inputs = list(step_inputs[1])
+        try:
+            r._lay_out(second, refs, infos, in_place or [])
+            r._capture(second, refs, infos)
+        except Exception:
+            r.close()
+            raise
+        return r
+
+    def _lay_out(self, second: list[Launch], refs: list, infos: dict, pairs: list) -> None:
+        """Arena offsets for the step inputs and the outputs (in-place ones at their input's), the arena
+        allocated and the step inputs copied in; the constants held."""
+        sizes: dict = {}
+        for m, a in enumerate(self.inputs):
+            info = infos[id(a)]
+            if not info.row_contiguous:
+                raise Refused(f"step input {m}: strides {info.strides}")
+            sizes[id(a)] = info.extent
+        same = {}
+        for out, inp in pairs:
+            hit = [(i, j) for i, ln in enumerate(second) for j, o in enumerate(ln.outputs) if o is out]
+            if len(hit) != 1 or not any(inp is a for a in self.inputs):
+                raise Refused("an in-place pair whose output no launch made or whose input is not a step input")
+            i, j = hit[0]
+            ln = second[i]
+            want = ln.kernel.in_place.get(ln.kernel.output_names[j])
+            if want is None or ln.inputs[ln.kernel.input_names.index(want)] is not inp:
+                raise Refused(f"launch {i} ({ln.label}): output {ln.kernel.output_names[j]} may not be written "
+                              "over that input")
+            if infos[id(out)].shape != infos[id(inp)].shape:
+                raise Refused(f"launch {i} ({ln.label}): in place over an input of another shape")
+            same[id(out)] = inp
+        for ln in second:
+            for o in ln.outputs:
+                if id(o) not in same:
+                    sizes[id(o)] = max(infos[id(o)].extent, 1)
+        offsets, total = {}, 0
+        for k, n in sizes.items():
+            offsets[k] = total
+            total += -(-n // ALIGN) * ALIGN
+        p = self.ffi.new("unsigned long long*")
+        self.drv.current()
+        mx.synchronize()                    # the step inputs' bytes are MLX's work until it is done
+        self._check(self.lib.cuMemAlloc_v2(p, max(total, ALIGN)), "cuMemAlloc")
+        self.arena = int(p[0])
+        self.addr = {k: self.arena + off for k, off in offsets.items()}
+        for out_id, inp in same.items():
+            self.addr[out_id] = self.addr[id(inp)]
+        for a in self.inputs:
+            if sizes[id(a)]:
+                self._check(self.lib.cuMemcpyDtoD_v2(self.addr[id(a)], infos[id(a)].address, sizes[id(a)]),
+                            "cuMemcpyDtoD")
+        held = {}
+        for ln, row in zip(second, refs):
+            for a, ref in zip(ln.inputs, row):
+                if ref.kind == "const":
+                    held[id(a)] = a
+        self.consts = list(held.values())
+
+    def _function(self, ln: Launch):
+        """The CUfunction of ``ln``'s instantiation, loaded from MLX's kernel cache."""
+        k = ln.kernel
+        func = cc.kernel_name(k.name, list(ln.template))
+        ins = [(cc.dtype_name(a.dtype), a.ndim) for a in ln.inputs]
+        outs = [cc.dtype_name(t) for t in ln.output_dtypes]
+        src = cc.mlx_source(func, k.header, k.source, k.input_names, ins, k.output_names, outs, list(ln.template))
+        path = cc.ptx_path(cc.cache_dir(), cc.module_name(func, src))
+        if path not in self.modules:
+            try:
+                with open(path, "rb") as f:
+                    image = f.read()
+                with open(path[:-4] + ".txt") as f:
+                    lowered = f.read().split("\t", 1)[1].split("\n", 1)[0].strip()
+            except (OSError, IndexError) as e:
+                raise Refused(f"{ln.label}: not in MLX's kernel cache ({e})") from None
+            if not image.startswith(b"\x7fELF"):
+                image += b"\0"              # PTX text: the driver reads it up to a NUL
+            mod, fn = self.ffi.new("void**"), self.ffi.new("void**")
+            self._check(self.lib.cuModuleLoadData(mod, self.ffi.from_buffer(image)), "cuModuleLoadData")
+            self.modules[path] = (mod[0], None)
+            self._check(self.lib.cuModuleGetFunction(fn, mod[0], lowered.encode()), "cuModuleGetFunction")
+            self.modules[path] = (mod[0], fn[0])
+        return self.modules[path][1]
+
+    def _params(self, second: list[Launch], i: int, row: list[Ref], infos: dict, keep: list):
+        """Launch ``i``'s argument array as MLX's ``CustomKernel::eval_gpu`` makes it (pointer; then shape,
+        strides, ndim where the source names them, for inputs of ndim > 0; then the outputs' pointers)."""
+        ffi, ln = self.ffi, second[i]
+        args = []
+        shapes = cc.shape_infos(ln.kernel.source, ln.kernel.input_names)
+        for j, (a, ref) in enumerate(zip(ln.inputs, row)):
+            info = infos[id(a)]
+            if ref.kind == "out":
+                ptr = self.addr[id(second[ref.which].outputs[ref.index])] + ref.offset
+            elif ref.kind == "input":
+                ptr = self.addr[id(self.inputs[ref.which])] + ref.offset
+            else:
+                ptr = info.address
+            args.append(ffi.new("unsigned long long*", ptr))
+            if a.ndim > 0:
+                sh, st, nd = shapes[j]
+                if sh:
+                    args.append(ffi.new(f"int32_t[{MAX_NDIM}]", list(info.shape)))
+                if st:
+                    args.append(ffi.new(f"int64_t[{MAX_NDIM}]", list(info.strides)))
+                if nd:
+                    args.append(ffi.new("int32_t*", len(info.shape)))
+        for o in ln.outputs:
+            args.append(ffi.new("unsigned long long*", self.addr[id(o)]))
+        keep.extend(args)
+        params = ffi.new(f"void*[{len(args)}]", [ffi.cast("void*", p) for p in args])
+        keep.append(params)
+        return params
+
+    def _capture(self, second: list[Launch], refs: list, infos: dict) -> None:
+        ffi, lib = self.ffi, self.lib
+        launches, keep = [], []
+        for i, (ln, row) in enumerate(zip(second, refs)):
+            (tx, ty, tz), (gx, gy, gz) = ln.threadgroup, ln.grid
+            block = (min(tx, gx), min(ty, gy), min(tz, gz))
+            grid = (-(-gx // tx), -(-gy // ty), -(-gz // tz))
+            launches.append((self._function(ln), grid, block, self._params(second, i, row, infos, keep)))
+        s = ffi.new("void**")
+        self.drv.current()
+        self._check(lib.cuStreamCreate(s, STREAM_NON_BLOCKING), "cuStreamCreate")
+        self.stream = s[0]
+        self._check(lib.cuStreamBeginCapture_v2(self.stream, CAPTURE_THREAD_LOCAL), "cuStreamBeginCapture")
+        failed = None
+        for f, grid, block, params in launches:
+            rc = lib.cuLaunchKernel(f, *grid, *block, 0, self.stream, params, ffi.NULL)
+            if rc != 0:
+                failed = f"cuLaunchKernel failed with CUresult {rc}"
+                break
+        g = ffi.new("void**")
+        rc = lib.cuStreamEndCapture(self.stream, g)
+        if rc == 0:
+            self.graph = g[0]
+        if failed or rc != 0:
+            raise cuda_driver.DriverError(failed or f"cuStreamEndCapture failed with CUresult {rc}")
+        e = ffi.new("void**")
+        self._check(lib.cuGraphInstantiateWithFlags(e, self.graph, 0), "cuGraphInstantiate")
+        self.exec = e[0]
+        self.launches = len(launches)
+
+    def address(self, a) -> int:
+        """The device address the replay keeps ``a`` (a step input or output of the second call) at."""
+        return self.addr[id(a)]
+
+    def write(self, index: int, values: np.ndarray) -> None:
+        """Step input ``index``'s new bytes (its size), copied before the next ``launch``."""
+        a = self.inputs[index]
+        data = np.ascontiguousarray(values)
+        if data.nbytes != a.nbytes:
+            raise ValueError(f"step input {index}: {data.nbytes} bytes for an array of {a.nbytes}")
+        self.drv.current()
+        # on the replay's stream: ordered before its next launch (a pageable source is staged before this returns)
+        self._check(self.lib.cuMemcpyHtoDAsync_v2(self.addr[id(a)], self.ffi.from_buffer(data), data.nbytes,
+                                                  self.stream), "cuMemcpyHtoDAsync")
+
+    def launch(self) -> None:
+        self._check(self.lib.cuGraphLaunch(self.exec, self.stream), "cuGraphLaunch")
+
+    def wait(self) -> None:
+        self._check(self.lib.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+
+    def read(self, a) -> np.ndarray:
+        """A step input's or output's bytes in the arena now (after ``wait``), as an array of its shape and type
+        (bfloat16 as uint16)."""
+        out = np.empty(tuple(a.shape), np.dtype(cc.dtype_name(a.dtype)) if a.dtype != mx.bfloat16 else np.uint16)
+        if out.nbytes:
+            self._check(self.lib.cuMemcpyDtoH_v2(self.ffi.from_buffer(out), self.addr[id(a)], out.nbytes),
+                        "cuMemcpyDtoH")
+        return out
+
+    def close(self) -> None:
+        lib = self.lib
+        if self.stream is not None:
+            lib.cuStreamSynchronize(self.stream)
+        if self.exec is not None:
+            lib.cuGraphExecDestroy(self.exec)
+        if self.graph is not None:
+            lib.cuGraphDestroy(self.graph)
+        if self.stream is not None:
+            lib.cuStreamDestroy_v2(self.stream)
+        if self.arena is not None:
+            lib.cuMemFree_v2(self.arena)
+        for mod, _ in self.modules.values():
+            lib.cuModuleUnload(mod)
+        self.exec = self.graph = self.stream = self.arena = None
+        self.modules, self.consts = {}, []
+
+
+@functools.lru_cache(maxsize=1)
+def _driver_lib(drv):
+    """The driver library with the calls a replay makes (another cffi handle on ``libcuda.so.1``)."""
+    ffi = drv.ffi
+    ffi.cdef(DRIVER_CDEF, override=True)
+    return ffi.dlopen("libcuda.so.1")
+

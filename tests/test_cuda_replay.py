@@ -1,0 +1,211 @@
+"""A step of our kernels replayed as one CUDA graph (``ortmlx/kernels/cuda_replay.py``).
+
+The launch check (``plan``) runs everywhere on stand-in launches; the replay itself needs MLX's CUDA backend: a
+decode layer of our kernels (embedding row, norm + QKV product, fused RoPE attention with its KV buffers written in
+place, output product, norm + gated MLP, down product) recorded twice, replayed, and compared bit for bit with MLX
+running the same step on a third set of inputs, two steps in a row.
+"""
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from ortmlx.kernels import consts, cuda_kernels, cuda_replay, cuda_rows
+from ortmlx.kernels.cuda_replay import ArrayInfo, Launch, Ref, Refused, plan
+
+
+class _Kernel:
+    def __init__(self, name, ins, outs, contiguous=True):
+        self.name, self.input_names, self.output_names, self.contiguous = name + "_abc", ins, outs, contiguous
+        self.in_place, self.source = {}, ""
+
+
+_K = _Kernel("k", ["x", "w"], ["y"])
+
+
+def _launch(kernel, inputs, outputs, template=(("T", 1),), grid=(256, 1, 1)):
+    return Launch(kernel, template, grid, (256, 1, 1), tuple(inputs), tuple(outputs), (mx.float32,), ())
+
+
+def _info(addr, shape=(4,), strides=None):
+    return ArrayInfo(addr, shape, strides or tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape))), 4)
+
+
+def _step(base: int, w, const_addr: int, infos: dict, mlx_made: bool = False):
+    """x (a step input) -> k(x, w) -> y1 -> k(y1, w) -> y2; ``mlx_made``: the second launch reads an array no
+    launch made (an MLX op's result)."""
+    x, y1, y2, z = (mx.zeros((4,)) for _ in range(4))
+    infos.update({id(x): _info(base), id(y1): _info(base + 64), id(y2): _info(base + 128), id(z): _info(base + 192),
+                  id(w): _info(const_addr)})
+    return [x], [_launch(_K, [x, w], [y1]), _launch(_K, [z if mlx_made else y1, w], [y2])]
+
+
+def test_plan_names_each_pointer():
+    w, infos = mx.zeros((4,)), {}
+    ins_a, a = _step(1000, w, 50, infos)
+    ins_b, b = _step(5000, w, 50, infos)
+    refs = plan(a, b, infos, (ins_a, ins_b))
+    assert refs == [[Ref("input", 0, 0, 0), Ref("const", 0, 0, 0), Ref("out", 0, 0, 0)],
+                    [Ref("out", 0, 0, 0), Ref("const", 0, 0, 0), Ref("out", 1, 0, 0)]]
+
+
+def test_plan_refuses_an_array_no_launch_made():
+    w, infos = mx.zeros((4,)), {}
+    ins_a, a = _step(1000, w, 50, infos, mlx_made=True)
+    ins_b, b = _step(5000, w, 50, infos, mlx_made=True)
+    with pytest.raises(Refused, match="launch 1 .*input x: made by an operation that is not a kernel of ours"):
+        plan(a, b, infos, (ins_a, ins_b))
+
+
+def test_plan_refuses_a_moved_constant_and_other_launches():
+    w1, w2, infos = mx.zeros((4,)), mx.zeros((4,)), {}
+    ins_a, a = _step(1000, w1, 50, infos)
+    ins_b, b = _step(5000, w2, 60, infos)
+    with pytest.raises(Refused, match="input w: made by an operation"):
+        plan(a, b, infos, (ins_a, ins_b))
+    ins_b, b = _step(5000, w1, 50, infos)
+    b[1] = _launch(_K, b[1].inputs, b[1].outputs, grid=(512, 1, 1))
+    with pytest.raises(Refused, match="launch 1 .*launched it otherwise"):
+        plan(a, b, infos, (ins_a, ins_b))
+    with pytest.raises(Refused, match="2 and 1 launches"):
+        plan(a, b[:1], infos, (ins_a, ins_b))
+
+
+def test_plan_refuses_a_strided_input_to_a_kernel_that_mlx_copies_it_for():
+    w, infos = mx.zeros((4,)), {}
+    ins_a, a = _step(1000, w, 50, infos)
+    ins_b, b = _step(5000, w, 50, infos)
+    for x in (ins_a[0], ins_b[0]):
+        infos[id(x)] = _info(infos[id(x)].address, (2, 2), (1, 2))
+    with pytest.raises(Refused, match="strides \\(1, 2\\)"):
+        plan(a, b, infos, (ins_a, ins_b))
+    loose = _Kernel("k", ["x", "w"], ["y"], contiguous=False)
+    a = [_launch(loose, ln.inputs, ln.outputs) for ln in a]
+    b = [_launch(loose, ln.inputs, ln.outputs) for ln in b]
+    assert plan(a, b, infos, (ins_a, ins_b))[0][0] == Ref("input", 0, 0, 0)
+
+
+def test_plan_finds_views_inside_outputs_and_inputs():
+    w, infos = mx.zeros((4,)), {}
+    ins_a, a = _step(1000, w, 50, infos)
+    ins_b, b = _step(5000, w, 50, infos)
+    for base, lns in ((1000, a), (5000, b)):
+        v = mx.zeros((2,))
+        infos[id(v)] = _info(base + 64 + 8, (2,))       # the last two elements of the first launch's output
+        lns[1] = _launch(_K, [v, w], lns[1].outputs)
+    assert plan(a, b, infos, (ins_a, ins_b))[1][0] == Ref("out", 0, 0, 8)
+
+
+def test_row_contiguous_ignores_unit_dims():
+    assert ArrayInfo(0, (1, 896), (1152, 1), 2).row_contiguous
+    assert not ArrayInfo(0, (896, 4), (1, 896), 2).row_contiguous
+    assert ArrayInfo(0, (2, 1, 3), (3, 7, 1), 4).extent == 24
+
+
+# ---- on MLX's CUDA backend ----
+
+gpu = pytest.mark.skipif(not cuda_kernels.cuda_backend(), reason="needs MLX's CUDA backend")
+
+H, NQ, NKV, D, FF, T = 256, 4, 2, 64, 512, 64
+
+
+def _col(w: np.ndarray):
+    a = mx.contiguous(mx.array(w).astype(mx.float16).T).T
+    mx.eval(a)
+    cuda_rows.register_col_major([a])
+    return a
+
+
+def _weights(rng):
+    f = lambda *s: (rng.standard_normal(s) * 0.05).astype(np.float32)  # noqa: E731
+    return dict(embed=mx.array(f(32, H)).astype(mx.float16), g1=mx.array(1 + f(H)).astype(mx.float16),
+                g2=mx.array(1 + f(H)).astype(mx.float16), wqkv=_col(f(H, (NQ + 2 * NKV) * D)),
+                bqkv=mx.array(f((NQ + 2 * NKV) * D)).astype(mx.float16), wo=_col(f(NQ * D, H)),
+                wgu=_col(f(H, 2 * FF)), wd=_col(f(FF, H)), cos=mx.array(np.cos(f(T, D) * 40)),
+                sin=mx.array(np.sin(f(T, D) * 40)))
+
+
+def _layer(p, ids, pos, past_len, total_len, past_k, past_v):
+    """One decode layer of our kernels; returns (down row, residual, present_k, present_v)."""
+    x = cuda_kernels.take_rows(p["embed"], ids).reshape(1, 1, H)
+    cos, sin = cuda_kernels.take_rows(p["cos"], pos), cuda_kernels.take_rows(p["sin"], pos)
+    qkv, _ = cuda_rows.norm_gemv(x, p["g1"], 1e-6, p["wqkv"])
+    attn, pk, pv, _, _ = cuda_kernels.decode_rope_attention(
+        qkv, None, None, cos, sin, past_k, past_v, past_len, total_len, num_heads=NQ, kv_num_heads=NKV, rot_dim=D,
+        interleaved=False, alpha=D ** -0.5, qkv_bias=p["bqkv"])
+    o = cuda_rows.gemv(attn, p["wo"])
+    g, resid = cuda_rows.norm_gemv(o, p["g2"], 1e-6, p["wgu"], skip=x, gating=(FF, True))
+    return cuda_rows.gemv(g, p["wd"]), resid, pk, pv
+
+
+def _inputs(rng, n: int):
+    """A step's inputs at past length ``n``: ids, position, past_len, total_len (int32, kept off MLX's managed
+    pool) and the KV buffers."""
+    ints = [consts.roomy(mx.array(np.array([v], np.int32))) for v in (rng.integers(32), n, n, n + 1)]
+    kv = [mx.array((rng.standard_normal((1, NKV, T, D)) * 0.5).astype(np.float16)) for _ in range(2)]
+    mx.eval(kv)
+    return ints + kv
+
+
+@gpu
+def test_a_recorded_decode_layer_replays_bit_for_bit():
+    if cuda_replay.cuda_driver.driver() is None or cuda_replay.cc.cache_dir() is None:
+        pytest.skip("no CUDA driver or no MLX kernel cache")
+    rng = np.random.default_rng(7)
+    mx.set_default_device(mx.gpu)
+    p = _weights(rng)
+    steps = [_inputs(rng, n) for n in (5, 9, 12)]
+    records, results = [], []
+    for ins in steps[:2]:
+        with cuda_replay.record() as launches:
+            outs = _layer(p, *ins)
+        mx.eval(outs)
+        records.append(launches)
+        results.append(outs)
+    want = _layer(p, *steps[2])
+    mx.eval(want)
+    want = [np.array(a) for a in want]
+    (d, resid, pk, pv) = results[1]
+    r = cuda_replay.Replay.build(records[0], records[1], (steps[0], steps[1]),
+                                 in_place=[(pk, steps[1][4]), (pv, steps[1][5])])
+    try:
+        assert r.launches == len(records[1]) == 8
+        for i, a in enumerate(steps[2]):
+            r.write(i, np.array(a))
+        r.launch()
+        r.wait()
+        for got, w, name in zip((r.read(d), r.read(resid), r.read(pk), r.read(pv)), want, ("down", "resid", "k", "v")):
+            np.testing.assert_array_equal(got, w, err_msg=name)
+        assert r.address(pk) == r.address(steps[1][4])
+        # the next step over the KV buffers the replay wrote: ids, position and lengths only
+        nxt = [consts.roomy(mx.array(np.array([v], np.int32))) for v in (3, 13, 13, 14)]
+        want2 = _layer(p, *nxt, mx.array(want[2]), mx.array(want[3]))
+        mx.eval(want2)
+        for i, a in enumerate(nxt):
+            r.write(i, np.array(a))
+        r.launch()
+        r.wait()
+        np.testing.assert_array_equal(r.read(d), np.array(want2[0]))
+        np.testing.assert_array_equal(r.read(pk), np.array(want2[2]))
+    finally:
+        r.close()
+
+
+@gpu
+def test_a_step_with_an_mlx_op_is_refused():
+    if cuda_replay.cuda_driver.driver() is None:
+        pytest.skip("no CUDA driver")
+    mx.set_default_device(mx.gpu)
+    rng = np.random.default_rng(3)
+    p = _weights(rng)
+    recs, ins = [], []
+    for _ in range(2):
+        x = mx.array(rng.standard_normal((1, 1, H)).astype(np.float16))
+        with cuda_replay.record() as launches:
+            qkv, _ = cuda_rows.norm_gemv(x * 2, p["g1"], 1e-6, p["wqkv"])
+        mx.eval(qkv)
+        recs.append(launches)
+        ins.append([x])
+    with pytest.raises(Refused, match="made by an operation that is not a kernel of ours"):
+        cuda_replay.Replay.build(recs[0], recs[1], (ins[0], ins[1]))

@@ -128,6 +128,9 @@ class Tuning:
     #: most rows (a batch's decode rows, a short prompt's) the row kernels take, each computed as it is alone
     #: (kernels/cuda_rows.py, at most its ROWS_MAX); None: its ROWS_DEFAULT (more rows: MLX's GEMM)
     batch_rows: int | None = None
+    #: a trusted decode closure's step recorded and replayed as one CUDA graph of our kernels (compiled/replay.py,
+    #: kernels/cuda_replay.py; GPU, with cuda_kernels); its decode rows' MatMuls take our row kernel
+    replay: bool = False
     #: shapeless closures compiled on a GPU too (off: MLX 0.32.4's CUDA backend ran them ~3x slower)
     gpu_shapeless: bool = False
     #: testing only: stage[:node][#count] at which to raise (see ortmlx/stats.py)

@@ -898,8 +898,11 @@ def test_failing_kernel_turns_the_kernels_off(monkeypatch):
 
 
 def reference_take_rows(data, idx, axis=0):
-    """``cuda_kernels.take_rows``'s contract: ``mx.take`` along ``axis`` with the indices clamped into [0, N)."""
-    return mx.take(data, mx.clip(idx, 0, data.shape[axis] - 1), axis=axis)
+    """``cuda_kernels.take_rows``'s contract: ``mx.take`` along ``axis``, indices in [-N, 0) counted from the end,
+    then clamped into [0, N)."""
+    n = data.shape[axis]
+    idx = mx.where(idx < 0, idx + n, idx)
+    return mx.take(data, mx.clip(idx, 0, n - 1), axis=axis)
 
 
 def test_take_wiring_with_the_contract(monkeypatch):
@@ -932,7 +935,8 @@ def test_take_wiring_with_the_contract(monkeypatch):
                                   np.take(cn, ids, 1), np.take(cn, ids, 1)]):
                 np.testing.assert_array_equal(np.array(g), w)
             np.testing.assert_array_equal(np.array(other), np.take(np.array(flags), ids))
-    assert cuda_kernels.take_reason(table, mx.zeros((2,), mx.int64), 0).startswith("indices")
+    assert cuda_kernels.take_reason(table, mx.zeros((2,), mx.int16), 0).startswith("indices")
+    assert cuda_kernels.take_reason(table, mx.zeros((2,), mx.int64), 0) is None
     assert cuda_kernels.take_reason(table, mx.zeros((2,), mx.int32), 2).startswith("data")
     assert cuda_kernels.take_reason(flags, mx.zeros((2,), mx.int32), 0).startswith("data")
     assert cuda_kernels.take_reason(table, mx.zeros((2,), mx.int32), 1) is None
@@ -942,6 +946,29 @@ def test_take_wiring_with_the_contract(monkeypatch):
     assert BuildConfig.for_device("gpu").context().take_rows and Tuning().byte_copies
     assert not BuildConfig.for_device("gpu", Tuning.parse("take_rows=0")).context().take_rows
     assert not BuildConfig.for_device("gpu", Tuning.parse("cuda_kernels=0")).context().take_rows
+
+
+def test_traced_gather_hands_raw_indices_to_take_rows_for_a_replayed_step(monkeypatch):
+    """With ``row_products`` (tuning replay) the traced Gather's indices reach ``take_rows`` as they came (int64,
+    negative ones too: no MLX op between, so the step is our kernels only), with the same guard and answer."""
+    from ortmlx.compiled.decode_ops import gather_traced
+    seen = []
+    monkeypatch.setattr(cuda_kernels, "cuda_backend", lambda: True)
+    monkeypatch.setattr(mx, "default_device", lambda: mx.gpu)
+    monkeypatch.setattr(cuda_kernels, "take_rows", lambda d, i, a=0: seen.append(i) or reference_take_rows(d, i, a))
+    table = mx.array(np.arange(40, dtype=np.float32).reshape(10, 4))
+    ids = mx.array(np.array([[3, -1], [9, -10]], np.int64))
+    with mx.stream(mx.cpu):
+        for rows in (False, True):
+            seen.clear()
+            ctx = build.BuildContext(cuda_kernels=True, take_rows=True, row_products=rows, guards=[])
+            with build.active(ctx):
+                got = gather_traced(table, ids)
+                const = gather_traced(table, np.array(-2, np.int64))
+            assert (seen[0] is ids) == rows and seen[0].dtype == (mx.int64 if rows else mx.int32)
+            np.testing.assert_array_equal(np.array(got), np.take(np.array(table), np.array(ids), 0))
+            np.testing.assert_array_equal(np.array(const), np.array(table)[-2])
+            assert len(ctx.guards) == 2 and all(bool(g.all().item()) for g in ctx.guards)
 
 
 def test_quantized_embedding_takes_rows_with_the_contract(monkeypatch):
@@ -975,18 +1002,21 @@ def test_quantized_embedding_takes_rows_with_the_contract(monkeypatch):
 @gpu_only
 @pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16, mx.float32, mx.uint8, mx.int32])
 def test_take_rows_kernel(dtype):
-    """On the GPU: rows of a table (row-major, transposed, a slice) at 1-D and 2-D indices, bit for bit the table's
-    rows; an index past either end reads the nearest row (a traced guard rejects that call), never past the table."""
+    """On the GPU: rows of a table (row-major, transposed, a slice) at 1-D and 2-D int32 / int64 indices, bit for bit
+    the table's rows; a negative index counts from the end; one past either end reads the nearest row (a traced guard
+    rejects that call), never past the table."""
     rng = np.random.default_rng(5)
     base = mx.array(rng.standard_normal((300, 40)).astype(np.float32)).astype(dtype)
     ids = rng.integers(0, 37, (3, 9)).astype(np.int32)
     with mx.stream(mx.gpu):
         for table in (base[:37], base[:40].T[:, :37].T, base[5:42, 3:30]):
             tn = np.array(table.astype(mx.float32))
-            for idx in (ids, ids[0], np.array([0, 36, -4, 90], np.int32)):
+            for idx in (ids, ids[0], np.array([0, 36, -4, 90, -37, -60], np.int32), ids.astype(np.int64),
+                        np.array([-1, 2, -80], np.int64)):
                 got = cuda_kernels.take_rows(table, mx.array(idx))
                 mx.eval(got)
-                want = tn[np.clip(idx, 0, tn.shape[0] - 1)]
+                n = tn.shape[0]
+                want = tn[np.clip(np.where(idx < 0, idx + n, idx), 0, n - 1)]
                 assert got.shape == idx.shape + (tn.shape[1],) and got.dtype == dtype
                 np.testing.assert_array_equal(np.array(got.astype(mx.float32)), want)
 
@@ -1007,7 +1037,7 @@ def test_take_rows_kernel_any_axis(dtype):
                 for idx in (np.array([n - 1], np.int32), rng.integers(-2, n + 2, (2, 3)).astype(np.int32)):
                     got = cuda_kernels.take_rows(data, mx.array(idx), a)
                     mx.eval(got)
-                    want = np.take(dn, np.clip(idx, 0, n - 1), axis=a)
+                    want = np.take(dn, np.clip(np.where(idx < 0, idx + n, idx), 0, n - 1), axis=a)
                     assert got.shape == want.shape and got.dtype == dtype, (data.shape, a, idx.shape)
                     np.testing.assert_array_equal(np.array(got.astype(mx.float32)), want,
                                                   err_msg=f"{data.shape} axis {a}")
@@ -1032,3 +1062,48 @@ def test_ep_embedding_gather_matches_cpu_ep(monkeypatch):
             ids = rng.integers(-1000, 1000, shape).astype(np.int64)
             np.testing.assert_array_equal(sess.run(None, {"ids": ids})[0], cpu.run(None, {"ids": ids})[0])
     assert len(calls) >= 4, f"kernel used {len(calls)} times"
+
+
+# (head, rotary half, interleaved, cache type, position ids): a 0.5B row, a partial rotation, interleaved, float32
+SETUP_CASES = [(64, 32, False, mx.float16, None), (128, 32, False, mx.float16, mx.int64),
+               (64, 32, True, mx.float32, mx.int32), (96, 48, False, mx.bfloat16, None)]
+
+
+@gpu_only
+@pytest.mark.parametrize("head,half,interleaved,ctype,pid", SETUP_CASES,
+                         ids=[f"H{c[0]} half{c[1]}{' inter' if c[2] else ''} {c[3]} {c[4]}" for c in SETUP_CASES])
+def test_decode_setup_equals_the_lengths_and_rotary_tables(head, half, interleaved, ctype, pid):
+    from ortmlx.kernels.ops.contrib_attention import rotary_tables
+    rng = np.random.default_rng(head + half)
+    rows, b = 50, 3
+    cos = mx.array(rng.standard_normal((rows, half)).astype(np.float32)).astype(ctype)
+    sin = mx.array(rng.standard_normal((rows, half)).astype(np.float32)).astype(ctype)
+    seqlens = mx.array(np.array([0, 17, 60], np.int32))            # 60: past the cache, clamped as take_rows does
+    pids = None if pid is None else mx.array(np.array([[5], [49], [-3]]), pid)
+    assert cuda_kernels.decode_setup_reason(seqlens, pids, cos, sin, b, head) is None
+    past, total, c, s = cuda_kernels.decode_setup(seqlens, pids, cos, sin, head, interleaved)
+    pos = (seqlens if pids is None else pids.reshape(-1)).reshape(b, 1)
+    with build.active(build.BuildContext(cuda_kernels=True, take_rows=True)):
+        want_c, want_s = rotary_tables(cos, sin, mx.clip(pos, 0, rows - 1), head, interleaved)
+    np.testing.assert_array_equal(np.array(past), [0, 17, 60])
+    np.testing.assert_array_equal(np.array(total), [1, 18, 61])
+    np.testing.assert_array_equal(np.array(c), np.array(want_c).reshape(b, head))
+    np.testing.assert_array_equal(np.array(s), np.array(want_s).reshape(b, head))
+
+
+@gpu_only
+def test_decode_setup_without_a_cache_makes_the_lengths():
+    seqlens = mx.array(np.array([4, 9], np.int32))
+    past, total, c, s = cuda_kernels.decode_setup(seqlens, None, None, None, 64, False)
+    assert c is None and s is None
+    np.testing.assert_array_equal(np.array(past), [4, 9])
+    np.testing.assert_array_equal(np.array(total), [5, 10])
+
+
+def test_decode_setup_reason_names_what_it_does_not_take():
+    s32 = mx.zeros((2,), mx.int32)
+    cache = mx.zeros((8, 32), mx.float16)
+    assert "seqlens_k" in cuda_kernels.decode_setup_reason(s32.astype(mx.int64), None, cache, cache, 2, 64)
+    assert "position_ids" in cuda_kernels.decode_setup_reason(s32, mx.zeros((2, 1), mx.float32), cache, cache, 2, 64)
+    assert "cos_cache" in cuda_kernels.decode_setup_reason(s32, None, cache, cache, 2, 32)
+    assert cuda_kernels.decode_setup_reason(s32, None, cache, cache, 2, 64) is None

@@ -13,6 +13,7 @@ The attention math itself is the eager translator's ``gqa_core``.
 """
 from __future__ import annotations
 
+import functools
 
 import mlx.core as mx
 import numpy as np
@@ -370,14 +371,30 @@ def gqa_growing_traced(*args, **attrs):
 
 
 def gather_traced(data, indices, *, axis=0):
-    """Gather with the indices as data: out-of-range indices fail a guard (eager raises)."""
+    """Gather with the indices as data: out-of-range indices fail a guard (eager raises). Where the build asks for
+    a step of our kernels only (``build.row_products``) the indices go to ``take_rows`` as they are (it counts
+    negative ones from the end)."""
     a = norm_axis(axis, data.ndim)
     n = data.shape[a]
-    idx = indices if isinstance(indices, mx.array) else mx.array(np.asarray(indices))
+    idx = indices if isinstance(indices, mx.array) else _const_indices(np.asarray(indices))
+    if build.row_products() and cuda_kernels.enabled() and n < 2**31 and \
+            cuda_kernels.take_reason(data, idx, a) is None:
+        add_guard(every((idx >= -n) & (idx < n)))
+        return cuda_kernels.take_rows(data, idx, a)
     idx = idx.astype(mx.int64)
     add_guard(every((idx >= -n) & (idx < n)))
     idx = mx.where(idx < 0, idx + n, idx)
     return cuda_kernels.take(data, idx.astype(mx.int32) if n < 2**31 else idx, a)
+
+
+def _const_indices(idx: np.ndarray) -> mx.array:
+    """Constant indices as one evaluated array per value (a replayed step reads it as a constant)."""
+    return _const_indices_of(idx.tobytes(), idx.dtype.str, idx.shape)
+
+
+@functools.lru_cache(maxsize=256)
+def _const_indices_of(data: bytes, dtype: str, shape: tuple) -> mx.array:
+    return consts.roomy(mx.array(np.frombuffer(data, np.dtype(dtype)).reshape(shape)))
 
 
 #: build-memo key of a padded prefill's valid length per batch row (set by its GroupQueryAttention): with a

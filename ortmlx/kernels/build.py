@@ -10,6 +10,8 @@ A build is an eager run of a group's program or a compiled closure's trace. Its 
 - ``prompt_kernel``: whether a prompt's attention not given to MLX's fused kernel may take ours
   (``cuda_kernels.prompt_attention``, with ``cuda_kernels``);
 - ``take_rows``: whether a Gather may take ``cuda_kernels.take_rows`` (with ``cuda_kernels``);
+- ``row_products``: whether a MatMul of decode rows by a column-major weight takes ``cuda_rows.gemv`` (with
+  ``cuda_kernels``), so a decode step is our kernels only and may be replayed (``kernels/cuda_replay.py``);
 - ``prompt_rope``: whether a first prompt's packed QKV may become its queries and presents in one kernel
   (``cuda_kernels.prompt_rope``, with ``cuda_kernels``);
 - ``unpooled``: whether the lengths every layer's attention reads go into arrays out of MLX's pool of small arrays
@@ -42,6 +44,7 @@ class BuildContext:
     fused_attention_min: int = 1
     prompt_kernel: bool = True
     take_rows: bool = False
+    row_products: bool = False
     prompt_rope: bool = False
     unpooled: bool = False
     half_nbits: bool = False
@@ -102,6 +105,12 @@ def take_rows() -> bool:
     """Whether the build in progress may gather with ``cuda_kernels.take_rows``."""
     b = _CURRENT.get()
     return b is not None and b.take_rows
+
+
+def row_products() -> bool:
+    """Whether the build in progress may multiply decode rows with ``cuda_rows.gemv``."""
+    b = _CURRENT.get()
+    return b is not None and b.row_products
 
 
 def prompt_rope() -> bool:

@@ -807,6 +807,68 @@ def decode_rope_attention(q, k, v, cos, sin, past_k, past_v, past_len, total_len
     return tuple(outs)
 
 
+#: ``decode_setup``: thread (b, j) makes element j of row b's rotary tables (``rotary_tables``' values: the cache's
+#: column j (side by side) or j / 2 (interleaved), column 0 past the rotary dims, as float32; the sin with the
+#: rotation's sign), thread (b, 0) also the row's lengths; the position (past_len, or the given id) clamped into
+#: the cache as ``take_rows`` clamps it
+_SETUP_SOURCE = r"""
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= NB * HEAD) return;
+    const int b = i / HEAD;
+    const int j = i - b * HEAD;
+    const int sk = static_cast<int>(seqlens[b]);
+    if (j == 0) {
+        past_len[b] = sk;
+        total_len[b] = sk + 1;
+    }
+    if (ROWS == 0) return;
+    int64_t p = HAS_POS ? static_cast<int64_t>(pos[b]) : static_cast<int64_t>(sk);
+    p = p < 0 ? 0 : (p >= ROWS ? ROWS - 1 : p);
+    const int col = j < 2 * HALF ? (INTERLEAVED ? j / 2 : j % HALF) : 0;
+    const float sign = INTERLEAVED ? (j % 2 == 0 ? -1.0f : 1.0f) : (j < HALF ? -1.0f : 1.0f);
+    cos_row[i] = static_cast<float>(cos_cache[p * HALF + col]);
+    sin_row[i] = static_cast<float>(sin_cache[p * HALF + col]) * sign;
+"""
+
+
+@functools.lru_cache(maxsize=1)
+def _setup_kernel():
+    return _kernel("ortmlx_decode_setup", ["seqlens", "pos", "cos_cache", "sin_cache"],
+                   ["past_len", "total_len", "cos_row", "sin_row"], _SETUP_SOURCE)
+
+
+def decode_setup_reason(seqlens, position_ids, cos_cache, sin_cache, b: int, head: int) -> str | None:
+    """Why ``decode_setup`` does not make this decode row's lengths and tables (None: it does)."""
+    if seqlens.dtype != mx.int32 or seqlens.shape != (b,):
+        return f"seqlens_k {seqlens.dtype} {seqlens.shape}"
+    if position_ids is not None and (position_ids.size != b or position_ids.dtype not in (mx.int32, mx.int64)):
+        return f"position_ids {position_ids.dtype} {position_ids.shape}"
+    if cos_cache is not None:
+        if cos_cache.ndim != 2 or sin_cache is None or sin_cache.shape != cos_cache.shape or \
+                cos_cache.dtype not in _ATTN_DTYPES or sin_cache.dtype != cos_cache.dtype or \
+                2 * cos_cache.shape[1] > head or cos_cache.size >= 2**31:
+            return f"cos_cache {cos_cache.dtype} {cos_cache.shape}"
+    return None
+
+
+def decode_setup(seqlens, position_ids, cos_cache, sin_cache, head: int, interleaved: bool):
+    """(past_len, total_len, cos, sin) of a decode row (S == 1) in one kernel: past_len = seqlens_k, total_len =
+    seqlens_k + 1 (B,) int32; cos, sin (B, head) float32 as ``rotary_tables`` makes them at the position (the
+    row's ``position_ids``, else its past length); None, None without a cache. ``decode_setup_reason`` None."""
+    b = seqlens.shape[0]
+    rows = 0 if cos_cache is None else cos_cache.shape[0]
+    half = 1 if cos_cache is None else cos_cache.shape[1]
+    dummy = consts.zeros((1,), mx.float32)
+    pos = dummy if position_ids is None else position_ids.reshape(-1)
+    tables = [cos_cache, sin_cache] if cos_cache is not None else [dummy, dummy]
+    past, total, c, sn = _setup_kernel()(
+        inputs=[seqlens, pos] + tables,
+        template=[("NB", b), ("HEAD", head), ("HALF", half), ("ROWS", rows), ("HAS_POS", position_ids is not None), ("INTERLEAVED", bool(interleaved))],
+        grid=(-(-b * head // 256) * 256, 1, 1), threadgroup=(256, 1, 1),
+        output_shapes=[(b,), (b,), (b, head), (b, head)], output_dtypes=[mx.int32, mx.int32, mx.float32, mx.float32])
+    return past, total, (c if rows else None), (sn if rows else None)
+
+
 def _gather_source(parts: int, to_host: bool = False) -> str:
     """Blocks ``i * per .. i * per + per - 1`` copy input ``in{i}`` (``per``: the grid's blocks over the parts): its
     byte count and offset come as data (``table``: int64 pairs), so one kernel per number of parts serves every size
@@ -1000,8 +1062,9 @@ def _zero_byte() -> mx.array:
     return mx.array(0, mx.uint8)
 
 
-#: ``take_rows``: ``mx.take(data, idx, A)`` for data of any rank and strides, the int32 positions clamped into [0, N)
-#: so an index a traced guard will reject reads no memory outside the data. Output element i is (outer o, index r,
+#: ``take_rows``: ``mx.take(data, idx, A)`` for data of any rank and strides, the int32 or int64 positions (negative
+#: ones counted from the end, as Gather's) clamped into [0, N) so an index a traced guard will reject reads no memory
+#: outside the data. Output element i is (outer o, index r,
 #: inner c) of [prod(shape[:A]), K, prod(shape[A+1:])]; o and c are unravelled through the data's own strides.
 _TAKE_SOURCE = r"""
     const int nd = data_ndim;
@@ -1018,6 +1081,7 @@ _TAKE_SOURCE = r"""
         const int64_t t = i / inner;
         int64_t o = t / k;
         int64_t j = static_cast<int64_t>(idx[(t - o * k) * idx_strides[0]]);
+        j = j < 0 ? j + n : j;
         j = j < 0 ? 0 : (j >= n ? n - 1 : j);
         int64_t off = j * data_strides[A];
         for (int d = nd - 1; d > A; --d) {
@@ -1047,7 +1111,7 @@ def take_reason(data, idx, axis: int) -> str | None:
     """Why ``take_rows`` does not take ``mx.take(data, idx, axis)`` (None: it does)."""
     if not 0 <= axis < data.ndim or data.dtype not in _TAKE_DTYPES or data.size == 0 or data.size >= 2**31:
         return f"data {data.dtype} {data.shape} along axis {axis}"
-    if idx.dtype != mx.int32 or idx.size == 0:
+    if idx.dtype not in (mx.int32, mx.int64) or idx.size == 0:
         return f"indices {idx.dtype} {idx.shape}"
     return None
 
@@ -1055,7 +1119,8 @@ def take_reason(data, idx, axis: int) -> str | None:
 def take_rows(data, idx, axis: int = 0):
     """``mx.take(data, idx, axis)`` (``take_reason`` None) as one kernel of ours, read through the data's strides, so
     a new host builds it beside the call's other kernels (MLX's own gather is a JIT kernel built alone at the first
-    evaluation: ~2.6-3 s on a new H100 host). Indices outside [0, N) are clamped."""
+    evaluation: ~2.6-3 s on a new H100 host). Indices in [-N, 0) count from the end; others outside [0, N) are
+    clamped."""
     flat = idx.reshape(-1)
     shape = tuple(data.shape)
     total = flat.size * (data.size // shape[axis])

@@ -13,7 +13,7 @@ import functools
 import mlx.core as mx
 import numpy as np
 
-from . import cuda_kernels
+from . import build, cuda_kernels, cuda_rows
 from . import dtypes as dt
 from .ops.activation import sigmoid
 from .ops.contrib_quant import dequantize_blocks
@@ -228,7 +228,11 @@ def lifted_weights(graph, steps, shapes: dict) -> set[str]:
 
 def matmul_lifted(A, B):
     """``A @ B`` for a weight stored [1, K, N] (``lifted_weights``: a 3-D A multiplies it as it is) and/or
-    widened to float32 (``widened_weights``: a half A is widened too, the product rounded once back)."""
+    widened to float32 (``widened_weights``: a half A is widened too, the product rounded once back). Decode rows
+    by a column-major weight take our row kernel where the build asks (``build.row_products``)."""
+    if A.dtype == B.dtype and A.ndim >= 2 and build.row_products() and cuda_kernels.enabled() \
+            and cuda_rows.row_reason(A, B, A.shape[-1]) is None:
+        return cuda_rows.gemv(A, B)
     if B.ndim == 3 and A.ndim != 3:
         B = B.reshape(B.shape[1:])
     if A.dtype == B.dtype:

@@ -109,6 +109,8 @@ class BuildConfig:
     prompt_kernel: bool = True
     #: Gathers by ``cuda_kernels.take_rows`` (``BuildContext.take_rows``)
     take_rows: bool = False
+    #: decode rows' MatMuls by ``cuda_rows.gemv`` (``BuildContext.row_products``; with tuning ``replay``)
+    row_products: bool = False
     #: a first prompt's queries and presents from one kernel (``BuildContext.prompt_rope``)
     prompt_rope: bool = False
     #: a batch's lengths out of MLX's pool of small arrays (``BuildContext.unpooled``)
@@ -161,6 +163,7 @@ class BuildConfig:
                        or _least_fused(kernels, prompt))),
                    prompt_kernel=prompt,
                    take_rows=pick("take_rows", t.take_rows, True) and kernels,
+                   row_products=pick("row_products", t.replay, False) and kernels,
                    prompt_rope=pick("prompt_rope", t.prompt_rope, True) and kernels,
                    unpooled=pick("unpooled", t.unpooled_lengths, True) and gpu,
                    half_nbits=pick("half_nbits", t.half_nbits, gpu),

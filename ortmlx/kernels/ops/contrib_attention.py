@@ -465,7 +465,13 @@ def gqa_core(q, k, v, past_key, past_value, seqlens_k, *, total_sequence_length:
                                                       attention_bias) is None:
         # rotation, the presents and the attention of the decode row in one kernel
         c = sn = None
-        if cos_cache is not None:
+        if build.row_products() and cuda_kernels.decode_setup_reason(seqlens, position_ids, cos_cache, sin_cache,
+                                                                     b, h) is None:
+            # its lengths and rotary rows by a kernel of ours too: a step of our kernels only (cuda_replay)
+            past_len, total_len, c, sn = build.memo(
+                ("gqa_setup",) + table_key[1:],
+                lambda: cuda_kernels.decode_setup(seqlens, position_ids, cos_cache, sin_cache, h, rotary_interleaved))
+        elif cos_cache is not None:
             c, sn = build.memo(table_key, tables)
             c, sn = c.reshape(b, h), sn.reshape(b, h)
         out, pk, pv, k_new, v_new = cuda_kernels.decode_rope_attention(

@@ -4,7 +4,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from .. import dtypes as dt
-from .. import build
+from .. import build, cuda_kernels, cuda_rows
 from ..registry import register
 
 FLOATS = dt.FLOATS
@@ -20,7 +20,11 @@ def _float_inputs(view, idx=(0, 1)):
 
 @register("MatMul", 1, dtypes=FLOATS, check=_float_inputs)
 def matmul(A, B):
-    """numpy.matmul semantics, including 1-D operands."""
+    """numpy.matmul semantics, including 1-D operands. Decode rows by a column-major weight take our row kernel
+    where the build asks (``build.row_products``): float32 sums rounded once, as MLX's gemv."""
+    if A.ndim >= B.ndim and build.row_products() and cuda_kernels.enabled() \
+            and cuda_rows.row_reason(A, B, A.shape[-1]) is None:
+        return cuda_rows.gemv(A, B)
     return mx.matmul(A, B)
 
 

@@ -168,7 +168,7 @@ def decode(args) -> int:
     pairs = [(second[1 + j], ins[1][4 + j]) for j in range(2 * args.layers)]
     t0 = time.perf_counter()
     r = cuda_replay.Replay.build(recs[0], recs[1], (ins[0], ins[1]), in_place=pairs)
-    print(f"replay of {r.launches} launches built in {time.perf_counter() - t0:.2f} s")
+    print(f"replay of {r.launches} launches built in {time.perf_counter() - t0:.2f} s ({r.timings})")
     # the replay writes its presents over the second step's pasts (which hold the first step's rows): the second
     # step again through the replay, so both go on from its presents (MLX from its own arrays, never read here:
     # MLX moves a device buffer it reads on the host)

@@ -20,13 +20,13 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from ..kernels import background, build, cuda_driver
+from ..kernels import background, build, cuda_driver, cuda_kernels
 from ..kernels import dtypes as dt
 from ..kernels.interpreter import mx_device
 from ..kernels.ops.reduction import reduce_sum_ints_host
 from ..tuning import Tuning
 from ..version import mlx_cache_dir
-from . import ahead, hoist_form
+from . import ahead, hoist_form, replay
 from .analysis import HostPlan, constant_if, hoist_free_work, host_plan, keyed_shapes, static_reason
 from .config import CompiledConfig
 from .keys import Keys, is_empty, shapes_of
@@ -91,7 +91,7 @@ class _Closure:
                  "trusted", "poisoned", "guarded",
                  "guard_fails", "hoist", "hoist_prog", "trace_prog", "shapeless", "hints", "hint_starts", "sink",
                  "host_outs", "hint_at", "sink_layout", "hoist_run", "ahead_kinds", "ahead_misses", "ahead_hv",
-                 "behind", "keyed", "interim")
+                 "behind", "keyed", "interim", "outputs", "replay")
 
     def __init__(self, dev_idx: tuple[int, ...], host_vals: dict[int, np.ndarray | None]):
         self.fn = None
@@ -135,6 +135,10 @@ class _Closure:
         self.behind: str | None = None
         #: meanwhile, its program traced without fusion (``CompiledSubgraph._interim``; None: not made)
         self.interim: "_Closure | None" = None
+        #: the traced body's outputs built from given inputs (``trace.compile_closure``; eagerly: a recorded step)
+        self.outputs = None
+        #: its step recorded and replayed as one CUDA graph (``replay.StepReplay``; None: not asked for)
+        self.replay = None
 
     def shadow(self) -> "_Closure":
         """A closure of the same program and inputs with fresh trace state: traced on the kernel builder's
@@ -207,9 +211,14 @@ class CompiledSubgraph:
         self._ahead = tuning.call_ahead if tuning.call_ahead is not None else self._settle
         self._next: ahead.Ahead | None = None
         self._ahead_prev: tuple | None = None
+        #: a trusted decode closure's steps recorded and replayed as one CUDA graph (``replay.py``; tuning replay)
+        self._replay_on = tuning.replay and self.device == "gpu" and config.name == "decode" and \
+            program.cuda_kernels and cuda_kernels.usable()
         self.counters = {"compiled": self.label, "traces": 0, "compiled_calls": 0, "eager_calls": 0,
                          "verify_calls": 0, "guard_fails": 0, "poisoned": "", "poisoned_closures": 0, "keys": 0,
                          "trace_ms": 0.0, "build_s": 0.0, "ahead_calls": 0, "ahead_misses": 0}
+        if self._replay_on:
+            self.counters.update(replayed_calls=0, replay="")
         if stats is not None:
             g = stats.group(self.name)
             if label is None:
@@ -389,6 +398,8 @@ class CompiledSubgraph:
                 c.fn = None
                 if c.interim is not None:
                     c.interim.fn = None
+                if c.replay is not None:
+                    c.replay.release()
             self._closures.clear()
             self._plans.clear()
             self._seen.clear()
@@ -634,6 +645,11 @@ class CompiledSubgraph:
             if c.hoist:
                 stage = "hoisted values"
                 hv = self._hoisted_values(c, inputs)
+            rp = c.replay
+            if rp is not None and rp.serving() and call.post is None:
+                got = self._serve_replay(c, rp, call, host, hv)
+                if got is not None:
+                    return got
             outs = None
             if nxt is not None:
                 outs = ahead.take(nxt, c, host, hv)
@@ -667,7 +683,8 @@ class CompiledSubgraph:
             if probe is not None:
                 probe.mark("eval")
             meanwhile = None
-            if self._ahead and c.trusted and call.post is None and ahead.due(c):
+            if self._ahead and c.trusted and call.post is None and ahead.due(c) and \
+                    not (c.replay is not None and c.replay.pending()):     # (its check reads this call's sink)
                 def meanwhile():
                     nonlocal stage
                     stage = "call ahead"
@@ -711,10 +728,53 @@ class CompiledSubgraph:
                 outs = outs[:-1]
             if call.post is not None:
                 outs = call.post(outs)
+            elif self._replay_on and c.trusted and not call.padded:
+                stage = "replay"
+                self._replay_after(c, dev, host + hv)
             return RunResult(outs) if hints is None else RunResult(outs, hints, c, call.standins)
         except Exception as e:  # noqa: BLE001 - any failure: poison and answer eagerly
             self._poison(c, f"{stage}: {type(e).__name__}: {e}")
             return None
+
+    def _replay_after(self, c: _Closure, dev: list, given: list) -> None:
+        """After the closure answered a trusted call (``dev``: its device inputs; ``given``: the same as the call
+        gave them, host arrays and mirrors, hoisted values last): record it for the replay, or check the built
+        replay on it."""
+        rp = c.replay
+        if rp is None:
+            rp = c.replay = replay.StepReplay(len(self.program.outputs))
+        if rp.recording():
+            with TRACE_LOCK:
+                rp.record(c, dev)
+        elif rp.pending():
+            rp.check(c, given)
+            if rp.serving():
+                parts = ", ".join(f"{k} {v:.2f}" for k, v in rp.replay.timings.items())
+                self.counters["replay"] = f"{rp.replay.launches} launches (built in {rp.build_s:.2f} s: {parts})"
+        if rp.refused and not self.counters["replay"].startswith("refused"):
+            self.counters["replay"] = f"refused: {rp.refused}"
+            self._fallback(f"decode replay refused: {rp.refused}")
+
+    def _serve_replay(self, c: _Closure, rp, call: "Call", host: list, hv: list) -> "RunResult | object | None":
+        """The call answered by ``c``'s replay; None where it declines (the closure answers)."""
+        try:
+            status, outs, hints = rp.serve(c, host + hv,
+                                           lambda: self._upload(c, host) + self._upload_hoisted(c, hv))
+        except Exception as e:  # noqa: BLE001 - the closure answers from now on
+            rp.refuse(f"serve: {type(e).__name__}: {e}")
+            self.counters["replay"] = f"refused: {rp.refused}"
+            self._fallback(f"decode replay refused: {rp.refused}")
+            return None
+        if status == replay.GUARD_FAILED:
+            c.guard_fails += 1
+            self.counters["guard_fails"] += 1
+            return GUARD_FAILED
+        if status != replay.SERVED:
+            return None
+        c.calls += 1
+        self.counters["replayed_calls"] += 1
+        self.counters["compiled_calls"] += 1
+        return RunResult(outs, hints, c, call.standins)
 
     def _upload(self, c: _Closure, host: list) -> list:
         """The closure's device inputs (``host``: its entries of a call's inputs): MLX arrays as they are
@@ -839,6 +899,8 @@ class CompiledSubgraph:
     def _poison(self, c: _Closure, why: str) -> None:
         c.poisoned = why
         c.fn = None
+        if c.replay is not None:
+            c.replay.release()
         c.trusted = False
         self._proven = False            # any doubt: later closures prove themselves at two shapes again
         self.counters["poisoned"] = why[:300]

@@ -48,6 +48,11 @@ def compile_closure(c, n_group_inputs: int, out_types: list, config: CompiledCon
             raise Untraceable(f"shapes changed between calls ({c.traces} traces of a fixed-shape closure)")
         if stats is not None and stats.faults is not None:
             stats.fault("trace", name)
+        return outputs(*dev)
+
+    def outputs(*dev):
+        """The traced body's outputs (also built eagerly, with real arrays: ``compiled/replay.py`` records a
+        step's launches so)."""
         inputs: list = [None] * n
         for i, a in zip(dev_idx, dev):
             inputs[i] = a
@@ -92,6 +97,7 @@ def compile_closure(c, n_group_inputs: int, out_types: list, config: CompiledCon
             cuda_cache.settle()             # the trace's kernel builds, run at once, done before its first eval
             return outs
 
+    c.outputs = outputs
     fn = mx.compile(body, shapeless=shapeless)
     return fn if fuse else unfused_calls(fn)
 
@@ -156,7 +162,11 @@ def _sink_address(c, offset: int, nbytes: int) -> mx.array | None:
             return None
     if offset + nbytes > c.sink.nbytes:
         raise Untraceable(f"{offset + nbytes} bytes outgrew the closure's host buffer ({c.sink.nbytes} bytes)")
-    return consts.roomy(mx.array([c.sink.device_address + offset], dtype=mx.uint64))
+    # one array per place: a recorded step reads it as a constant (``compiled/replay.py``)
+    made = c.sink.__dict__.setdefault("addresses", {})
+    if offset not in made:
+        made[offset] = consts.roomy(mx.array([c.sink.device_address + offset], dtype=mx.uint64))
+    return made[offset]
 
 
 #: element types an output may take through host memory (a NumPy view of the bytes; not bfloat16)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import time
 
 import mlx.core as mx
 import numpy as np
@@ -47,6 +48,7 @@ int cuModuleGetFunction(void** hfunc, void* hmod, const char* name);
 int cuMemcpyHtoDAsync_v2(unsigned long long dst, const void* src, size_t n, void* stream);
 int cuMemcpyDtoH_v2(void* dst, unsigned long long src, size_t n);
 int cuMemcpyDtoD_v2(unsigned long long dst, unsigned long long src, size_t n);
+int cuMemcpyDtoDAsync_v2(unsigned long long dst, unsigned long long src, size_t n, void* stream);
 int cuMemAlloc_v2(unsigned long long* dptr, size_t bytesize);
 int cuMemFree_v2(unsigned long long dptr);
 int cuStreamCreate(void** stream, unsigned int flags);
@@ -191,42 +193,51 @@ def plan(first: list[Launch], second: list[Launch], infos: dict, step_inputs: tu
     """Every pointer argument of ``second``'s launches as a ``Ref`` (inputs, then outputs), checked against
     ``first`` (the same step with other inputs): the same kernels, templates, grids and shapes; each input an
     earlier output, a step input, or a constant. ``infos``: id(array) -> ``ArrayInfo`` for every array of both
-    calls. Raises ``Refused``."""
+    calls. Raises ``Refused`` naming the first problem; its ``problems`` lists them all."""
     if len(first) != len(second):
         raise Refused(f"the two calls made {len(first)} and {len(second)} launches")
     ins = [[infos[id(a)] for a in step] for step in step_inputs]
     outs = [[[infos[id(o)] for o in ln.outputs] for ln in lns] for lns in (first, second)]
-    refs = []
+    refs, problems = [], []
     for i, (a, b) in enumerate(zip(first, second)):
         where = f"launch {i} ({b.label})"
         if a.kernel is not b.kernel or a.template != b.template or a.grid != b.grid or \
                 a.threadgroup != b.threadgroup or a.output_dtypes != b.output_dtypes:
-            raise Refused(f"{where}: the two calls launched it otherwise")
+            problems.append(f"{where}: the two calls launched it otherwise")
+            refs.append([])
+            continue
         if b.extra:
-            raise Refused(f"{where}: launched with {', '.join(b.extra)}")
+            problems.append(f"{where}: launched with {', '.join(b.extra)}")
         row = []
         for j, (x, y) in enumerate(zip(a.inputs, b.inputs)):
             ia, ib = infos[id(x)], infos[id(y)]
             name = b.kernel.input_names[j]
             if ia.shape != ib.shape or ia.strides != ib.strides or x.dtype != y.dtype:
-                raise Refused(f"{where} input {name}: {ia.shape}/{ia.strides} then {ib.shape}/{ib.strides}")
-            if b.kernel.contiguous and not ib.row_contiguous and ib.extent:
-                raise Refused(f"{where} input {name}: strides {ib.strides} (MLX copies it before the launch)")
+                problems.append(f"{where} input {name}: {ia.shape}/{ia.strides} then {ib.shape}/{ib.strides}")
+            elif b.kernel.contiguous and not ib.row_contiguous and ib.extent:
+                problems.append(f"{where} input {name}: strides {ib.strides} (MLX copies it before the launch)")
             ra = _locate(ia.address, outs[0], ins[0], i)
             rb = _locate(ib.address, outs[1], ins[1], i)
             if rb is None and ra is None and ia.address == ib.address:
                 rb = Ref("const", 0, 0, 0)
             elif rb is None or rb != ra:
-                raise Refused(f"{where} input {name}: made by an operation that is not a kernel of ours")
+                problems.append(f"{where} input {name} {tuple(y.shape)} {y.dtype}: made by an operation that is "
+                                "not a kernel of ours")
             row.append(rb)
         for j, (x, y) in enumerate(zip(a.outputs, b.outputs)):
             if tuple(x.shape) != tuple(y.shape):
-                raise Refused(f"{where} output {b.kernel.output_names[j]}: shape {x.shape} then {y.shape}")
+                problems.append(f"{where} output {b.kernel.output_names[j]}: shape {x.shape} then {y.shape}")
             row.append(Ref("out", i, j, 0))
         refs.append(row)
+    if problems:
+        e = Refused(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+        e.problems = problems
+        raise e
     return refs
 
 
+#: graphs a replay keeps, one per set of external addresses (``rebind``)
+GRAPHS = 4
 #: alignment of each buffer in a replay's arena (MLX's allocator aligns as much; 16-byte loads need 16)
 ALIGN = 256
 
@@ -243,9 +254,17 @@ class Replay:
         self.stream = self.graph = self.exec = None
         self.arena = None               # the device allocation (an address)
         self.modules: dict = {}
+        self.functions: dict = {}       # (kernel, template, inputs, outputs) -> its CUfunction
         self.consts: list = []          # MLX arrays the launches read in place
         self.addr: dict = {}            # id(array of the second call) -> its address in the arena
-        self.inputs: list = []          # the second call's step inputs
+        self.inputs: list = []          # the second call's step inputs (while building)
+        self.input_keys: list = []      # their keys in ``addr``, and sizes
+        self.input_bytes: list = []
+        self.external: set = set()      # keys of step inputs at the caller's addresses
+        self.same: dict = {}            # key of an output written over an input -> the input's key
+        self.specs: list = []
+        self.timings: dict = {}         # seconds of each part of ``build``
+        self.graphs: dict = {}          # the external addresses -> (graph, exec) not in use now
         self.launches = 0
 
     def _check(self, rc: int, what: str) -> None:
@@ -254,11 +273,13 @@ class Replay:
 
     @classmethod
     def build(cls, first: list[Launch], second: list[Launch], step_inputs: tuple[list, list],
-              in_place: list | None = None) -> "Replay":
+              in_place: list | None = None, external: dict | None = None) -> "Replay":
         """The replay of ``second`` (``first``: the same step run with other inputs; ``step_inputs``: the arrays
         each call was given, evaluated, row-contiguous). ``in_place``: (output, step input) array pairs of
         ``second`` a kernel may write over (``CachedKernel.in_place``): the output gets the input's buffer. The
-        step inputs start as the second call's. Raises ``Refused``; needs MLX's CUDA backend and kernel cache."""
+        step inputs start as the second call's, in the arena, except those ``external`` names (step input index
+        -> a device address of as many bytes, row-major, which the caller keeps alive and never moves: an MLX
+        array in unified memory). Raises ``Refused``; needs MLX's CUDA backend and kernel cache."""
         drv = cuda_driver.driver()
         if drv is None:
             raise Refused("no CUDA driver")
@@ -271,20 +292,30 @@ class Replay:
                 if id(a) not in seen:
                     seen.add(id(a))
                     arrays.append(a)
+        t0 = time.perf_counter()
         mx.eval(arrays)
         infos = dict(zip((id(a) for a in arrays), describe(arrays)))
+        t1 = time.perf_counter()
         refs = plan(first, second, infos, step_inputs)
         r = cls(drv, lib, drv.ffi)
         r.inputs = list(step_inputs[1])
         try:
-            r._lay_out(second, refs, infos, in_place or [])
-            r._capture(second, refs, infos)
+            r._lay_out(second, refs, infos, in_place or [], external or {})
+            t2 = time.perf_counter()
+            r._specs(second, refs, infos)
+            t3 = time.perf_counter()
+            r._capture()
+            r.timings = {"describe": t1 - t0, "plan+arena": t2 - t1, "modules": t3 - t2,
+                         "capture": time.perf_counter() - t3}
         except Exception:
             r.close()
             raise
+        r.input_keys = [id(a) for a in r.inputs]
+        r.input_bytes = [a.nbytes for a in r.inputs]
+        r.inputs = []                       # (the recorded arrays go: the replay keeps addresses and sizes)
         return r
 
-    def _lay_out(self, second: list[Launch], refs: list, infos: dict, pairs: list) -> None:
+    def _lay_out(self, second: list[Launch], refs: list, infos: dict, pairs: list, external: dict) -> None:
         """Arena offsets for the step inputs and the outputs (in-place ones at their input's), the arena
         allocated and the step inputs copied in; the constants held."""
         sizes: dict = {}
@@ -292,7 +323,8 @@ class Replay:
             info = infos[id(a)]
             if not info.row_contiguous:
                 raise Refused(f"step input {m}: strides {info.strides}")
-            sizes[id(a)] = info.extent
+            if m not in external:
+                sizes[id(a)] = info.extent
         same = {}
         for out, inp in pairs:
             hit = [(i, j) for i, ln in enumerate(second) for j, o in enumerate(ln.outputs) if o is out]
@@ -301,7 +333,8 @@ class Replay:
             i, j = hit[0]
             ln = second[i]
             want = ln.kernel.in_place.get(ln.kernel.output_names[j])
-            if want is None or ln.inputs[ln.kernel.input_names.index(want)] is not inp:
+            read = None if want is None else infos[id(ln.inputs[ln.kernel.input_names.index(want)])]
+            if read is None or read.address != infos[id(inp)].address or read.shape != infos[id(inp)].shape:
                 raise Refused(f"launch {i} ({ln.label}): output {ln.kernel.output_names[j]} may not be written "
                               "over that input")
             if infos[id(out)].shape != infos[id(inp)].shape:
@@ -321,10 +354,14 @@ class Replay:
         self._check(self.lib.cuMemAlloc_v2(p, max(total, ALIGN)), "cuMemAlloc")
         self.arena = int(p[0])
         self.addr = {k: self.arena + off for k, off in offsets.items()}
+        for m, address in external.items():
+            self.addr[id(self.inputs[m])] = int(address)
+            self.external.add(id(self.inputs[m]))
         for out_id, inp in same.items():
             self.addr[out_id] = self.addr[id(inp)]
+            self.same[out_id] = id(inp)
         for a in self.inputs:
-            if sizes[id(a)]:
+            if id(a) in sizes and sizes[id(a)]:
                 self._check(self.lib.cuMemcpyDtoD_v2(self.addr[id(a)], infos[id(a)].address, sizes[id(a)]),
                             "cuMemcpyDtoD")
         held = {}
@@ -337,9 +374,12 @@ class Replay:
     def _function(self, ln: Launch):
         """The CUfunction of ``ln``'s instantiation, loaded from MLX's kernel cache."""
         k = ln.kernel
-        func = cc.kernel_name(k.name, list(ln.template))
         ins = [(cc.dtype_name(a.dtype), a.ndim) for a in ln.inputs]
         outs = [cc.dtype_name(t) for t in ln.output_dtypes]
+        key = (id(k), ln.template, tuple(ins), tuple(outs))
+        if key in self.functions:
+            return self.functions[key]
+        func = cc.kernel_name(k.name, list(ln.template))
         src = cc.mlx_source(func, k.header, k.source, k.input_names, ins, k.output_names, outs, list(ln.template))
         path = cc.ptx_path(cc.cache_dir(), cc.module_name(func, src))
         if path not in self.modules:
@@ -357,50 +397,68 @@ class Replay:
             self.modules[path] = (mod[0], None)
             self._check(self.lib.cuModuleGetFunction(fn, mod[0], lowered.encode()), "cuModuleGetFunction")
             self.modules[path] = (mod[0], fn[0])
-        return self.modules[path][1]
+        self.functions[key] = self.modules[path][1]
+        return self.functions[key]
 
-    def _params(self, second: list[Launch], i: int, row: list[Ref], infos: dict, keep: list):
-        """Launch ``i``'s argument array as MLX's ``CustomKernel::eval_gpu`` makes it (pointer; then shape,
-        strides, ndim where the source names them, for inputs of ndim > 0; then the outputs' pointers)."""
-        ffi, ln = self.ffi, second[i]
-        args = []
-        shapes = cc.shape_infos(ln.kernel.source, ln.kernel.input_names)
-        for j, (a, ref) in enumerate(zip(ln.inputs, row)):
-            info = infos[id(a)]
-            if ref.kind == "out":
-                ptr = self.addr[id(second[ref.which].outputs[ref.index])] + ref.offset
-            elif ref.kind == "input":
-                ptr = self.addr[id(self.inputs[ref.which])] + ref.offset
-            else:
-                ptr = info.address
-            args.append(ffi.new("unsigned long long*", ptr))
-            if a.ndim > 0:
-                sh, st, nd = shapes[j]
-                if sh:
-                    args.append(ffi.new(f"int32_t[{MAX_NDIM}]", list(info.shape)))
-                if st:
-                    args.append(ffi.new(f"int64_t[{MAX_NDIM}]", list(info.strides)))
-                if nd:
-                    args.append(ffi.new("int32_t*", len(info.shape)))
-        for o in ln.outputs:
-            args.append(ffi.new("unsigned long long*", self.addr[id(o)]))
-        keep.extend(args)
-        params = ffi.new(f"void*[{len(args)}]", [ffi.cast("void*", p) for p in args])
-        keep.append(params)
-        return params
-
-    def _capture(self, second: list[Launch], refs: list, infos: dict) -> None:
-        ffi, lib = self.ffi, self.lib
-        launches, keep = [], []
+    def _specs(self, second: list[Launch], refs: list, infos: dict) -> None:
+        """Per launch (function, grid, block, arguments as MLX's ``CustomKernel::eval_gpu`` makes them: an input's
+        pointer, then its shape, strides, ndim where the source names them and its ndim > 0; then the outputs'
+        pointers). A pointer is ("at", key, offset): ``self.addr[key] + offset`` when captured (``rebind`` moves
+        them), or ("const", address)."""
+        self.specs = []
         for i, (ln, row) in enumerate(zip(second, refs)):
+            args = []
+            shapes = cc.shape_infos(ln.kernel.source, ln.kernel.input_names)
+            for j, (a, ref) in enumerate(zip(ln.inputs, row)):
+                info = infos[id(a)]
+                if ref.kind == "out":
+                    args.append(("at", id(second[ref.which].outputs[ref.index]), ref.offset))
+                elif ref.kind == "input":
+                    args.append(("at", id(self.inputs[ref.which]), ref.offset))
+                else:
+                    args.append(("const", info.address))
+                if a.ndim > 0:
+                    sh, st, nd = shapes[j]
+                    if sh:
+                        args.append(("i32", tuple(info.shape)))
+                    if st:
+                        args.append(("i64", tuple(info.strides)))
+                    if nd:
+                        args.append(("ndim", len(info.shape)))
+            args += [("at", id(o), 0) for o in ln.outputs]
             (tx, ty, tz), (gx, gy, gz) = ln.threadgroup, ln.grid
             block = (min(tx, gx), min(ty, gy), min(tz, gz))
             grid = (-(-gx // tx), -(-gy // ty), -(-gz // tz))
-            launches.append((self._function(ln), grid, block, self._params(second, i, row, infos, keep)))
-        s = ffi.new("void**")
+            self.specs.append((self._function(ln), grid, block, args))
+
+    def _params(self, args: list, keep: list):
+        ffi, new = self.ffi, []
+        for kind, *v in args:
+            if kind == "at":
+                new.append(ffi.new("unsigned long long*", self.addr[v[0]] + v[1]))
+            elif kind == "const":
+                new.append(ffi.new("unsigned long long*", v[0]))
+            elif kind == "i32":
+                new.append(ffi.new(f"int32_t[{MAX_NDIM}]", list(v[0])))
+            elif kind == "i64":
+                new.append(ffi.new(f"int64_t[{MAX_NDIM}]", list(v[0])))
+            else:
+                new.append(ffi.new("int32_t*", v[0]))
+        keep.extend(new)
+        params = ffi.new(f"void*[{len(new)}]", [ffi.cast("void*", p) for p in new])
+        keep.append(params)
+        return params
+
+    def _capture(self) -> None:
+        """Capture the launches (``specs``, at the addresses now) as the graph to launch."""
+        ffi, lib = self.ffi, self.lib
+        keep: list = []
+        launches = [(f, grid, block, self._params(args, keep)) for f, grid, block, args in self.specs]
         self.drv.current()
-        self._check(lib.cuStreamCreate(s, STREAM_NON_BLOCKING), "cuStreamCreate")
-        self.stream = s[0]
+        if self.stream is None:
+            s = ffi.new("void**")
+            self._check(lib.cuStreamCreate(s, STREAM_NON_BLOCKING), "cuStreamCreate")
+            self.stream = s[0]
         self._check(lib.cuStreamBeginCapture_v2(self.stream, CAPTURE_THREAD_LOCAL), "cuStreamBeginCapture")
         failed = None
         for f, grid, block, params in launches:
@@ -419,20 +477,58 @@ class Replay:
         self.exec = e[0]
         self.launches = len(launches)
 
+    def _bound(self) -> tuple:
+        return tuple(sorted((k, self.addr[k]) for k in self.external))
+
+    def rebind(self, external: dict) -> None:
+        """Step inputs ``build`` was given as ``external`` at other addresses from now on (step input index -> a
+        device address: the outputs written over them move too): the graph captured at those addresses (kept, at
+        most ``GRAPHS``; the last launch done first)."""
+        self.wait()
+        self.graphs[self._bound()] = (self.graph, self.exec)
+        for m, address in external.items():
+            if self.input_keys[m] not in self.external:
+                raise ValueError(f"step input {m} is in the arena, not external")
+            self.addr[self.input_keys[m]] = int(address)
+        for out_key, in_key in self.same.items():
+            self.addr[out_key] = self.addr[in_key]
+        got = self.graphs.pop(self._bound(), None)
+        if got is not None:
+            self.graph, self.exec = got
+            return
+        while len(self.graphs) >= GRAPHS:
+            g, e = self.graphs.pop(next(iter(self.graphs)))
+            self.lib.cuGraphExecDestroy(e)
+            self.lib.cuGraphDestroy(g)
+        self.exec = self.graph = None
+        self._capture()
+
     def address(self, a) -> int:
         """The device address the replay keeps ``a`` (a step input or output of the second call) at."""
         return self.addr[id(a)]
 
+    def input_address(self, index: int) -> int:
+        return self.addr[self.input_keys[index]]
+
     def write(self, index: int, values: np.ndarray) -> None:
         """Step input ``index``'s new bytes (its size), copied before the next ``launch``."""
-        a = self.inputs[index]
         data = np.ascontiguousarray(values)
-        if data.nbytes != a.nbytes:
-            raise ValueError(f"step input {index}: {data.nbytes} bytes for an array of {a.nbytes}")
+        if data.nbytes != self.input_bytes[index]:
+            raise ValueError(f"step input {index}: {data.nbytes} bytes for an array of {self.input_bytes[index]}")
         self.drv.current()
         # on the replay's stream: ordered before its next launch (a pageable source is staged before this returns)
-        self._check(self.lib.cuMemcpyHtoDAsync_v2(self.addr[id(a)], self.ffi.from_buffer(data), data.nbytes,
-                                                  self.stream), "cuMemcpyHtoDAsync")
+        self._check(self.lib.cuMemcpyHtoDAsync_v2(self.input_address(index), self.ffi.from_buffer(data),
+                                                  data.nbytes, self.stream), "cuMemcpyHtoDAsync")
+
+    def copy(self, dst: int, src: int, nbytes: int) -> None:
+        """``nbytes`` from device address ``src`` to ``dst`` on the replay's stream (before its next launch)."""
+        self._check(self.lib.cuMemcpyDtoDAsync_v2(dst, src, nbytes, self.stream), "cuMemcpyDtoDAsync")
+
+    def upload(self, dst: int, values: np.ndarray) -> None:
+        """``values``' bytes to device address ``dst`` on the replay's stream (before its next launch)."""
+        data = np.ascontiguousarray(values)
+        self._check(self.lib.cuMemcpyHtoDAsync_v2(dst, self.ffi.from_buffer(data), data.nbytes, self.stream),
+                    "cuMemcpyHtoDAsync")
 
     def launch(self) -> None:
         self._check(self.lib.cuGraphLaunch(self.exec, self.stream), "cuGraphLaunch")
@@ -453,6 +549,10 @@ class Replay:
         lib = self.lib
         if self.stream is not None:
             lib.cuStreamSynchronize(self.stream)
+        for g, e in self.graphs.values():
+            lib.cuGraphExecDestroy(e)
+            lib.cuGraphDestroy(g)
+        self.graphs = {}
         if self.exec is not None:
             lib.cuGraphExecDestroy(self.exec)
         if self.graph is not None:

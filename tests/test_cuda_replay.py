@@ -7,6 +7,8 @@ running the same step on a third set of inputs, two steps in a row.
 """
 from __future__ import annotations
 
+import types
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -101,6 +103,171 @@ def test_row_contiguous_ignores_unit_dims():
     assert ArrayInfo(0, (1, 896), (1152, 1), 2).row_contiguous
     assert not ArrayInfo(0, (896, 4), (1, 896), 2).row_contiguous
     assert ArrayInfo(0, (2, 1, 3), (3, 7, 1), 4).extent == 24
+
+
+# ---- StepReplay's KV sets (compiled/replay.py), on stand-ins for the replay and the address read ----
+
+class _FakeReplay:
+    """What ``StepReplay._feed`` asks of a ``cuda_replay.Replay``, noted in ``log``."""
+
+    def __init__(self, external: dict):
+        self.addr = {0: 900}                    # the host input's place in the arena
+        self.addr.update(external)
+        self.log: list = []
+
+    def input_address(self, m):
+        return self.addr[m]
+
+    def rebind(self, external):
+        self.addr.update(external)
+        self.log.append(("rebind", dict(external)))
+
+    def copy(self, dst, src, n):
+        self.log.append(("copy", dst, src, n))
+
+    def upload(self, dst, values):
+        self.log.append(("upload", dst, values.nbytes))
+
+    def write(self, m, values):
+        self.log.append(("write", m, values.dtype, values.tobytes()))
+
+
+_KV = (1, 2, 8, 4)
+
+
+@pytest.fixture
+def step_replay(monkeypatch):
+    """A StepReplay as ``_build`` leaves it: a host int32 input (0) and two float16 KV buffers (1, 2) in a set of
+    its own; an array's address is its id."""
+    from ortmlx.compiled import replay
+
+    def describe(arrays):
+        return [ArrayInfo(id(a), tuple(a.shape), tuple(int(np.prod(a.shape[i + 1:])) for i in range(a.ndim)),
+                          a.dtype.size) for a in arrays]
+    monkeypatch.setattr(cuda_replay, "describe", describe)
+    rp = replay.StepReplay(3)
+    rp.shapes = [((1, 1), mx.int32), (_KV, mx.float16), (_KV, mx.float16)]
+    rp.kv, external = rp._new_set({1: mx.zeros(_KV, mx.float16), 2: mx.zeros(_KV, mx.float16)})
+    rp.replay = _FakeReplay(external)
+    return rp
+
+
+def _ids(v=7):
+    return np.array([[v]], np.int32)
+
+
+def _addrs(kv):
+    return {m: id(a) for m, a in kv.items()}
+
+
+def test_a_call_on_the_pasts_it_handed_out_writes_its_host_inputs_only(step_replay):
+    rp = step_replay
+    assert rp._feed([_ids(), rp.kv[1], rp.kv[2]]) and not rp.copy
+    assert rp.replay.log == [("write", 0, np.dtype(np.int32), _ids().tobytes())]
+
+
+def test_other_pasts_are_copied_into_a_set_no_one_holds(step_replay):
+    rp = step_replay
+    first = rp.kv
+    mirror = [first[1], first[2]]               # the runtime keeps the presents it was handed
+    other = [mx.ones(_KV, mx.float16), mx.ones(_KV, mx.float16)]
+    mx.eval(other)
+    assert rp._feed([_ids(), *other]) and rp.copy
+    second = rp.kv
+    assert second is not first and len(rp.kv_sets) == 2          # the held set is left alone
+    nbytes = other[0].nbytes
+    assert rp.replay.log[:3] == [("rebind", _addrs(second)), ("copy", id(second[1]), id(other[0]), nbytes),
+                                 ("copy", id(second[2]), id(other[1]), nbytes)]
+    # the runtime now holds the second set and lets the first go: other pasts go into the first, made no more
+    mirror = [second[1], second[2]]
+    rp.replay.log.clear()
+    assert rp._feed([_ids(), *other]) and rp.copy
+    assert rp.kv is first and len(rp.kv_sets) == 2
+    assert rp.replay.log[0] == ("rebind", _addrs(first))
+    # pasts that are the second set (the mirror it handed out) take it back without a copy
+    rp.replay.log.clear()
+    assert rp._feed([_ids(), *mirror]) and not rp.copy and rp.kv is second
+    assert [e[0] for e in rp.replay.log] == ["rebind", "write"]
+
+
+def test_host_pasts_are_uploaded_and_a_full_house_declines(step_replay):
+    from ortmlx.compiled import replay
+    rp = step_replay
+    host = [np.ones(_KV, np.float16), np.ones(_KV, np.float16)]
+    held = [rp.kv[1], rp.kv[2]]
+    assert rp._feed([_ids(), *host]) and rp.copy
+    assert [e[0] for e in rp.replay.log] == ["rebind", "upload", "upload", "write"]
+    while len(rp.kv_sets) < replay.KV_SETS:     # every set held elsewhere, as many as it may make
+        held += [rp.kv[1], rp.kv[2]]
+        assert rp._feed([_ids(), *host])
+    held += [rp.kv[1], rp.kv[2]]
+    n = len(rp.replay.log)
+    assert not rp._feed([_ids(), *host])
+    assert len(rp.kv_sets) == replay.KV_SETS and len(rp.replay.log) == n
+
+
+def test_a_call_unlike_the_recorded_ones_is_declined(step_replay):
+    rp = step_replay
+    kv = [rp.kv[1], rp.kv[2]]
+    assert not rp._feed([_ids(), *kv][:2])                               # an input fewer
+    assert not rp._feed([np.zeros((1, 2), np.int32), *kv])               # another shape
+    assert not rp._feed([mx.array(_ids()), *kv])                         # a device array where a host one was
+    assert not rp._feed([_ids(), kv[0].astype(mx.float32), kv[1]])       # a KV buffer of another type
+    assert rp.replay.log == []
+
+
+class _Closure:
+    """What ``StepReplay.check`` / ``serve`` read of a decode closure: its host buffer's layout (one float16 host
+    output of 4 at bytes 0..8, then the row hints at 16: output 1's and 2's new rows over inputs 1 and 2)."""
+
+    def __init__(self):
+        self.host_outs = [(0, 0, 8, (1, 4), np.float16)]
+        self.hints = [(1, 1, (1, 4), 2), (2, 2, (1, 4), 2)]
+        self.hint_starts = np.zeros(2, np.int64)
+        self.hint_at = 16
+        self.sink = types.SimpleNamespace(array=np.zeros(64, np.uint8))
+
+
+def _answer(buf, v):
+    """A call's answer in a host buffer: logits ``v`` and both new rows ``v + 1``, start 3."""
+    buf[0:8] = np.full(4, v, np.float16).view(np.uint8)
+    buf[16:32] = np.full(8, v + 1, np.float16).view(np.uint8)
+    buf[32:36] = np.array([3], np.int32).view(np.uint8)
+
+
+def test_the_replay_serves_only_after_it_gave_the_closures_bytes(step_replay):
+    from ortmlx.compiled import replay
+    rp, c = step_replay, _Closure()
+    rp.sink = types.SimpleNamespace(array=np.zeros(64, np.uint8))
+    rp.kv_out = {1: 1, 2: 2}
+    got = [5.0]
+    rp.replay.launch = lambda: _answer(rp.sink.array, got[0])
+    rp.replay.wait = lambda: None
+    _answer(c.sink.array, 5.0)
+    rp.check(c, [_ids(), rp.kv[1], rp.kv[2]])
+    assert rp.serving() and rp.refused is None
+    status, outs, hints = rp.serve(c, [_ids(), rp.kv[1], rp.kv[2]], None)
+    assert status == replay.SERVED and outs[1] is rp.kv[1] and outs[2] is rp.kv[2]
+    assert outs[0].tolist() == [[5.0] * 4] and not outs[0].flags.writeable
+    rows, starts = hints.split(hints.data)
+    assert rows.view(np.float16).tolist() == [6.0] * 8 and starts.tolist() == [3, 3]
+    got[0] = 7.0                                # the replay's own buffer is rewritten; the hints were copied
+    rp.serve(c, [_ids(), rp.kv[1], rp.kv[2]], None)
+    assert rows.view(np.float16).tolist() == [6.0] * 8
+    assert rp.serve(c, [_ids(), rp.kv[1]], None)[0] == replay.DECLINED
+
+
+def test_a_replay_whose_answer_differs_is_refused(step_replay):
+    rp, c = step_replay, _Closure()
+    rp.sink = types.SimpleNamespace(array=np.zeros(64, np.uint8))
+    rp.kv_out = {1: 1, 2: 2}
+    rp.replay.launch = lambda: _answer(rp.sink.array, 5.0)
+    rp.replay.wait = lambda: None
+    rp.replay.close = lambda: None
+    _answer(c.sink.array, 5.0)
+    c.sink.array[20] ^= 1                       # one bit of a new row
+    rp.check(c, [_ids(), rp.kv[1], rp.kv[2]])
+    assert not rp.serving() and rp.refused == "its answer differs from the closure's at byte 20 (of 16..36)"
 
 
 # ---- on MLX's CUDA backend ----

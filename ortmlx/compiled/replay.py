@@ -186,7 +186,7 @@ class StepReplay:
         if len(dev) != len(self.shapes):
             return False
         for a, (shape, dtype) in zip(dev, self.shapes):
-            if tuple(a.shape) != shape or (a.dtype if isinstance(a, mx.array) else None) not in (None, dtype):
+            if tuple(a.shape) != shape or (isinstance(a, mx.array) and a.dtype != dtype):
                 return False
         if any(dev[m] is not u for m, u in self.kv.items()):
             # pasts other than the set bound now: their own set, or copied into one no one else holds

@@ -1082,12 +1082,13 @@ def test_decode_setup_equals_the_lengths_and_rotary_tables(head, half, interleav
     cos = mx.array(rng.standard_normal((rows, half)).astype(np.float32)).astype(ctype)
     sin = mx.array(rng.standard_normal((rows, half)).astype(np.float32)).astype(ctype)
     seqlens = mx.array(np.array([0, 17, 60], np.int32))            # 60: past the cache, clamped as take_rows does
-    pids = None if pid is None else mx.array(np.array([[5], [49], [-3]]), pid)
+    pids = None if pid is None else mx.array(np.array([[5], [-3], [-70]]), pid)   # -3: row 47; -70: row 0
     assert cuda_kernels.decode_setup_reason(seqlens, pids, cos, sin, b, head) is None
     past, total, c, s = cuda_kernels.decode_setup(seqlens, pids, cos, sin, head, interleaved)
     pos = (seqlens if pids is None else pids.reshape(-1)).reshape(b, 1)
     with build.active(build.BuildContext(cuda_kernels=True, take_rows=True)):
-        want_c, want_s = rotary_tables(cos, sin, mx.clip(pos, 0, rows - 1), head, interleaved)
+        want_c, want_s = rotary_tables(cos, sin, mx.clip(mx.where(pos < 0, pos + rows, pos), 0, rows - 1), head,
+                                       interleaved)
     np.testing.assert_array_equal(np.array(past), [0, 17, 60])
     np.testing.assert_array_equal(np.array(total), [1, 18, 61])
     np.testing.assert_array_equal(np.array(c), np.array(want_c).reshape(b, head))

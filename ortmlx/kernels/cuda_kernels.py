@@ -809,8 +809,8 @@ def decode_rope_attention(q, k, v, cos, sin, past_k, past_v, past_len, total_len
 
 #: ``decode_setup``: thread (b, j) makes element j of row b's rotary tables (``rotary_tables``' values: the cache's
 #: column j (side by side) or j / 2 (interleaved), column 0 past the rotary dims, as float32; the sin with the
-#: rotation's sign), thread (b, 0) also the row's lengths; the position (past_len, or the given id) clamped into
-#: the cache as ``take_rows`` clamps it
+#: rotation's sign), thread (b, 0) also the row's lengths; the position (past_len, or the given id) taken into
+#: the cache as ``take_rows`` takes it (a negative one counted from the end, then clamped)
 _SETUP_SOURCE = r"""
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= NB * HEAD) return;
@@ -823,6 +823,7 @@ _SETUP_SOURCE = r"""
     }
     if (ROWS == 0) return;
     int64_t p = HAS_POS ? static_cast<int64_t>(pos[b]) : static_cast<int64_t>(sk);
+    p = p < 0 ? p + ROWS : p;
     p = p < 0 ? 0 : (p >= ROWS ? ROWS - 1 : p);
     const int col = j < 2 * HALF ? (INTERLEAVED ? j / 2 : j % HALF) : 0;
     const float sign = INTERLEAVED ? (j % 2 == 0 ? -1.0f : 1.0f) : (j < HALF ? -1.0f : 1.0f);

@@ -2,6 +2,7 @@
 
     python3 scripts/replay_probe.py [--kernels 170] [--size 4096] [--steps 300] [--rounds 3]
     python3 scripts/replay_probe.py --decode [--layers 24] [--max-len 4104] [--steps 200]
+    python3 scripts/replay_probe.py --model DIR [--tokens 64] [--prompt 62] [--rounds 3]
 
 A chain of K launches of one custom kernel of ours (y = 0.5 x + 1, float32, built into MLX's kernel cache by
 ``kernels/cuda_cache.py`` as every kernel of ours is) run three ways, per step:
@@ -18,10 +19,18 @@ closure makes it (per layer: norm + QKV product, fused RoPE attention over the K
 gated MLP, down product; then the final norm + LM head), run through MLX compiled, MLX eager, and as a
 ``kernels/cuda_replay.py`` replay (its KV buffers written in place); per step the host's part and the wall time,
 and the replay's logits checked bit for bit against MLX's at the same step.
+
+``--model DIR``: a genai model's decode on the MLX EP with tuning ``replay=1``, in one process: generations of the
+same greedy prompt alternate the replay serving and not (it records and checks either way; not serving, the
+trusted closure answers, as with the replay off), after warm-up generations until the replay serves or is
+refused. Per form the token's median time (the second half of each generation), the EP's Compute within it and
+the rest (genai, ORT), every generation's tokens compared; the replay's state and build times, and on a refusal
+every launch argument it found. ORT's CUDA EP columns: ``bench_llm.py --mlx-option tuning=replay=1``.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -108,7 +117,7 @@ def decode(args) -> int:
     """``--decode``: MLX compiled / MLX eager / replayed, a synthetic decode step of our kernels."""
     import mlx.core as mx
     from ortmlx.kernels import consts, cuda_kernels as ck, cuda_replay, cuda_rows
-    h, nq, nkv, d, ff, vocab, t = 896, 14, 2, 64, 4864, 151936, args.max_len
+    h, nq, nkv, d, ff, vocab, t = 896, 14, 2, 64, 4864, 151936, args.max_len or 4104
     mx.random.seed(0)
 
     def col(k, n):                          # a column-major [K, N] weight, as the EP stores MatMul weights
@@ -220,16 +229,105 @@ def decode(args) -> int:
     return 0 if checked else 1
 
 
+def model(args) -> int:
+    """``--model DIR``: a genai decode with the replay serving and not, alternating in one process."""
+    import onnxruntime_genai as og
+    import ortmlx.compiled as C
+    from ortmlx import genai as mg
+    from ortmlx.compiled import replay
+    from ortmlx.ep import compute
+    real = replay.StepReplay.serving
+    serve = [False]
+    replay.StepReplay.serving = lambda self: real(self) and serve[0]
+    spent = [0.0]
+    compute_real = compute.ComputeInfo.compute
+
+    def timed(self, kctx):
+        t0 = time.perf_counter()
+        try:
+            return compute_real(self, kctx)
+        finally:
+            spent[0] += time.perf_counter() - t0
+    compute.ComputeInfo.compute = timed
+    with C.capture() as runners:
+        m, _ = mg.load_model(args.model, "mlx", {"tuning": "replay=1"}, {"search": {"past_present_share_buffer": True}})
+    with open(os.path.join(args.model, "genai_config.json")) as f:
+        vocab = json.load(f)["model"]["vocab_size"]
+    ids = np.random.default_rng(0).integers(0, min(vocab, 5000), args.prompt).astype(np.int32)
+    max_len = args.max_len or args.prompt + args.tokens
+
+    def decode_parts() -> list:
+        return [p for r in runners for p in r.parts() if "replayed_calls" in p.counters]
+
+    def generate() -> tuple[list, float, float]:
+        gen = og.Generator(m, mg.search_options(m, max_len, max_len))
+        gen.append_tokens(ids)
+        toks, token_s, compute_s = [], [], []
+        for _ in range(min(args.tokens, max_len - args.prompt)):
+            spent[0] = 0.0
+            t0 = time.perf_counter()
+            gen.generate_next_token()
+            toks.append(int(gen.get_next_tokens()[0]))
+            token_s.append(time.perf_counter() - t0)
+            compute_s.append(spent[0])
+        half = len(token_s) // 2
+        return toks, statistics.median(token_s[half:]), statistics.median(compute_s[half:])
+
+    first, warm = None, 0
+    while warm < 4:
+        toks, _, _ = generate()
+        first = first or toks
+        warm += 1
+        states = [p.counters["replay"] for p in decode_parts()]
+        if any(x and not x.startswith("refused") for x in states) or any(x.startswith("refused") for x in states):
+            break
+    if not decode_parts():
+        print("no decode closure records a replay here (tuning replay: MLX's CUDA backend and our kernels)")
+    for p in decode_parts():
+        print(f"{p.label}: replay {p.counters['replay'] or '(not built)'}")
+        for c in p.closures():
+            rp = getattr(c, "replay", None)
+            for q in (rp.problems if rp is not None else []):
+                print(f"  refused at: {q}")
+    rows: dict = {False: [], True: []}
+    same = True
+    for _ in range(args.rounds):
+        for on in (False, True):
+            serve[0] = on
+            toks, tok_s, comp_s = generate()
+            same = same and toks == first
+            rows[on].append((tok_s, comp_s))
+    served = sum(p.counters["replayed_calls"] for p in decode_parts())
+    print(f"{args.model}: {args.prompt}-token prompt, {args.tokens} new tokens, max_length {max_len}; "
+          f"{warm} warm-up generations, then {args.rounds} rounds (medians of the rounds' medians, ms)")
+    print(f"  {'form':16} {'token':>8} {'tok/s':>8} {'Compute':>8} {'rest':>8}")
+    base = None
+    for on in (False, True):
+        tok = statistics.median(r[0] for r in rows[on]) * 1e3
+        comp = statistics.median(r[1] for r in rows[on]) * 1e3
+        base = base or tok
+        print(f"  {'replay serving' if on else 'closure':16} {tok:8.3f} {1e3 / tok:8.1f} {comp:8.3f} {tok - comp:8.3f}"
+              f"   ({base / tok:.2f}x the closure's speed)")
+    print(f"replayed calls {served}; every generation's tokens the first's: {same}")
+    return 0 if same else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--decode", action="store_true", help="a synthetic decode step: MLX against a replay")
     ap.add_argument("--layers", type=int, default=24)
-    ap.add_argument("--max-len", type=int, default=4104, help="the KV buffers' length (genai's max_length)")
+    ap.add_argument("--max-len", type=int, help="the KV buffers' length (genai's max_length; --decode: 4104, "
+                    "--model: prompt + tokens)")
     ap.add_argument("--kernels", type=int, default=170, help="launches a step (K)")
     ap.add_argument("--size", type=int, default=4096, help="float32 elements each launch reads and writes")
     ap.add_argument("--steps", type=int, default=300, help="timed steps a form and round")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--model", help="a genai model directory: its decode with the replay serving and not")
+    ap.add_argument("--tokens", type=int, default=64, help="--model: new tokens a generation")
+    ap.add_argument("--prompt", type=int, default=62, help="--model: prompt tokens")
     args = ap.parse_args()
+    if args.model:
+        return model(args)
     if args.decode:
         return decode(args)
     import mlx.core as mx

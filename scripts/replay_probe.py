@@ -40,25 +40,6 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-CDEF = """
-typedef unsigned long long CUdeviceptr;
-int cuModuleLoadData(void** module, const void* image);
-int cuModuleGetFunction(void** hfunc, void* hmod, const char* name);
-int cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize);
-int cuMemFree_v2(CUdeviceptr dptr);
-int cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t n);
-int cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t n);
-int cuStreamCreate(void** stream, unsigned int flags);
-int cuStreamSynchronize(void* stream);
-int cuLaunchKernel(void* f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by,
-                   unsigned int bz, unsigned int shmem, void* stream, void** params, void** extra);
-int cuStreamBeginCapture_v2(void* stream, int mode);
-int cuStreamEndCapture(void* stream, void** graph);
-int cuGraphInstantiateWithFlags(void** exec, void* graph, unsigned long long flags);
-int cuGraphLaunch(void* exec, void* stream);
-int cuGraphExecDestroy(void* exec);
-int cuGraphDestroy(void* graph);
-"""
 STREAM_NON_BLOCKING = 1
 CAPTURE_RELAXED = 2
 THREADS = 256
@@ -73,16 +54,17 @@ ADDRESS_SOURCE = r"""
 
 
 class Cuda:
+    """The driver calls ``kernels/cuda_replay.py`` makes, each checked (``cuda("cuStreamSynchronize", s)``)."""
+
     def __init__(self):
-        import cffi
+        from ortmlx.kernels import cuda_replay
         from ortmlx.kernels.cuda_driver import driver
         drv = driver()
         if drv is None:
             raise SystemExit("replay_probe: no CUDA driver (needs MLX's CUDA backend)")
         drv.current()                       # MLX's primary context on this thread
-        self.ffi = cffi.FFI()
-        self.ffi.cdef(CDEF)
-        self.lib = self.ffi.dlopen("libcuda.so.1")
+        self.ffi = drv.ffi
+        self.lib = cuda_replay.driver_lib(drv)
 
     def __call__(self, what: str, *args):
         rc = getattr(self.lib, what)(*args)
@@ -358,7 +340,7 @@ def main() -> int:
     cuda = Cuda()
     ffi = cuda.ffi
     fn = cached_function(cuda, kern, template, [(cc.dtype_name(mx.float32), 1)], [cc.dtype_name(mx.float32)])
-    bufs = [ffi.new("CUdeviceptr*") for _ in range(2)]
+    bufs = [ffi.new("unsigned long long*") for _ in range(2)]
     for b in bufs:
         cuda("cuMemAlloc_v2", b, n * 4)
     stream = ffi.new("void**")
@@ -384,7 +366,7 @@ def main() -> int:
         return got
 
     def reset():
-        cuda("cuMemcpyHtoD_v2", bufs[0][0], ffi.from_buffer(host), n * 4)
+        cuda("cuMemcpyHtoDAsync_v2", bufs[0][0], ffi.from_buffer(host), n * 4, s)     # (before the stream's next work)
 
     reset()
     launches(checked=True)

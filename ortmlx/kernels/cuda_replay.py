@@ -283,7 +283,7 @@ class Replay:
         drv = cuda_driver.driver()
         if drv is None:
             raise Refused("no CUDA driver")
-        lib = _driver_lib(drv)
+        lib = driver_lib(drv)
         if cc.cache_dir() is None:
             raise Refused("MLX keeps no kernel cache (MLX_PTX_CACHE_DIR is empty)")
         arrays, seen = [], set()
@@ -568,7 +568,7 @@ class Replay:
 
 
 @functools.lru_cache(maxsize=1)
-def _driver_lib(drv):
+def driver_lib(drv):
     """The driver library with the calls a replay makes (another cffi handle on ``libcuda.so.1``)."""
     ffi = drv.ffi
     ffi.cdef(DRIVER_CDEF, override=True)

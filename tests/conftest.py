@@ -15,6 +15,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # compiled calls, which would otherwise depend on how fast the builder thread is. test_build_behind.py turns it on.
 os.environ.setdefault("ORTMLX_TUNING", "build_behind=0")
 
+# Before any test module imports MLX, as a user's process does: ``import ortmlx`` first puts OpenBLAS under MLX's
+# CPU products (ortmlx/blas.py), which then sum in OpenBLAS's order whatever the modules' collection order.
+import ortmlx  # noqa: E402,F401
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _register():

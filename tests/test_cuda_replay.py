@@ -1,9 +1,10 @@
 """A step of our kernels replayed as one CUDA graph (``ortmlx/kernels/cuda_replay.py``).
 
-The launch check (``plan``) runs everywhere on stand-in launches; the replay itself needs MLX's CUDA backend: a
-decode layer of our kernels (embedding row, norm + QKV product, fused RoPE attention with its KV buffers written in
-place, output product, norm + gated MLP, down product) recorded twice, replayed, and compared bit for bit with MLX
-running the same step on a third set of inputs, two steps in a row.
+The launch check (``plan``), ``compiled/replay.py``'s KV sets, check and serve (on stand-ins for the replay and the
+address read) and the decode runner's hooks (a stand-in replay in a genai decode) run everywhere; the replay itself
+needs MLX's CUDA backend: a decode layer of our kernels (embedding row, norm + QKV product, fused RoPE attention
+with its KV buffers written in place, output product, norm + gated MLP, down product) recorded twice, replayed, and
+compared bit for bit with MLX running the same step on a third set of inputs, two steps in a row.
 """
 from __future__ import annotations
 
@@ -268,6 +269,97 @@ def test_a_replay_whose_answer_differs_is_refused(step_replay):
     c.sink.array[20] ^= 1                       # one bit of a new row
     rp.check(c, [_ids(), rp.kv[1], rp.kv[2]])
     assert not rp.serving() and rp.refused == "its answer differs from the closure's at byte 20 (of 16..36)"
+
+
+class _HookReplay:
+    """A stand-in ``StepReplay`` for the runner's hooks: built after two records, checked on the next call, then
+    asked to serve every call (``mode``: "decline" or "raise"); nothing it does changes an answer."""
+
+    log: list = []
+    mode = "decline"
+
+    def __init__(self, n_outputs):
+        self.records, self.replay, self.refused, self.checked = 0, None, None, False
+        self.build_s, self.problems = 0.0, []
+
+    def recording(self):
+        return self.refused is None and self.replay is None
+
+    def pending(self):
+        return self.refused is None and self.replay is not None and not self.checked
+
+    def serving(self):
+        return self.refused is None and self.checked
+
+    def refuse(self, why):
+        self.refused = why
+
+    def record(self, c, dev):
+        assert c.trusted and all(isinstance(a, mx.array) for a in dev)
+        self.log.append("record")
+        self.records += 1
+        if self.records == 2:
+            self.replay = types.SimpleNamespace(launches=7, timings={"capture": 0.01})
+            self.build_s = 0.02
+
+    def check(self, c, given):
+        self.log.append("check")
+        self.checked = True
+
+    def serve(self, c, dev_host, dev_mx):
+        from ortmlx.compiled import replay
+        self.log.append("serve")
+        assert len(dev_mx()) == len(dev_host)
+        if self.mode == "raise":
+            raise RuntimeError("boom")
+        return replay.DECLINED, None, None
+
+
+@pytest.mark.genai
+@pytest.mark.parametrize("mode", ["decline", "raise"])
+def test_the_runner_records_checks_then_asks_the_replay_and_answers_the_same(monkeypatch, mode):
+    """On any backend, with the decode closure's replay hooks on and a stand-in replay: two trusted calls recorded,
+    the next checked, every later call offered to it first; declined or failing, the closure answers, logits bit for
+    bit as without the hooks; a failure refuses the replay for good, named in the counters."""
+    pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (pip install .[genai])")
+    import ortmlx.compiled as C
+    from ortmlx.compiled import core, replay
+    from test_ahead import _steps
+    from test_compiled_genai import SHARE, mg, model_dir
+    path = model_dir("qwen2")
+    got = {}
+    for hooks in (False, True):
+        if hooks:
+            init = core.CompiledSubgraph.__init__
+
+            def hooked(self, *a, **k):
+                init(self, *a, **k)
+                if self.config.name == "decode":
+                    self._replay_on = True
+                    self.counters.update(replayed_calls=0, replay="")
+            monkeypatch.setattr(core.CompiledSubgraph, "__init__", hooked)
+            monkeypatch.setattr(replay, "StepReplay", _HookReplay)
+            monkeypatch.setattr(_HookReplay, "mode", mode)
+            monkeypatch.setattr(_HookReplay, "log", [])
+        logits, tokens = [], []
+        with C.capture() as rs:
+            model, _ = mg.load_model(path, "mlx", None, SHARE)
+        _steps(model, logits, tokens)
+        counters = [dict(p.counters) for r in rs for p in r.parts()]
+        del model
+        got[hooks] = (np.stack(logits), tokens, counters)
+    (ref, toks_ref, _), (out, toks, c) = got[False], got[True]
+    assert toks == toks_ref and ref.tobytes() == out.tobytes()
+    decode = [x for x in c if "replayed_calls" in x]
+    assert decode and sum(x["replayed_calls"] for x in decode) == 0
+    log = _HookReplay.log
+    assert log[:3] == ["record", "record", "check"] and log[3] == "serve", log
+    if mode == "decline":
+        assert log.count("check") == 1 and log.count("serve") >= 20, log
+        assert any(x["replay"] == "7 launches (built in 0.02 s: capture 0.01)" for x in decode), decode
+    else:
+        assert log.count("serve") == 1, log
+        assert any(x["replay"] == "refused: serve: RuntimeError: boom" for x in decode), decode
 
 
 # ---- on MLX's CUDA backend ----

@@ -92,8 +92,26 @@ def cases():
                                        ("K", k), ("N", n), ("TPR", tpr), ("THREADS", cr.THREADS),
                                        ("RB", cr.rows_per_block(4, k, 4 if t == "float32" else 2)), ("NR", 4)])
     for t in ("float16", "bfloat16", "float32"):
-        yield (f"take_rows {t}", "ortmlx_take_rows_x", ["data", "idx"], [t, "int32"], ["out"], [t], ck._TAKE_SOURCE,
-               "", [("T", t)])
+        for it in ("int32", "int64"):
+            yield (f"take_rows {t} {it}", "ortmlx_take_rows_x", ["data", "idx"], [t, it], ["out"], [t],
+                   ck._TAKE_SOURCE, "", [("T", t), ("A", 0)])
+    for s, bits, zp, it in (("float16", 4, True, "int64"), ("float32", 4, False, "int32"),
+                            ("float16", 8, True, "int32")):
+        yield (f"take_dequant_rows {s} {bits}-bit zero points {zp} {it}", "ortmlx_take_dequant_rows_x",
+               ["data", "scales", "zero_points", "idx"], ["uint8", s, "uint8", it], ["out"], [s],
+               ck._DEQUANT_TAKE_SOURCE, "", [("S", s), ("K", 1), ("COLS", 896), ("N", 151936), ("ROW", 896 * bits // 8),
+                                              ("BITS", bits), ("BLOCK", 32), ("KB", 28), ("ZROW", 28 * bits // 8),
+                                              ("HAS_ZP", zp)])
+    for t, pos, inter in (("float16", "int64", False), ("float32", "int32", True), ("bfloat16", "int32", False)):
+        yield (f"decode_setup {t} positions {pos} interleaved {inter}", "ortmlx_decode_setup_x",
+               ["seqlens", "pos", "cos_cache", "sin_cache"], ["int32", pos, t, t],
+               ["past_len", "total_len", "cos_row", "sin_row"], ["int32", "int32", "float32", "float32"],
+               ck._SETUP_SOURCE, "", [("NB", 1), ("HEAD", 64), ("HALF", 32), ("ROWS", 4104), ("HAS_POS", True),
+                                      ("INTERLEAVED", inter)])
+    from ortmlx.kernels import cuda_replay
+    n = cuda_replay.DESCRIBE_CHUNK
+    yield (f"describe {n} arrays", "ortmlx_describe_x", [f"a{i}" for i in range(n)], ["float16", "int32"] * (n // 2),
+           ["info"], ["int64"], cuda_replay._describe_source(n), "", [])
     parts = 49
     yield ("gather_bytes 49 arrays", "ortmlx_gather_bytes_x", [f"in{i}" for i in range(parts)] + ["table"],
            ["float16"] * 48 + ["int32", "int64"], ["out"], ["uint8"], ck._gather_source(parts), "", [])

@@ -1002,6 +1002,90 @@ def test_quantized_embedding_takes_rows_with_the_contract(monkeypatch):
     assert cuda_kernels.take_reason(data.astype(mx.bool_), flat, 0).startswith("data")
 
 
+def reference_take_dequant_rows(data, scales, zero_points, idx, block_size, bits):
+    """``cuda_kernels.take_dequant_rows``' contract: ``dequantize_gathered`` over the rows, indices in [-N, 0) counted
+    from the end, then clamped into [0, N)."""
+    from ortmlx.kernels.ops.contrib_quant import dequantize_gathered
+    n, cols = data.shape[0], data.shape[1] * 8 // bits
+    flat = idx.reshape(-1).astype(mx.int64)
+    flat = mx.clip(mx.where(flat < 0, flat + n, flat), 0, n - 1).astype(mx.int32)
+    return dequantize_gathered(data, scales, zero_points, flat, 0, cols, -(-cols // block_size), block_size, bits)
+
+
+# (bits, block size, scales' type, zero points): GatherBlockQuantized's embeddings as genai's builder makes them
+GBQ_CASES = [(4, 16, mx.float16, True), (4, 32, mx.float32, False), (8, 16, mx.float16, True),
+             (8, 16, mx.float32, False)]
+GBQ_IDS = [f"{b}-bit block {k} {str(t).split('.')[-1]} zero points {z}" for b, k, t, z in GBQ_CASES]
+
+
+def _gbq(bits: int, block: int, stype, zp: bool, n: int = 40, cols: int = 64):
+    """Packed data [n, cols * bits / 8], scales [n, cols / block] and packed zero points (or None), random."""
+    rng = np.random.default_rng(bits * block)
+    kb = cols // block
+    data = mx.array(rng.integers(0, 256, (n, cols * bits // 8)).astype(np.uint8))
+    scales = mx.array((rng.standard_normal((n, kb)) * 0.1).astype(np.float32)).astype(stype)
+    zps = mx.array(rng.integers(0, 256, (n, -(-kb * bits // 8))).astype(np.uint8)) if zp else None
+    return data, scales, zps, cols
+
+
+@pytest.mark.parametrize("bits,block,stype,zp", GBQ_CASES, ids=GBQ_IDS)
+def test_traced_quantized_embedding_is_one_kernel_for_a_replayed_step(monkeypatch, bits, block, stype, zp):
+    """With ``row_products`` (tuning replay) a traced GatherBlockQuantized is ``take_dequant_rows`` (its contract
+    standing in) on the indices as they came, with the eager translator's rows and the same guard."""
+    from ortmlx.compiled.decode_ops import gather_block_quantized_traced
+    from ortmlx.kernels.ops.contrib_quant import gather_block_quantized
+    seen = []
+    monkeypatch.setattr(cuda_kernels, "cuda_backend", lambda: True)
+    monkeypatch.setattr(mx, "default_device", lambda: mx.gpu)
+    monkeypatch.setattr(cuda_kernels, "take_dequant_rows",
+                        lambda *a: seen.append(a[3]) or reference_take_dequant_rows(*a))
+    data, scales, zps, cols = _gbq(bits, block, stype, zp)
+    ids = mx.array(np.array([[3, -1, 39], [0, -40, 7]], np.int64))
+    want = gather_block_quantized(data, np.array(ids), scales, zps, bits=bits, block_size=block)
+    assert want.shape == (2, 3, cols) and want.dtype == stype
+    with mx.stream(mx.cpu):
+        for rows in (False, True):
+            seen.clear()
+            ctx = build.BuildContext(cuda_kernels=True, row_products=rows, guards=[])
+            with build.active(ctx):
+                got = gather_block_quantized_traced(data, ids, scales, zps, bits=bits, block_size=block)
+            assert (len(seen) == 1 and seen[0] is ids) == rows, seen
+            np.testing.assert_array_equal(np.array(got.astype(mx.float32)), np.array(want.astype(mx.float32)))
+            assert got.dtype == stype and len(ctx.guards) == 1 and bool(ctx.guards[0].all().item())
+            with build.active(ctx):
+                gather_block_quantized_traced(data, mx.array(np.array([40], np.int64)), scales, zps, bits=bits,
+                                              block_size=block)
+            assert not bool(ctx.guards[1].all().item())     # past the table: the guard fails the call
+
+
+def test_take_dequant_reason_names_what_it_does_not_take():
+    data, scales, zps, _ = _gbq(4, 16, mx.float16, True)
+    idx = mx.array(np.array([1], np.int64))
+    r = cuda_kernels.take_dequant_reason
+    assert r(data, scales, zps, idx, 16, 4) is None and r(data, scales, None, idx, 16, 4) is None
+    assert r(data.astype(mx.int8), scales, zps, idx, 16, 4).startswith("data")
+    assert r(data, scales, zps, idx, 16, 2).startswith("data")
+    assert r(data, scales.astype(mx.bfloat16), zps, idx, 16, 4).startswith("scales")
+    assert r(data, scales, zps, idx, 32, 4).startswith("scales")          # a block size the scales do not have
+    assert r(data, scales, zps[:, :1], idx, 16, 4).startswith("zero_points")
+    assert r(data, scales, zps, idx.astype(mx.int16), 16, 4).startswith("indices")
+
+
+@gpu_only
+@pytest.mark.parametrize("bits,block,stype,zp", GBQ_CASES, ids=GBQ_IDS)
+def test_take_dequant_rows_kernel(bits, block, stype, zp):
+    """On the GPU: GatherBlockQuantized's rows in one kernel, bit for bit ``dequantize_gathered``'s over the same rows
+    (MLX's half product); a negative index counts from the end, one past either end reads the nearest row."""
+    data, scales, zps, cols = _gbq(bits, block, stype, zp)
+    for idx in (np.array([0, 39, 5], np.int32), np.array([[-1, 3], [-40, 60]], np.int64)):
+        with mx.stream(mx.gpu):
+            got = cuda_kernels.take_dequant_rows(data, scales, zps, mx.array(idx), block, bits)
+            want = reference_take_dequant_rows(data, scales, zps, mx.array(idx), block, bits)
+            mx.eval(got, want)
+        assert got.shape == (idx.size, cols) and got.dtype == stype
+        np.testing.assert_array_equal(np.array(got.astype(mx.float32)), np.array(want.astype(mx.float32)))
+
+
 @gpu_only
 @pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16, mx.float32, mx.uint8, mx.int32])
 def test_take_rows_kernel(dtype):

@@ -566,17 +566,23 @@ def inspect_empty():
 def gather_block_quantized_traced(data, indices, scales, zero_points=None, *, bits=4, block_size=128,
                                   quantize_axis=1, gather_axis=0):
     """GatherBlockQuantized with the indices as data (eager reads them on the host): out-of-range
-    indices fail a guard; the dequantization is eager's (``dequantize_gathered``)."""
+    indices fail a guard; the dequantization is eager's (``dequantize_gathered``), or where the build asks for a step
+    of our kernels only (``build.row_products``) one kernel of ours on the indices as they come (``take_dequant_rows``,
+    bit for bit the same rows)."""
     ga, cols, kb = gbq_layout(data, scales, bits, block_size, gather_axis)
     if kb * block_size != cols:
         raise Untraceable("traced GatherBlockQuantized: blocks that do not tile the row")
-    idx = indices if isinstance(indices, mx.array) else mx.array(np.asarray(indices))
-    idx = idx.astype(mx.int64)
+    idx = indices if isinstance(indices, mx.array) else _const_indices(np.asarray(indices))
     n = data.shape[ga]
+    out_shape = data.shape[:ga] + tuple(idx.shape) + data.shape[ga + 1:-1] + (cols,)
+    if build.row_products() and cuda_kernels.enabled() and ga == 0 and \
+            cuda_kernels.take_dequant_reason(data, scales, zero_points, idx, block_size, bits) is None:
+        add_guard(every((idx >= -n) & (idx < n)))
+        return cuda_kernels.take_dequant_rows(data, scales, zero_points, idx, block_size, bits).reshape(out_shape)
+    idx = idx.astype(mx.int64)
     add_guard(every((idx >= -n) & (idx < n)))
     flat = mx.clip(mx.where(idx < 0, idx + n, idx), 0, n - 1).reshape(-1).astype(mx.int32)
     w = dequantize_gathered(data, scales, zero_points, flat, ga, cols, kb, block_size, bits)
-    out_shape = data.shape[:ga] + tuple(idx.shape) + data.shape[ga + 1:-1] + (cols,)
     return w.reshape(out_shape)
 
 

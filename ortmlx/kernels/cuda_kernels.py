@@ -1133,6 +1133,73 @@ def take_rows(data, idx, axis: int = 0):
     return out
 
 
+#: ``take_dequant_rows``: thread i makes element j of output row r (i = r * COLS + j): row p = idx[r] of the packed
+#: data (negative counted from the end, then clamped, as ``take_rows``), its BITS-bit value j (low bits first), minus
+#: the block's zero point (packed likewise, else 2^(BITS-1)), times the block's scale. (q - z) is exact in float and
+#: its product with a float16 scale too, so one rounding to S gives MLX's half product bit for bit.
+_DEQUANT_TAKE_SOURCE = r"""
+    const int64_t total = static_cast<int64_t>(K) * COLS;
+    const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total; i += step) {
+        const int64_t r = i / COLS;
+        const int64_t j = i - r * COLS;
+        int64_t p = static_cast<int64_t>(idx[r]);
+        p = p < 0 ? p + N : p;
+        p = p < 0 ? 0 : (p >= N ? N - 1 : p);
+        const int64_t blk = j / BLOCK;
+        const int byte = data[p * ROW + (BITS == 4 ? j / 2 : j)];
+        const int q = BITS == 4 ? ((byte >> (4 * (j & 1))) & 15) : byte;
+        int z = 1 << (BITS - 1);
+        if (HAS_ZP) {
+            const int zb = zero_points[p * ZROW + (BITS == 4 ? blk / 2 : blk)];
+            z = BITS == 4 ? ((zb >> (4 * (blk & 1))) & 15) : zb;
+        }
+        out[i] = static_cast<S>(static_cast<float>(q - z) * static_cast<float>(scales[p * KB + blk]));
+    }
+"""
+
+
+@functools.lru_cache(maxsize=1)
+def _dequant_take_kernel():
+    return _kernel("ortmlx_take_dequant_rows", ["data", "scales", "zero_points", "idx"], ["out"], _DEQUANT_TAKE_SOURCE)
+
+
+def take_dequant_reason(data, scales, zero_points, idx, block_size: int, bits: int) -> str | None:
+    """Why ``take_dequant_rows`` does not make these rows (None: it does)."""
+    if data.dtype != mx.uint8 or data.ndim != 2 or data.size == 0 or data.size >= 2**31 or bits not in (4, 8):
+        return f"data {data.dtype} {data.shape} of {bits}-bit values"
+    n, cols = data.shape[0], data.shape[1] * 8 // bits
+    kb = -(-cols // block_size)
+    if scales.dtype not in (mx.float16, mx.float32) or tuple(scales.shape) != (n, kb):
+        return f"scales {scales.dtype} {scales.shape}"
+    if zero_points is not None and (zero_points.dtype != mx.uint8 or
+                                    tuple(zero_points.shape) != (n, -(-kb * bits // 8))):
+        return f"zero_points {zero_points.dtype} {zero_points.shape}"
+    if idx.dtype not in (mx.int32, mx.int64) or idx.size == 0 or idx.size * cols >= 2**31:
+        return f"indices {idx.dtype} {idx.shape}"
+    return None
+
+
+def take_dequant_rows(data, scales, zero_points, idx, block_size: int, bits: int):
+    """GatherBlockQuantized's rows in one kernel (``take_dequant_reason`` None): rows ``idx`` of ``data`` [N, packed]
+    (gather axis 0, quantized along the last), each element (q - zp) * scale of its block, in the scales' type;
+    (idx.size, columns). As ``contrib_quant.dequantize_gathered`` over ``take_rows``' rows, bit for bit."""
+    flat = idx.reshape(-1)
+    n, row = data.shape
+    cols = row * 8 // bits
+    kb = -(-cols // block_size)
+    zp = zero_points if zero_points is not None else data       # (never read without zero points)
+    total = flat.size * cols
+    blocks = max(1, min(TAKE_BLOCKS, -(-total // TAKE_THREADS)))
+    (out,) = _dequant_take_kernel()(
+        inputs=[data, scales, zp, flat],
+        template=[("S", scales.dtype), ("K", flat.size), ("COLS", cols), ("N", n), ("ROW", row), ("BITS", bits),
+                  ("BLOCK", block_size), ("KB", kb), ("ZROW", zp.shape[-1]), ("HAS_ZP", zero_points is not None)],
+        grid=(blocks * TAKE_THREADS, 1, 1), threadgroup=(TAKE_THREADS, 1, 1),
+        output_shapes=[(flat.size, cols)], output_dtypes=[scales.dtype])
+    return out
+
+
 def take(data, idx, axis: int):
     """``mx.take(data, idx, axis)``: through ``take_rows`` where the build in progress asks for it (tuning
     ``take_rows``) and may use these kernels."""

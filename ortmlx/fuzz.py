@@ -1071,6 +1071,105 @@ def b_unique(b: Builder, op: str) -> None:
                           b.out(I64, tuple(vals.reshape(-1).shape), True), b.out(I64, (n,), True)], sorted=1)
 
 
+def _window(b: Builder, nsp: int, pool: bool) -> dict:
+    """Random window attributes for ``nsp`` spatial dims: kernel 1-3, strides and dilations 1-2, pads 0-2 (a pool's
+    below its kernel, as ORT's CPU EP requires) or an auto_pad."""
+    k = [b.draw(b.st.integers(1, 3)) for _ in range(nsp)]
+    a = {"kernel_shape": k}
+    if b.flag(0.6):
+        a["strides"] = [b.draw(b.st.integers(1, 2)) for _ in range(nsp)]
+    if b.flag(0.4):
+        a["dilations"] = [b.draw(b.st.integers(1, 2)) for _ in range(nsp)]
+    mode = b.choice(["NOTSET", "NOTSET", "NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"])
+    if mode != "NOTSET":
+        a["auto_pad"] = mode
+    elif b.flag(0.6):
+        a["pads"] = [b.draw(b.st.integers(0, min(2, k[i % nsp] - 1) if pool else 2)) for i in range(2 * nsp)]
+    return a
+
+
+def _window_out(in_sizes, a: dict, ceil_mode: int = 0) -> list[int]:
+    """Output sizes of a Conv / pool window (ORT's CPU EP's geometry)."""
+    from .kernels.ops.pool import pool_geometry
+    nsp = len(in_sizes)
+    return pool_geometry(in_sizes, a["kernel_shape"], a.get("strides", [1] * nsp), a.get("dilations", [1] * nsp),
+                         a.get("pads", [0] * (2 * nsp)), a.get("auto_pad", "NOTSET"), ceil_mode)[2]
+
+
+def _finite_only(fn):
+    """A builder whose fresh values are finite: NaN and inf through convolutions and pools are each EP's own."""
+    def build(b: Builder, op: str) -> None:
+        saved, b.specials = b.specials, False
+        try:
+            fn(b, op)
+        finally:
+            b.specials = saved
+    return build
+
+
+@_finite_only
+def b_conv(b: Builder, op: str) -> None:
+    """Conv: 1-3 spatial dims, groups, strides, dilations, pads or auto_pad, an optional bias; products of
+    multiples of 1/8, so the sums are exact in float32."""
+    nsp = b.draw(b.st.integers(1, 3))
+    g = b.draw(b.st.integers(1, 2))
+    c, m = g * b.draw(b.st.integers(1, 2)), g * b.draw(b.st.integers(1, 2))
+    sizes = [b.draw(b.st.integers(1, 6 if nsp < 3 else 4)) for _ in range(nsp)]
+    a = _window(b, nsp, pool=False)
+    out = _window_out(sizes, a)
+    if min(out) < 1:
+        return
+    x = b.raw(F32, (b.draw(b.st.integers(1, 2)), c, *sizes))
+    w = b.raw(F32, (m, c // g, *a["kernel_shape"]))
+    if b.flag(0.5):
+        del a["kernel_shape"]                   # taken from the weight
+    ins = [x.name, w.name] + ([b.raw(F32, (m,)).name] if b.flag(0.5) else [])
+    b.emit(op, ins, [b.out(F32, (x.shape[0], m, *out), True)], group=g, **a)
+
+
+@_finite_only
+def b_conv_transpose(b: Builder, op: str) -> None:
+    """ConvTranspose with explicit pads: strides, dilations, output_padding below the stride or dilation, groups."""
+    nsp = b.draw(b.st.integers(1, 2))
+    g = b.draw(b.st.integers(1, 2))
+    c, m = g * b.draw(b.st.integers(1, 2)), g * b.draw(b.st.integers(1, 2))
+    sizes = [b.draw(b.st.integers(1, 4)) for _ in range(nsp)]
+    k = [b.draw(b.st.integers(1, 3)) for _ in range(nsp)]
+    st = [b.draw(b.st.integers(1, 3)) for _ in range(nsp)]
+    dl = [b.draw(b.st.integers(1, 2)) for _ in range(nsp)]
+    pads = [b.draw(b.st.integers(0, 2)) for _ in range(2 * nsp)]
+    op_ = [b.draw(b.st.integers(0, max(st[i], dl[i]) - 1)) for i in range(nsp)]
+    out = [st[i] * (sizes[i] - 1) + op_[i] + (k[i] - 1) * dl[i] + 1 - pads[i] - pads[i + nsp] for i in range(nsp)]
+    if min(out) < 1:
+        return
+    x = b.raw(F32, (b.draw(b.st.integers(1, 2)), c, *sizes))
+    w = b.raw(F32, (c, m // g, *k))
+    ins = [x.name, w.name] + ([b.raw(F32, (m,)).name] if b.flag(0.5) else [])
+    b.emit(op, ins, [b.out(F32, (x.shape[0], m, *out), True)], group=g, strides=st, dilations=dl, pads=pads,
+           output_padding=op_)
+
+
+@_finite_only
+def b_pool(b: Builder, op: str) -> None:
+    """MaxPool, AveragePool (count_include_pad) and LpPool (p 1-3): 1-3 spatial dims, strides, dilations, pads below
+    the kernel or an auto_pad, ceil_mode."""
+    nsp = b.draw(b.st.integers(1, 3))
+    sizes = [b.draw(b.st.integers(1, 6 if nsp < 3 else 4)) for _ in range(nsp)]
+    a = _window(b, nsp, pool=True)
+    ceil = int(b.flag(0.4))
+    out = _window_out(sizes, a, ceil)
+    if min(out) < 1:
+        return
+    if ceil:
+        a["ceil_mode"] = 1
+    if op == "AveragePool" and b.flag(0.5):
+        a["count_include_pad"] = 1
+    if op == "LpPool":
+        a["p"] = b.draw(b.st.integers(1, 3))
+    x = b.raw(F32, (b.draw(b.st.integers(1, 2)), b.draw(b.st.integers(1, 3)), *sizes))
+    b.emit(op, [x.name], [b.out(F32, (*x.shape[:2], *out), op == "MaxPool", op == "MaxPool")], **a)
+
+
 BUILDERS = {}
 for _op in UNARY_EXACT.keys() | UNARY_STEP.keys() | UNARY_F.keys():
     BUILDERS[_op] = b_unary
@@ -1096,7 +1195,8 @@ BUILDERS.update({"Not": b_not, "IsNaN": b_isx, "IsInf": b_isx, "Where": b_where,
                  "Range": b_range, "BitwiseNot": b_bitwise, "PRelu": b_prelu, "CastLike": b_castlike,
                  "Size": b_size, "ConstantOfShape": b_constant_of_shape, "EyeLike": b_eyelike, "Split": b_split,
                  "Gemm": b_gemm, "GlobalAveragePool": b_global_pool, "GlobalMaxPool": b_global_pool,
-                 "ReduceLogSum": b_reduce_log_sum, "NonZero": b_nonzero, "Unique": b_unique})
+                 "ReduceLogSum": b_reduce_log_sum, "NonZero": b_nonzero, "Unique": b_unique, "Conv": b_conv,
+                 "ConvTranspose": b_conv_transpose, "MaxPool": b_pool, "AveragePool": b_pool, "LpPool": b_pool})
 for _op in BITWISE:
     BUILDERS[_op] = b_bitwise
 for _op in ("LayerNormalization", "InstanceNormalization", "GroupNormalization", "BatchNormalization",

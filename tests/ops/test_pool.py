@@ -44,6 +44,16 @@ def test_maxpool_indices(xs, attrs, storage_order):
         check(m, {"x": x})
 
 
+@pytest.mark.parametrize("op,opset", [("MaxPool", 12), ("AveragePool", 19), ("LpPool", 18)])
+@pytest.mark.parametrize("xs,attrs", [
+    ((1, 1, 1), {"kernel_shape": [2], "dilations": [2], "auto_pad": "SAME_UPPER", "ceil_mode": 1}),
+    ((1, 2, 7, 6), {"kernel_shape": [3, 2], "dilations": [2, 1], "auto_pad": "SAME_LOWER", "strides": [2, 1]})])
+def test_same_padding_with_dilations_stays_on_the_cpu_ep(op, opset, xs, attrs):
+    """ORT's CPU EP pads a dilated SAME window for the undilated kernel (length 1, kernel 2, dilation 2: output length
+    0 where the spec's is 1): such a pool is left to it, so its answer, shape included, is the CPU EP's."""
+    stays_on_cpu(one_node(op, [("x", T.FLOAT, xs)], [("y", T.FLOAT, None)], attrs, opset=opset), {"x": rand(xs)}, op)
+
+
 @pytest.mark.parametrize("t", [T.INT8, T.UINT8])
 def test_maxpool_int8(t):
     x = np.random.default_rng(0).integers(0 if t == T.UINT8 else -128, 127, (1, 2, 5, 5)).astype(

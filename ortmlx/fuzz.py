@@ -1036,7 +1036,8 @@ def _norm(b: Builder, op: str) -> None:
 def b_global_pool(b: Builder, op: str) -> None:
     shape = tuple(b.draw(b.st.integers(1, 4)) for _ in range(b.draw(b.st.integers(3, 4))))
     x = b.raw(F32, shape)
-    if op == "GlobalMaxPool" and not x.finite and "GlobalMaxPool:nonfinite" in b.avoid:
+    if op == "GlobalMaxPool" and "GlobalMaxPool:nan" in b.avoid and \
+            np.isnan(b.feeds.get(x.name, b.inits.get(x.name))).any():
         return
     out = shape[:2] + (1,) * (len(shape) - 2)
     b.emit(op, [x.name], [b.out(F32, out, op == "GlobalMaxPool" and x.exact, False)])
@@ -1170,6 +1171,59 @@ def b_pool(b: Builder, op: str) -> None:
     b.emit(op, [x.name], [b.out(F32, (*x.shape[:2], *out), op == "MaxPool", op == "MaxPool")], **a)
 
 
+@_finite_only
+def b_resize(b: Builder, op: str) -> None:
+    """Resize of a 4-D float32 value: nearest (every nearest_mode), linear or cubic (its coefficient,
+    exclude_outside, antialias), every coordinate_transformation_mode (tf_crop_and_resize with a roi and an
+    extrapolation value), by constant scales or sizes (a keep_aspect_ratio_policy), over all axes or the last two."""
+    shape = (b.draw(b.st.integers(1, 2)), b.draw(b.st.integers(1, 3)), b.draw(b.st.integers(1, 5)),
+             b.draw(b.st.integers(1, 5)))
+    x = b.raw(F32, shape)
+    mode = b.choice(["nearest", "linear", "cubic"])
+    ctm = b.choice(["half_pixel", "asymmetric", "pytorch_half_pixel", "align_corners", "half_pixel_symmetric",
+                    "tf_crop_and_resize"])
+    a = {"mode": mode, "coordinate_transformation_mode": ctm}
+    if mode == "nearest":
+        a["nearest_mode"] = b.choice(["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"])
+    else:
+        if b.flag(0.3):
+            a["antialias"] = 1
+        if mode == "cubic":
+            a["cubic_coeff_a"] = b.choice([-0.75, -0.5])
+            a["exclude_outside"] = b.choice([0, 1])
+    axes = [2, 3] if b.flag(0.4) else None
+    if axes is not None:
+        a["axes"] = axes
+    roi = ""
+    if ctm == "tf_crop_and_resize":
+        lo = [b.choice([0.0, 0.25, 0.5]) for _ in range(2)]
+        hi = [b.choice([0.5, 0.75, 1.0, 1.25]) for _ in range(2)]
+        roi = b.name("k")
+        b.inits[roi] = np.asarray(lo + hi if axes else [0.0, 0.0] + lo + [1.0, 1.0] + hi, np.float32)
+        a["extrapolation_value"] = b.choice([0.0, -1.5])
+    full = list(shape)
+    if b.flag(0.5):
+        sc = [b.choice([0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0]) for _ in range(2)]
+        scales = ([1.0, 1.0] + sc) if axes is None else sc
+        k = b.name("k")
+        b.inits[k] = np.asarray(scales, np.float32)
+        ins = [x.name, roi, k]
+        full[2:] = [int(np.floor(shape[2 + i] * sc[i])) for i in range(2)]
+    else:
+        sz = [b.draw(b.st.integers(1, 8)) for _ in range(2)]
+        pol = b.choice(["stretch", "stretch", "not_larger", "not_smaller"])
+        if pol != "stretch":
+            a["keep_aspect_ratio_policy"] = pol
+            r = [sz[i] / shape[2 + i] for i in range(2)]
+            f = min(r) if pol == "not_larger" else max(r)
+            sz = [int(np.floor(f * shape[2 + i] + 0.5)) for i in range(2)]
+        ins = [x.name, roi, "", b.const_i64((list(shape[:2]) if axes is None else []) + sz)]
+        full[2:] = sz
+    if min(full) < 1:
+        return
+    b.emit(op, ins, [b.out(F32, tuple(full), mode == "nearest" and ctm != "tf_crop_and_resize")], **a)
+
+
 BUILDERS = {}
 for _op in UNARY_EXACT.keys() | UNARY_STEP.keys() | UNARY_F.keys():
     BUILDERS[_op] = b_unary
@@ -1196,7 +1250,8 @@ BUILDERS.update({"Not": b_not, "IsNaN": b_isx, "IsInf": b_isx, "Where": b_where,
                  "Size": b_size, "ConstantOfShape": b_constant_of_shape, "EyeLike": b_eyelike, "Split": b_split,
                  "Gemm": b_gemm, "GlobalAveragePool": b_global_pool, "GlobalMaxPool": b_global_pool,
                  "ReduceLogSum": b_reduce_log_sum, "NonZero": b_nonzero, "Unique": b_unique, "Conv": b_conv,
-                 "ConvTranspose": b_conv_transpose, "MaxPool": b_pool, "AveragePool": b_pool, "LpPool": b_pool})
+                 "ConvTranspose": b_conv_transpose, "MaxPool": b_pool, "AveragePool": b_pool, "LpPool": b_pool,
+                 "Resize": b_resize})
 for _op in BITWISE:
     BUILDERS[_op] = b_bitwise
 for _op in ("LayerNormalization", "InstanceNormalization", "GroupNormalization", "BatchNormalization",
@@ -1219,9 +1274,8 @@ KNOWN_BUGS: dict[str, str] = {
     "ReduceMax:nan_input": "ReduceMax of [1, nan, 2]: MLX nan, CPU EP 2 (the CPU EP returns NaN only when the "
                            "first reduced element is NaN); needs the owner's decision",
     "ReduceMin:nan_input": "ReduceMin of [1, nan, 2]: MLX nan, CPU EP 1 (same order dependence as ReduceMax)",
-    "GlobalMaxPool:nonfinite": "GlobalMaxPool of a channel holding only -inf: the CPU EP gives -3.4e38 (its max "
-                               "starts at the lowest finite float), MLX -inf; of one holding NaN: the CPU EP skips "
-                               "it, MLX gives NaN",
+    "GlobalMaxPool:nan": "GlobalMaxPool of a channel holding NaN: the CPU EP skips it over 2-D spatial axes and keeps "
+                         "it over 1-D ones (its paths' own loops); MLX keeps it",
     "Normalization:nonfinite": "Instance/Group/Layer/BatchNormalization of a group holding inf: IEEE gives NaN for "
                                "the whole group (inf - inf in its mean and variance); the CPU EP gives inf or NaN "
                                "element by element, MLX +-inf: neither, and not alike",

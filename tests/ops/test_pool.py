@@ -54,6 +54,30 @@ def test_same_padding_with_dilations_stays_on_the_cpu_ep(op, opset, xs, attrs):
     stays_on_cpu(one_node(op, [("x", T.FLOAT, xs)], [("y", T.FLOAT, None)], attrs, opset=opset), {"x": rand(xs)}, op)
 
 
+@pytest.mark.parametrize("indices", [False, True])
+@pytest.mark.parametrize("xs,attrs", [
+    ((1, 2, 1), {"kernel_shape": [2], "dilations": [2], "pads": [1, 1]}),
+    ((1, 1, 1, 3), {"kernel_shape": [2, 1], "dilations": [2, 1], "pads": [1, 0, 1, 0]}),
+    ((1, 2, 3, 1), {"kernel_shape": [1, 2], "dilations": [1, 2], "pads": [0, 1, 0, 1], "ceil_mode": 1}),
+    ((1, 1, 1, 1, 2), {"kernel_shape": [1, 2, 1], "dilations": [1, 2, 1], "pads": [0, 1, 0, 0, 1, 0]}),
+    ((2, 3, 5, 4), {"kernel_shape": [2, 2], "pads": [1, 1, 1, 1], "dilations": [2, 1]})])
+def test_maxpool_windows_wholly_in_the_padding(xs, attrs, indices):
+    """With dilations or Indices ORT's CPU EP runs its own loop: each window starts at the lowest finite value and
+    takes an element only when greater, so a window lying wholly in the padding (dilated around a short input)
+    gives -3.4e38 and an index of -1 in every coordinate. The same here (non-finite inputs: each ORT path its own
+    way, docs/reliability.md)."""
+    x = np.round(rand(xs) * 4) / 4
+    outs = [("y", T.FLOAT, None)] + ([("i", T.INT64, None)] if indices else [])
+    check(one_node("MaxPool", [("x", T.FLOAT, xs)], outs, attrs, opset=12), {"x": x})
+
+
+@pytest.mark.parametrize("shape", [(1, 3, 2), (1, 3, 1, 2), (1, 3, 2, 1, 1)])
+def test_global_maxpool_of_a_channel_of_minus_infinity(shape):
+    """A channel of -inf only gives the lowest finite float, as ORT's CPU EP's maximum starts there."""
+    x = np.array([[-np.inf, -np.inf], [-2.0, -np.inf], [0.5, 1.5]], np.float32).reshape(shape)
+    check(one_node("GlobalMaxPool", [("x", T.FLOAT, shape)], [("y", T.FLOAT, None)], {}, opset=1), {"x": x})
+
+
 @pytest.mark.parametrize("t", [T.INT8, T.UINT8])
 def test_maxpool_int8(t):
     x = np.random.default_rng(0).integers(0 if t == T.UINT8 else -128, 127, (1, 2, 5, 5)).astype(

@@ -173,6 +173,14 @@ def test_shape_errors(op, ins, attrs, opset):
     check_error(model, feeds, f"{op}_0")
 
 
+@pytest.mark.parametrize("a,b,axis", [((0, 0, 1), (1, 0, 0), 0), ((1, 0, 0), (0, 0, 1), 0), ((0, 3), (2, 0), 1)])
+def test_concat_of_empty_inputs_into_an_empty_output(a, b, axis):
+    """Every input empty, their off-axis dims unlike, the output empty too: ORT's shape (the first input's off the
+    axis), not an error (nothing is left uninitialized)."""
+    model, feeds = one_node("Concat", [data(T.FLOAT, a), data(T.FLOAT, b)], {"axis": axis}, 13)
+    check(model, feeds)
+
+
 def test_concat_empty_input_with_axis_extent_errors():
     """ORT skips the shape check of an empty input but still counts its axis extent, returning
     uninitialized memory; we raise instead of guessing."""

@@ -115,10 +115,23 @@ def _windows(xp, kernel, strides, dilations, out):
         yield off, xp[tuple(idx)]
 
 
+_FLOAT_TYPES = (mx.float16, mx.bfloat16, mx.float32, mx.float64)
+
+
 def _lowest(dtype):
-    if dtype in (mx.float16, mx.bfloat16, mx.float32, mx.float64):
+    if dtype in _FLOAT_TYPES:
         return -float("inf")
     return int(np.iinfo(np.dtype(str(dtype).split(".")[-1])).min)
+
+
+def _start(dtype) -> mx.array:
+    """Where ORT's max pooling starts a window (``numeric_limits<T>::lowest()``, finite): a window holding nothing
+    above it (only padding, -inf or NaN, which its ``>`` never takes) gives it."""
+    if dtype == mx.float64:
+        return mx.array(float(np.finfo(np.float64).min), dtype)
+    if dtype in _FLOAT_TYPES:
+        return mx.array(float(mx.finfo(dtype).min), dtype)
+    return mx.array(_lowest(dtype), dtype)
 
 
 # ------------------------------------------------------------------ MaxPool
@@ -145,11 +158,13 @@ def max_pool(X, *, kernel_shape, auto_pad="NOTSET", ceil_mode=0, dilations=None,
         y = mx.zeros(shape, X.dtype)
         return (y, mx.zeros(shape, mx.int64)) if ctx.n_outputs > 1 else y
     xp = _padded(X, lo, out, kernel, strides, dilations, _lowest(X.dtype))
-    if ctx.n_outputs < 2:
+    if ctx.n_outputs < 2 and all(d == 1 for d in dilations):
+        # ORT's MLAS pooling: the plain maximum of each window (never wholly padding without dilations)
         y = None
         for _, w in _windows(xp, kernel, strides, dilations, out):
             y = w if y is None else mx.maximum(y, w)
         return y
+    start = _start(X.dtype)
     sizes = X.shape[2:]
     # coordinates of every output window's first element, per spatial dim (in input coordinates)
     base = [mx.arange(o, dtype=mx.int64) * s - b for o, s, b in zip(out, strides, lo)]
@@ -159,18 +174,23 @@ def max_pool(X, *, kernel_shape, auto_pad="NOTSET", ceil_mode=0, dilations=None,
         mult = [math.prod(sizes[i + 1:]) for i in range(len(sizes))]
     else:
         mult = [math.prod(sizes[:i]) for i in range(len(sizes))]
-    y = idx = None
+    # ORT's own loop (Indices or dilations): from its start value, an element replaces the maximum only when greater
+    # (the first maximum wins, NaN never does); a window nothing replaces (one wholly in the padding) keeps the start
+    # and an index of -1 in every coordinate
+    y = mx.broadcast_to(start, shape)
+    if ctx.n_outputs < 2:
+        for _, w in _windows(xp, kernel, strides, dilations, out):
+            y = mx.where(w > y, w, y)
+        return y
+    idx = mx.broadcast_to(nc * plane - sum(mult), shape)
     for off, w in _windows(xp, kernel, strides, dilations, out):
         flat = nc * plane
         for i, o in enumerate(off):
             coord = (base[i] + o * dilations[i]) * mult[i]
             flat = flat + coord.reshape([-1 if j == i else 1 for j in range(len(out))])
-        if y is None:
-            y, idx = w, mx.broadcast_to(flat, w.shape)
-        else:
-            better = w > y
-            y = mx.where(better, w, y)
-            idx = mx.where(better, flat, idx)
+        better = w > y
+        y = mx.where(better, w, y)
+        idx = mx.where(better, flat, idx)
     return y, idx
 
 
@@ -257,7 +277,9 @@ def global_average_pool(X):
 
 @register("GlobalMaxPool", 1, dtypes=POOL_FLOATS, check=_global_check)
 def global_max_pool(X):
-    return mx.max(X, axis=_spatial(X), keepdims=True)
+    """The maximum over the spatial axes, never below ``_start``: a channel of -inf gives ORT's CPU EP's answer (a NaN
+    is each of its paths' own: kept here)."""
+    return mx.maximum(mx.max(X, axis=_spatial(X), keepdims=True), _start(X.dtype))
 
 
 @register("GlobalLpPool", 2, dtypes=POOL_FLOATS, check=lambda v: _lp_check(v, global_=True))

@@ -158,6 +158,12 @@ def _concat(xp, *inputs, axis=1):
         raise ValueError(f"Concat inputs of ranks {[x.ndim for x in inputs]} differ")
     full = [x for x in inputs if math.prod(x.shape)]
     ref = (full or inputs)[0].shape
+    if not full:
+        shape = list(ref)
+        shape[a] = sum(x.shape[a] for x in inputs)
+        if not math.prod(shape):
+            # every input empty and so is the output: ORT's shape (the first input's off the axis), whatever the rest
+            return xp.zeros(shape, dtype=inputs[0].dtype)
     for x in inputs:
         if any(d != e for k, (d, e) in enumerate(zip(x.shape, ref)) if k != a):
             if math.prod(x.shape) == 0 and x.shape[a] == 0:
@@ -165,8 +171,6 @@ def _concat(xp, *inputs, axis=1):
             raise ValueError(f"Concat inputs of shapes {[tuple(i.shape) for i in inputs]} differ off axis {axis}"
                              + (" (ORT would return uninitialized memory here)" if not math.prod(x.shape) else ""))
     if not full:
-        shape = list(ref)
-        shape[a] = sum(x.shape[a] for x in inputs)
         return xp.zeros(shape, dtype=inputs[0].dtype)
     return xp.concatenate(full, axis=a) if len(full) > 1 else full[0]
 

@@ -159,7 +159,8 @@ def max_pool(X, *, kernel_shape, auto_pad="NOTSET", ceil_mode=0, dilations=None,
         return (y, mx.zeros(shape, mx.int64)) if ctx.n_outputs > 1 else y
     xp = _padded(X, lo, out, kernel, strides, dilations, _lowest(X.dtype))
     if ctx.n_outputs < 2 and all(d == 1 for d in dilations):
-        # ORT's MLAS pooling: the plain maximum of each window (never wholly padding without dilations)
+        # the plain maximum of each window: ORT's MLAS pooling (float32), and its loop's answer where no window lies
+        # wholly in the padding, as none can without dilations
         y = None
         for _, w in _windows(xp, kernel, strides, dilations, out):
             y = w if y is None else mx.maximum(y, w)

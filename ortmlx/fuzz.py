@@ -18,6 +18,7 @@ Used by tests/test_fuzz.py (fixed budget, CI) and scripts/fuzz.py (long runs).
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 from dataclasses import dataclass, field
 
@@ -110,6 +111,16 @@ class Builder:
 
     def flag(self, p: float = 0.5) -> bool:
         return self.draw(self.st.floats(0, 1)) < p
+
+    @contextlib.contextmanager
+    def specials_while(self, allowed: bool):
+        """Fresh values meanwhile hold NaN and inf only where ``allowed`` (and this case draws them at all)."""
+        saved = self.specials
+        self.specials = saved and allowed
+        try:
+            yield
+        finally:
+            self.specials = saved
 
     # ------------------------------------------------------------------ raw values
     def data(self, dtype: int, shape: tuple, nonzero: bool = False) -> tuple[np.ndarray, bool]:
@@ -992,12 +1003,8 @@ def b_norm(b: Builder, op: str) -> None:
     """LayerNormalization, InstanceNormalization, GroupNormalization, BatchNormalization (inference),
     LpNormalization and MeanVarianceNormalization of fresh float32 values (finite ones unless the known
     difference on inf is asked for: ``Normalization:nonfinite``)."""
-    saved = b.specials
-    b.specials = saved and "Normalization:nonfinite" not in b.avoid
-    try:
+    with b.specials_while("Normalization:nonfinite" not in b.avoid):
         _norm(b, op)
-    finally:
-        b.specials = saved
 
 
 def _norm(b: Builder, op: str) -> None:
@@ -1100,11 +1107,8 @@ def _window_out(in_sizes, a: dict, ceil_mode: int = 0) -> list[int]:
 def _finite_only(fn):
     """A builder whose fresh values are finite: NaN and inf through convolutions and pools are each EP's own."""
     def build(b: Builder, op: str) -> None:
-        saved, b.specials = b.specials, False
-        try:
+        with b.specials_while(False):
             fn(b, op)
-        finally:
-            b.specials = saved
     return build
 
 

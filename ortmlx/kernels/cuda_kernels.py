@@ -864,9 +864,11 @@ def decode_setup(seqlens, position_ids, cos_cache, sin_cache, head: int, interle
     tables = [cos_cache, sin_cache] if cos_cache is not None else [dummy, dummy]
     past, total, c, sn = _setup_kernel()(
         inputs=[seqlens, pos] + tables,
-        template=[("NB", b), ("HEAD", head), ("HALF", half), ("ROWS", rows), ("HAS_POS", position_ids is not None), ("INTERLEAVED", bool(interleaved))],
+        template=[("NB", b), ("HEAD", head), ("HALF", half), ("ROWS", rows), ("HAS_POS", position_ids is not None),
+                  ("INTERLEAVED", bool(interleaved))],
         grid=(-(-b * head // 256) * 256, 1, 1), threadgroup=(256, 1, 1),
-        output_shapes=[(b,), (b,), (b, head), (b, head)], output_dtypes=[mx.int32, mx.int32, mx.float32, mx.float32])
+        output_shapes=[(b,), (b,), (b, head), (b, head)],
+        output_dtypes=[mx.int32, mx.int32, mx.float32, mx.float32])
     return past, total, (c if rows else None), (sn if rows else None)
 
 

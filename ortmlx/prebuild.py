@@ -2,17 +2,20 @@
 
 Reads messages on stdin (``read_msg``: a length, then a pickle): first ``{"model": path, "options": {...}}`` (an
 ORT session of that model on the MLX EP, building in its own calls: tuning ``build_behind=0``), then
-``{"feeds": {name: array | ("zeros", shape, dtype)}}`` per job, each run twice (a general group's key is traced at
-its second call); answers ``("ready",)``, ``("done",)`` or ``("failed", why)`` on stdout. Its kernels land in
-MLX's kernel cache, shared with the process that started it. Ends at the end of its input, on one it cannot read,
-or after ``IDLE_S`` without a job.
+``{"feeds": {name: array | ("zeros", shape, dtype)}, "record": ledger line | None}`` per job, each run twice (a
+general group's key is traced at its second call), then its line written into the ledger; answers ``("ready",)``,
+``("done",)`` or ``("failed", why)`` on stdout. Its kernels land in MLX's kernel cache, shared with the process
+that started it. Ends at the end of its input, on one it cannot read, after ``IDLE_S`` without a job, when its
+answer finds no reader (the process that started it has exited: the job is done first), or after
+``JOB_TIMEOUT_S`` in one job.
 """
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
-from .runtime.prebuild import IDLE_S, read_msg, write_msg
+from .runtime.prebuild import IDLE_S, JOB_TIMEOUT_S, read_msg, record_built, write_msg
 
 
 def _session(path: str, options: dict):
@@ -23,6 +26,12 @@ def _session(path: str, options: dict):
     opts = dict(options)
     opts["tuning"] = ",".join(x for x in (opts.get("tuning", ""), "build_behind=0") if x)
     return ort.InferenceSession(path, ort.SessionOptions(), providers=[(EP_NAME, opts)])
+
+
+def _alarm(seconds: int) -> None:
+    """End this process after ``seconds`` (0: no longer), where the platform has SIGALRM."""
+    if hasattr(signal, "alarm"):
+        signal.alarm(seconds)
 
 
 def _feeds(spec: dict) -> dict:
@@ -53,13 +62,22 @@ def main() -> int:
             return 0
         if job is None:
             return 0
+        # a job left to this worker by an exited process is bounded here (SIGALRM's default ends the process)
+        _alarm(int(JOB_TIMEOUT_S))
         try:
             feeds = _feeds(job["feeds"])
             for _ in range(2):          # a general group's key traces at its second call (eager_calls_before_trace)
                 sess.run(None, feeds)
-            send("done")
+            if job.get("record"):
+                record_built(job["record"])
+            answer = ("done",)
         except Exception as e:  # noqa: BLE001
-            send("failed", f"{type(e).__name__}: {str(e).strip()[:300]}")
+            answer = ("failed", f"{type(e).__name__}: {str(e).strip()[:300]}")
+        _alarm(0)
+        try:
+            send(*answer)
+        except OSError:                 # no reader: the process that started it has exited
+            return 0
 
 
 if __name__ == "__main__":

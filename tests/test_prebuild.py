@@ -5,15 +5,17 @@ verified and trusted. A ledger in the cache lets a later InferenceSession trace 
 backend here (its g++ kernels are cached the same way), answers as ORT's CPU EP's throughout."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 
 from ortmlx.runtime import prebuild
-from ortmlx.testing import probe_json
+from ortmlx.testing import child_env, probe_json
 from ortmlx.runtime.prebuild import ModelSource, feed
 
 _PROBE = r"""
@@ -101,7 +103,9 @@ def test_a_failed_job_leaves_the_build_to_the_process(monkeypatch, tmp_path):
     onnx.save(m, path)
     src = ModelSource(path, ("X",))
     assert src.covers(["X"]) and not src.covers(["X", "Y"]) and not ModelSource("", ("X",)).covers(["X"])
-    monkeypatch.setattr(prebuild.Worker, "run", lambda self, feeds: (_ for _ in ()).throw(RuntimeError("gone")))
+    def gone(self, feeds, record=None):
+        raise RuntimeError("gone")
+    monkeypatch.setattr(prebuild.Worker, "run", gone)
     with C.capture() as rs:
         s = session(m, options={"tuning": "build_behind=1,prebuild=1", "device": "cpu"})
     (r,) = rs
@@ -174,3 +178,73 @@ def test_a_worker_that_hangs_or_dies_fails_its_jobs(monkeypatch, script, limit, 
         with pytest.raises(RuntimeError, match=why.replace("(", r"\(").replace(")", r"\)")):
             w.run({"X": np.ones(2)})
     assert w.proc.poll() is not None
+
+
+#: a worker (``ortmlx.prebuild.main`` itself) whose session's call marks its start in a file, then takes argv[1] s;
+#: its job limit argv[2] s
+_SLOW_WORKER = r"""
+import sys, time
+import ortmlx.prebuild as w
+class Slow:
+    def run(self, outputs, feeds):
+        open(sys.argv[3], "a").close()
+        time.sleep(float(sys.argv[1]))
+w._session = lambda path, options: Slow()
+w.JOB_TIMEOUT_S = float(sys.argv[2])
+sys.exit(w.main())
+"""
+
+#: a process that gives its worker a job and exits once the job has started: the worker's pid and the ledger
+_EXITS_IN_A_JOB = r"""
+import json, os, sys, time
+import numpy as np
+from ortmlx.kernels import background
+from ortmlx.runtime import prebuild
+started = os.path.join(os.environ["TMPDIR"], "started")
+prebuild.WORKER_CMD = [sys.executable, "-c", sys.argv[1], sys.argv[2], sys.argv[3], started]
+w = prebuild._worker("model.onnx", {})
+background.submit("job", lambda: w.run({"X": np.ones(2)}, record="a-key-built"))
+t0 = time.monotonic()
+while not os.path.exists(started) and time.monotonic() - t0 < 120:
+    time.sleep(0.02)
+print(json.dumps({"pid": w.proc.pid, "ledger": prebuild._ledger_path(), "started": os.path.exists(started)}))
+"""
+
+
+def _ended(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")     # a zombie not yet reaped: ended
+    except FileNotFoundError:
+        return True
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+
+@pytest.mark.parametrize("limit, built", [(600, True), (2, False)])
+def test_a_job_in_flight_at_exit_is_left_to_the_worker(tmp_path, limit, built):
+    """A process that exits while its worker builds a key's kernels does not wait for them, nor kill the worker: the
+    worker finishes the job, writes its ledger line (the next process traces that key at once) and ends; a job over
+    the worker's own limit ends it with no line."""
+    env = child_env(TMPDIR=str(tmp_path), ORTMLX_TUNING="")
+    env.pop("MLX_PTX_CACHE_DIR", None)
+    r = subprocess.run([sys.executable, "-c", _EXITS_IN_A_JOB, _SLOW_WORKER, "8", str(limit)], capture_output=True,
+                       text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["started"], r.stderr[-3000:]
+    assert f"process {got['pid']} finishes them" in r.stderr, r.stderr[-3000:]
+    assert not os.path.exists(got["ledger"]), "the exiting process waited for the job"
+    t0 = time.monotonic()
+    while not _ended(got["pid"]) and time.monotonic() - t0 < 60:
+        time.sleep(0.1)
+    assert _ended(got["pid"]), "the worker did not end"
+    if built:
+        with open(got["ledger"]) as f:
+            assert f.read().split() == ["a-key-built"]
+    else:
+        assert not os.path.exists(got["ledger"])

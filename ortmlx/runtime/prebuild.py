@@ -8,7 +8,9 @@ its own on the MLX EP with the same options (``python -m ortmlx.prebuild``), whi
 key's) twice, as a general group traces a key at its second call. Its large float inputs go as zeros (MLX names
 a kernel by its graph, not by values); the rest exactly. MLX keeps what the worker builds in its kernel cache,
 where this process's own trace of the key finds it once the job is done. A ledger in the cache lists the keys
-built there (per model file, options and versions), so a later process traces those at once.
+built there (per model file, options and versions), so a later process traces those at once. A job in flight
+when this process exits is left to the worker, which finishes it, writes its ledger line and ends: a short run
+that left before its kernels were built leaves them for the next one.
 
 Only for a group that is the whole model (its inputs are the model's): a call of the group is a call of the
 model the worker can make.
@@ -43,6 +45,8 @@ WORKER_CMD = [sys.executable, "-m", "ortmlx.prebuild"]
 JOB_TIMEOUT_S = 600.0
 #: a worker with no job for this long ends (its copy of the model leaves the GPU); the next job starts another
 IDLE_S = 60.0
+#: how often a wait for the worker's answer looks whether this process is exiting (``Worker.detach``)
+POLL_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -111,7 +115,8 @@ def _ledger() -> set:
         return set()
 
 
-def _record(sig: str) -> None:
+def record_built(sig: str) -> None:
+    """Add ``sig`` to the ledger (a key whose kernels are in the cache)."""
     try:
         os.makedirs(mlx_cache_dir(), exist_ok=True)
         with open(_ledger_path(), "a") as f:       # (one short line per write: O_APPEND keeps writers apart)
@@ -169,6 +174,8 @@ class Worker:
         self.lock = threading.Lock()
         self.dead = ""
         self.last = time.monotonic()
+        self.busy = False               # a job in flight
+        self.detached = False           # this process is exiting: the job in flight is the worker's own
 
     def _start(self) -> None:
         env = dict(os.environ)
@@ -186,36 +193,48 @@ class Worker:
             raise RuntimeError(f"the kernel-build worker exited (rc {self.proc.wait()})") from None
 
     def _reply(self, want: str):
-        try:
-            msg = read_msg(self.proc.stdout.fileno(), JOB_TIMEOUT_S)
-        except TimeoutError:
-            self.stop()
-            raise RuntimeError(f"the kernel-build worker took over {JOB_TIMEOUT_S:.0f} s") from None
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while True:
+            if self.detached:
+                raise RuntimeError("this process is exiting; the kernel-build worker finishes the job on its own")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.stop()
+                raise RuntimeError(f"the kernel-build worker took over {JOB_TIMEOUT_S:.0f} s")
+            try:
+                msg = read_msg(self.proc.stdout.fileno(), min(POLL_S, left))
+                break
+            except TimeoutError:
+                continue
         if msg is None:
             raise RuntimeError(f"the kernel-build worker exited (rc {self.proc.wait()})")
         if msg[0] != want:
             raise RuntimeError(f"the kernel-build worker: {msg[-1]}")
         return msg
 
-    def run(self, feeds: dict) -> None:
-        """Make the call of ``feeds`` in the worker (raises on its failure; a worker that failed to start or died
-        in a job fails every later job)."""
+    def run(self, feeds: dict, record: str | None = None) -> None:
+        """Make the call of ``feeds`` in the worker, which then writes ``record`` into the ledger (raises on its
+        failure; a worker that failed to start or died in a job fails every later job)."""
         with self.lock:
             if self.dead:
                 raise RuntimeError(self.dead)
+            if self.detached:
+                raise RuntimeError("this process is exiting")
             if self.proc is not None and (self.proc.poll() is not None or time.monotonic() - self.last > IDLE_S / 2):
                 self.stop()             # ended idle, or about to: a new one
                 self.proc = None
             try:
+                self.busy = True
                 if self.proc is None:
                     self._start()
-                self._send({"feeds": feeds})
+                self._send({"feeds": feeds, "record": record})
                 self._reply("done")
             except (OSError, RuntimeError, pickle.PickleError) as e:
                 if self.proc is not None and self.proc.poll() is not None:
                     self.dead = str(e)
                 raise
             finally:
+                self.busy = False
                 self.last = time.monotonic()
 
     def stop(self) -> None:
@@ -224,6 +243,23 @@ class Worker:
         if p is not None and p.poll() is None:
             p.kill()
             p.wait()
+
+    def detach(self) -> int | None:
+        """At this process's exit: a worker in a job is left to finish it (its kernels and ledger line land in
+        the cache for the next process), then to end at the end of its input; an idle one is killed. The pid of
+        the one left, else None."""
+        p = self.proc
+        if p is None or p.poll() is not None:
+            return None
+        if not self.busy:
+            self.stop()
+            return None
+        self.detached = True            # (the builder thread waiting for its answer gives up within POLL_S)
+        try:
+            p.stdin.close()
+        except OSError:
+            pass
+        return p.pid
 
 
 _WORKERS: dict = {}
@@ -241,10 +277,12 @@ def _worker(path: str, options: dict) -> Worker:
 
 
 def stop_all() -> None:
-    """Stop every worker (at interpreter exit, before ``background`` waits for a build in flight: registered
-    after it, so run first)."""
-    for w in list(_WORKERS.values()):
-        w.stop()
+    """At interpreter exit, before ``background`` waits for a build in flight (registered after it, so run
+    first): idle workers killed, busy ones left to finish their job (``Worker.detach``), said once."""
+    left = [pid for w in list(_WORKERS.values()) if (pid := w.detach()) is not None]
+    if left:
+        sys.stderr.write(f"MLXExecutionProvider: kernels for new shapes are still being built; process "
+                         f"{', '.join(map(str, left))} finishes them into {mlx_cache_dir()} for the next run\n")
 
 
 atexit.register(stop_all)
@@ -275,13 +313,12 @@ class WorkerPrebuild:
         worker = _worker(self.path, self.options)
 
         def build():
-            worker.run(feeds)
-            _record(sig)
+            worker.run(feeds, record=sig)
         bkey = f"prebuild {sig}"
         background.submit(bkey, build)
         if not _SAID:
             _SAID.append(True)
             sys.stderr.write(f"MLXExecutionProvider: building MLX kernels for new shapes in a background process "
-                             f"(on a host's first run, seconds to a minute; kept under {mlx_cache_dir()}); calls answer "
-                             "without them meanwhile\n")
+                             f"(on a host's first run, seconds to a minute; kept under {mlx_cache_dir()}); calls "
+                             "answer without them meanwhile\n")
         return bkey

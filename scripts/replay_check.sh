@@ -3,7 +3,7 @@
 # from the repository root with the shim built in place (python3 setup.py build_ext --inplace): the GPU tests of the
 # kernels it takes, replay_probe.py on the pruned fp16 and int4 builds (serving against not, in one process, tokens
 # compared, every refusal's arguments named), then bench_llm.py's decode and accuracy cases with it on, ORT's CUDA
-# EP beside. Each step has a time limit (~25 min in all on an H100 with the builds cached); the log and the JSON go
+# EP beside. Each step has a time limit (~30 min in all on an H100 with the builds cached); the log and the JSON go
 # to $R (results/replay).
 #   bash scripts/replay_check.sh [0.5b|1.5b]
 set -u
@@ -12,8 +12,9 @@ R=${R:-results/replay}
 mkdir -p "$R"
 step() { local lim=$1; shift; echo "+ [$(date +%T)] $* (limit ${lim}s)"; timeout "$lim" "$@"; echo "  rc=$?"; }
 {
-  step 300 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_replay.py tests/test_cuda_kernels.py \
-      tests/test_cuda_rows.py
+  # the replay's own tests first, alone, so that their failures print before any limit
+  step 240 python3 -m pytest -q -p no:cacheprovider -rfE --tb=long tests/test_cuda_replay.py
+  step 600 python3 -m pytest -q -p no:cacheprovider -rfE --tb=short tests/test_cuda_kernels.py tests/test_cuda_rows.py
   step 360 python3 scripts/bench_models.py --size "$size" --precision fp16 --precision int4 --prune-lm-head
   for p in fp16 int4; do
     step 240 python3 scripts/replay_probe.py --model "models/out/qwen2-$size-$p-gqa-prune" --tokens 64 --rounds 3

@@ -232,7 +232,10 @@ def model(args) -> int:
             spent[0] += time.perf_counter() - t0
     compute.ComputeInfo.compute = timed
     with C.capture() as runners:
-        m, _ = mg.load_model(args.model, "mlx", {"tuning": "replay=1"}, {"search": {"past_present_share_buffer": True}})
+        # prebuild off: the closure column is the fused closure traced here, not the unfused one that answers
+        # while a worker builds its kernels (2x slower on an H100)
+        m, _ = mg.load_model(args.model, "mlx", {"tuning": "replay=1,prebuild=0"},
+                             {"search": {"past_present_share_buffer": True}})
     with open(os.path.join(args.model, "genai_config.json")) as f:
         vocab = json.load(f)["model"]["vocab_size"]
     ids = np.random.default_rng(0).integers(0, min(vocab, 5000), args.prompt).astype(np.int32)

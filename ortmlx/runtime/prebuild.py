@@ -174,7 +174,7 @@ class Worker:
         self.lock = threading.Lock()
         self.dead = ""
         self.last = time.monotonic()
-        self.busy = False               # a job in flight
+        self.busy = False               # a job given to the worker (its message sent), not yet answered
         self.detached = False           # this process is exiting: the job in flight is the worker's own
 
     def _start(self) -> None:
@@ -224,10 +224,10 @@ class Worker:
                 self.stop()             # ended idle, or about to: a new one
                 self.proc = None
             try:
-                self.busy = True
                 if self.proc is None:
                     self._start()
                 self._send({"feeds": feeds, "record": record})
+                self.busy = True
                 self._reply("done")
             except (OSError, RuntimeError, pickle.PickleError) as e:
                 if self.proc is not None and self.proc.poll() is not None:
@@ -251,10 +251,10 @@ class Worker:
         p = self.proc
         if p is None or p.poll() is not None:
             return None
-        if not self.busy:
+        self.detached = True            # (the builder thread waiting for its answer gives up within POLL_S)
+        if not self.busy:               # (idle, or still being given its job: its input may be in use)
             self.stop()
             return None
-        self.detached = True            # (the builder thread waiting for its answer gives up within POLL_S)
         try:
             p.stdin.close()
         except OSError:

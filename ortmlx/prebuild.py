@@ -63,7 +63,7 @@ def main() -> int:
         if job is None:
             return 0
         # a job left to this worker by an exited process is bounded here (SIGALRM's default ends the process)
-        _alarm(int(JOB_TIMEOUT_S))
+        _alarm(max(1, int(JOB_TIMEOUT_S)))
         try:
             feeds = _feeds(job["feeds"])
             for _ in range(2):          # a general group's key traces at its second call (eager_calls_before_trace)

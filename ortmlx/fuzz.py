@@ -1113,6 +1113,35 @@ def _finite_only(fn):
 
 
 @_finite_only
+def b_einsum(b: Builder, op: str) -> None:
+    """Einsum of 1-3 fresh inputs: letters of sizes 1-4 (a letter twice in one input: its diagonal), an
+    ellipsis over the same batch dims in every input (or none), an explicit output (any order, some letters summed
+    away) or numpy's implicit one; values multiples of 1/8, so the sums are exact in float32. No zero sizes: ORT
+    1.31.1's CPU EP dies of SIGFPE on some (``bad,dad->da`` over (0, 2, 0) twice)."""
+    letters = "abcde"[:b.draw(b.st.integers(1, 5))]
+    size = {c: b.draw(b.st.integers(1, 4)) for c in letters}
+    batch = tuple(b.draw(b.st.integers(1, 3)) for _ in range(b.draw(b.st.integers(0, 2)))) if b.flag(0.25) else None
+    terms, shapes = [], []
+    for _ in range(b.draw(b.st.integers(1, 3))):
+        subs = "".join(b.choice(letters) for _ in range(b.draw(b.st.integers(0, 3))))
+        terms.append(("..." if batch is not None else "") + subs)
+        shapes.append((batch or ()) + tuple(size[c] for c in subs))
+    eq = ",".join(terms)
+    if b.flag(0.7):
+        used = sorted({c for t in terms for c in t if c != "."})
+        keep = [c for c in used if b.flag(0.6)]
+        order = b.draw(b.st.permutations(keep)) if keep else []
+        eq += "->" + ("..." if batch is not None else "") + "".join(order)
+    try:
+        out = np.einsum(eq, *[np.zeros(sh, np.float32) for sh in shapes]).shape
+    except ValueError:
+        return                                  # (numpy's own rules: an equation no EP must take)
+    t = F32 if b.flag(0.85) else F64
+    ins = [b.raw(t, sh).name for sh in shapes]
+    b.emit(op, ins, [b.out(t, out, True)], equation=eq)
+
+
+@_finite_only
 def b_conv(b: Builder, op: str) -> None:
     """Conv: 1-3 spatial dims, groups, strides, dilations, pads or auto_pad, an optional bias; products of
     multiples of 1/8, so the sums are exact in float32."""
@@ -1255,7 +1284,7 @@ BUILDERS.update({"Not": b_not, "IsNaN": b_isx, "IsInf": b_isx, "Where": b_where,
                  "Gemm": b_gemm, "GlobalAveragePool": b_global_pool, "GlobalMaxPool": b_global_pool,
                  "ReduceLogSum": b_reduce_log_sum, "NonZero": b_nonzero, "Unique": b_unique, "Conv": b_conv,
                  "ConvTranspose": b_conv_transpose, "MaxPool": b_pool, "AveragePool": b_pool, "LpPool": b_pool,
-                 "Resize": b_resize})
+                 "Resize": b_resize, "Einsum": b_einsum})
 for _op in BITWISE:
     BUILDERS[_op] = b_bitwise
 for _op in ("LayerNormalization", "InstanceNormalization", "GroupNormalization", "BatchNormalization",

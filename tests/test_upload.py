@@ -249,3 +249,36 @@ def test_a_session_stages_its_small_inputs():
              for _ in range(3 * U.SMALL_SLOTS)]
     check_against_cpu(model, feeds)
     assert u.small_uploads >= before + len(feeds)
+
+
+
+#: a new process's first call: an Einsum summing a (0, 3) input to a scalar
+_FIRST_EMPTY_SUM = r"""
+import numpy as np
+from onnx import helper, TensorProto as T
+from ortmlx.testing import session
+g = helper.make_graph([helper.make_node("Einsum", ["x"], ["y"], equation="ab->")], "g",
+                      [helper.make_tensor_value_info("x", T.FLOAT, [0, 3])],
+                      [helper.make_tensor_value_info("y", T.FLOAT, None)])
+m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 12)], ir_version=8)
+print(float(session(m).run(None, {"x": np.ones((0, 3), np.float32)})[0]))
+"""
+
+
+def test_an_empty_host_array_uploads_as_a_fresh_empty():
+    """MLX 0.32.4's CPU sum over an empty array copied from NumPy leaves its result unwritten: a new process's
+    first Einsum ``ab->`` over a (0, 3) input answered the allocator's leftovers (5 of 5 processes, 1e-19 to
+    -3e37). An empty upload is a fresh empty array (as the interpreter's empty step outputs), whose sum is 0."""
+    import subprocess
+    import sys
+
+    from ortmlx.testing import child_env
+    for _ in range(3):
+        r = subprocess.run([sys.executable, "-c", _FIRST_EMPTY_SUM], capture_output=True, text=True, timeout=120,
+                           env=child_env())
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert float(r.stdout.split()[-1]) == 0.0
+    for shape, t, want in (((0, 3), dt.FLOAT, mx.float32), ((2, 0), dt.FLOAT16, mx.float16),
+                           ((0,), dt.INT64, mx.int64)):
+        x = dt.to_mx(np.ones(shape, dt.NUMPY[t]), t)
+        assert x.shape == shape and x.dtype == want

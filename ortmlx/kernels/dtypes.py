@@ -120,6 +120,10 @@ class Upload(Protocol):
 
 def to_mx(a: np.ndarray, t: int) -> mx.array:
     """Copy a host array of element type ``t`` into MLX (bf16 arrives as uint16 bits; carriers as carriers)."""
+    if isinstance(a, np.ndarray) and a.size == 0:
+        # an empty value holds nothing; MLX 0.32.4's CPU sum over an empty array copied from NumPy leaves its
+        # result unwritten (garbage), over a fresh empty one it gives 0 (as the interpreter's empty step outputs)
+        return mx.zeros(a.shape, CARRIER_MLX.get(t) or MLX[t])
     if isinstance(a, np.ndarray) and a.ndim and min(a.strides) < 0:
         # MLX takes no negative strides (a host Slice with a negative step; NumPy calls a one-element one contiguous)
         a = a.copy()

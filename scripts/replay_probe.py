@@ -294,6 +294,12 @@ def model(args) -> int:
         print(f"  {'replay serving' if on else 'closure':16} {tok:8.3f} {1e3 / tok:8.1f} {comp:8.3f} {tok - comp:8.3f}"
               f"   ({base / tok:.2f}x the closure's speed)")
     print(f"replayed calls {served}; every generation's tokens the first's: {same}")
+    for p in decode_parts():
+        for c in p.closures():
+            rp = getattr(c, "replay", None)
+            if rp is not None and rp.calls:
+                parts = ", ".join(f"{k} {v / rp.calls * 1e3:.3f}" for k, v in rp.spent.items())
+                print(f"  {p.label}: a served call's parts, mean ms over {rp.calls}: {parts}")
     return 0 if same else 1
 
 

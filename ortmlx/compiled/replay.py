@@ -31,6 +31,8 @@ KV_SETS = 4
 _NUMPY = {mx.float16: np.float16, mx.float32: np.float32, mx.int8: np.int8, mx.uint8: np.uint8}
 
 SERVED, DECLINED, GUARD_FAILED = "served", "declined", "guard failed"
+#: a served call's parts, timed (``StepReplay.spent``: seconds summed over its ``calls``)
+SPENT = ("guard", "feed", "graph", "outputs")
 
 
 class StepReplay:
@@ -49,6 +51,7 @@ class StepReplay:
         self.sink: cuda_driver.HostBuffer | None = None
         self.guard = None               # the closure's guard alone, compiled
         self.calls = 0
+        self.spent = dict.fromkeys(SPENT, 0.0)
         self.build_s = 0.0
         self.copy = False               # this call's pasts are copied into the set (``_take_set``)
         self.problems: list = []        # every launch argument the refusal found (``cuda_replay.plan``)
@@ -251,16 +254,22 @@ class StepReplay:
         """(SERVED, outputs, hints), (GUARD_FAILED, None, None) or (DECLINED, None, None) for a call whose
         device inputs are ``dev_host`` (host arrays and mirrors, hoisted values last); ``dev_mx()`` gives them
         as MLX arrays (the guard's inputs). Raises on a failure (the caller refuses and answers otherwise)."""
+        t0 = time.perf_counter()
         if self.guard is not None:
             ok = self.guard(*dev_mx())
             if not bool(ok.item()):
                 return GUARD_FAILED, None, None
+        t1 = time.perf_counter()
         if not self._feed(dev_host):
             return DECLINED, None, None
+        t2 = time.perf_counter()
         self.replay.launch()
         self.replay.wait()
+        t3 = time.perf_counter()
         self.calls += 1
         outs, hints = self._outputs(c)
+        for k, v in zip(SPENT, (t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3)):
+            self.spent[k] += v
         return SERVED, outs, hints
 
     def release(self) -> None:

@@ -242,6 +242,13 @@ GRAPHS = 4
 ALIGN = 256
 
 
+def _build_answer(k, ins: list, outs: list, ln: Launch) -> str:
+    """What this process's kernel builder said of ``ln``'s instantiation (``CachedKernel.seen``), or why it is off."""
+    key = (tuple((n, type(v).__name__, v if isinstance(v, (bool, int)) else cc.dtype_name(v)) for n, v in ln.template),
+           tuple(ins), tuple(outs))
+    return k.seen.get(key) or f"none ({cc.reason() or 'not asked'})"
+
+
 class Replay:
     """A recorded step as one CUDA graph (``build``): ``write`` the step inputs, ``launch``, ``wait``, ``read``.
 
@@ -389,7 +396,8 @@ class Replay:
                 with open(path[:-4] + ".txt") as f:
                     lowered = f.read().split("\t", 1)[1].split("\n", 1)[0].strip()
             except (OSError, IndexError) as e:
-                raise Refused(f"{ln.label}: not in MLX's kernel cache ({e})") from None
+                why = _build_answer(k, ins, outs, ln)
+                raise Refused(f"{ln.label}: not in MLX's kernel cache ({e}; our build: {why})") from None
             if not image.startswith(b"\x7fELF"):
                 image += b"\0"              # PTX text: the driver reads it up to a NUL
             mod, fn = self.ffi.new("void**"), self.ffi.new("void**")

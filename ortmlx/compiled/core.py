@@ -91,7 +91,7 @@ class _Closure:
                  "trusted", "poisoned", "guarded",
                  "guard_fails", "hoist", "hoist_prog", "trace_prog", "shapeless", "hints", "hint_starts", "sink",
                  "host_outs", "hint_at", "sink_layout", "hoist_run", "ahead_kinds", "ahead_misses", "ahead_hv",
-                 "behind", "keyed", "interim", "outputs", "replay")
+                 "behind", "keyed", "interim", "outputs", "replay", "stand_in")
 
     def __init__(self, dev_idx: tuple[int, ...], host_vals: dict[int, np.ndarray | None]):
         self.fn = None
@@ -139,6 +139,9 @@ class _Closure:
         self.outputs = None
         #: its step recorded and replayed as one CUDA graph (``replay.StepReplay``; None: not asked for)
         self.replay = None
+        #: an interim closure (``shadow``): answers only while the fused one's kernels are built elsewhere, so
+        #: it records no replay (the recording's kernels would be built here, stalling those calls)
+        self.stand_in = False
 
     def shadow(self) -> "_Closure":
         """A closure of the same program and inputs with fresh trace state: traced on the kernel builder's
@@ -146,6 +149,7 @@ class _Closure:
         s = _Closure(self.dev_idx, self.host_vals)
         s.hoist, s.hoist_prog, s.hoist_run = self.hoist, self.hoist_prog, self.hoist_run
         s.trace_prog, s.shapeless, s.keyed = self.trace_prog, self.shapeless, self.keyed
+        s.stand_in = True
         return s
 
 
@@ -728,7 +732,7 @@ class CompiledSubgraph:
                 outs = outs[:-1]
             if call.post is not None:
                 outs = call.post(outs)
-            elif self._replay_on and c.trusted and not call.padded:
+            elif self._replay_on and c.trusted and not call.padded and not c.stand_in:
                 stage = "replay"
                 self._replay_after(c, dev, host + hv)
             return RunResult(outs) if hints is None else RunResult(outs, hints, c, call.standins)

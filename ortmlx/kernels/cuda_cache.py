@@ -506,7 +506,7 @@ class CachedKernel:
         try:
             b = builder()
             if b is None:
-                return "off"
+                return f"off ({reason()})"
             template = list(template or [])
             func = kernel_name(self.name, template)
             return b.submit(func, mlx_source(func, self.header, self.source, self.input_names, inputs,
@@ -519,7 +519,7 @@ class CachedKernel:
         try:
             b = builder()
             if b is None:
-                return "off"
+                return f"off ({reason()})"
             func = kernel_name(self.name, template)
             src = mlx_source(func, self.header, self.source, self.input_names, inputs, self.output_names,
                              output_dtypes, template)

@@ -469,6 +469,13 @@ def reason() -> str | None:
 RECORDING = threading.local()
 
 
+def instantiation_key(template, inputs: list, output_dtypes: list) -> tuple:
+    """What ``CachedKernel.seen`` keeps an instantiation's build answer under (``inputs``: (dtype name, ndim) per
+    input; ``output_dtypes``: dtype names)."""
+    return (tuple((n, type(v).__name__, v if isinstance(v, (bool, int)) else dtype_name(v)) for n, v in template),
+            tuple(map(tuple, inputs)), tuple(output_dtypes))
+
+
 class CachedKernel:
     """An ``mx.fast.cuda_kernel`` whose instantiations are made sure of in MLX's kernel cache before MLX's first
     launch of each in this process; called as the kernel is."""
@@ -486,9 +493,8 @@ class CachedKernel:
     def __call__(self, *, inputs, output_dtypes, template=None, **kw):
         template = list(template or [])
         try:
-            key = (tuple((n, type(v).__name__, v if isinstance(v, (bool, int)) else dtype_name(v))
-                         for n, v in template),
-                   tuple((dtype_name(a.dtype), a.ndim) for a in inputs), tuple(dtype_name(t) for t in output_dtypes))
+            key = instantiation_key(template, [(dtype_name(a.dtype), a.ndim) for a in inputs],
+                                    [dtype_name(t) for t in output_dtypes])
         except Exception:  # noqa: BLE001 - a scalar input or an odd template: left to MLX (its own build, its error)
             key = None
         if key is not None and key not in self.seen:

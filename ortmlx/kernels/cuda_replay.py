@@ -244,9 +244,7 @@ ALIGN = 256
 
 def _build_answer(k, ins: list, outs: list, ln: Launch) -> str:
     """What this process's kernel builder said of ``ln``'s instantiation (``CachedKernel.seen``), or why it is off."""
-    key = (tuple((n, type(v).__name__, v if isinstance(v, (bool, int)) else cc.dtype_name(v)) for n, v in ln.template),
-           tuple(ins), tuple(outs))
-    return k.seen.get(key) or f"none ({cc.reason() or 'not asked'})"
+    return k.seen.get(cc.instantiation_key(ln.template, ins, outs)) or f"none ({cc.reason() or 'not asked'})"
 
 
 class Replay:

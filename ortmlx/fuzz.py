@@ -1385,8 +1385,10 @@ def _close(got: np.ndarray, want: np.ndarray, what: str) -> None:
         raise FuzzFailure(f"{what}: values differ at {bad}: MLX {got.ravel()[:8]} CPU {want.ravel()[:8]}")
 
 
-def check_case(case: Case, options: dict | None = None) -> Outcome:
-    """Run ``case`` on the CPU EP and the MLX EP; raise FuzzFailure when MLX is wrong."""
+def check_case(case: Case, options: dict | None = None, calls: int = 1) -> Outcome:
+    """Run ``case`` on the CPU EP and the MLX EP; raise FuzzFailure when MLX is wrong. ``calls`` > 1: the MLX EP's
+    session runs the feeds that many times, every answer checked (after the first, a compiled closure verified
+    against eager answers: the compiled path)."""
     from .testing import session, unclaimed_ops
     blob = case.model.SerializeToString()
     try:
@@ -1407,6 +1409,13 @@ def check_case(case: Case, options: dict | None = None) -> Outcome:
         return Outcome("cpu_rejects", info={"cpu": cpu_err})
     n = len(case.model.graph.node)
     left = sum(unclaimed_ops(s).values())
-    for o, g, w in zip(s.get_outputs(), got, want):
-        _close(np.asarray(g), np.asarray(w), f"output {o.name}")
+    for k in range(calls):
+        if k:
+            try:
+                got = s.run(None, case.feeds)
+            except Exception as e:  # noqa: BLE001
+                raise FuzzFailure(f"call {k + 1}: MLX EP failed after answering: {type(e).__name__}: "
+                                  f"{str(e)[:1500]}") from None
+        for o, g, w in zip(s.get_outputs(), got, want):
+            _close(np.asarray(g), np.asarray(w), f"call {k + 1}, output {o.name}" if calls > 1 else f"output {o.name}")
     return Outcome("ok", claimed=n - left, nodes=n)

@@ -34,6 +34,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-nodes", type=int, default=6)
     ap.add_argument("--avoid-known", action="store_true", help="do not generate fuzz.KNOWN_BUGS cases")
     ap.add_argument("--options", default="", help="MLX provider options k=v,k=v")
+    ap.add_argument("--calls", type=int, default=1,
+                    help="run each MLX EP session this many times, every answer checked (> 2: compiled closures)")
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
     ops = fuzz.fuzzable_ops(set(a.ops.split(",")) if a.ops else None)
@@ -55,7 +57,7 @@ def main(argv=None) -> int:
         def prop(case):
             tally["tried"] += 1
             last["case"] = case
-            out = fuzz.check_case(case, opts)
+            out = fuzz.check_case(case, opts, a.calls)
             tally[out.status] += 1
             tally["nodes"] += out.nodes
             tally["claimed"] += out.claimed
@@ -76,7 +78,7 @@ def main(argv=None) -> int:
               f"({time.time() - t0:.0f}s)", file=sys.stderr, flush=True)
     res = {"seed": a.seed, "cases_tried": tally["tried"], "ok": tally["ok"], "no_reference": tally["cpu_rejects"],
            "both_fail": tally["both_fail"], "nodes": tally["nodes"], "nodes_on_mlx": tally["claimed"],
-           "ops": ops, "op_uses_ok": dict(op_count.most_common()), "avoid_known": a.avoid_known,
+           "ops": ops, "op_uses_ok": dict(op_count.most_common()), "avoid_known": a.avoid_known, "calls": a.calls,
            "distinct_failures": len(failures), "failures": failures, "seconds": round(time.time() - t0, 1)}
     text = json.dumps(res, indent=1)
     print(text)

@@ -95,3 +95,53 @@ def test_log_sum_reads_exact_values_only(case):
     seen = [n for n in g.node if n.op_type == "ReduceLogSum"]
     for n in seen:
         assert n.input[0] in raw, f"ReduceLogSum reads {n.input[0]}, computed: {case}"
+
+
+COMPILED_BUDGET = 40
+
+
+@settings(max_examples=COMPILED_BUDGET, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck), print_blob=True)
+@given(case=fuzz.cases(ops(), avoid=fuzz.KNOWN_BUGS))
+def test_random_graphs_compiled_mlx_equals_cpu(case):
+    """Three calls a session, each checked: the second traces and verifies a compiled closure, the third is
+    answered by it (build_behind off: traced on the calling thread)."""
+    import ortmlx.compiled as C
+    with C.capture() as rs:
+        out = fuzz.check_case(case, {"tuning": "build_behind=0"}, calls=3)
+    TALLY["compiled " + out.status] += 1
+    TALLY["compiled calls"] += sum(p.counters.get("compiled_calls", 0) for r in rs for p in r.parts())
+
+
+def test_compiled_fuzz_really_compiled():
+    if not TALLY["compiled ok"]:
+        pytest.skip("run together with test_random_graphs_compiled_mlx_equals_cpu")
+    assert TALLY["compiled calls"] >= COMPILED_BUDGET // 2, TALLY
+
+
+def test_checker_checks_every_call(monkeypatch):
+    """A session whose second answer is wrong: check_case with calls=3 names that call."""
+    from ortmlx import testing
+    real = testing.session
+
+    class Flaky:
+        def __init__(self, s):
+            self.s, self.n = s, 0
+
+        def run(self, names, feeds):
+            self.n += 1
+            got = self.s.run(names, feeds)
+            return [g + 1 for g in got] if self.n == 2 else got
+
+        def __getattr__(self, name):
+            return getattr(self.s, name)
+
+    def session(blob, provider=None, *a, **k):
+        s = real(blob, provider, *a, **k) if provider else real(blob, *a, **k)
+        return s if provider == "CPUExecutionProvider" else Flaky(s)
+    monkeypatch.setattr(testing, "session", session)
+    m = make_model([h.make_node("Neg", ["X"], ["Y"])], [("X", T.FLOAT, [3])], [("Y", T.FLOAT, [3])])
+    case = fuzz.Case(m, {"X": np.array([1, -2, 3], np.float32)}, ["Neg"])
+    assert fuzz.check_case(case, calls=1).status == "ok"
+    with pytest.raises(fuzz.FuzzFailure, match="call 2, output Y"):
+        fuzz.check_case(case, calls=3)

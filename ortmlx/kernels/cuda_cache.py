@@ -469,11 +469,11 @@ def reason() -> str | None:
 RECORDING = threading.local()
 
 
-def instantiation_key(template, inputs: list, output_dtypes: list) -> tuple:
-    """What ``CachedKernel.seen`` keeps an instantiation's build answer under (``inputs``: (dtype name, ndim) per
-    input; ``output_dtypes``: dtype names)."""
+def instantiation_key(template, inputs, output_dtypes) -> tuple:
+    """What ``CachedKernel.seen`` keeps an instantiation's build answer under (``inputs``: a (dtype name, ndim)
+    tuple per input; ``output_dtypes``: dtype names)."""
     return (tuple((n, type(v).__name__, v if isinstance(v, (bool, int)) else dtype_name(v)) for n, v in template),
-            tuple(map(tuple, inputs)), tuple(output_dtypes))
+            tuple(inputs), tuple(output_dtypes))
 
 
 class CachedKernel:
@@ -493,8 +493,8 @@ class CachedKernel:
     def __call__(self, *, inputs, output_dtypes, template=None, **kw):
         template = list(template or [])
         try:
-            key = instantiation_key(template, [(dtype_name(a.dtype), a.ndim) for a in inputs],
-                                    [dtype_name(t) for t in output_dtypes])
+            key = instantiation_key(template, ((dtype_name(a.dtype), a.ndim) for a in inputs),
+                                    (dtype_name(t) for t in output_dtypes))
         except Exception:  # noqa: BLE001 - a scalar input or an odd template: left to MLX (its own build, its error)
             key = None
         if key is not None and key not in self.seen:

@@ -361,6 +361,27 @@ def test_builder_is_off_without_a_cuda_device(monkeypatch):
     assert cc.builder() is None and cc.reason()
 
 
+def test_an_off_builder_on_a_cuda_backend_says_why_once(monkeypatch, capsys):
+    """Off on MLX's CUDA backend for a reason other than the user's kernel_cache=0: one stderr line naming it."""
+    import mlx.core as mx
+    monkeypatch.setattr(cc, "_builder", [])
+    monkeypatch.setattr(cc, "_reason", [])
+    monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cc, "loaded_nvrtc", lambda major=None: None)
+    monkeypatch.setattr(mx, "device_info", lambda d: {"compute_capability_major": 9, "compute_capability_minor": 0})
+    monkeypatch.setattr(mx, "__version__", cc.MLX_VERSIONS[0])
+    monkeypatch.setenv("ORTMLX_TUNING", "")
+    assert cc.builder() is None and cc.builder() is None
+    err = capsys.readouterr().err
+    assert err.count("MLXExecutionProvider: our CUDA kernels are not kept") == 1, err
+    assert "no NVRTC library of MLX's loaded (or several)" in err, err
+    monkeypatch.setattr(cc, "_builder", [])
+    monkeypatch.setattr(cc, "_reason", [])
+    monkeypatch.setenv("ORTMLX_TUNING", "kernel_cache=0")
+    assert cc.builder() is None and cc.reason() == "tuning kernel_cache=0"
+    assert capsys.readouterr().err == ""
+
+
 def _nvrtc_setup():
     """(library, include paths) of an installed NVRTC wheel and MLX's shipped headers, else None."""
     lib, incs = cc.wheel_nvrtc(), cc.include_paths()

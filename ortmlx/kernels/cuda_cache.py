@@ -14,7 +14,8 @@ instead of building it. NVRTC builds one program at a time in a process, so the 
 (``kernels/nvrtc.py``), one per core: the instantiations a graph build (an eager run or a trace) asks for are
 queued as it meets them, and its end waits for them (``settle``) before its evaluation launches them. Anything
 that fails leaves MLX to build the kernel as before; a source that differs from MLX's only misses the cache.
-Tuning ``kernel_cache=0`` (environment only) turns it off.
+Tuning ``kernel_cache=0`` (environment only) turns it off; off for any other reason on MLX's CUDA backend, one
+stderr line says why.
 """
 from __future__ import annotations
 
@@ -457,7 +458,19 @@ def builder() -> Builder | None:
         b, why = None, f"{type(e).__name__}: {e}"
     _builder.append(b)
     _reason.append(why)
+    if b is None and why != "tuning kernel_cache=0" and _cuda_backend():
+        # each process then pays MLX's own build of every kernel of ours: say so once, with why
+        sys.stderr.write(f"MLXExecutionProvider: our CUDA kernels are not kept in MLX's kernel cache in this "
+                         f"process ({why}); each new process builds them again\n")
     return b
+
+
+def _cuda_backend() -> bool:
+    try:
+        import mlx.core as mx
+        return bool(mx.cuda.is_available())
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def reason() -> str | None:

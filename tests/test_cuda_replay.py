@@ -315,40 +315,48 @@ class _HookReplay:
         return replay.DECLINED, None, None
 
 
+def _hook_decode(monkeypatch, **attrs):
+    """Every decode runner asks a ``_HookReplay`` (its log emptied) for its replay, with ``attrs`` set on it."""
+    from ortmlx.compiled import core, replay
+    init = core.CompiledSubgraph.__init__
+
+    def hooked(self, *a, **k):
+        init(self, *a, **k)
+        if self.config.name == "decode":
+            self._replay_on = True
+            for name, v in attrs.items():
+                setattr(self, name, v)
+            self.counters.update(replayed_calls=0, replay="")
+    monkeypatch.setattr(core.CompiledSubgraph, "__init__", hooked)
+    monkeypatch.setattr(replay, "StepReplay", _HookReplay)
+    monkeypatch.setattr(_HookReplay, "log", [])
+
+
+def _genai_decode() -> tuple:
+    """(logits, tokens, every part's counters) of ``test_ahead._steps`` on the tiny fp32 qwen2 build."""
+    pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (pip install .[genai])")
+    import ortmlx.compiled as C
+    from test_ahead import _steps
+    from test_compiled_genai import SHARE, mg, model_dir
+    logits, tokens = [], []
+    with C.capture() as rs:
+        model, _ = mg.load_model(model_dir("qwen2"), "mlx", None, SHARE)
+    _steps(model, logits, tokens)
+    counters = [dict(p.counters) for r in rs for p in r.parts()]
+    del model
+    return np.stack(logits), tokens, counters
+
+
 @pytest.mark.genai
 @pytest.mark.parametrize("mode", ["decline", "raise"])
 def test_the_runner_records_checks_then_asks_the_replay_and_answers_the_same(monkeypatch, mode):
     """On any backend, with the decode closure's replay hooks on and a stand-in replay: two trusted calls recorded,
     the next checked, every later call offered to it first; declined or failing, the closure answers, logits bit for
     bit as without the hooks; a failure refuses the replay for good, named in the counters."""
-    pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (pip install .[genai])")
-    import ortmlx.compiled as C
-    from ortmlx.compiled import core, replay
-    from test_ahead import _steps
-    from test_compiled_genai import SHARE, mg, model_dir
-    path = model_dir("qwen2")
-    got = {}
-    for hooks in (False, True):
-        if hooks:
-            init = core.CompiledSubgraph.__init__
-
-            def hooked(self, *a, **k):
-                init(self, *a, **k)
-                if self.config.name == "decode":
-                    self._replay_on = True
-                    self.counters.update(replayed_calls=0, replay="")
-            monkeypatch.setattr(core.CompiledSubgraph, "__init__", hooked)
-            monkeypatch.setattr(replay, "StepReplay", _HookReplay)
-            monkeypatch.setattr(_HookReplay, "mode", mode)
-            monkeypatch.setattr(_HookReplay, "log", [])
-        logits, tokens = [], []
-        with C.capture() as rs:
-            model, _ = mg.load_model(path, "mlx", None, SHARE)
-        _steps(model, logits, tokens)
-        counters = [dict(p.counters) for r in rs for p in r.parts()]
-        del model
-        got[hooks] = (np.stack(logits), tokens, counters)
-    (ref, toks_ref, _), (out, toks, c) = got[False], got[True]
+    ref, toks_ref, _ = _genai_decode()
+    _hook_decode(monkeypatch)
+    monkeypatch.setattr(_HookReplay, "mode", mode)
+    out, toks, c = _genai_decode()
     assert toks == toks_ref and ref.tobytes() == out.tobytes()
     decode = [x for x in c if "replayed_calls" in x]
     assert decode and sum(x["replayed_calls"] for x in decode) == 0
@@ -373,29 +381,10 @@ class _QueuedBuild:
 def test_an_interim_closure_records_no_replay(monkeypatch):
     """While a key's fused kernels are built elsewhere its interim closure answers; it records nothing for the
     replay (a recording builds our kernels in this process: the stall the worker is there to avoid)."""
-    pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (pip install .[genai])")
-    import ortmlx.compiled as C
-    from ortmlx.compiled import core, replay
     from ortmlx.kernels import background
-    from test_ahead import _steps
-    from test_compiled_genai import SHARE, mg, model_dir
-    init = core.CompiledSubgraph.__init__
-
-    def hooked(self, *a, **k):
-        init(self, *a, **k)
-        if self.config.name == "decode":
-            self._replay_on, self.prebuild = True, _QueuedBuild()
-            self.counters.update(replayed_calls=0, replay="")
-    monkeypatch.setattr(core.CompiledSubgraph, "__init__", hooked)
+    _hook_decode(monkeypatch, prebuild=_QueuedBuild())
     monkeypatch.setattr(background, "state", lambda key: background.QUEUED)
-    monkeypatch.setattr(replay, "StepReplay", _HookReplay)
-    monkeypatch.setattr(_HookReplay, "log", [])
-    logits, tokens = [], []
-    with C.capture() as rs:
-        model, _ = mg.load_model(model_dir("qwen2"), "mlx", None, SHARE)
-    _steps(model, logits, tokens)
-    counters = [dict(p.counters) for r in rs for p in r.parts()]
-    del model
+    _, _, counters = _genai_decode()
     decode = [x for x in counters if "replayed_calls" in x]
     assert decode and sum(x.get("interim_calls", 0) for x in decode) >= 20, decode
     assert _HookReplay.log == [], _HookReplay.log

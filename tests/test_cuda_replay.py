@@ -258,6 +258,25 @@ def test_the_replay_serves_only_after_it_gave_the_closures_bytes(step_replay):
     assert rp.serve(c, [_ids(), rp.kv[1]], None)[0] == replay.DECLINED
 
 
+def test_a_false_guard_launches_nothing_and_a_true_one_serves(step_replay):
+    from ortmlx.compiled import replay
+    rp, c = step_replay, _Closure()
+    rp.sink = types.SimpleNamespace(array=np.zeros(64, np.uint8))
+    rp.kv_out, rp.checked = {1: 1, 2: 2}, True
+    launched, asked = [], []
+    rp.replay.launch = lambda: launched.append(1) or _answer(rp.sink.array, 5.0)
+    rp.replay.wait = lambda: None
+    verdict = [False]
+    rp.guard = lambda *dev: asked.append(dev) or mx.array(verdict[0])
+    dev = [_ids(), rp.kv[1], rp.kv[2]]
+    assert rp.serve(c, dev, lambda: ["guard inputs"]) == (replay.GUARD_FAILED, None, None)
+    assert launched == [] and asked == [("guard inputs",)] and rp.calls == 0
+    verdict[0] = True
+    status, outs, _ = rp.serve(c, dev, lambda: ["guard inputs"])
+    assert status == replay.SERVED and launched == [1] and outs[0].tolist() == [[5.0] * 4]
+    assert rp.calls == 1 and all(rp.spent[k] >= 0 for k in replay.SPENT) and rp.spent["guard"] > 0
+
+
 def test_a_replay_whose_answer_differs_is_refused(step_replay):
     rp, c = step_replay, _Closure()
     rp.sink = types.SimpleNamespace(array=np.zeros(64, np.uint8))
@@ -280,7 +299,7 @@ class _HookReplay:
 
     def __init__(self, n_outputs):
         self.records, self.replay, self.refused, self.checked = 0, None, None, False
-        self.build_s, self.problems = 0.0, []
+        self.build_s, self.record_s, self.problems = 0.0, 0.0, []
 
     def recording(self):
         return self.refused is None and self.replay is None
@@ -364,7 +383,8 @@ def test_the_runner_records_checks_then_asks_the_replay_and_answers_the_same(mon
     assert log[:3] == ["record", "record", "check"] and log[3] == "serve", log
     if mode == "decline":
         assert log.count("check") == 1 and log.count("serve") >= 20, log
-        assert any(x["replay"] == "7 launches (built in 0.02 s: capture 0.01)" for x in decode), decode
+        built = "7 launches (recorded in 0.00 s, built in 0.02 s: capture 0.01)"
+        assert any(x["replay"] == built for x in decode), decode
     else:
         assert log.count("serve") == 1, log
         assert any(x["replay"] == "refused: serve: RuntimeError: boom" for x in decode), decode

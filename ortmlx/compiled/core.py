@@ -754,7 +754,8 @@ class CompiledSubgraph:
             rp.check(c, given)
             if rp.serving():
                 parts = ", ".join(f"{k} {v:.2f}" for k, v in rp.replay.timings.items())
-                self.counters["replay"] = f"{rp.replay.launches} launches (built in {rp.build_s:.2f} s: {parts})"
+                self.counters["replay"] = (f"{rp.replay.launches} launches (recorded in {rp.record_s:.2f} s, "
+                                           f"built in {rp.build_s:.2f} s: {parts})")
         if rp.refused and not self.counters["replay"].startswith("refused"):
             self.counters["replay"] = f"refused: {rp.refused}"
             self._fallback(f"decode replay refused: {rp.refused}")

@@ -202,8 +202,10 @@ SIZES: dict[str, dict] = {
     # with almost no compute (scripts/decode_probe.py)
     "deep": {a: {"num_hidden_layers": 24, "tie_word_embeddings": a == "qwen2"} for a in BASE_ARCHS},
     # tiny depth, each product's weight >= 64 KiB (dtypes.DEVICE_COPY_BYTES): on a GPU they are stored column-major
-    # and decode rows take our row kernels, so a decode step is our kernels only (the decode replay's tests)
-    "small": {a: dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
+    # and decode rows take our row kernels, so a decode step is our kernels only (the decode replay's tests). The MLP
+    # is not 512 wide: with the LM head's [256, 512] shape the genai 0.18 builder wired the head to layer 0's
+    # post-attention norm, whose gate/up products then merged with it and their gating stayed MLX's
+    "small": {a: dict(hidden_size=256, intermediate_size=768, num_attention_heads=4, num_key_value_heads=2)
               for a in BASE_ARCHS},
     # Qwen2.5-0.5B / 1.5B shapes (random weights, benchmarks only: BENCH_SIZES)
     "0.5b": {a: dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,

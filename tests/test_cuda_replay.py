@@ -521,8 +521,9 @@ def test_a_step_with_an_mlx_op_is_refused():
 # ---- the EP: genai decode of an ``-e cuda`` fp16 model with tuning replay ----
 
 def _cuda_model(arch: str = "qwen2") -> str:
-    """The small fp16 build (-e cuda): its products take our row kernels on a GPU (the tiny build's weights are
-    too small to be stored column-major, so its QKV product is MLX's and the replay refuses the step)."""
+    """The small fp16 build (-e cuda): its products take our row kernels on a GPU and its MLPs fold (the tiny
+    build's weights are too small to be stored column-major, so its QKV product is MLX's and the replay refuses
+    the step)."""
     import os
     import subprocess
     import sys
@@ -532,11 +533,45 @@ def _cuda_model(arch: str = "qwen2") -> str:
     if not os.path.exists(os.path.join(path, "genai_config.json")):
         for mod in ("torch", "transformers", "tokenizers", "onnx_ir"):
             pytest.importorskip(mod, reason=f"{mod} is needed to build the test LLMs (pip install .[genai])")
-        res = subprocess.run([sys.executable, os.path.join(root, "models", "build_llm.py"), "--arch", arch,
-                              "--precision", "fp16", "--target", "cuda", "--size", "small", "--out", out],
-                             capture_output=True, text=True, timeout=900)
-        assert res.returncode == 0, res.stderr[-3000:]
+    # (asked even when built: build_llm keeps a build of the current recipe and rebuilds one of an older)
+    res = subprocess.run([sys.executable, os.path.join(root, "models", "build_llm.py"), "--arch", arch,
+                          "--precision", "fp16", "--target", "cuda", "--size", "small", "--out", out],
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
     return path
+
+
+@pytest.mark.genai
+def test_the_small_builds_mlps_fold_as_on_a_gpu(monkeypatch):
+    """The program the small build gets as on a GPU (on any machine): both MLPs' gate/up products merged and
+    their gating folded into the product kernels, no Sigmoid or Mul left, so nothing between its products is
+    MLX's (a head wired to layer 0's norm merged with its gate/up once, and that layer's gating stayed MLX's)."""
+    import dataclasses
+    import functools
+
+    from ortmlx import testing
+    from ortmlx.kernels import interpreter, rowfold
+    from ortmlx.kernels.passes import BuildConfig
+    pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai's builder makes the model")
+    path = _cuda_model()
+    orig, made = interpreter.Program.__init__, []
+
+    def init(self, graph, device="cpu", config=None, **k):
+        if config is not None:          # a group's program, configured as on a GPU, run by the CPU's functions
+            config = dataclasses.replace(BuildConfig.for_device("gpu"), device="cpu", cuda_kernels=False,
+                                         merge_matmuls=True, fold_mlp=True, fuse_rows=True, fold_qkv_bias=True,
+                                         half_dense_nbits=False, conv_gemm=frozenset())
+        orig(self, graph, device, config, **k)
+        if config is not None:
+            made.append(self)
+    monkeypatch.setattr(interpreter.Program, "__init__", init)
+    testing.session(f"{path}/model.onnx", options={"device": "cpu"})
+    assert made
+    steps = [st for p in made for st in p.steps]
+    folds = [st for st in steps if isinstance(st.opdef.fn, functools.partial) and st.opdef.fn.func is
+             rowfold.norm_product and st.opdef.fn.keywords["product"].func is rowfold.swiglu_down]
+    assert len(folds) == 2, [st.node.name for st in steps]
+    assert not [st.node.name for st in steps if st.node.op_type in ("Sigmoid", "Mul")]
 
 
 @gpu

@@ -271,7 +271,7 @@ def model(args) -> int:
     for p in decode_parts():
         print(f"{p.label}: replay {p.counters['replay'] or '(not built)'}")
         for c in p.closures():
-            rp = getattr(c, "replay", None)
+            rp = c.replay
             for q in (rp.problems if rp is not None else []):
                 print(f"  refused at: {q}")
     rows: dict = {False: [], True: []}
@@ -296,7 +296,7 @@ def model(args) -> int:
     print(f"replayed calls {served}; every generation's tokens the first's: {same}")
     for p in decode_parts():
         for c in p.closures():
-            rp = getattr(c, "replay", None)
+            rp = c.replay
             if rp is not None and rp.calls:
                 parts = ", ".join(f"{k} {v / rp.calls * 1e3:.3f}" for k, v in rp.spent.items())
                 print(f"  {p.label}: a served call's parts, mean ms over {rp.calls}: {parts}")

@@ -428,7 +428,7 @@ def builder() -> Builder | None:
     """This process's builder (None when off: not asked for, not MLX's CUDA backend, no NVRTC found, ...)."""
     if _builder:
         return _builder[0]
-    b, why = None, None
+    b, why, cuda = None, None, False
     try:
         import mlx.core as mx
         from ..tuning import Tuning, TuningError
@@ -436,7 +436,8 @@ def builder() -> Builder | None:
             on = Tuning.from_env().kernel_cache
         except TuningError:
             on = True
-        info = mx.device_info(mx.gpu) if on and mx.cuda.is_available() else {}
+        cuda = bool(mx.cuda.is_available())
+        info = mx.device_info(mx.gpu) if on and cuda else {}
         lib = loaded_nvrtc(mlx_cuda_major()) if on else None
         directory = cache_dir()
         if not on:
@@ -458,19 +459,11 @@ def builder() -> Builder | None:
         b, why = None, f"{type(e).__name__}: {e}"
     _builder.append(b)
     _reason.append(why)
-    if b is None and why != "tuning kernel_cache=0" and _cuda_backend():
+    if b is None and why != "tuning kernel_cache=0" and cuda:
         # each process then pays MLX's own build of every kernel of ours: say so once, with why
         sys.stderr.write(f"MLXExecutionProvider: our CUDA kernels are not kept in MLX's kernel cache in this "
                          f"process ({why}); each new process builds them again\n")
     return b
-
-
-def _cuda_backend() -> bool:
-    try:
-        import mlx.core as mx
-        return bool(mx.cuda.is_available())
-    except Exception:  # noqa: BLE001
-        return False
 
 
 def reason() -> str | None:

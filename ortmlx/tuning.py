@@ -131,6 +131,9 @@ class Tuning:
     #: a trusted decode closure's step recorded and replayed as one CUDA graph of our kernels (compiled/replay.py,
     #: kernels/cuda_replay.py; GPU, with cuda_kernels); its decode rows' MatMuls take our row kernel
     replay: bool = False
+    #: the replay's guard evaluated on MLX's CPU stream, built without our kernels (off: on the GPU, the closure's
+    #: own body; compiled/replay.py)
+    replay_host_guard: bool = False
     #: shapeless closures compiled on a GPU too (off: MLX 0.32.4's CUDA backend ran them ~3x slower)
     gpu_shapeless: bool = False
     #: testing only: stage[:node][#count] at which to raise (see ortmlx/stats.py)

@@ -8,6 +8,7 @@ compared bit for bit with MLX running the same step on a third set of inputs, tw
 """
 from __future__ import annotations
 
+import time
 import types
 
 import mlx.core as mx
@@ -277,6 +278,40 @@ def test_a_false_guard_launches_nothing_and_a_true_one_serves(step_replay):
     assert rp.calls == 1 and all(rp.spent[k] >= 0 for k in replay.SPENT) and rp.spent["guard"] > 0
 
 
+def test_a_host_guard_answers_for_the_device_guard_once_it_agreed(step_replay):
+    """Tuning replay_host_guard: the guard built without our kernels, on MLX's CPU stream, is tried on the checked
+    call; agreeing, it alone is asked at served calls (its inputs as MLX arrays: host arrays copied); saying no
+    there or failing, the device guard stays, the reason kept."""
+    from ortmlx.compiled import replay
+    rp, c = step_replay, _Closure()
+    rp.sink = types.SimpleNamespace(array=np.zeros(64, np.uint8))
+    rp.kv_out = {1: 1, 2: 2}
+    rp.replay.launch = lambda: _answer(rp.sink.array, 5.0)
+    rp.replay.wait = lambda: None
+    _answer(c.sink.array, 5.0)
+    dev, seen = [_ids(), rp.kv[1], rp.kv[2]], []
+
+    def host(*args):
+        seen.append([type(a) for a in args])
+        return mx.array(verdict[0])
+    verdict = [True]
+    rp.host_guard, rp.guard = host, lambda *a: pytest.fail("the device guard was asked")
+    rp.check(c, dev)
+    assert rp.serving() and rp.guard_kind == "host" and seen == [[mx.array] * 3] * 2
+    assert rp.serve(c, dev, None)[0] == replay.SERVED
+    verdict[0] = False
+    assert rp.serve(c, dev, None) == (replay.GUARD_FAILED, None, None) and len(seen) == 4
+    def slow(*a):
+        time.sleep(2 * replay.HOST_GUARD_MAX_S)
+        return mx.array(True)
+    for bad, why in ((lambda *a: mx.array(False), "it said no to a call the closure's guard took"),
+                     (lambda *a: 1 / 0, "ZeroDivisionError: division by zero"), (slow, "it took")):
+        rp.checked, rp.host_guard, rp.guard = False, bad, lambda *a: mx.array(True)
+        rp.check(c, dev)
+        assert rp.serving() and rp.host_guard is None and rp.guard_kind.startswith(f"device (host guard: {why}")
+        assert rp.serve(c, dev, lambda: [])[0] == replay.SERVED
+
+
 def test_a_replay_whose_answer_differs_is_refused(step_replay):
     rp, c = step_replay, _Closure()
     rp.sink = types.SimpleNamespace(array=np.zeros(64, np.uint8))
@@ -297,9 +332,9 @@ class _HookReplay:
     log: list = []
     mode = "decline"
 
-    def __init__(self, n_outputs):
+    def __init__(self, n_outputs, host_guard=False):
         self.records, self.replay, self.refused, self.checked = 0, None, None, False
-        self.build_s, self.record_s, self.problems = 0.0, 0.0, []
+        self.build_s, self.record_s, self.problems, self.guard_kind = 0.0, 0.0, [], ""
 
     def recording(self):
         return self.refused is None and self.replay is None
@@ -408,6 +443,42 @@ def test_an_interim_closure_records_no_replay(monkeypatch):
     decode = [x for x in counters if "replayed_calls" in x]
     assert decode and sum(x.get("interim_calls", 0) for x in decode) >= 20, decode
     assert _HookReplay.log == [], _HookReplay.log
+
+
+@pytest.mark.genai
+def test_the_guard_built_without_our_kernels_is_the_closures(monkeypatch):
+    """Tuning replay_host_guard's guard (``_Closure.guard_only``, compiled for MLX's CPU stream by
+    ``StepReplay._make_guards``) makes as many guards as the closure's trace and answers as the closure's own
+    guard: yes on a decode call, no with a total length or a past length past the KV buffer; a guard count that
+    differs from the trace's refuses at its call."""
+    from ortmlx.compiled import replay
+    record, got, real = _HookReplay.record, [], replay.StepReplay
+
+    def probe(self, c, dev):
+        if not got:
+            rp = real(len(dev), host_guard=True)
+            rp.shapes = [(tuple(a.shape), a.dtype) for a in dev]
+            rp._make_guards(c)
+            k_total, k_seq = len(dev) - 2, len(dev) - 1          # the hoisted total and seqlens_k (the tiny build)
+            rows = next(a.shape[2] for a in dev if a.ndim == 4)
+            for at, value in ((None, None), (k_total, rows + 5), (k_seq, rows + 5)):
+                args = list(dev)
+                if at is not None:
+                    args[at] = np.full(dev[at].shape, value, np.int32)      # as a call's host array
+                host = bool(rp._host_guard(args).item())
+                closure = bool(c.fn(*[mx.array(a) for a in args])[-1].item())
+                got.append((closure, host, c.guard_only(*[mx.array(a) for a in args])[1], c.guard_count))
+            c.guard_count += 1
+            rp._make_guards(c)
+            with pytest.raises(Refused, match="guards built without our kernels"):
+                rp._host_guard(list(dev)).item()
+            c.guard_count -= 1
+        return record(self, c, dev)
+    _hook_decode(monkeypatch)
+    monkeypatch.setattr(_HookReplay, "record", probe)
+    _genai_decode()
+    assert [g[:2] for g in got] == [(True, True), (False, False), (False, False)], got
+    assert all(made == count > 0 for _, _, made, count in got), got
 
 
 # ---- on MLX's CUDA backend ----

@@ -91,7 +91,7 @@ class _Closure:
                  "trusted", "poisoned", "guarded",
                  "guard_fails", "hoist", "hoist_prog", "trace_prog", "shapeless", "hints", "hint_starts", "sink",
                  "host_outs", "hint_at", "sink_layout", "hoist_run", "ahead_kinds", "ahead_misses", "ahead_hv",
-                 "behind", "keyed", "interim", "outputs", "replay", "stand_in")
+                 "behind", "keyed", "interim", "outputs", "guard_only", "guard_count", "replay", "stand_in")
 
     def __init__(self, dev_idx: tuple[int, ...], host_vals: dict[int, np.ndarray | None]):
         self.fn = None
@@ -137,6 +137,10 @@ class _Closure:
         self.interim: "_Closure | None" = None
         #: the traced body's outputs built from given inputs (``trace.compile_closure``; eagerly: a recorded step)
         self.outputs = None
+        #: the same body's guard alone, built with MLX's ops only (``trace.compile_closure``), and how many guards
+        #: the closure's own trace made (set while tracing)
+        self.guard_only = None
+        self.guard_count = 0
         #: its step recorded and replayed as one CUDA graph (``replay.StepReplay``; None: not asked for)
         self.replay = None
         #: an interim closure (``shadow``): answers only while the fused one's kernels are built elsewhere, so
@@ -746,7 +750,7 @@ class CompiledSubgraph:
         replay on it."""
         rp = c.replay
         if rp is None:
-            rp = c.replay = replay.StepReplay(len(self.program.outputs))
+            rp = c.replay = replay.StepReplay(len(self.program.outputs), self.tuning.replay_host_guard)
         if rp.recording():
             with TRACE_LOCK:
                 rp.record(c, dev)
@@ -754,8 +758,9 @@ class CompiledSubgraph:
             rp.check(c, given)
             if rp.serving():
                 parts = ", ".join(f"{k} {v:.2f}" for k, v in rp.replay.timings.items())
+                guard = f"; guard on the {rp.guard_kind}" if rp.guard_kind else ""
                 self.counters["replay"] = (f"{rp.replay.launches} launches (recorded in {rp.record_s:.2f} s, "
-                                           f"built in {rp.build_s:.2f} s: {parts})")
+                                           f"built in {rp.build_s:.2f} s: {parts}{guard})")
         if rp.refused and not self.counters["replay"].startswith("refused"):
             self.counters["replay"] = f"refused: {rp.refused}"
             self._fallback(f"decode replay refused: {rp.refused}")

@@ -7,8 +7,9 @@ launches become one CUDA graph (``cuda_replay.Replay``). Its KV buffers are MLX 
 moves those), written in place by the graph and handed out as the presents: the runtime's mirrors, the next call's
 pasts. The replay answers calls only after it matched the closure byte for byte on one (host outputs, row hints).
 A served call: the closure's guard (its own compiled function: the guard alone) asked of MLX, the host inputs and
-hoisted values copied in meanwhile, the guard's answer, one graph launch, the wait. Any refusal or failure leaves
-the closure to answer, as before.
+hoisted values copied in meanwhile, the guard's answer, one graph launch, the wait (tuning ``replay_host_guard``:
+the guard built without our kernels, on MLX's CPU stream). Any refusal or failure leaves the closure to answer,
+as before.
 """
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ KV_SETS = 4
 #: KV element types whose unified copy is made from a NumPy array of the type
 _NUMPY = {mx.float16: np.float16, mx.float32: np.float32, mx.int8: np.int8, mx.uint8: np.uint8}
 
+#: the longest a host guard may take (a guard that reads more than a call's small host inputs computes on the CPU)
+HOST_GUARD_MAX_S = 1e-3
+
 SERVED, DECLINED, GUARD_FAILED = "served", "declined", "guard failed"
 #: a served call's parts, timed (``StepReplay.spent``: seconds summed over its ``calls``)
 SPENT = ("guard", "feed", "graph", "outputs")
@@ -39,8 +43,9 @@ SPENT = ("guard", "feed", "graph", "outputs")
 class StepReplay:
     """One closure's replay: recording, then checked once against the closure, then serving its calls."""
 
-    def __init__(self, n_outputs: int):
+    def __init__(self, n_outputs: int, host_guard: bool = False):
         self.n_out = n_outputs
+        self.want_host_guard = host_guard
         self.records: list = []         # (dev inputs, outputs, launches) of the recorded calls
         self.replay: cuda_replay.Replay | None = None
         self.refused: str | None = None
@@ -51,6 +56,10 @@ class StepReplay:
         self.shapes: list = []          # (shape, dtype) of every dev input, as recorded
         self.sink: cuda_driver.HostBuffer | None = None
         self.guard = None               # the closure's guard alone, compiled
+        #: the guard built without our kernels, compiled for MLX's CPU stream (tuning replay_host_guard; once it
+        #: agreed with the closure on the checked call), and where the served calls' guard runs
+        self.host_guard = None
+        self.guard_kind = ""
         self.calls = 0
         self.spent = dict.fromkeys(SPENT, 0.0)
         self.build_s = 0.0
@@ -82,14 +91,14 @@ class StepReplay:
     @contextlib.contextmanager
     def _own_sink(self, c):
         """The closure's trace state set by a build of its body, kept; the body writes this replay's host buffer."""
-        saved = (c.sink, c.hints, c.hint_starts, c.host_outs, c.hint_at, c.guarded, c.sink_layout)
+        saved = (c.sink, c.hints, c.hint_starts, c.host_outs, c.hint_at, c.guarded, c.guard_count, c.sink_layout)
         if self.sink is None:
             self.sink = cuda_driver.HostBuffer(cuda_driver.driver(), c.sink.nbytes)
         c.sink = self.sink
         try:
             yield
         finally:
-            c.sink, c.hints, c.hint_starts, c.host_outs, c.hint_at, c.guarded, c.sink_layout = saved
+            c.sink, c.hints, c.hint_starts, c.host_outs, c.hint_at, c.guarded, c.guard_count, c.sink_layout = saved
 
     def eligible(self, c) -> str | None:
         """Why ``c`` cannot be replayed (None: it may be tried)."""
@@ -140,11 +149,26 @@ class StepReplay:
         self.shapes = [(tuple(a.shape), a.dtype) for a in dev_b]
         self.replay = cuda_replay.Replay.build(first, second, (dev_a, dev_b), in_place=pairs, external=external)
         if c.guarded:
-            def guard(*dev):
-                with self._own_sink(c):
-                    return c.outputs(*dev)[-1]
-            self.guard = mx.compile(guard)
+            self._make_guards(c)
         self.build_s = time.perf_counter() - t0
+
+    def _make_guards(self, c) -> None:
+        """The closure's guard alone, compiled (evaluated on MLX's device stream); with ``want_host_guard`` also
+        as built without our kernels (``_Closure.guard_only``), for MLX's CPU stream, which must make as many
+        guards as the closure's trace did."""
+        def guard(*dev):
+            with self._own_sink(c):
+                return c.outputs(*dev)[-1]
+        self.guard, self.guard_kind = mx.compile(guard), "device"
+        if self.want_host_guard:
+            count = c.guard_count
+
+            def host_guard(*dev):
+                ok, made = c.guard_only(*dev)
+                if made != count:
+                    raise cuda_replay.Refused(f"{made} guards built without our kernels, {count} with them")
+                return ok
+            self.host_guard = mx.compile(host_guard)       # traced at its first call, on the CPU stream
 
     def _new_set(self, like: dict) -> tuple[dict, dict]:
         """A set of KV buffers shaped as ``like``'s (position -> array), made from the host (unified memory: MLX
@@ -234,6 +258,36 @@ class StepReplay:
         hints.data = self.sink.array[c.hint_at:c.hint_at + hints.nbytes].copy()
         return outs, hints
 
+    def _host_guard(self, dev: list) -> mx.array:
+        """The host guard asked of MLX's CPU stream for a call whose device inputs are ``dev`` (host arrays as
+        MLX copies in unified memory, mirrors as they are)."""
+        args = [a if isinstance(a, mx.array) else dt.to_mx(np.asarray(a), dt.FROM_MLX[dtype])
+                for a, (_, dtype) in zip(dev, self.shapes)]
+        with mx.stream(mx.cpu):
+            ok = self.host_guard(*args)
+            mx.async_eval(ok)
+        return ok
+
+    def _try_host_guard(self, dev: list) -> None:
+        """The host guard on the checked call, which the closure's guard took: it serves the calls from now on
+        only if it says yes there too, twice, the second time within ``HOST_GUARD_MAX_S`` (else the device guard
+        does, the reason kept in ``guard_kind``)."""
+        try:
+            ok = bool(self._host_guard(dev).item())         # (its first call traces and builds it)
+            t0 = time.perf_counter()
+            ok = ok and bool(self._host_guard(dev).item())
+            spent = time.perf_counter() - t0
+            why = None if ok else "it said no to a call the closure's guard took"
+            if ok and spent > HOST_GUARD_MAX_S:
+                ok, why = False, f"it took {spent * 1e3:.2f} ms"
+        except Exception as e:  # noqa: BLE001
+            ok, why = False, f"{type(e).__name__}: {e}"
+        if ok:
+            self.guard_kind = "host"
+        else:
+            self.host_guard = None
+            self.guard_kind = f"device (host guard: {why})"
+
     def check(self, c, dev: list) -> None:
         """After the closure answered a call (its host buffer holds its answer): the same call through the replay
         (``dev``: its device inputs as host arrays and mirrors, hoisted values last), its host outputs and row
@@ -252,6 +306,8 @@ class StepReplay:
                     at = lo + int(np.flatnonzero(mine != theirs)[0])
                     self.refuse(f"its answer differs from the closure's at byte {at} (of {lo}..{hi})")
                     return
+            if self.host_guard is not None:
+                self._try_host_guard(dev)
             self.checked = True
         except Exception as e:  # noqa: BLE001
             self.refuse(f"check: {type(e).__name__}: {e}")
@@ -262,8 +318,10 @@ class StepReplay:
         as MLX arrays (the guard's inputs). Raises on a failure (the caller refuses and answers otherwise)."""
         t0 = time.perf_counter()
         ok = None
-        if self.guard is not None:
-            # the guard runs on MLX's stream while the inputs are copied to the replay's (the graph waits for both)
+        # the guard runs on an MLX stream while the inputs are copied to the replay's (the graph waits for both)
+        if self.host_guard is not None:
+            ok = self._host_guard(dev_host)
+        elif self.guard is not None:
             ok = self.guard(*dev_mx())
             mx.async_eval(ok)
         t1 = time.perf_counter()

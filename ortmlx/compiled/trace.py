@@ -50,14 +50,18 @@ def compile_closure(c, n_group_inputs: int, out_types: list, config: CompiledCon
             stats.fault("trace", name)
         return outputs(*dev)
 
-    def outputs(*dev):
-        """The traced body's outputs (also built eagerly, with real arrays: ``compiled/replay.py`` records a
-        step's launches so)."""
+    def program_inputs(dev) -> list:
         inputs: list = [None] * n
         for i, a in zip(dev_idx, dev):
             inputs[i] = a
         for i, v in host_vals.items():
             inputs[i] = v
+        return inputs
+
+    def outputs(*dev):
+        """The traced body's outputs (also built eagerly, with real arrays: ``compiled/replay.py`` records a
+        step's launches so)."""
+        inputs = program_inputs(dev)
         ctx = program.config.context(cuda_kernels=program.cuda_kernels and cuda_kernels.usable(),
                                      shapeless=shapeless, tracing=True, guards=[], hints=[])
         with build.active(ctx):
@@ -85,7 +89,7 @@ def compile_closure(c, n_group_inputs: int, out_types: list, config: CompiledCon
                     outs[j] = cuda_kernels.copy_to_host(outs[j], _sink_address(c, off, outs[j].nbytes))
                 c.host_outs = [(j, off, off + math.prod(shape) * d.size, shape, dt.NUMPY[dt.FROM_MLX[d]])
                                for j, off, shape, d in layout]
-            c.guarded = bool(guards)
+            c.guarded, c.guard_count = bool(guards), len(guards)
             if guards:
                 outs.append(_guard_value(guards, shapeless))
             if c.sink is not None:
@@ -97,7 +101,17 @@ def compile_closure(c, n_group_inputs: int, out_types: list, config: CompiledCon
             cuda_cache.settle()             # the trace's kernel builds, run at once, done before its first eval
             return outs
 
-    c.outputs = outputs
+    def guard_only(*dev):
+        """(The body's guard, how many guards made it) built from ``dev`` without our kernels: MLX's ops only, so
+        any stream may evaluate it (the guards do not depend on which kernels a translator takes)."""
+        inputs = program_inputs(dev)
+        ctx = program.config.context(cuda_kernels=False, shapeless=shapeless, tracing=True, guards=[], hints=[])
+        with build.active(ctx):
+            program.build(inputs, ctx=ctx)
+            guards = ctx.guards
+            return (_guard_value(guards, shapeless) if guards else mx.array(True)), len(guards)
+
+    c.outputs, c.guard_only = outputs, guard_only
     fn = mx.compile(body, shapeless=shapeless)
     return fn if fuse else unfused_calls(fn)
 

@@ -234,7 +234,7 @@ def model(args) -> int:
     with C.capture() as runners:
         # prebuild off: the closure column is the fused closure traced here, not the unfused one that answers
         # while a worker builds its kernels (2x slower on an H100)
-        m, _ = mg.load_model(args.model, "mlx", {"tuning": "replay=1,prebuild=0"},
+        m, _ = mg.load_model(args.model, "mlx", {"tuning": ",".join(["replay=1,prebuild=0"] + args.tuning)},
                              {"search": {"past_present_share_buffer": True}})
     with open(os.path.join(args.model, "genai_config.json")) as f:
         vocab = json.load(f)["model"]["vocab_size"]
@@ -315,6 +315,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--model", help="a genai model directory: its decode with the replay serving and not")
     ap.add_argument("--tokens", type=int, default=64, help="--model: new tokens a generation")
+    ap.add_argument("--tuning", action="append", default=[], metavar="KEY=VALUE",
+                    help="--model: another tuning knob (repeatable; e.g. replay_host_guard=1)")
     ap.add_argument("--prompt", type=int, default=62, help="--model: prompt tokens")
     args = ap.parse_args()
     if args.model:

@@ -3,8 +3,8 @@
 # from the repository root with the shim built in place (python3 setup.py build_ext --inplace): the GPU tests of the
 # kernels it takes, replay_probe.py on the pruned fp16 and int4 builds (serving against not, in one process, tokens
 # compared, every refusal's arguments named), then bench_llm.py's decode and accuracy cases with it on, ORT's CUDA
-# EP beside. Each step has a time limit (~30 min in all on an H100 with the builds cached); the log and the JSON go
-# to $R (results/replay).
+# EP beside, and a new host's first minute with it on. Each step has a time limit (~35 min in all on an H100 with the
+# builds cached); the log and the JSON go to $R (results/replay).
 #   bash scripts/replay_check.sh [0.5b|1.5b]
 set -u
 size=${1:-0.5b}
@@ -24,4 +24,7 @@ step() { local lim=$1; shift; echo "+ [$(date +%T)] $* (limit ${lim}s)"; timeout
   done
   step 480 python3 scripts/bench_llm.py --sizes "$size" --precisions fp16,int4 --prune-lm-head \
       --only decode,accuracy --mlx-option tuning=replay=1 --json "$R/bench_llm.json" --time-budget 450
+  # a new host's first minute with it on (empty kernel caches): a generation far slower than its neighbours is a stall
+  step 300 python3 scripts/bench_llm.py --sizes "$size" --precisions fp16,int4 --prune-lm-head --only cold \
+      --cold-variants "" --cold-window 20 --engines mlx --mlx-option tuning=replay=1 --json "$R/cold.json"
 } 2>&1 | tee -a "$R/replay_check.log"

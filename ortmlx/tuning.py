@@ -134,6 +134,9 @@ class Tuning:
     #: the replay's guard evaluated on MLX's CPU stream, built without our kernels (off: on the GPU, the closure's
     #: own body; compiled/replay.py)
     replay_host_guard: bool = False
+    #: the replay's host inputs written into page-locked memory and copied in one piece before its launch (off: a
+    #: copy of pageable memory each; kernels/cuda_replay.py ``Replay.stage_inputs``)
+    replay_staged_feed: bool = False
     #: shapeless closures compiled on a GPU too (off: MLX 0.32.4's CUDA backend ran them ~3x slower)
     gpu_shapeless: bool = False
     #: testing only: stage[:node][#count] at which to raise (see ortmlx/stats.py)

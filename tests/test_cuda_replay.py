@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 import types
 
+import cffi
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -105,6 +106,50 @@ def test_row_contiguous_ignores_unit_dims():
     assert ArrayInfo(0, (1, 896), (1152, 1), 2).row_contiguous
     assert not ArrayInfo(0, (896, 4), (1, 896), 2).row_contiguous
     assert ArrayInfo(0, (2, 1, 3), (3, 7, 1), 4).extent == 24
+
+
+class _Lib:
+    """The driver calls a ``Replay``'s ``write`` and ``launch`` make, noted."""
+
+    def __init__(self):
+        self.calls = []
+
+    def cuMemcpyHtoDAsync_v2(self, dst, src, n, stream):
+        self.calls.append(("copy", dst, int(cffi.FFI().cast("uintptr_t", src)), n))
+        return 0
+
+    def cuGraphLaunch(self, exec_, stream):
+        self.calls.append(("launch",))
+        return 0
+
+
+def test_staged_inputs_are_written_to_host_memory_and_copied_in_one_piece():
+    """Tuning replay_staged_feed: ``write`` puts each step input in the arena into page-locked memory laid out as
+    the arena (its bytes at their offset), and the next ``launch`` copies the span once before the graph; a launch
+    with nothing written copies nothing; an input outside the arena (a KV buffer) takes no part."""
+    lib = _Lib()
+    r = cuda_replay.Replay(types.SimpleNamespace(current=lambda: None), lib, cffi.FFI())
+    r.arena = 1 << 20
+    r.input_keys, r.input_bytes = ["ids", "kv", "len"], [8, 64, 4]
+    r.addr = {"ids": r.arena + 256, "kv": 7 << 30, "len": r.arena + 512}
+    r.external = {"kv"}
+    made = []
+
+    def buffer(drv, n):
+        b = types.SimpleNamespace(array=np.zeros(n, np.uint8), nbytes=n, host_address=0x5000, free=lambda: None)
+        made.append(b)
+        return b
+    r.stage_inputs(buffer)
+    assert len(made) == 1 and made[0].nbytes == 512 + 4 - 256 and r.stage_at == {0: 0, 2: 256}
+    r.write(0, np.array([[7]], np.int64))
+    r.write(2, np.array([9], np.int32))
+    assert lib.calls == [] and made[0].array[:8].view(np.int64).tolist() == [7]
+    assert made[0].array[256:260].view(np.int32).tolist() == [9]
+    r.launch()
+    r.launch()
+    assert lib.calls == [("copy", r.arena + 256, 0x5000, 260), ("launch",), ("launch",)]
+    with pytest.raises(ValueError, match="step input 2: 8 bytes for an array of 4"):
+        r.write(2, np.array([1], np.int64))
 
 
 # ---- StepReplay's KV sets (compiled/replay.py), on stand-ins for the replay and the address read ----
@@ -332,7 +377,7 @@ class _HookReplay:
     log: list = []
     mode = "decline"
 
-    def __init__(self, n_outputs, host_guard=False):
+    def __init__(self, n_outputs, host_guard=False, staged_feed=False):
         self.records, self.replay, self.refused, self.checked = 0, None, None, False
         self.build_s, self.record_s, self.problems, self.guard_kind = 0.0, 0.0, [], ""
 

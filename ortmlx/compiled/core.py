@@ -750,7 +750,8 @@ class CompiledSubgraph:
         replay on it."""
         rp = c.replay
         if rp is None:
-            rp = c.replay = replay.StepReplay(len(self.program.outputs), self.tuning.replay_host_guard)
+            rp = c.replay = replay.StepReplay(len(self.program.outputs), self.tuning.replay_host_guard,
+                                              self.tuning.replay_staged_feed)
         if rp.recording():
             with TRACE_LOCK:
                 rp.record(c, dev)

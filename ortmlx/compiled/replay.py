@@ -43,9 +43,10 @@ SPENT = ("guard", "feed", "graph", "outputs")
 class StepReplay:
     """One closure's replay: recording, then checked once against the closure, then serving its calls."""
 
-    def __init__(self, n_outputs: int, host_guard: bool = False):
+    def __init__(self, n_outputs: int, host_guard: bool = False, staged_feed: bool = False):
         self.n_out = n_outputs
-        self.want_host_guard = host_guard
+        self.want_host_guard = host_guard       # tuning replay_host_guard
+        self.want_staged_feed = staged_feed     # tuning replay_staged_feed (``Replay.stage_inputs``)
         self.records: list = []         # (dev inputs, outputs, launches) of the recorded calls
         self.replay: cuda_replay.Replay | None = None
         self.refused: str | None = None
@@ -148,6 +149,8 @@ class StepReplay:
         pairs = [(outs_b[j], dev_b[m]) for j, m in self.kv_out.items()]
         self.shapes = [(tuple(a.shape), a.dtype) for a in dev_b]
         self.replay = cuda_replay.Replay.build(first, second, (dev_a, dev_b), in_place=pairs, external=external)
+        if self.want_staged_feed:
+            self.replay.stage_inputs()
         if c.guarded:
             self._make_guards(c)
         self.build_s = time.perf_counter() - t0

@@ -271,6 +271,12 @@ class Replay:
         self.timings: dict = {}         # seconds of each part of ``build``
         self.graphs: dict = {}          # the external addresses -> (graph, exec) not in use now
         self.launches = 0
+        #: ``stage_inputs``: page-locked host memory laid out as the arena's step inputs (``write`` fills it, the
+        #: next ``launch`` copies it in one piece), per input index its offset there, and whether it was written
+        self.stage = None
+        self.stage_at: dict = {}
+        self.stage_lo = 0
+        self.staged = False
 
     def _check(self, rc: int, what: str) -> None:
         if rc != 0:
@@ -516,11 +522,31 @@ class Replay:
     def input_address(self, index: int) -> int:
         return self.addr[self.input_keys[index]]
 
+    def stage_inputs(self, buffer=None) -> None:
+        """From now on ``write`` puts the step inputs in the arena into page-locked host memory (``buffer(drv,
+        nbytes)``: a ``cuda_driver.HostBuffer``) laid out as they lie in the arena, and ``launch`` copies that span
+        in one asynchronous copy before the graph: one copy a call, not one staged copy of pageable memory each."""
+        at = {m: self.addr[key] - self.arena for m, key in enumerate(self.input_keys)
+              if key not in self.external and self.input_bytes[m]}
+        if not at:
+            return
+        lo = min(at.values())
+        hi = max(off + self.input_bytes[m] for m, off in at.items())
+        self.stage = (buffer or cuda_driver.HostBuffer)(self.drv, hi - lo)
+        self.stage_at = {m: off - lo for m, off in at.items()}
+        self.stage_lo, self.staged = lo, False
+
     def write(self, index: int, values: np.ndarray) -> None:
         """Step input ``index``'s new bytes (its size), copied before the next ``launch``."""
         data = np.ascontiguousarray(values)
         if data.nbytes != self.input_bytes[index]:
             raise ValueError(f"step input {index}: {data.nbytes} bytes for an array of {self.input_bytes[index]}")
+        at = self.stage_at.get(index)
+        if at is not None:
+            # (the last copy out of it is done: a launch is always waited for before the next call's writes)
+            self.stage.array[at:at + data.nbytes] = data.reshape(-1).view(np.uint8)
+            self.staged = True
+            return
         self.drv.current()
         # on the replay's stream: ordered before its next launch (a pageable source is staged before this returns)
         self._check(self.lib.cuMemcpyHtoDAsync_v2(self.input_address(index), self.ffi.from_buffer(data),
@@ -537,6 +563,11 @@ class Replay:
                     "cuMemcpyHtoDAsync")
 
     def launch(self) -> None:
+        if self.staged:
+            self._check(self.lib.cuMemcpyHtoDAsync_v2(self.arena + self.stage_lo,
+                                                      self.ffi.cast("void*", self.stage.host_address),
+                                                      self.stage.nbytes, self.stream), "cuMemcpyHtoDAsync")
+            self.staged = False
         self._check(self.lib.cuGraphLaunch(self.exec, self.stream), "cuGraphLaunch")
 
     def wait(self) -> None:
@@ -571,6 +602,9 @@ class Replay:
             lib.cuModuleUnload(mod)
         self.exec = self.graph = self.stream = self.arena = None
         self.modules, self.consts = {}, []
+        if self.stage is not None:
+            self.stage.free()
+            self.stage, self.stage_at = None, {}
 
 
 @functools.lru_cache(maxsize=1)

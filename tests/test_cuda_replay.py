@@ -118,15 +118,19 @@ class _Lib:
         self.calls.append(("copy", dst, int(cffi.FFI().cast("uintptr_t", src)), n))
         return 0
 
+    def cuMemcpyDtoH_v2(self, dst, src, n):
+        self.calls.append(("read", int(cffi.FFI().cast("uintptr_t", dst)), src, n))
+        return 0
+
     def cuGraphLaunch(self, exec_, stream):
         self.calls.append(("launch",))
         return 0
 
 
 def test_staged_inputs_are_written_to_host_memory_and_copied_in_one_piece():
-    """Tuning replay_staged_feed: ``write`` puts each step input in the arena into page-locked memory laid out as
-    the arena (its bytes at their offset), and the next ``launch`` copies the span once before the graph; a launch
-    with nothing written copies nothing; an input outside the arena (a KV buffer) takes no part."""
+    """Tuning replay_staged_feed: the page-locked memory starts as the arena's step inputs (read once), ``write``
+    puts each step input in the arena there at its offset, and the next ``launch`` copies the span once before the
+    graph; a launch with nothing written copies nothing; an input outside the arena (a KV buffer) takes no part."""
     lib = _Lib()
     r = cuda_replay.Replay(types.SimpleNamespace(current=lambda: None), lib, cffi.FFI())
     r.arena = 1 << 20
@@ -141,6 +145,8 @@ def test_staged_inputs_are_written_to_host_memory_and_copied_in_one_piece():
         return b
     r.stage_inputs(buffer)
     assert len(made) == 1 and made[0].nbytes == 512 + 4 - 256 and r.stage_at == {0: 0, 2: 256}
+    assert lib.calls == [("read", 0x5000, r.arena + 256, 260)]
+    lib.calls.clear()
     r.write(0, np.array([[7]], np.int64))
     r.write(2, np.array([9], np.int32))
     assert lib.calls == [] and made[0].array[:8].view(np.int64).tolist() == [7]

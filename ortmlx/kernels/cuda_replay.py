@@ -532,8 +532,12 @@ class Replay:
             return
         lo = min(at.values())
         hi = max(off + self.input_bytes[m] for m, off in at.items())
-        self.stage = (buffer or cuda_driver.HostBuffer)(self.drv, hi - lo)
-        self.stage_at = {m: off - lo for m, off in at.items()}
+        stage = (buffer or cuda_driver.HostBuffer)(self.drv, hi - lo)
+        # it starts as the arena's bytes: an input not written before a launch keeps its value
+        self.drv.current()
+        self._check(self.lib.cuMemcpyDtoH_v2(self.ffi.cast("void*", stage.host_address), self.arena + lo, hi - lo),
+                    "cuMemcpyDtoH")
+        self.stage, self.stage_at = stage, {m: off - lo for m, off in at.items()}
         self.stage_lo, self.staged = lo, False
 
     def write(self, index: int, values: np.ndarray) -> None:

@@ -127,16 +127,18 @@ class _Lib:
         return 0
 
 
-def test_staged_inputs_are_written_to_host_memory_and_copied_in_one_piece():
+def test_staged_inputs_are_written_to_host_memory_and_copied_in_runs():
     """Tuning replay_staged_feed: the page-locked memory starts as the arena's step inputs (read once), ``write``
-    puts each step input in the arena there at its offset, and the next ``launch`` copies the span once before the
-    graph; a launch with nothing written copies nothing; an input outside the arena (a KV buffer) takes no part."""
+    puts each staged input there at its offset, and the next ``launch`` copies each run of them before the graph
+    (a run ends at an input a kernel writes over, which is written as before); a launch with nothing written
+    copies nothing; an input outside the arena (a KV buffer) takes no part."""
     lib = _Lib()
     r = cuda_replay.Replay(types.SimpleNamespace(current=lambda: None), lib, cffi.FFI())
     r.arena = 1 << 20
-    r.input_keys, r.input_bytes = ["ids", "kv", "len"], [8, 64, 4]
-    r.addr = {"ids": r.arena + 256, "kv": 7 << 30, "len": r.arena + 512}
-    r.external = {"kv"}
+    r.input_keys, r.input_bytes = ["ids", "kv", "len", "past", "pos"], [8, 64, 4, 256, 4]
+    r.addr = {"ids": r.arena + 256, "kv": 7 << 30, "len": r.arena + 512, "past": r.arena + 768,
+              "pos": r.arena + 1024, "present": r.arena + 768}
+    r.external, r.same = {"kv"}, {"present": "past"}
     made = []
 
     def buffer(drv, n):
@@ -144,16 +146,22 @@ def test_staged_inputs_are_written_to_host_memory_and_copied_in_one_piece():
         made.append(b)
         return b
     r.stage_inputs(buffer)
-    assert len(made) == 1 and made[0].nbytes == 512 + 4 - 256 and r.stage_at == {0: 0, 2: 256}
-    assert lib.calls == [("read", 0x5000, r.arena + 256, 260)]
+    assert len(made) == 1 and made[0].nbytes == 1024 + 4 - 256 and r.stage_at == {0: 0, 2: 256, 4: 768}
+    assert r.stage_runs == [(256, 516), (1024, 1028)]
+    assert lib.calls == [("read", 0x5000, r.arena + 256, 772)]
     lib.calls.clear()
     r.write(0, np.array([[7]], np.int64))
     r.write(2, np.array([9], np.int32))
+    r.write(4, np.array([5], np.int32))
     assert lib.calls == [] and made[0].array[:8].view(np.int64).tolist() == [7]
-    assert made[0].array[256:260].view(np.int32).tolist() == [9]
+    assert made[0].array[256:260].view(np.int32).tolist() == [9] and made[0].array[768:772].tolist() == [5, 0, 0, 0]
+    r.write(3, np.zeros(64, np.float32))        # (written over in place: not staged)
+    assert lib.calls == [("copy", r.arena + 768, lib.calls[0][2], 256)]
+    lib.calls.clear()
     r.launch()
     r.launch()
-    assert lib.calls == [("copy", r.arena + 256, 0x5000, 260), ("launch",), ("launch",)]
+    assert lib.calls == [("copy", r.arena + 256, 0x5000, 260), ("copy", r.arena + 1024, 0x5000 + 768, 4),
+                         ("launch",), ("launch",)]
     with pytest.raises(ValueError, match="step input 2: 8 bytes for an array of 4"):
         r.write(2, np.array([1], np.int64))
 
@@ -578,7 +586,11 @@ def _inputs(rng, n: int):
 
 
 @gpu
-def test_a_recorded_decode_layer_replays_bit_for_bit():
+@pytest.mark.parametrize("staged", [False, True], ids=["copies", "staged"])
+def test_a_recorded_decode_layer_replays_bit_for_bit(staged):
+    """Two recorded calls of a decode layer, then a third and a fourth through the replay: bit for bit as MLX
+    answers them; ``staged``: its small inputs through page-locked memory (``stage_inputs``), the KV buffers it
+    writes over as before."""
     if cuda_replay.cuda_driver.driver() is None or cuda_replay.cc.cache_dir() is None:
         pytest.skip("no CUDA driver or no MLX kernel cache")
     rng = np.random.default_rng(7)
@@ -600,6 +612,9 @@ def test_a_recorded_decode_layer_replays_bit_for_bit():
                                  in_place=[(pk, steps[1][4]), (pv, steps[1][5])])
     try:
         assert r.launches == len(records[1]) == 8
+        if staged:
+            r.stage_inputs()
+            assert sorted(r.stage_at) == [0, 1, 2, 3] and len(r.stage_runs) == 1
         for i, a in enumerate(steps[2]):
             r.write(i, np.array(a))
         r.launch()

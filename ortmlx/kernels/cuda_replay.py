@@ -272,10 +272,11 @@ class Replay:
         self.graphs: dict = {}          # the external addresses -> (graph, exec) not in use now
         self.launches = 0
         #: ``stage_inputs``: page-locked host memory laid out as the arena's step inputs (``write`` fills it, the
-        #: next ``launch`` copies it in one piece), per input index its offset there, and whether it was written
+        #: next ``launch`` copies its runs), per input index its offset there, and whether it was written
         self.stage = None
         self.stage_at: dict = {}
         self.stage_lo = 0
+        self.stage_runs: list = []      # [lo, hi) arena offsets of each run ``launch`` copies
         self.staged = False
 
     def _check(self, rc: int, what: str) -> None:
@@ -523,22 +524,35 @@ class Replay:
         return self.addr[self.input_keys[index]]
 
     def stage_inputs(self, buffer=None) -> None:
-        """From now on ``write`` puts the step inputs in the arena into page-locked host memory (``buffer(drv,
-        nbytes)``: a ``cuda_driver.HostBuffer``) laid out as they lie in the arena, and ``launch`` copies that span
-        in one asynchronous copy before the graph: one copy a call, not one staged copy of pageable memory each."""
-        at = {m: self.addr[key] - self.arena for m, key in enumerate(self.input_keys)
-              if key not in self.external and self.input_bytes[m]}
-        if not at:
+        """From now on ``write`` puts the step inputs in the arena that no kernel writes over (``same``) into
+        page-locked host memory (``buffer(drv, nbytes)``: a ``cuda_driver.HostBuffer``, started as the arena's
+        bytes) laid out as they lie in the arena, and ``launch`` copies each run of them that no other input lies
+        between in one asynchronous copy before the graph: one copy a call, not one staged copy of pageable
+        memory per input."""
+        regions = sorted((self.addr[key] - self.arena, m) for m, key in enumerate(self.input_keys)
+                         if key not in self.external and self.input_bytes[m])
+        written_over = set(self.same.values())
+        staged = {m for _, m in regions if self.input_keys[m] not in written_over}
+        if not staged:
             return
-        lo = min(at.values())
-        hi = max(off + self.input_bytes[m] for m, off in at.items())
+        runs: list = []                     # [lo, hi) of each run of staged inputs, in arena offsets
+        for off, m in regions:
+            end = off + self.input_bytes[m]
+            if m not in staged:
+                runs.append(None)           # (a run ends here)
+            elif runs and runs[-1] is not None:
+                runs[-1][1] = max(runs[-1][1], end)
+            else:
+                runs.append([off, end])
+        runs = [tuple(r) for r in runs if r is not None]
+        lo, hi = runs[0][0], runs[-1][1]
         stage = (buffer or cuda_driver.HostBuffer)(self.drv, hi - lo)
         # it starts as the arena's bytes: an input not written before a launch keeps its value
         self.drv.current()
         self._check(self.lib.cuMemcpyDtoH_v2(self.ffi.cast("void*", stage.host_address), self.arena + lo, hi - lo),
                     "cuMemcpyDtoH")
-        self.stage, self.stage_at = stage, {m: off - lo for m, off in at.items()}
-        self.stage_lo, self.staged = lo, False
+        self.stage, self.stage_lo, self.stage_runs, self.staged = stage, lo, runs, False
+        self.stage_at = {m: off - lo for off, m in regions if m in staged}
 
     def write(self, index: int, values: np.ndarray) -> None:
         """Step input ``index``'s new bytes (its size), copied before the next ``launch``."""
@@ -568,9 +582,10 @@ class Replay:
 
     def launch(self) -> None:
         if self.staged:
-            self._check(self.lib.cuMemcpyHtoDAsync_v2(self.arena + self.stage_lo,
-                                                      self.ffi.cast("void*", self.stage.host_address),
-                                                      self.stage.nbytes, self.stream), "cuMemcpyHtoDAsync")
+            for lo, hi in self.stage_runs:
+                self._check(self.lib.cuMemcpyHtoDAsync_v2(
+                    self.arena + lo, self.ffi.cast("void*", self.stage.host_address + lo - self.stage_lo), hi - lo,
+                    self.stream), "cuMemcpyHtoDAsync")
             self.staged = False
         self._check(self.lib.cuGraphLaunch(self.exec, self.stream), "cuGraphLaunch")
 

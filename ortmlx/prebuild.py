@@ -2,8 +2,9 @@
 
 Reads messages on stdin (``read_msg``: a length, then a pickle): first ``{"model": path, "options": {...}}`` (an
 ORT session of that model on the MLX EP, building in its own calls: tuning ``build_behind=0``), then
-``{"feeds": {name: array | ("zeros", shape, dtype)}, "record": ledger line | None}`` per job, each run twice (a
-general group's key is traced at its second call), then its line written into the ledger; answers ``("ready",)``,
+``{"feeds": {name: array | ("zeros", shape, dtype)}, "record": ledger line | None, "calls": n}`` per job, each run
+``n`` times (a general group's key is traced at its second call; a replayed decode key's replay is recorded,
+checked and served within ``compiled.replay.WARM_CALLS``), then its line written into the ledger; answers ``("ready",)``,
 ``("done",)`` or ``("failed", why)`` on stdout. Its kernels land in MLX's kernel cache, shared with the process
 that started it. Ends at the end of its input, on one it cannot read, after ``IDLE_S`` without a job, when its
 answer finds no reader (the process that started it has exited: the job is done first), or after
@@ -15,7 +16,7 @@ import os
 import signal
 import sys
 
-from .runtime.prebuild import IDLE_S, JOB_TIMEOUT_S, read_msg, record_built, write_msg
+from .runtime.prebuild import CALLS, IDLE_S, JOB_TIMEOUT_S, read_msg, record_built, write_msg
 
 
 def _session(path: str, options: dict):
@@ -37,6 +38,15 @@ def _alarm(seconds: int) -> None:
 def _feeds(spec: dict) -> dict:
     import numpy as np
     return {n: np.zeros(v[1], np.dtype(v[2])) if isinstance(v, tuple) else v for n, v in spec.items()}
+
+
+def run_job(sess, job: dict) -> None:
+    """A job's call, as many times as it asks (``CALLS`` where it does not say), then its ledger line."""
+    feeds = _feeds(job["feeds"])
+    for _ in range(int(job.get("calls") or CALLS)):
+        sess.run(None, feeds)
+    if job.get("record"):
+        record_built(job["record"])
 
 
 def main() -> int:
@@ -65,11 +75,7 @@ def main() -> int:
         # a job left to this worker by an exited process is bounded here (SIGALRM's default ends the process)
         _alarm(max(1, int(JOB_TIMEOUT_S)))
         try:
-            feeds = _feeds(job["feeds"])
-            for _ in range(2):          # a general group's key traces at its second call (eager_calls_before_trace)
-                sess.run(None, feeds)
-            if job.get("record"):
-                record_built(job["record"])
+            run_job(sess, job)
             answer = ("done",)
         except Exception as e:  # noqa: BLE001
             answer = ("failed", f"{type(e).__name__}: {str(e).strip()[:300]}")

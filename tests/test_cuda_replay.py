@@ -485,23 +485,32 @@ def test_the_runner_records_checks_then_asks_the_replay_and_answers_the_same(mon
 
 
 class _QueuedBuild:
-    """A ``Prebuild`` whose build never ends: every call of a new key is answered by its interim closure."""
+    """A ``Prebuild`` whose build never ends: every call of a new key is answered by its interim closure. Notes
+    how many calls each job asked of the worker."""
 
-    def submit(self, label, what):
+    def __init__(self):
+        self.calls = []
+
+    def submit(self, label, what, calls=None):
+        self.calls.append(calls)
         return "queued forever"
 
 
 @pytest.mark.genai
 def test_an_interim_closure_records_no_replay(monkeypatch):
     """While a key's fused kernels are built elsewhere its interim closure answers; it records nothing for the
-    replay (a recording builds our kernels in this process: the stall the worker is there to avoid)."""
+    replay (a recording builds our kernels in this process: the stall the worker is there to avoid). The worker
+    is asked to make the key's call as often as takes its replay to serving (its guard's kernels built there)."""
+    from ortmlx.compiled import replay
     from ortmlx.kernels import background
-    _hook_decode(monkeypatch, prebuild=_QueuedBuild())
+    queued = _QueuedBuild()
+    _hook_decode(monkeypatch, prebuild=queued)
     monkeypatch.setattr(background, "state", lambda key: background.QUEUED)
     _, _, counters = _genai_decode()
     decode = [x for x in counters if "replayed_calls" in x]
     assert decode and sum(x.get("interim_calls", 0) for x in decode) >= 20, decode
     assert _HookReplay.log == [], _HookReplay.log
+    assert queued.calls and set(queued.calls) == {replay.WARM_CALLS} and replay.WARM_CALLS == 5, queued.calls
 
 
 @pytest.mark.genai

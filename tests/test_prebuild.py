@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+import types
 
 import numpy as np
 import pytest
@@ -103,7 +104,7 @@ def test_a_failed_job_leaves_the_build_to_the_process(monkeypatch, tmp_path):
     onnx.save(m, path)
     src = ModelSource(path, ("X",))
     assert src.covers(["X"]) and not src.covers(["X", "Y"]) and not ModelSource("", ("X",)).covers(["X"])
-    def gone(self, feeds, record=None):
+    def gone(self, feeds, record=None, calls=None):
         raise RuntimeError("gone")
     monkeypatch.setattr(prebuild.Worker, "run", gone)
     with C.capture() as rs:
@@ -156,6 +157,35 @@ def test_a_jobs_inputs():
     np.testing.assert_array_equal(feed(small), small)
     assert feed(big) == ("zeros", (2, 1 << 19), "<f4")
     np.testing.assert_array_equal(feed(ids), ids)
+
+
+def test_a_job_is_run_as_often_as_it_asks(monkeypatch):
+    """The worker makes a job's call ``calls`` times (a replayed decode key's five), ``CALLS`` where the job does
+    not say, then writes its ledger line; the client sends the count it was given, else ``CALLS``."""
+    from ortmlx import prebuild as worker
+    runs, lines = [], []
+
+    class Session:
+        def run(self, names, feeds):
+            runs.append(sorted(feeds))
+    monkeypatch.setattr(worker, "record_built", lines.append)
+    x = np.ones(3, np.float32)
+    worker.run_job(Session(), {"feeds": {"X": x}, "record": "line", "calls": 5})
+    assert runs == [["X"]] * 5 and lines == ["line"]
+    runs.clear()
+    worker.run_job(Session(), {"feeds": {"X": ("zeros", (2,), "<f4")}, "record": None})
+    assert len(runs) == prebuild.CALLS == 2 and lines == ["line"]
+    sent = []
+    w = prebuild.Worker("model.onnx", {})
+
+    def start():
+        w.proc = types.SimpleNamespace(poll=lambda: None)
+    monkeypatch.setattr(w, "_start", start)
+    monkeypatch.setattr(w, "_send", sent.append)
+    monkeypatch.setattr(w, "_reply", lambda want: (want,))
+    w.run({"X": x}, "line", 5)
+    w.run({"X": x}, "line")
+    assert [m["calls"] for m in sent] == [5, prebuild.CALLS]
 
 
 @pytest.mark.parametrize("bad", [b"", b"\x80\x05junk"])

@@ -525,7 +525,9 @@ class CompiledSubgraph:
         answered without them until they are (``_interim``); False: trace it here now."""
         if self.prebuild is None:
             return False
-        c.behind = self.prebuild.submit(self.label, f"{self.name} {key!r}")
+        # with the replay on, the worker's calls also record, check and serve it (its guard's kernels built there)
+        c.behind = self.prebuild.submit(self.label, f"{self.name} {key!r}",
+                                        replay.WARM_CALLS if self._replay_on else None)
         if c.behind is None:
             return False
         self.counters["built_behind"] = self.counters.get("built_behind", 0) + 1

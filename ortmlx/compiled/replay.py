@@ -26,6 +26,9 @@ from .result import RowHints
 
 #: calls recorded before the build (two: what differs between them is what a call feeds)
 RECORDS = 2
+#: calls of one decode key that take its replay from nothing to serving: the trace verified against eager, the
+#: recorded ones, the checked one, a served one (a prebuild worker makes so many: ``runtime/prebuild.py``)
+WARM_CALLS = 1 + RECORDS + 2
 #: most sets of KV buffers a replay keeps (a set handed out as presents stays the runtime's mirror while it keeps it;
 #: a call whose pasts are another mirror takes a free set, or a new one up to this many, else the closure answers)
 KV_SETS = 4

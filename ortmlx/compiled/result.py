@@ -123,10 +123,10 @@ class Prebuild(Protocol):
     """Builds a new closure's kernels in another process while its key's calls answer without them here (the
     runtime's ``runtime/prebuild.py``; on a GPU, where a builder thread of this process starved)."""
 
-    def submit(self, label: str, key: str) -> str | None:
-        """Queue a build of the kernels of closure ``key`` of runner ``label``, made from the call in progress:
-        the ``kernels/background.py`` key its state is kept under; None: build here (already built on this host,
-        or no other process can)."""
+    def submit(self, label: str, key: str, calls: int | None = None) -> str | None:
+        """Queue a build of the kernels of closure ``key`` of runner ``label``, made from the call in progress
+        (``calls`` times; None: as often as a key takes to be traced): the ``kernels/background.py`` key its state
+        is kept under; None: build here (already built on this host, or no other process can)."""
 
 
 class Runner(Protocol):

@@ -5,7 +5,8 @@ MLX's CUDA backend builds a closure's kernels (NVRTC, one after another) in the 
 of seconds on a new host while the user waited (docs/performance.md). A thread of this process building them
 starved while the main one evaluated, so a worker process builds them: the same model file in an ORT session of
 its own on the MLX EP with the same options (``python -m ortmlx.prebuild``), which makes each job's call (one new
-key's) twice, as a general group traces a key at its second call. Its large float inputs go as zeros (MLX names
+key's) twice, as a general group traces a key at its second call (a decode key whose step is replayed: until its
+replay serves, so its guard's kernels are built there too). Its large float inputs go as zeros (MLX names
 a kernel by its graph, not by values); the rest exactly. MLX keeps what the worker builds in its kernel cache,
 where this process's own trace of the key finds it once the job is done. A ledger in the cache lists the keys
 built there (per model file, options and versions), so a later process traces those at once. A job in flight
@@ -41,6 +42,9 @@ EXACT_BYTES = 1 << 20
 LEDGER = "ortmlx-prebuilt.txt"
 #: the worker (the front layer's ``ortmlx/prebuild.py``)
 WORKER_CMD = [sys.executable, "-m", "ortmlx.prebuild"]
+#: times a worker makes a job's call unless told otherwise: a general group's key is traced at its second
+#: (``eager_calls_before_trace``)
+CALLS = 2
 #: a job not done in this long is given up (the worker killed; the key is traced where it is next called)
 JOB_TIMEOUT_S = 600.0
 #: a worker with no job for this long ends (its copy of the model leaves the GPU); the next job starts another
@@ -212,9 +216,10 @@ class Worker:
             raise RuntimeError(f"the kernel-build worker: {msg[-1]}")
         return msg
 
-    def run(self, feeds: dict, record: str | None = None) -> None:
-        """Make the call of ``feeds`` in the worker, which then writes ``record`` into the ledger (raises on its
-        failure; a worker that failed to start or died in a job fails every later job)."""
+    def run(self, feeds: dict, record: str | None = None, calls: int | None = None) -> None:
+        """Make the call of ``feeds`` in the worker (``calls`` times; None: ``CALLS``), which then writes ``record``
+        into the ledger (raises on its failure; a worker that failed to start or died in a job fails every later
+        job)."""
         with self.lock:
             if self.dead:
                 raise RuntimeError(self.dead)
@@ -226,7 +231,7 @@ class Worker:
             try:
                 if self.proc is None:
                     self._start()
-                self._send({"feeds": feeds, "record": record})
+                self._send({"feeds": feeds, "record": record, "calls": calls or CALLS})
                 self.busy = True
                 self._reply("done")
             except (OSError, RuntimeError, pickle.PickleError) as e:
@@ -302,7 +307,7 @@ class WorkerPrebuild:
         """The inputs of the group's call in progress (a job is made from them)."""
         self._tls.inputs = inputs
 
-    def submit(self, label: str, key: str) -> str | None:
+    def submit(self, label: str, key: str, calls: int | None = None) -> str | None:
         sig = hashlib.sha1(f"{self.ident} {label} {key}".encode()).hexdigest()
         if sig in _ledger():
             return None
@@ -313,7 +318,7 @@ class WorkerPrebuild:
         worker = _worker(self.path, self.options)
 
         def build():
-            worker.run(feeds, record=sig)
+            worker.run(feeds, record=sig, calls=calls)
         bkey = f"prebuild {sig}"
         background.submit(bkey, build)
         if not _SAID:

@@ -88,7 +88,7 @@ class _Closure:
     """One compiled closure for one key: its inputs split, its counters and state."""
 
     __slots__ = ("fn", "dev_idx", "pick", "dev_kinds", "dev_up", "host_vals", "traces", "calls", "verified",
-                 "trusted", "poisoned", "guarded",
+                 "trusted", "poisoned",
                  "guard_fails", "hoist", "hoist_prog", "trace_prog", "shapeless", "hints", "hint_starts", "sink",
                  "host_outs", "hint_at", "sink_layout", "hoist_run", "ahead_kinds", "ahead_misses", "ahead_hv",
                  "behind", "keyed", "interim", "outputs", "guard_only", "guard_count", "replay", "stand_in")
@@ -109,7 +109,6 @@ class _Closure:
         self.verified: set = set()
         self.trusted = False
         self.poisoned: str | None = None
-        self.guarded = False            # the last output is a guard (set while tracing)
         #: the shapes of the values the plan baked as the key's (``HostPlan.keyed``), at the call that traced
         self.keyed: dict[str, tuple] = {}
         self.guard_fails = 0
@@ -138,7 +137,7 @@ class _Closure:
         #: the traced body's outputs built from given inputs (``trace.compile_closure``; eagerly: a recorded step)
         self.outputs = None
         #: the same body's guard alone, built with MLX's ops only (``trace.compile_closure``), and how many guards
-        #: the closure's own trace made (set while tracing)
+        #: the closure's own trace made (set while tracing: ``guarded``)
         self.guard_only = None
         self.guard_count = 0
         #: its step recorded and replayed as one CUDA graph (``replay.StepReplay``; None: not asked for)
@@ -146,6 +145,11 @@ class _Closure:
         #: an interim closure (``shadow``): answers only while the fused one's kernels are built elsewhere, so
         #: it records no replay (the recording's kernels would be built here, stalling those calls)
         self.stand_in = False
+
+    @property
+    def guarded(self) -> bool:
+        """Whether the last output is a guard (its trace made one or more)."""
+        return self.guard_count > 0
 
     def shadow(self) -> "_Closure":
         """A closure of the same program and inputs with fresh trace state: traced on the kernel builder's

@@ -95,14 +95,14 @@ class StepReplay:
     @contextlib.contextmanager
     def _own_sink(self, c):
         """The closure's trace state set by a build of its body, kept; the body writes this replay's host buffer."""
-        saved = (c.sink, c.hints, c.hint_starts, c.host_outs, c.hint_at, c.guarded, c.guard_count, c.sink_layout)
+        saved = (c.sink, c.hints, c.hint_starts, c.host_outs, c.hint_at, c.guard_count, c.sink_layout)
         if self.sink is None:
             self.sink = cuda_driver.HostBuffer(cuda_driver.driver(), c.sink.nbytes)
         c.sink = self.sink
         try:
             yield
         finally:
-            c.sink, c.hints, c.hint_starts, c.host_outs, c.hint_at, c.guarded, c.guard_count, c.sink_layout = saved
+            c.sink, c.hints, c.hint_starts, c.host_outs, c.hint_at, c.guard_count, c.sink_layout = saved
 
     def eligible(self, c) -> str | None:
         """Why ``c`` cannot be replayed (None: it may be tried)."""

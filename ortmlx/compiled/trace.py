@@ -89,7 +89,7 @@ def compile_closure(c, n_group_inputs: int, out_types: list, config: CompiledCon
                     outs[j] = cuda_kernels.copy_to_host(outs[j], _sink_address(c, off, outs[j].nbytes))
                 c.host_outs = [(j, off, off + math.prod(shape) * d.size, shape, dt.NUMPY[dt.FROM_MLX[d]])
                                for j, off, shape, d in layout]
-            c.guarded, c.guard_count = bool(guards), len(guards)
+            c.guard_count = len(guards)
             if guards:
                 outs.append(_guard_value(guards, shapeless))
             if c.sink is not None:

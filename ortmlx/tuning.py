@@ -137,6 +137,9 @@ class Tuning:
     #: the replay's host inputs written into page-locked memory and copied in one piece before its launch (off: a
     #: copy of pageable memory each; kernels/cuda_replay.py ``Replay.stage_inputs``)
     replay_staged_feed: bool = False
+    #: the replay's launches made with programmatic dependent launch: each may start while the one before it ends,
+    #: its kernel waiting for it first (sm_90 and later; kernels/cuda_replay.py ``Replay._capture``)
+    replay_pdl: bool = False
     #: shapeless closures compiled on a GPU too (off: MLX 0.32.4's CUDA backend ran them ~3x slower)
     gpu_shapeless: bool = False
     #: testing only: stage[:node][#count] at which to raise (see ortmlx/stats.py)

@@ -18,9 +18,9 @@ step() { local lim=$1; shift; echo "+ [$(date +%T)] $* (limit ${lim}s)"; timeout
   step 360 python3 scripts/bench_models.py --size "$size" --precision fp16 --precision int4 --prune-lm-head
   for p in fp16 int4; do
     step 240 python3 scripts/replay_probe.py --model "models/out/qwen2-$size-$p-gqa-prune" --tokens 64 --rounds 3
-    # the guard on MLX's CPU stream and the host inputs staged (the guard's and the feed's parts against the above)
+    # the guard on MLX's CPU stream, the host inputs staged, the launches programmatic (each part against the above)
     step 240 python3 scripts/replay_probe.py --model "models/out/qwen2-$size-$p-gqa-prune" --tokens 64 --rounds 3 \
-        --tuning replay_host_guard=1 --tuning replay_staged_feed=1
+        --tuning replay_host_guard=1 --tuning replay_staged_feed=1 --tuning replay_pdl=1
   done
   step 480 python3 scripts/bench_llm.py --sizes "$size" --precisions fp16,int4 --prune-lm-head \
       --only decode,accuracy --mlx-option tuning=replay=1 --json "$R/bench_llm.json" --time-budget 450

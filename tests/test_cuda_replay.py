@@ -166,6 +166,52 @@ def test_staged_inputs_are_written_to_host_memory_and_copied_in_runs():
         r.write(2, np.array([1], np.int64))
 
 
+class _CaptureLib:
+    """The driver calls ``Replay._capture`` makes, noted: each launch as (call, grid, block, attributes)."""
+
+    def __init__(self):
+        self.launches = []
+
+    def cuStreamBeginCapture_v2(self, stream, mode):
+        return 0
+
+    def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra):
+        self.launches.append(("plain", (gx, gy, gz), (bx, by, bz), []))
+        return 0
+
+    def cuLaunchKernelEx(self, config, f, params, extra):
+        attrs = [(config.attrs[i].id, config.attrs[i].value.allowed) for i in range(config.n_attrs)]
+        self.launches.append(("ex", (config.gx, config.gy, config.gz), (config.bx, config.by, config.bz), attrs))
+        return 0
+
+    def cuStreamEndCapture(self, stream, graph):
+        graph[0] = cffi.FFI().cast("void*", 1)
+        return 0
+
+    def cuGraphInstantiateWithFlags(self, exec_, graph, flags):
+        return 0
+
+
+@pytest.mark.parametrize("pdl", [False, True])
+def test_capture_makes_every_launch_after_the_first_programmatic_with_pdl(pdl):
+    """Tuning replay_pdl: the first launch as before, each later one through ``cuLaunchKernelEx`` with the
+    programmatic-serialization attribute and its own grid and block; without it every launch is plain."""
+    ffi = cffi.FFI()
+    ffi.cdef(cuda_replay.DRIVER_CDEF)
+    lib = _CaptureLib()
+    r = cuda_replay.Replay(types.SimpleNamespace(current=lambda: None), lib, ffi)
+    r.stream, r.pdl = ffi.cast("void*", 7), pdl
+    r.specs = [("f0", (4, 1, 1), (256, 1, 1), []), ("f1", (528, 2, 1), (128, 1, 1), []),
+               ("f2", (1, 1, 1), (32, 1, 1), [])]
+    r._capture()
+    grids = [(g, b) for _, g, b, _ in lib.launches]
+    assert grids == [((4, 1, 1), (256, 1, 1)), ((528, 2, 1), (128, 1, 1)), ((1, 1, 1), (32, 1, 1))]
+    kinds = [(k, a) for k, _, _, a in lib.launches]
+    attr = [(cuda_replay.ATTR_PROGRAMMATIC, 1)]
+    assert kinds == ([("plain", []), ("ex", attr), ("ex", attr)] if pdl else [("plain", [])] * 3)
+    assert r.launches == 3
+
+
 # ---- StepReplay's KV sets (compiled/replay.py), on stand-ins for the replay and the address read ----
 
 class _FakeReplay:
@@ -391,7 +437,7 @@ class _HookReplay:
     log: list = []
     mode = "decline"
 
-    def __init__(self, n_outputs, host_guard=False, staged_feed=False):
+    def __init__(self, n_outputs, host_guard=False, staged_feed=False, pdl=False):
         self.records, self.replay, self.refused, self.checked = 0, None, None, False
         self.build_s, self.record_s, self.problems, self.guard_kind = 0.0, 0.0, [], ""
 
@@ -595,11 +641,12 @@ def _inputs(rng, n: int):
 
 
 @gpu
-@pytest.mark.parametrize("staged", [False, True], ids=["copies", "staged"])
-def test_a_recorded_decode_layer_replays_bit_for_bit(staged):
+@pytest.mark.parametrize("staged,pdl", [(False, False), (True, False), (False, True)],
+                         ids=["copies", "staged", "pdl"])
+def test_a_recorded_decode_layer_replays_bit_for_bit(staged, pdl):
     """Two recorded calls of a decode layer, then a third and a fourth through the replay: bit for bit as MLX
     answers them; ``staged``: its small inputs through page-locked memory (``stage_inputs``), the KV buffers it
-    writes over as before."""
+    writes over as before; ``pdl``: each launch after the first may start while the one before it ends."""
     if cuda_replay.cuda_driver.driver() is None or cuda_replay.cc.cache_dir() is None:
         pytest.skip("no CUDA driver or no MLX kernel cache")
     rng = np.random.default_rng(7)
@@ -618,9 +665,9 @@ def test_a_recorded_decode_layer_replays_bit_for_bit(staged):
     want = [np.array(a) for a in want]
     (d, resid, pk, pv) = results[1]
     r = cuda_replay.Replay.build(records[0], records[1], (steps[0], steps[1]),
-                                 in_place=[(pk, steps[1][4]), (pv, steps[1][5])])
+                                 in_place=[(pk, steps[1][4]), (pv, steps[1][5])], pdl=pdl)
     try:
-        assert r.launches == len(records[1]) == 8
+        assert r.launches == len(records[1]) == 8 and r.pdl == pdl
         if staged:
             r.stage_inputs()
             assert sorted(r.stage_at) == [0, 1, 2, 3] and len(r.stage_runs) == 1

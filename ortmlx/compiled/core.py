@@ -756,8 +756,9 @@ class CompiledSubgraph:
         replay on it."""
         rp = c.replay
         if rp is None:
-            rp = c.replay = replay.StepReplay(len(self.program.outputs), self.tuning.replay_host_guard,
-                                              self.tuning.replay_staged_feed)
+            t = self.tuning
+            rp = c.replay = replay.StepReplay(len(self.program.outputs), t.replay_host_guard, t.replay_staged_feed,
+                                              t.replay_pdl)
         if rp.recording():
             with TRACE_LOCK:
                 rp.record(c, dev)

@@ -46,8 +46,9 @@ SPENT = ("guard", "feed", "graph", "outputs")
 class StepReplay:
     """One closure's replay: recording, then checked once against the closure, then serving its calls."""
 
-    def __init__(self, n_outputs: int, host_guard: bool = False, staged_feed: bool = False):
+    def __init__(self, n_outputs: int, host_guard: bool = False, staged_feed: bool = False, pdl: bool = False):
         self.n_out = n_outputs
+        self.want_pdl = pdl                     # tuning replay_pdl (``cuda_replay.Replay.build``)
         self.want_host_guard = host_guard       # tuning replay_host_guard
         self.want_staged_feed = staged_feed     # tuning replay_staged_feed (``Replay.stage_inputs``)
         self.records: list = []         # (dev inputs, outputs, launches) of the recorded calls
@@ -151,7 +152,8 @@ class StepReplay:
         self.kv, external = self._new_set({m: dev_b[m] for m in self.kv_out.values()})
         pairs = [(outs_b[j], dev_b[m]) for j, m in self.kv_out.items()]
         self.shapes = [(tuple(a.shape), a.dtype) for a in dev_b]
-        self.replay = cuda_replay.Replay.build(first, second, (dev_a, dev_b), in_place=pairs, external=external)
+        self.replay = cuda_replay.Replay.build(first, second, (dev_a, dev_b), in_place=pairs, external=external,
+                                               pdl=self.want_pdl)
         if self.want_staged_feed:
             self.replay.stage_inputs()
         if c.guarded:

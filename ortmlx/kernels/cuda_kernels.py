@@ -86,11 +86,26 @@ def enabled() -> bool:
     return b is not None and b.cuda_kernels and usable() and mx.default_device() == mx.gpu
 
 
+#: in every kernel of ours before it reads anything but constants or writes anything (its first statement unless
+#: its source places it): on sm_90 and later, wait until the kernel before it in its stream is done and its writes
+#: visible, then let the next one start. A plain launch has nothing to wait for and no dependent (no-ops); a
+#: replay's launches made with programmatic dependent launch (tuning ``replay_pdl``) start while the one before
+#: them runs, read their weights, and wait here.
+PRIOR_WAIT = """
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+"""
+
+
 def _kernel(prefix: str, input_names: list, output_names: list, source: str, header: str = "",
             ensure_row_contiguous: bool = True):
     """``mx.fast.cuda_kernel`` named ``prefix`` + a hash of its text (MLX keys compiled kernels by name), its builds
     kept in MLX's kernel cache across processes (``cuda_cache``); ``ensure_row_contiguous=False``: inputs are passed
-    as they lie (the source reads their strides)."""
+    as they lie (the source reads their strides). Its body starts with ``PRIOR_WAIT`` unless the source has it."""
+    if PRIOR_WAIT not in source:
+        source = PRIOR_WAIT + source
     name = f"{prefix}_{hashlib.sha1((header + source).encode()).hexdigest()[:12]}"
     fn = mx.fast.cuda_kernel(name=name, input_names=input_names, output_names=output_names,
                              source=source, header=header, ensure_row_contiguous=ensure_row_contiguous)

@@ -19,6 +19,7 @@ given that input's buffer, so a replayed decode step keeps one KV buffer.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -34,6 +35,9 @@ from . import cuda_driver
 STREAM_NON_BLOCKING = 1
 #: cuStreamBeginCapture: only this thread's calls are captured
 CAPTURE_THREAD_LOCAL = 1
+#: CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: a launch may start before the one before it ends (its
+#: kernel waits for it: ``cuda_kernels.PRIOR_WAIT``)
+ATTR_PROGRAMMATIC = 6
 #: MLX's Shape / Strides: fixed arrays of this many int32 / int64 (``MAX_NDIM``)
 MAX_NDIM = 10
 #: arrays ``describe`` reads in one kernel (a kernel's parameters are limited to 32 KB: ~136 bytes each)
@@ -56,6 +60,15 @@ int cuStreamDestroy_v2(void* stream);
 int cuStreamSynchronize(void* stream);
 int cuLaunchKernel(void* f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by,
                    unsigned int bz, unsigned int shmem, void* stream, void** params, void** extra);
+typedef struct { int id; int pad; union { char raw[64]; int allowed; unsigned long long align; } value; }
+    ortmlx_launch_attr;
+typedef struct {
+    unsigned int gx, gy, gz, bx, by, bz, shmem;
+    void* stream;
+    ortmlx_launch_attr* attrs;
+    unsigned int n_attrs;
+} ortmlx_launch_config;
+int cuLaunchKernelEx(const ortmlx_launch_config* config, void* f, void** params, void** extra);
 int cuStreamBeginCapture_v2(void* stream, int mode);
 int cuStreamEndCapture(void* stream, void** graph);
 int cuGraphInstantiateWithFlags(void** exec, void* graph, unsigned long long flags);
@@ -271,6 +284,9 @@ class Replay:
         self.timings: dict = {}         # seconds of each part of ``build``
         self.graphs: dict = {}          # the external addresses -> (graph, exec) not in use now
         self.launches = 0
+        #: launches after the first made with programmatic dependent launch (tuning replay_pdl: ``_capture``)
+        self.pdl = False
+        self.labels: dict = {}          # kernel label -> its launches in the step (what a fusion would save)
         #: ``stage_inputs``: page-locked host memory laid out as the arena's step inputs (``write`` fills it, the
         #: next ``launch`` copies its runs), per input index its offset there, and whether it was written
         self.stage = None
@@ -285,13 +301,15 @@ class Replay:
 
     @classmethod
     def build(cls, first: list[Launch], second: list[Launch], step_inputs: tuple[list, list],
-              in_place: list | None = None, external: dict | None = None) -> "Replay":
+              in_place: list | None = None, external: dict | None = None, pdl: bool = False) -> "Replay":
         """The replay of ``second`` (``first``: the same step run with other inputs; ``step_inputs``: the arrays
         each call was given, evaluated, row-contiguous). ``in_place``: (output, step input) array pairs of
         ``second`` a kernel may write over (``CachedKernel.in_place``): the output gets the input's buffer. The
         step inputs start as the second call's, in the arena, except those ``external`` names (step input index
         -> a device address of as many bytes, row-major, which the caller keeps alive and never moves: an MLX
-        array in unified memory). Raises ``Refused``; needs MLX's CUDA backend and kernel cache."""
+        array in unified memory). ``pdl``: every launch but the first may start while the one before it ends
+        (programmatic dependent launch; our kernels wait for it first: ``cuda_kernels.PRIOR_WAIT``). Raises
+        ``Refused``; needs MLX's CUDA backend and kernel cache."""
         drv = cuda_driver.driver()
         if drv is None:
             raise Refused("no CUDA driver")
@@ -310,6 +328,7 @@ class Replay:
         t1 = time.perf_counter()
         refs = plan(first, second, infos, step_inputs)
         r = cls(drv, lib, drv.ffi)
+        r.pdl = pdl
         r.inputs = list(step_inputs[1])
         try:
             r._lay_out(second, refs, infos, in_place or [], external or {})
@@ -322,6 +341,7 @@ class Replay:
         except Exception:
             r.close()
             raise
+        r.labels = dict(collections.Counter(ln.label for ln in second).most_common())
         r.input_keys = [id(a) for a in r.inputs]
         r.input_bytes = [a.nbytes for a in r.inputs]
         r.inputs = []                       # (the recorded arrays go: the replay keeps addresses and sizes)
@@ -474,10 +494,16 @@ class Replay:
             self.stream = s[0]
         self._check(lib.cuStreamBeginCapture_v2(self.stream, CAPTURE_THREAD_LOCAL), "cuStreamBeginCapture")
         failed = None
-        for f, grid, block, params in launches:
-            rc = lib.cuLaunchKernel(f, *grid, *block, 0, self.stream, params, ffi.NULL)
+        config = self._pdl_config() if self.pdl else None
+        for i, (f, grid, block, params) in enumerate(launches):
+            if config is not None and i > 0:
+                config.gx, config.gy, config.gz = grid
+                config.bx, config.by, config.bz = block
+                rc, call = lib.cuLaunchKernelEx(config, f, params, ffi.NULL), "cuLaunchKernelEx"
+            else:
+                rc, call = lib.cuLaunchKernel(f, *grid, *block, 0, self.stream, params, ffi.NULL), "cuLaunchKernel"
             if rc != 0:
-                failed = f"cuLaunchKernel failed with CUresult {rc}"
+                failed = f"{call} failed with CUresult {rc}"
                 break
         g = ffi.new("void**")
         rc = lib.cuStreamEndCapture(self.stream, g)
@@ -489,6 +515,17 @@ class Replay:
         self._check(lib.cuGraphInstantiateWithFlags(e, self.graph, 0), "cuGraphInstantiate")
         self.exec = e[0]
         self.launches = len(launches)
+
+    def _pdl_config(self):
+        """A launch configuration on the replay's stream whose one attribute allows programmatic serialization
+        (its grid and block set per launch)."""
+        ffi = self.ffi
+        attr = ffi.new("ortmlx_launch_attr*")
+        attr.id, attr.value.allowed = ATTR_PROGRAMMATIC, 1
+        config = ffi.new("ortmlx_launch_config*")
+        config.stream, config.attrs, config.n_attrs = self.stream, attr, 1
+        self._pdl_attr = attr           # (kept alive with the configuration)
+        return config
 
     def _bound(self) -> tuple:
         return tuple(sorted((k, self.addr[k]) for k in self.external))

@@ -29,7 +29,7 @@ import math
 import weakref
 
 from . import build
-from .cuda_kernels import NORM_THREADS, _ATTN_DTYPES, _f32_literal, _kernel
+from .cuda_kernels import NORM_THREADS, PRIOR_WAIT, _ATTN_DTYPES, _f32_literal, _kernel
 
 #: most rows a product takes (a batch's decode rows, a short prompt's): a block makes RB of them and reads the
 #: weight's outputs it takes once for those, so R rows read the weight ceil(R / RB) times; more go to MLX's GEMM
@@ -303,9 +303,10 @@ _ROW_LOC = r"""
     };
 """
 
-NORM_SOURCE = _ROW_LOC + _GATING + _GEMV_HEAD + _NORM_ROW + _GEMV_ROUNDS
-SWIGLU_SOURCE = _ROW_LOC + _GATING + _GEMV_HEAD + _SWIGLU_ROW + _GEMV_ROUNDS
-ROW_SOURCE = _ROW_LOC + _GATING + _GEMV_HEAD + _COPY_ROW + _GEMV_ROUNDS
+# (the weights' first loads come before the wait for the kernel before: they read constants only)
+NORM_SOURCE = _ROW_LOC + _GATING + _GEMV_HEAD + PRIOR_WAIT + _NORM_ROW + _GEMV_ROUNDS
+SWIGLU_SOURCE = _ROW_LOC + _GATING + _GEMV_HEAD + PRIOR_WAIT + _SWIGLU_ROW + _GEMV_ROUNDS
+ROW_SOURCE = _ROW_LOC + _GATING + _GEMV_HEAD + PRIOR_WAIT + _COPY_ROW + _GEMV_ROUNDS
 
 
 @functools.lru_cache(maxsize=64)

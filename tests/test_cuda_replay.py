@@ -383,11 +383,12 @@ def test_a_false_guard_launches_nothing_and_a_true_one_serves(step_replay):
     assert rp.calls == 1 and all(rp.spent[k] >= 0 for k in replay.SPENT) and rp.spent["guard"] > 0
 
 
-def test_a_host_guard_answers_for_the_device_guard_once_it_agreed(step_replay):
+def test_a_host_guard_answers_for_the_device_guard_once_it_agreed(step_replay, monkeypatch):
     """Tuning replay_host_guard: the guard built without our kernels, on MLX's CPU stream, is tried on the checked
     call; agreeing, it alone is asked at served calls (its inputs as MLX arrays: host arrays copied); saying no
-    there or failing, the device guard stays, the reason kept."""
+    there, failing or slower than the limit, the device guard stays, the reason kept."""
     from ortmlx.compiled import replay
+    monkeypatch.setattr(replay, "HOST_GUARD_MAX_S", 1.0)     # (a busy test box must not make the fast one slow)
     rp, c = step_replay, _Closure()
     rp.sink = types.SimpleNamespace(array=np.zeros(64, np.uint8))
     rp.kv_out = {1: 1, 2: 2}
@@ -406,6 +407,8 @@ def test_a_host_guard_answers_for_the_device_guard_once_it_agreed(step_replay):
     assert rp.serve(c, dev, None)[0] == replay.SERVED
     verdict[0] = False
     assert rp.serve(c, dev, None) == (replay.GUARD_FAILED, None, None) and len(seen) == 4
+    monkeypatch.setattr(replay, "HOST_GUARD_MAX_S", 0.01)
+
     def slow(*a):
         time.sleep(2 * replay.HOST_GUARD_MAX_S)
         return mx.array(True)

@@ -272,6 +272,8 @@ def model(args) -> int:
         print(f"{p.label}: replay {p.counters['replay'] or '(not built)'}")
         for c in p.closures():
             rp = c.replay
+            if rp is not None and rp.replay is not None:
+                print("  launches a step: " + ", ".join(f"{k} {v}" for k, v in rp.replay.labels.items()))
             for q in (rp.problems if rp is not None else []):
                 print(f"  refused at: {q}")
     rows: dict = {False: [], True: []}

@@ -138,9 +138,11 @@ def cases():
 def check_all(nvrtc, includes: list[str], arch: str = "sm_90a", quiet: bool = False) -> int:
     """Compile every case; the number with errors or warnings."""
     from ortmlx.kernels import cuda_cache as cc
+    from ortmlx.kernels.cuda_kernels import with_prior_wait
     opts = cc.nvrtc_options(arch, includes)
     bad = 0
     for label, name, ins, in_t, outs, out_t, src, head, tmpl in cases():
+        src = with_prior_wait(src)          # (as ``cuda_kernels._kernel`` builds it)
         func = cc.kernel_name(name, tmpl)
         text = cc.mlx_source(func, head, src, ins, [(t, 2) for t in in_t], outs, out_t, tmpl)
         try:

@@ -166,6 +166,18 @@ def test_staged_inputs_are_written_to_host_memory_and_copied_in_runs():
         r.write(2, np.array([1], np.int64))
 
 
+def test_every_kernel_waits_for_the_one_before_until_it_reads_its_output():
+    """``PRIOR_WAIT`` (what a replay's programmatic launches need: tuning replay_pdl): a body without it gets it
+    first; the row products place it once, after their first weight loads (constants) and before they make the
+    row from what the kernel before wrote."""
+    from ortmlx.kernels.cuda_kernels import PRIOR_WAIT, with_prior_wait
+    assert with_prior_wait("out[0] = x[0];") == PRIOR_WAIT + "out[0] = x[0];"
+    for src, reads in ((cuda_rows.NORM_SOURCE, "xr[j * xs]"), (cuda_rows.SWIGLU_SOURCE, "gv[i] = "),
+                       (cuda_rows.ROW_SOURCE, "reinterpret_cast<uint4*>(ar)[c] = ")):
+        assert with_prior_wait(src) == src and src.count(PRIOR_WAIT) == 1
+        assert src.index("wr[q][c] = wv[") < src.index(PRIOR_WAIT) < src.index(reads)
+
+
 class _CaptureLib:
     """The driver calls ``Replay._capture`` makes, noted: each launch as (call, grid, block, attributes)."""
 

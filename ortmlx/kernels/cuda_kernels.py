@@ -99,13 +99,17 @@ PRIOR_WAIT = """
 """
 
 
+def with_prior_wait(source: str) -> str:
+    """A kernel body as built: ``PRIOR_WAIT`` first, unless the source places it."""
+    return source if PRIOR_WAIT in source else PRIOR_WAIT + source
+
+
 def _kernel(prefix: str, input_names: list, output_names: list, source: str, header: str = "",
             ensure_row_contiguous: bool = True):
     """``mx.fast.cuda_kernel`` named ``prefix`` + a hash of its text (MLX keys compiled kernels by name), its builds
     kept in MLX's kernel cache across processes (``cuda_cache``); ``ensure_row_contiguous=False``: inputs are passed
-    as they lie (the source reads their strides). Its body starts with ``PRIOR_WAIT`` unless the source has it."""
-    if PRIOR_WAIT not in source:
-        source = PRIOR_WAIT + source
+    as they lie (the source reads their strides)."""
+    source = with_prior_wait(source)
     name = f"{prefix}_{hashlib.sha1((header + source).encode()).hexdigest()[:12]}"
     fn = mx.fast.cuda_kernel(name=name, input_names=input_names, output_names=output_names,
                              source=source, header=header, ensure_row_contiguous=ensure_row_contiguous)

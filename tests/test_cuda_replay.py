@@ -191,16 +191,23 @@ class _CaptureLib:
         self.launches.append(("plain", (gx, gy, gz), (bx, by, bz), []))
         return 0
 
+    refuse_ex = 0                       # a CUresult for cuLaunchKernelEx to return (0: it succeeds)
+    destroyed = 0
+
     def cuLaunchKernelEx(self, config, f, params, extra):
         attrs = [(config.attrs[i].id, config.attrs[i].value.allowed) for i in range(config.n_attrs)]
         self.launches.append(("ex", (config.gx, config.gy, config.gz), (config.bx, config.by, config.bz), attrs))
-        return 0
+        return self.refuse_ex
 
     def cuStreamEndCapture(self, stream, graph):
         graph[0] = cffi.FFI().cast("void*", 1)
         return 0
 
     def cuGraphInstantiateWithFlags(self, exec_, graph, flags):
+        return 0
+
+    def cuGraphDestroy(self, graph):
+        self.destroyed += 1
         return 0
 
 
@@ -221,7 +228,20 @@ def test_capture_makes_every_launch_after_the_first_programmatic_with_pdl(pdl):
     kinds = [(k, a) for k, _, _, a in lib.launches]
     attr = [(cuda_replay.ATTR_PROGRAMMATIC, 1)]
     assert kinds == ([("plain", []), ("ex", attr), ("ex", attr)] if pdl else [("plain", [])] * 3)
-    assert r.launches == 3
+    assert r.launches == 3 and r.pdl == pdl and not r.pdl_refused
+
+
+def test_a_programmatic_capture_the_driver_refuses_is_made_plain():
+    ffi = cffi.FFI()
+    ffi.cdef(cuda_replay.DRIVER_CDEF)
+    lib = _CaptureLib()
+    lib.refuse_ex = 801                 # CUDA_ERROR_NOT_SUPPORTED
+    r = cuda_replay.Replay(types.SimpleNamespace(current=lambda: None), lib, ffi)
+    r.stream, r.pdl = ffi.cast("void*", 7), True
+    r.specs = [("f0", (4, 1, 1), (256, 1, 1), []), ("f1", (8, 1, 1), (128, 1, 1), [])]
+    r._capture()
+    assert [k for k, *_ in lib.launches] == ["plain", "ex", "plain", "plain"] and lib.destroyed == 1
+    assert not r.pdl and r.pdl_refused == "cuLaunchKernelEx failed with CUresult 801" and r.launches == 2
 
 
 # ---- StepReplay's KV sets (compiled/replay.py), on stand-ins for the replay and the address read ----
@@ -473,7 +493,8 @@ class _HookReplay:
         self.log.append("record by an interim closure" if c.stand_in else "record")
         self.records += 1
         if self.records == 2:
-            self.replay = types.SimpleNamespace(launches=7, timings={"capture": 0.01})
+            self.replay = types.SimpleNamespace(launches=7, timings={"capture": 0.01}, pdl=False,
+                                                pdl_refused="")
             self.build_s = 0.02
 
     def check(self, c, given):

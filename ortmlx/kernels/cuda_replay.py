@@ -284,8 +284,10 @@ class Replay:
         self.timings: dict = {}         # seconds of each part of ``build``
         self.graphs: dict = {}          # the external addresses -> (graph, exec) not in use now
         self.launches = 0
-        #: launches after the first made with programmatic dependent launch (tuning replay_pdl: ``_capture``)
+        #: launches after the first made with programmatic dependent launch (tuning replay_pdl: ``_capture``), or
+        #: why the driver refused that (then they are plain)
         self.pdl = False
+        self.pdl_refused = ""
         self.labels: dict = {}          # kernel label -> its launches in the step (what a fusion would save)
         #: ``stage_inputs``: page-locked host memory laid out as the arena's step inputs (``write`` fills it, the
         #: next ``launch`` copies its runs), per input index its offset there, and whether it was written
@@ -483,7 +485,25 @@ class Replay:
         return params
 
     def _capture(self) -> None:
-        """Capture the launches (``specs``, at the addresses now) as the graph to launch."""
+        """Capture the launches (``specs``, at the addresses now) as the graph to launch; with ``pdl``, a capture
+        or instantiation the driver refuses is made again without it (why kept in ``pdl_refused``)."""
+        try:
+            self._capture_as(self.pdl)
+        except cuda_driver.DriverError as e:
+            if not self.pdl:
+                raise
+            self._drop_graph()
+            self.pdl, self.pdl_refused = False, str(e)
+            self._capture_as(False)
+
+    def _drop_graph(self) -> None:
+        if self.exec is not None:
+            self.lib.cuGraphExecDestroy(self.exec)
+        if self.graph is not None:
+            self.lib.cuGraphDestroy(self.graph)
+        self.exec = self.graph = None
+
+    def _capture_as(self, pdl: bool) -> None:
         ffi, lib = self.ffi, self.lib
         keep: list = []
         launches = [(f, grid, block, self._params(args, keep)) for f, grid, block, args in self.specs]
@@ -494,7 +514,7 @@ class Replay:
             self.stream = s[0]
         self._check(lib.cuStreamBeginCapture_v2(self.stream, CAPTURE_THREAD_LOCAL), "cuStreamBeginCapture")
         failed = None
-        config = self._pdl_config() if self.pdl else None
+        config = self._pdl_config() if pdl else None
         for i, (f, grid, block, params) in enumerate(launches):
             if config is not None and i > 0:
                 config.gx, config.gy, config.gz = grid

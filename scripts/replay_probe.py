@@ -157,25 +157,30 @@ def decode(args) -> int:
         kv = o[1:]
     second = outs[1]
     pairs = [(second[1 + j], ins[1][4 + j]) for j in range(2 * args.layers)]
-    t0 = time.perf_counter()
-    r = cuda_replay.Replay.build(recs[0], recs[1], (ins[0], ins[1]), in_place=pairs)
-    print(f"replay of {r.launches} launches built in {time.perf_counter() - t0:.2f} s ({r.timings})")
-    # the replay writes its presents over the second step's pasts (which hold the first step's rows): the second
-    # step again through the replay, so both go on from its presents (MLX from its own arrays, never read here:
-    # MLX moves a device buffer it reads on the host)
-    for i, v in enumerate(((start + 1) % vocab, start + 1, start + 1, start + 2)):
-        r.write(i, np.array([v], np.int32))
-    r.launch()
-    r.wait()
+    replays = {}
+    for name, pdl in (("replay", False), ("replay pdl", True))[:2 if args.pdl else 1]:
+        t0 = time.perf_counter()
+        r = replays[name] = cuda_replay.Replay.build(recs[0], recs[1], (ins[0], ins[1]), in_place=pairs, pdl=pdl)
+        print(f"{name} of {r.launches} launches built in {time.perf_counter() - t0:.2f} s ({r.timings})"
+              f"{'; programmatic launches refused: ' + r.pdl_refused if r.pdl_refused else ''}")
+        # the replay writes its presents over the second step's pasts (which hold the first step's rows): the
+        # second step again through the replay, so both go on from its presents (MLX from its own arrays, never
+        # read here: MLX moves a device buffer it reads on the host)
+        for i, v in enumerate(((start + 1) % vocab, start + 1, start + 1, start + 2)):
+            r.write(i, np.array([v], np.int32))
+        r.launch()
+        r.wait()
     mlx_kv = list(second[1:])
     fn = mx.compile(step)
     n = start + 2
-    rows = {"mlx compiled": ([], []), "mlx eager": ([], []), "replay": ([], [])}
+    rows = {"mlx compiled": ([], []), "mlx eager": ([], [])}
+    rows.update({name: ([], []) for name in replays})
     checked = None
     for k in range(args.steps):
         token = (7 * n) % vocab
         for name in rows if k % 2 == 0 else reversed(list(rows)):
-            if name == "replay":
+            if name in replays:
+                r = replays[name]
                 t0 = time.perf_counter()
                 for i, v in enumerate((token, n, n, n + 1)):
                     r.write(i, np.array([v], np.int32))
@@ -197,7 +202,7 @@ def decode(args) -> int:
             rows[name][1].append(t2 - t0)
         mlx_kv = mlx_y[1:]
         if checked is None:
-            checked = np.array_equal(r.read(second[0]), np.array(mlx_y[0]))
+            checked = all(np.array_equal(q.read(second[0]), np.array(mlx_y[0])) for q in replays.values())
         n += 1
         if n >= t - 1:
             break
@@ -206,8 +211,9 @@ def decode(args) -> int:
     for name, (hst, w) in rows.items():
         print(f"  {name:13} host {median_us(hst):8.1f}  step {median_us(w):8.1f}  ({median_us(w) / base:.2f}x "
               f"MLX compiled's step)")
-    print(f"replay's logits at the first timed step {'equal' if checked else 'DIFFER from'} MLX compiled's")
-    r.close()
+    print(f"the replays' logits at the first timed step {'equal' if checked else 'DIFFER from'} MLX compiled's")
+    for r in replays.values():
+        r.close()
     return 0 if checked else 1
 
 
@@ -308,6 +314,7 @@ def model(args) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--decode", action="store_true", help="a synthetic decode step: MLX against a replay")
+    ap.add_argument("--pdl", action="store_true", help="--decode: also a replay of programmatic launches")
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--max-len", type=int, help="the KV buffers' length (genai's max_length; --decode: 4104, "
                     "--model: prompt + tokens)")

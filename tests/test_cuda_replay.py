@@ -488,6 +488,9 @@ class _HookReplay:
     def refuse(self, why):
         self.refused = why
 
+    def release(self):                  # (a poisoned closure releases its replay)
+        self.refuse(self.refused or "released")
+
     def record(self, c, dev):
         assert c.trusted and all(isinstance(a, mx.array) for a in dev)
         self.log.append("record by an interim closure" if c.stand_in else "record")

@@ -768,7 +768,7 @@ class CompiledSubgraph:
                 parts = ", ".join(f"{k} {v:.2f}" for k, v in rp.replay.timings.items())
                 guard = f"; guard on the {rp.guard_kind}" if rp.guard_kind else ""
                 r = rp.replay
-                pdl = "; programmatic" if r.pdl else f"; plain (programmatic: {r.pdl_refused})" if r.pdl_refused else ""
+                pdl = "; programmatic" if r.pdl else f"; plain ({r.pdl_refused})" if r.pdl_refused else ""
                 self.counters["replay"] = (f"{r.launches} launches{pdl} (recorded in {rp.record_s:.2f} s, "
                                            f"built in {rp.build_s:.2f} s: {parts}{guard})")
         if rp.refused and not self.counters["replay"].startswith("refused"):

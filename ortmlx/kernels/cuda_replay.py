@@ -514,7 +514,7 @@ class Replay:
             self.stream = s[0]
         self._check(lib.cuStreamBeginCapture_v2(self.stream, CAPTURE_THREAD_LOCAL), "cuStreamBeginCapture")
         failed = None
-        config = self._pdl_config() if pdl else None
+        config = self._pdl_config(keep) if pdl else None
         for i, (f, grid, block, params) in enumerate(launches):
             if config is not None and i > 0:
                 config.gx, config.gy, config.gz = grid
@@ -536,15 +536,15 @@ class Replay:
         self.exec = e[0]
         self.launches = len(launches)
 
-    def _pdl_config(self):
+    def _pdl_config(self, keep: list):
         """A launch configuration on the replay's stream whose one attribute allows programmatic serialization
-        (its grid and block set per launch)."""
+        (its grid and block set per launch; the attribute kept alive in ``keep``)."""
         ffi = self.ffi
         attr = ffi.new("ortmlx_launch_attr*")
         attr.id, attr.value.allowed = ATTR_PROGRAMMATIC, 1
+        keep.append(attr)
         config = ffi.new("ortmlx_launch_config*")
         config.stream, config.attrs, config.n_attrs = self.stream, attr, 1
-        self._pdl_attr = attr           # (kept alive with the configuration)
         return config
 
     def _bound(self) -> tuple:
@@ -666,17 +666,14 @@ class Replay:
             lib.cuGraphExecDestroy(e)
             lib.cuGraphDestroy(g)
         self.graphs = {}
-        if self.exec is not None:
-            lib.cuGraphExecDestroy(self.exec)
-        if self.graph is not None:
-            lib.cuGraphDestroy(self.graph)
+        self._drop_graph()
         if self.stream is not None:
             lib.cuStreamDestroy_v2(self.stream)
         if self.arena is not None:
             lib.cuMemFree_v2(self.arena)
         for mod, _ in self.modules.values():
             lib.cuModuleUnload(mod)
-        self.exec = self.graph = self.stream = self.arena = None
+        self.stream = self.arena = None
         self.modules, self.consts = {}, []
         if self.stage is not None:
             self.stage.free()

@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 
-from .runtime.prebuild import CALLS, IDLE_S, JOB_TIMEOUT_S, read_msg, record_built, write_msg
+from .runtime.prebuild import IDLE_S, JOB_TIMEOUT_S, read_msg, record_built, write_msg
 
 
 def _session(path: str, options: dict):
@@ -41,9 +41,9 @@ def _feeds(spec: dict) -> dict:
 
 
 def run_job(sess, job: dict) -> None:
-    """A job's call, as many times as it asks (``CALLS`` where it does not say), then its ledger line."""
+    """A job's call, as many times as it asks (the client's ``Worker.run`` always says), then its ledger line."""
     feeds = _feeds(job["feeds"])
-    for _ in range(int(job.get("calls") or CALLS)):
+    for _ in range(int(job["calls"])):
         sess.run(None, feeds)
     if job.get("record"):
         record_built(job["record"])

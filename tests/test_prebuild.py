@@ -160,8 +160,8 @@ def test_a_jobs_inputs():
 
 
 def test_a_job_is_run_as_often_as_it_asks(monkeypatch):
-    """The worker makes a job's call ``calls`` times (a replayed decode key's five), ``CALLS`` where the job does
-    not say, then writes its ledger line; the client sends the count it was given, else ``CALLS``."""
+    """The worker makes a job's call ``calls`` times (a replayed decode key's five), then writes its ledger line;
+    the client sends the count it was given, else ``CALLS``."""
     from ortmlx import prebuild as worker
     runs, lines = [], []
 
@@ -173,8 +173,8 @@ def test_a_job_is_run_as_often_as_it_asks(monkeypatch):
     worker.run_job(Session(), {"feeds": {"X": x}, "record": "line", "calls": 5})
     assert runs == [["X"]] * 5 and lines == ["line"]
     runs.clear()
-    worker.run_job(Session(), {"feeds": {"X": ("zeros", (2,), "<f4")}, "record": None})
-    assert len(runs) == prebuild.CALLS == 2 and lines == ["line"]
+    worker.run_job(Session(), {"feeds": {"X": ("zeros", (2,), "<f4")}, "record": None, "calls": 2})
+    assert len(runs) == 2 and lines == ["line"] and prebuild.CALLS == 2
     sent = []
     w = prebuild.Worker("model.onnx", {})
 

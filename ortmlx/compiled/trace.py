@@ -58,12 +58,14 @@ def compile_closure(c, n_group_inputs: int, out_types: list, config: CompiledCon
             inputs[i] = v
         return inputs
 
+    def trace_context(kernels: bool):
+        return program.config.context(cuda_kernels=kernels, shapeless=shapeless, tracing=True, guards=[], hints=[])
+
     def outputs(*dev):
         """The traced body's outputs (also built eagerly, with real arrays: ``compiled/replay.py`` records a
         step's launches so)."""
         inputs = program_inputs(dev)
-        ctx = program.config.context(cuda_kernels=program.cuda_kernels and cuda_kernels.usable(),
-                                     shapeless=shapeless, tracing=True, guards=[], hints=[])
+        ctx = trace_context(program.cuda_kernels and cuda_kernels.usable())
         with build.active(ctx):
             env = program.build(inputs, ctx=ctx)
             outs = [device_output(env[o], t, contiguous) for o, t in zip(program.outputs, out_types)]
@@ -105,7 +107,7 @@ def compile_closure(c, n_group_inputs: int, out_types: list, config: CompiledCon
         """(The body's guard, how many guards made it) built from ``dev`` without our kernels: MLX's ops only, so
         any stream may evaluate it (the guards do not depend on which kernels a translator takes)."""
         inputs = program_inputs(dev)
-        ctx = program.config.context(cuda_kernels=False, shapeless=shapeless, tracing=True, guards=[], hints=[])
+        ctx = trace_context(False)
         with build.active(ctx):
             program.build(inputs, ctx=ctx)
             guards = ctx.guards

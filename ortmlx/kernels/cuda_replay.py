@@ -496,11 +496,14 @@ class Replay:
             self.pdl, self.pdl_refused = False, str(e)
             self._capture_as(False)
 
+    def _destroy(self, graph, exec_) -> None:
+        if exec_ is not None:
+            self.lib.cuGraphExecDestroy(exec_)
+        if graph is not None:
+            self.lib.cuGraphDestroy(graph)
+
     def _drop_graph(self) -> None:
-        if self.exec is not None:
-            self.lib.cuGraphExecDestroy(self.exec)
-        if self.graph is not None:
-            self.lib.cuGraphDestroy(self.graph)
+        self._destroy(self.graph, self.exec)
         self.exec = self.graph = None
 
     def _capture_as(self, pdl: bool) -> None:
@@ -567,9 +570,7 @@ class Replay:
             self.graph, self.exec = got
             return
         while len(self.graphs) >= GRAPHS:
-            g, e = self.graphs.pop(next(iter(self.graphs)))
-            self.lib.cuGraphExecDestroy(e)
-            self.lib.cuGraphDestroy(g)
+            self._destroy(*self.graphs.pop(next(iter(self.graphs))))
         self.exec = self.graph = None
         self._capture()
 
@@ -663,8 +664,7 @@ class Replay:
         if self.stream is not None:
             lib.cuStreamSynchronize(self.stream)
         for g, e in self.graphs.values():
-            lib.cuGraphExecDestroy(e)
-            lib.cuGraphDestroy(g)
+            self._destroy(g, e)
         self.graphs = {}
         self._drop_graph()
         if self.stream is not None:

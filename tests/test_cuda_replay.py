@@ -285,7 +285,7 @@ def step_replay(monkeypatch):
                           a.dtype.size) for a in arrays]
     monkeypatch.setattr(cuda_replay, "describe", describe)
     rp = replay.StepReplay(3)
-    rp.shapes = [((1, 1), mx.int32), (_KV, mx.float16), (_KV, mx.float16)]
+    rp.record_inputs([((1, 1), mx.int32), (_KV, mx.float16), (_KV, mx.float16)])
     rp.kv, external = rp._new_set({1: mx.zeros(_KV, mx.float16), 2: mx.zeros(_KV, mx.float16)})
     rp.replay = _FakeReplay(external)
     return rp
@@ -610,7 +610,7 @@ def test_the_guard_built_without_our_kernels_is_the_closures(monkeypatch):
     def probe(self, c, dev):
         if not got:
             rp = real(len(dev), host_guard=True)
-            rp.shapes = [(tuple(a.shape), a.dtype) for a in dev]
+            rp.record_inputs([(tuple(a.shape), a.dtype) for a in dev])
             rp._make_guards(c)
             k_total, k_seq = len(dev) - 2, len(dev) - 1          # the hoisted total and seqlens_k (the tiny build)
             rows = next(a.shape[2] for a in dev if a.ndim == 4)

@@ -59,6 +59,8 @@ class StepReplay:
         self.kv_sets: list = []         # every set of them made (``kv`` is one); a set no one else holds is free
         self.kv_out: dict = {}          # group output j -> the dev input position of its KV buffer
         self.shapes: list = []          # (shape, dtype) of every dev input, as recorded
+        self.types: list = []
+        self.np_types: list = []
         self.sink: cuda_driver.HostBuffer | None = None
         self.guard = None               # the closure's guard alone, compiled
         #: the guard built without our kernels, compiled for MLX's CPU stream (tuning replay_host_guard; once it
@@ -151,7 +153,7 @@ class StepReplay:
                 raise cuda_replay.Refused(f"a KV buffer of {dev_b[m].dtype}")
         self.kv, external = self._new_set({m: dev_b[m] for m in self.kv_out.values()})
         pairs = [(outs_b[j], dev_b[m]) for j, m in self.kv_out.items()]
-        self.shapes = [(tuple(a.shape), a.dtype) for a in dev_b]
+        self.record_inputs([(tuple(a.shape), a.dtype) for a in dev_b])
         self.replay = cuda_replay.Replay.build(first, second, (dev_a, dev_b), in_place=pairs, external=external,
                                                pdl=self.want_pdl)
         if self.want_staged_feed:
@@ -159,6 +161,13 @@ class StepReplay:
         if c.guarded:
             self._make_guards(c)
         self.build_s = time.perf_counter() - t0
+
+    def record_inputs(self, shapes: list) -> None:
+        """The recorded inputs' (shape, MLX dtype), and each one's ONNX type and NumPy dtype, looked up once
+        (None: an MLX type no host array carries)."""
+        self.shapes = shapes
+        self.types = [dt.FROM_MLX.get(dtype) for _, dtype in shapes]
+        self.np_types = [None if t is None else dt.NUMPY[t] for t in self.types]
 
     def _make_guards(self, c) -> None:
         """The closure's guard alone, compiled (evaluated on MLX's device stream); with ``want_host_guard`` also
@@ -245,13 +254,12 @@ class StepReplay:
                     r.copy(r.input_address(m), infos[m].address, dev[m].nbytes)
                 else:
                     r.upload(r.input_address(m), np.asarray(dev[m]))
-        for m, (a, (shape, dtype)) in enumerate(zip(dev, self.shapes)):
+        for m, (a, npt) in enumerate(zip(dev, self.np_types)):
             if m in self.kv:
                 continue
-            if isinstance(a, mx.array) or dtype not in dt.FROM_MLX:
+            if isinstance(a, mx.array) or npt is None:
                 return False
-            else:
-                r.write(m, np.ascontiguousarray(a, dtype=dt.NUMPY[dt.FROM_MLX[dtype]]))
+            r.write(m, np.ascontiguousarray(a, dtype=npt))
         return True
 
     def _outputs(self, c) -> tuple[list, RowHints]:
@@ -269,8 +277,7 @@ class StepReplay:
     def _host_guard(self, dev: list) -> mx.array:
         """The host guard asked of MLX's CPU stream for a call whose device inputs are ``dev`` (host arrays as
         MLX copies in unified memory, mirrors as they are)."""
-        args = [a if isinstance(a, mx.array) else dt.to_mx(np.asarray(a), dt.FROM_MLX[dtype])
-                for a, (_, dtype) in zip(dev, self.shapes)]
+        args = [a if isinstance(a, mx.array) else dt.to_mx(np.asarray(a), t) for a, t in zip(dev, self.types)]
         with mx.stream(mx.cpu):
             ok = self.host_guard(*args)
             mx.async_eval(ok)

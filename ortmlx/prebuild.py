@@ -5,9 +5,9 @@ ORT session of that model on the MLX EP, building in its own calls: tuning ``bui
 ``{"feeds": {name: array | ("zeros", shape, dtype)}, "record": ledger line | None, "calls": n}`` per job, each run
 ``n`` times (a general group's key is traced at its second call; a replayed decode key's replay is recorded,
 checked and served within ``compiled.replay.WARM_CALLS``), then its line written into the ledger; answers
-``("ready",)``, ``("done",)`` or ``("failed", why)`` on stdout. Its kernels land in MLX's kernel cache, shared with the process
-that started it. Ends at the end of its input, on one it cannot read, after ``IDLE_S`` without a job, when its
-answer finds no reader (the process that started it has exited: the job is done first), or after
+``("ready",)``, ``("done",)`` or ``("failed", why)`` on stdout. Its kernels land in MLX's kernel cache, shared
+with the process that started it. Ends at the end of its input, on one it cannot read, after ``IDLE_S`` without a
+job, when its answer finds no reader (the process that started it has exited: the job is done first), or after
 ``JOB_TIMEOUT_S`` in one job.
 """
 from __future__ import annotations

@@ -1307,17 +1307,17 @@ KNOWN_BUGS: dict[str, str] = {
     "ReduceMax:nan_input": "ReduceMax of [1, nan, 2]: MLX nan, CPU EP 2 (the CPU EP returns NaN only when the "
                            "first reduced element is NaN); needs the owner's decision",
     "ReduceMin:nan_input": "ReduceMin of [1, nan, 2]: MLX nan, CPU EP 1 (same order dependence as ReduceMax)",
-    "GlobalMaxPool:nan": "GlobalMaxPool of a channel holding NaN: the CPU EP skips it over 2-D spatial axes and keeps "
-                         "it over 1-D ones (its paths' own loops); MLX keeps it",
+    "GlobalMaxPool:nan": "GlobalMaxPool of a channel holding NaN: the CPU EP's answer depends on the shape and on "
+                         "where the NaN sits (skipped, kept, or the elements before it dropped); MLX keeps it",
     "Concat:uninitialized": "Concat of empty inputs whose dims off the axis differ, into a non-empty output (the "
                             "builder's shape of an empty Slice can be off): the CPU EP returns uninitialized memory, "
                             "the MLX EP raises (tests/ops/test_shape.py)",
     "Normalization:nonfinite": "Instance/Group/Layer/BatchNormalization of a group holding inf: IEEE gives NaN for "
                                "the whole group (inf - inf in its mean and variance); the CPU EP gives inf or NaN "
                                "element by element, MLX +-inf: neither, and not alike",
-    "Reduce:empty_negative_axes": "ReduceSum/L1/L2/Mean/Max... of a float32[0] input with axes=[-1]: MLX gives "
-                                  "shape () (or (1,) with keepdims) holding the identity, the CPU EP gives shape "
-                                  "(0,); with axes=[0] both give (); the CPU EP is inconsistent, owner to decide",
+    "Reduce:empty_negative_axes": "ReduceSum/L1/L2/Mean/Max... of a float32[0] input with axes=[-1]: the CPU EP "
+                                  "gives shape (0,), where axes=[0], the same axis, gives () holding the identity; "
+                                  "MLX gives () for both (test_reduction.py::test_reduce_empty_last_axis_is_axis_zero)",
 }
 
 

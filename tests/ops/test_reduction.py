@@ -90,6 +90,24 @@ def test_reduce_empty_set(op, t):
     check(m0, feeds)
 
 
+@pytest.mark.parametrize("op", [o for o, *_ in OPS])
+def test_reduce_empty_last_axis_is_axis_zero(op):
+    """A float32[0] reduced over axes=[-1] is reduced over its one axis, as with axes=[0]: the same answer (shape ()
+    or (1,), the op's identity). ORT's CPU EP answers shape (0,) for -1 (``fuzz.KNOWN_BUGS``), so the reference is
+    its answer for axes=[0]."""
+    x = np.zeros((0,), np.float32)
+    for keepdims in (0, 1):
+        m = node_model(op, [T.FLOAT, T.INT64], [T.FLOAT], {"keepdims": keepdims}, 18)
+        s = session(m)
+        assert not unclaimed_ops(s), unclaimed_ops(s)
+        want = session(m, "CPUExecutionProvider", record=False).run(None, {"x0": x, "x1": np.array([0], np.int64)})[0]
+        assert want.shape == ((1,) if keepdims else ())
+        for axis in (0, -1):
+            got = s.run(None, {"x0": x, "x1": np.array([axis], np.int64)})[0]
+            np.testing.assert_array_equal(got, want)
+            assert got.shape == want.shape and got.dtype == want.dtype
+
+
 @pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean", "ReduceLogSumExp", "ReduceL2"])
 def test_reduce_nan_inf(op):
     x = rand(T.FLOAT, (4, 6), rng, special=True)

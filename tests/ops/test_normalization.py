@@ -72,6 +72,26 @@ def test_instance_norm(shape, t):
     check(one_node("InstanceNormalization", ins, [("y", t, None)], {"epsilon": 1e-4}), feeds, t)
 
 
+def test_instance_norm_infinite_scale_is_the_specs():
+    """An infinite scale gives scale * (x - mean) / sqrt(var + epsilon) + B: +-inf (0 * inf where x is the mean:
+    NaN), as onnx's reference evaluator. ORT's CPU EP folds scale and shift first and gives NaN (inf - inf) for
+    the whole channel (``fuzz.KNOWN_BUGS``)."""
+    import numpy as np
+    from onnx.reference import ReferenceEvaluator
+    from ortmlx.testing import session, unclaimed_ops
+    x = np.array([[[1, 3], [1, 2]], [[0.5, 2.5], [-1, 1]]], np.float32)
+    s, b = np.array([np.inf, -np.inf], np.float32), np.array([0, 1], np.float32)
+    m = one_node("InstanceNormalization", [("x", T.FLOAT, x.shape), ("s", T.FLOAT, (2,)), ("b", T.FLOAT, (2,))],
+                 [("y", T.FLOAT, None)], {"epsilon": 1e-4})
+    feeds = {"x": x, "s": s, "b": b}
+    sess = session(m)
+    assert not unclaimed_ops(sess)
+    got = sess.run(None, feeds)[0]
+    want = ReferenceEvaluator(m).run(None, feeds)[0]
+    np.testing.assert_array_equal(got, want)
+    assert np.isinf(got).all()
+
+
 # ---------------------------------------------------------------- LayerNormalization
 LN = [  # (x shape, axis, with bias, n outputs)
     ((2, 3, 8), -1, True, 1),
@@ -207,6 +227,22 @@ def test_mvn(shape, axes, opset):
     attrs = {} if axes is None else {"axes": axes}
     m = one_node("MeanVarianceNormalization", [("x", T.FLOAT, shape)], [("y", T.FLOAT, None)], attrs, opset=opset)
     check(m, {"x": rand(shape, T.FLOAT, 0, -2, 3)})
+
+
+def test_mvn_constant_group_is_the_specs():
+    """A constant group gives 0: the spec's (x - mean) / (sd + 1e-9), as onnx's reference evaluator; ORT's CPU EP
+    adds no epsilon and gives NaN (``docs/reliability.md``)."""
+    import numpy as np
+    from onnx.reference import ReferenceEvaluator
+    from ortmlx.testing import session, unclaimed_ops
+    x = np.full((1, 2, 2, 2), 2.0, np.float32)
+    x[0, 1] = [[1, 2], [3, 4]]
+    m = one_node("MeanVarianceNormalization", [("x", T.FLOAT, x.shape)], [("y", T.FLOAT, None)], {}, opset=13)
+    s = session(m)
+    assert not unclaimed_ops(s)
+    got = s.run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, ReferenceEvaluator(m).run(None, {"x": x})[0], rtol=1e-6)
+    assert (got[0, 0] == 0).all()
 
 
 def test_mvn_half():

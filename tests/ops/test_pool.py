@@ -4,7 +4,7 @@ import pytest
 from onnx import TensorProto as T
 
 from _nnutil import check, check_bf16, one_node, rand, stays_on_cpu
-from ortmlx.testing import check_against_cpu
+from ortmlx.testing import check_against_cpu, session, unclaimed_ops
 
 F = [T.FLOAT, T.FLOAT16]
 
@@ -76,6 +76,20 @@ def test_global_maxpool_of_a_channel_of_minus_infinity(shape):
     """A channel of -inf only gives the lowest finite float, as ORT's CPU EP's maximum starts there."""
     x = np.array([[-np.inf, -np.inf], [-2.0, -np.inf], [0.5, 1.5]], np.float32).reshape(shape)
     check(one_node("GlobalMaxPool", [("x", T.FLOAT, shape)], [("y", T.FLOAT, None)], {}, opset=1), {"x": x})
+
+
+def test_maxpool_nan_propagates():
+    """A window or channel holding NaN gives NaN (NumPy's max; a global one never below the lowest finite float, as
+    above). ORT's CPU EP skips or keeps it by shape and position (``fuzz.KNOWN_BUGS``)."""
+    x = np.array([1, np.nan, 2, 3, -np.inf, -np.inf, 0, np.nan, 5, 4, np.nan, -np.inf, -np.inf, -np.inf, -np.inf,
+                  -np.inf], np.float32).reshape(1, 1, 4, 4)
+    x = np.concatenate([x, np.full_like(x, np.nan), np.full_like(x, -np.inf)], axis=1)      # (1, 3, 4, 4)
+    cases = [("MaxPool", {"kernel_shape": [2, 2], "strides": [2, 2]}, x.reshape(1, 3, 2, 2, 2, 2).max(axis=(3, 5))),
+             ("GlobalMaxPool", {}, np.maximum(x.max(axis=(2, 3), keepdims=True), np.finfo(np.float32).min))]
+    for op, attrs, want in cases:
+        s = session(one_node(op, [("x", T.FLOAT, x.shape)], [("y", T.FLOAT, None)], attrs, opset=12))
+        assert not unclaimed_ops(s), unclaimed_ops(s)
+        np.testing.assert_array_equal(s.run(None, {"x": x})[0], want)
 
 
 @pytest.mark.parametrize("t", [T.INT8, T.UINT8])

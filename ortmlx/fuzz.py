@@ -371,8 +371,15 @@ def b_where(b: Builder, op: str) -> None:
     y = b.partner(x)
     shp = _bshape(cnd.shape, x.shape)
     shp = _bshape(shp, y.shape) if shp is not None else None
-    if shp is not None:
-        b.emit(op, [cnd.name, x.name, y.name], [b.out(x.dtype, shp, x.exact and y.exact, x.finite and y.finite)])
+    if shp is None:
+        return
+    if x.dtype in FLOATS and "Where:negative_zero" in b.avoid:
+        zero = b.name("c")                  # x + 0 is never -0 (the known difference)
+        b.inits[zero] = np.zeros((), NP[x.dtype])
+        x0 = b.out(x.dtype, x.shape, x.exact, x.finite)
+        b.emit("Add", [x.name, zero], [x0])
+        x = x0
+    b.emit(op, [cnd.name, x.name, y.name], [b.out(x.dtype, shp, x.exact and y.exact, x.finite and y.finite)])
 
 
 def b_cast(b: Builder, op: str) -> None:
@@ -1311,6 +1318,8 @@ KNOWN_BUGS: dict[str, str] = {
     "InstanceNormalization:inf_scale": "InstanceNormalization with an infinite scale: the CPU EP gives NaN (inf - inf "
                                        "of its folded scale and shift), MLX the spec's scale * (x - mean) / sd + B, "
                                        "+-inf, as onnx's reference (test_normalization.py)",
+    "Where:negative_zero": "Where taking -0.0 from X: the CPU EP gives +0.0 (from Y it keeps -0.0); MLX -0.0, as "
+                           "NumPy (test_elementwise.py::test_where_keeps_the_sign_of_zero)",
     "Reduce:empty_negative_axes": "ReduceSum/L1/L2/Mean/Max... of a float32[0] input with axes=[-1]: the CPU EP "
                                   "gives shape (0,), where axes=[0], the same axis, gives () holding the identity; "
                                   "MLX gives () for both (test_reduction.py::test_reduce_empty_last_axis_is_axis_zero)",
@@ -1381,10 +1390,19 @@ def _close(got: np.ndarray, want: np.ndarray, what: str) -> None:
         raise FuzzFailure(f"{what}: values differ at {bad}: MLX {got.ravel()[:8]} CPU {want.ravel()[:8]}")
 
 
-def check_case(case: Case, options: dict | None = None, calls: int = 1) -> Outcome:
+def varied_feeds(feeds: dict, k: int) -> dict:
+    """``feeds`` with each array's elements shuffled (seed ``k``): the same shapes, types and values, in other
+    places (divisors stay non-zero, indices in range; a shape fed as data may change the output's)."""
+    rng = np.random.default_rng(k)
+    return {n: rng.permutation(a.reshape(-1)).reshape(a.shape) if a.size > 1 else a for n, a in feeds.items()}
+
+
+def check_case(case: Case, options: dict | None = None, calls: int = 1, vary: bool = False) -> Outcome:
     """Run ``case`` on the CPU EP and the MLX EP; raise FuzzFailure when MLX is wrong. ``calls`` > 1: the MLX EP's
     session runs the feeds that many times, every answer checked (after the first, a compiled closure verified
-    against eager answers: the compiled path)."""
+    against eager answers: the compiled path). ``vary``: from the middle call on, every other call's feeds are
+    ``varied_feeds`` (new values, same shapes and types: what a closure traced on the first values must not bake);
+    a variation the CPU EP rejects is skipped."""
     from .testing import session, unclaimed_ops
     blob = case.model.SerializeToString()
     try:
@@ -1405,13 +1423,23 @@ def check_case(case: Case, options: dict | None = None, calls: int = 1) -> Outco
         return Outcome("cpu_rejects", info={"cpu": cpu_err})
     n = len(case.model.graph.node)
     left = sum(unclaimed_ops(s).values())
+    varied = 0
     for k in range(calls):
+        feeds, expect, how = case.feeds, want, ""
+        if vary and k >= calls // 2 and (k - calls // 2) % 2 == 0:
+            feeds = varied_feeds(case.feeds, k)
+            try:
+                expect = cpu.run(None, feeds)
+            except Exception:  # noqa: BLE001 - the CPU EP rejects these values: no reference for them
+                continue
+            how, varied = " (varied feeds)", varied + 1
         if k:
             try:
-                got = s.run(None, case.feeds)
+                got = s.run(None, feeds)
             except Exception as e:  # noqa: BLE001
-                raise FuzzFailure(f"call {k + 1}: MLX EP failed after answering: {type(e).__name__}: "
+                raise FuzzFailure(f"call {k + 1}{how}: MLX EP failed after answering: {type(e).__name__}: "
                                   f"{str(e)[:1500]}") from None
-        for o, g, w in zip(s.get_outputs(), got, want):
-            _close(np.asarray(g), np.asarray(w), f"call {k + 1}, output {o.name}" if calls > 1 else f"output {o.name}")
-    return Outcome("ok", claimed=n - left, nodes=n)
+        for o, g, w in zip(s.get_outputs(), got, expect):
+            _close(np.asarray(g), np.asarray(w), f"call {k + 1}{how}, output {o.name}" if calls > 1
+                   else f"output {o.name}")
+    return Outcome("ok", claimed=n - left, nodes=n, info={"varied": varied} if vary else {})

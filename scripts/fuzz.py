@@ -9,6 +9,7 @@ with their minimal cases); ``--out file.json`` also writes it.
     python scripts/fuzz.py --cases 3000                 # the long run (docs/reliability.md)
     python scripts/fuzz.py --minutes 10 --avoid-known   # skip the known, reported translator bugs
     python scripts/fuzz.py --ops Add,Mul,Where --cases 500
+    python scripts/fuzz.py --calls 6 --vary --minutes 10  # compiled closures, then new values of the same shapes
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ def main(argv=None) -> int:
     ap.add_argument("--options", default="", help="MLX provider options k=v,k=v")
     ap.add_argument("--calls", type=int, default=1,
                     help="run each MLX EP session this many times, every answer checked (> 2: compiled closures)")
+    ap.add_argument("--vary", action="store_true",
+                    help="with --calls > 2: from the middle call on, every other call's feeds shuffled (new values)")
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
     ops = fuzz.fuzzable_ops(set(a.ops.split(",")) if a.ops else None)
@@ -57,7 +60,8 @@ def main(argv=None) -> int:
         def prop(case):
             tally["tried"] += 1
             last["case"] = case
-            out = fuzz.check_case(case, opts, a.calls)
+            out = fuzz.check_case(case, opts, a.calls, a.vary)
+            tally["varied_calls"] += out.info.get("varied", 0)
             tally[out.status] += 1
             tally["nodes"] += out.nodes
             tally["claimed"] += out.claimed
@@ -79,6 +83,7 @@ def main(argv=None) -> int:
     res = {"seed": a.seed, "cases_tried": tally["tried"], "ok": tally["ok"], "no_reference": tally["cpu_rejects"],
            "both_fail": tally["both_fail"], "nodes": tally["nodes"], "nodes_on_mlx": tally["claimed"],
            "ops": ops, "op_uses_ok": dict(op_count.most_common()), "avoid_known": a.avoid_known, "calls": a.calls,
+           "vary": a.vary, "varied_calls": tally["varied_calls"],
            "distinct_failures": len(failures), "failures": failures, "seconds": round(time.time() - t0, 1)}
     text = json.dumps(res, indent=1)
     print(text)

@@ -96,12 +96,13 @@ def test_log_sum_reads_exact_values_only(case):
         assert n.input[0] in raw, f"ReduceLogSum reads {n.input[0]}, computed: {case}"
 
 
-COMPILED_BUDGET = 40
+COMPILED_BUDGET = 100
 
 
 def test_random_graphs_compiled_mlx_equals_cpu():
-    """Three calls a session, each checked: the second traces and verifies a compiled closure, the third is
-    answered by it (build_behind off: traced on the calling thread). Then: compiled calls did happen."""
+    """Six calls a session, each checked: the second traces and verifies a compiled closure, the later ones are
+    answered by it or by its replay (build_behind off: traced on the calling thread); the fourth and sixth on new
+    values of the same shapes (``vary``). Then: compiled calls did happen, and varied ones."""
     import ortmlx.compiled as C
     tally: Counter = Counter()
 
@@ -110,11 +111,53 @@ def test_random_graphs_compiled_mlx_equals_cpu():
     @given(case=fuzz.cases(ops(), avoid=fuzz.KNOWN_BUGS))
     def prop(case):
         with C.capture() as rs:
-            out = fuzz.check_case(case, {"tuning": "build_behind=0"}, calls=3)
+            out = fuzz.check_case(case, {"tuning": "build_behind=0"}, calls=6, vary=True)
         tally[out.status] += 1
+        tally["varied"] += out.info.get("varied", 0)
         tally["compiled calls"] += sum(p.counters.get("compiled_calls", 0) for r in rs for p in r.parts())
     prop()
     assert tally["ok"] >= COMPILED_BUDGET // 2 and tally["compiled calls"] >= COMPILED_BUDGET // 2, tally
+    assert tally["varied"] >= COMPILED_BUDGET // 2, tally
+
+
+def test_group_whose_output_no_one_reads():
+    """Found by ``scripts/fuzz.py --calls 6``: ORT keeps a Compress whose output is unused, so the group has no
+    outputs; its replayed calls (from the fifth on) asked ORT for none and failed. Every call answers now."""
+    m = make_model([h.make_node("Compress", ["x", "c"], ["unused"], axis=-1),
+                    h.make_node("ConstantOfShape", ["s"], ["y"], value=h.make_tensor("v", T.FLOAT, [1], [-3.0]))],
+                   [("x", T.FLOAT, [1])], [("y", T.FLOAT, None)],
+                   {"c": np.zeros(0, np.bool_), "s": np.zeros(0, np.int64)})
+    case = fuzz.Case(m, {"x": np.array([0.5], np.float32)}, ["Compress", "ConstantOfShape"])
+    assert fuzz.check_case(case, calls=8).status == "ok"
+
+
+def test_checker_varies_feeds(monkeypatch):
+    """A session that answers every call with its first answer (a closure that baked its first values): with
+    ``vary`` check_case finds it at the first varied call; without, it cannot."""
+    from ortmlx import testing
+    real = testing.session
+
+    class Stuck:
+        def __init__(self, s):
+            self.s, self.first = s, None
+
+        def run(self, names, feeds):
+            got = self.s.run(names, feeds)
+            self.first = self.first or got
+            return self.first
+
+        def __getattr__(self, name):
+            return getattr(self.s, name)
+
+    def session(blob, provider=None, *a, **k):
+        s = real(blob, provider, *a, **k) if provider else real(blob, *a, **k)
+        return s if provider == "CPUExecutionProvider" else Stuck(s)
+    monkeypatch.setattr(testing, "session", session)
+    m = make_model([h.make_node("Neg", ["X"], ["Y"])], [("X", T.FLOAT, [3])], [("Y", T.FLOAT, [3])])
+    case = fuzz.Case(m, {"X": np.array([1, -2, 3], np.float32)}, ["Neg"])
+    assert fuzz.check_case(case, calls=6).status == "ok"
+    with pytest.raises(fuzz.FuzzFailure, match=r"call 4 \(varied feeds\), output Y"):
+        fuzz.check_case(case, calls=6, vary=True)
 
 
 def test_checker_checks_every_call(monkeypatch):

@@ -389,3 +389,19 @@ def test_signed_zero(op, t):
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_array_equal(np.signbit(got), np.signbit(want), err_msg=f"{op}: {got} vs {want}")
     np.testing.assert_allclose(got, want, rtol=2e-3 if t == T.FLOAT16 else 1e-4, atol=0)
+
+
+@pytest.mark.parametrize("t", (T.FLOAT, T.FLOAT16))
+def test_where_keeps_the_sign_of_zero(t):
+    """Where's zeros keep their sign from either branch, as NumPy's where (ORT's CPU EP gives +0 for a -0 taken
+    from X: ``fuzz.KNOWN_BUGS``)."""
+    nt = np.float32 if t == T.FLOAT else np.float16
+    x, y = np.array([-0.0, 0.0, -0.0, 2], nt), np.array([0.0, -0.0, -0.0, -0.0], nt)
+    m = node_model("Where", [T.BOOL, t, t], [t], opset=16)
+    s = session(m)
+    assert not unclaimed_ops(s)
+    for c in (np.array(True), np.array(False), np.array([True, False, True, False])):
+        got, = s.run(None, {"x0": c, "x1": x, "x2": y})
+        want = np.where(c, x, y)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(want))

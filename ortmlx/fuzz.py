@@ -1390,11 +1390,23 @@ def _close(got: np.ndarray, want: np.ndarray, what: str) -> None:
         raise FuzzFailure(f"{what}: values differ at {bad}: MLX {got.ravel()[:8]} CPU {want.ravel()[:8]}")
 
 
+def _moved(a: np.ndarray) -> np.ndarray:
+    """A one-element array's value moved: a float negated, an integer one further from zero, a bool flipped (a
+    divisor stays non-zero; a count or index that leaves its range is for the CPU EP to reject)."""
+    if a.dtype == np.bool_:
+        return ~a
+    if a.dtype.kind == "f":
+        return -a
+    return a + np.sign(a).astype(a.dtype)
+
+
 def varied_feeds(feeds: dict, k: int) -> dict:
-    """``feeds`` with each array's elements shuffled (seed ``k``): the same shapes, types and values, in other
-    places (divisors stay non-zero, indices in range; a shape fed as data may change the output's)."""
+    """``feeds`` with new values of the same shapes and types (seed ``k``): each array's elements shuffled (the
+    same values in other places: divisors stay non-zero, indices in range; a shape fed as data may change the
+    output's), a one-element array's value moved (``_moved``)."""
     rng = np.random.default_rng(k)
-    return {n: rng.permutation(a.reshape(-1)).reshape(a.shape) if a.size > 1 else a for n, a in feeds.items()}
+    return {n: rng.permutation(a.reshape(-1)).reshape(a.shape) if a.size > 1 else _moved(a) if a.size else a
+            for n, a in feeds.items()}
 
 
 def check_case(case: Case, options: dict | None = None, calls: int = 1, vary: bool = False) -> Outcome:

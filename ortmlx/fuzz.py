@@ -25,11 +25,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 import onnx.defs
+import onnx.numpy_helper
 from onnx import TensorProto as T
 from onnx import helper
 
 OPSET = 21
 F32, F64, I32, I64, BOOL = T.FLOAT, T.DOUBLE, T.INT32, T.INT64, T.BOOL
+F16 = T.FLOAT16
 FLOATS = (F32, F64)
 INTS = (I32, I64)
 NUM = FLOATS + INTS
@@ -1381,8 +1383,9 @@ def _close(got: np.ndarray, want: np.ndarray, what: str) -> None:
     if got.dtype.kind == "f":
         fin = want[np.isfinite(want)]
         scale = max(1.0, float(np.abs(fin).max())) if fin.size else 1.0
+        tol = 1e-2 if got.dtype == np.float16 else 1e-3        # float16: ~10 of its ulps (``half_case``)
         try:
-            np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * scale, equal_nan=True)
+            np.testing.assert_allclose(got, want, rtol=tol, atol=tol * scale, equal_nan=True)
         except AssertionError as e:
             raise FuzzFailure(f"{what}: {e}") from None
     elif not np.array_equal(got, want):
@@ -1398,6 +1401,31 @@ def _moved(a: np.ndarray) -> np.ndarray:
     if a.dtype.kind == "f":
         return -a
     return a + np.sign(a).astype(a.dtype)
+
+
+def half_case(case: Case) -> Case:
+    """``case`` with every float32 value float16 instead (inputs, constants, outputs, Cast / dtype attributes, tensor
+    attributes): the half-precision paths of the same graph (``scripts/fuzz.py --half``). The generator's values,
+    multiples of 1/8 in [-4, 4], are float16 values too."""
+    m = onnx.ModelProto()
+    m.CopyFrom(case.model)
+    g = m.graph
+    for v in itertools.chain(g.input, g.output, g.value_info):
+        if v.type.tensor_type.elem_type == F32:
+            v.type.tensor_type.elem_type = F16
+    for i, t in enumerate(g.initializer):
+        if t.data_type == F32:
+            g.initializer[i].CopyFrom(onnx.numpy_helper.from_array(
+                onnx.numpy_helper.to_array(t).astype(np.float16), t.name))
+    for n in g.node:
+        for a in n.attribute:
+            if a.name in ("to", "dtype") and a.type == onnx.AttributeProto.INT and a.i == F32:
+                a.i = F16
+            elif a.type == onnx.AttributeProto.TENSOR and a.t.data_type == F32:
+                a.t.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(a.t).astype(np.float16),
+                                                          a.t.name))
+    feeds = {k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in case.feeds.items()}
+    return Case(m, feeds, case.ops, case.desc.replace("float32", "float16"))
 
 
 def varied_feeds(feeds: dict, k: int) -> dict:

@@ -39,6 +39,7 @@ def main(argv=None) -> int:
                     help="run each MLX EP session this many times, every answer checked (> 2: compiled closures)")
     ap.add_argument("--vary", action="store_true",
                     help="with --calls > 2: from the middle call on, every other call's feeds shuffled (new values)")
+    ap.add_argument("--half", action="store_true", help="every float32 value float16 instead (fuzz.half_case)")
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
     ops = fuzz.fuzzable_ops(set(a.ops.split(",")) if a.ops else None)
@@ -59,6 +60,7 @@ def main(argv=None) -> int:
         @given(case=fuzz.cases(ops, a.max_nodes, avoid))
         def prop(case):
             tally["tried"] += 1
+            case = fuzz.half_case(case) if a.half else case
             last["case"] = case
             out = fuzz.check_case(case, opts, a.calls, a.vary)
             tally["varied_calls"] += out.info.get("varied", 0)
@@ -83,7 +85,7 @@ def main(argv=None) -> int:
     res = {"seed": a.seed, "cases_tried": tally["tried"], "ok": tally["ok"], "no_reference": tally["cpu_rejects"],
            "both_fail": tally["both_fail"], "nodes": tally["nodes"], "nodes_on_mlx": tally["claimed"],
            "ops": ops, "op_uses_ok": dict(op_count.most_common()), "avoid_known": a.avoid_known, "calls": a.calls,
-           "vary": a.vary, "varied_calls": tally["varied_calls"],
+           "vary": a.vary, "varied_calls": tally["varied_calls"], "half": a.half,
            "distinct_failures": len(failures), "failures": failures, "seconds": round(time.time() - t0, 1)}
     text = json.dumps(res, indent=1)
     print(text)

@@ -1304,8 +1304,9 @@ def fuzzable_ops(only: set[str] | None = None) -> list[str]:
     return sorted(ops)
 
 
-#: translator bugs the fuzzer found, not yet fixed by their owners: quirk -> what fails.
-#: ``cases(avoid=KNOWN_BUGS)`` keeps them out of CI; scripts/fuzz.py generates them unless --avoid-known.
+#: differences from ORT's CPU EP the fuzzer found where the CPU EP's answer is not the one to give (the MLX EP's is
+#: tested against its reference in tests/ops/): quirk -> what differs. ``cases(avoid=KNOWN_BUGS)`` keeps them out of
+#: CI; scripts/fuzz.py generates them unless --avoid-known.
 KNOWN_BUGS: dict[str, str] = {
     "ReduceLogSumExp:nan_input": "ReduceLogSumExp of [inf, nan, 2]: MLX nan, as NumPy; the CPU EP inf over every "
                                  "axis, nan over the last (its answer depends on the axes and where the NaN sits)",
@@ -1393,16 +1394,6 @@ def _close(got: np.ndarray, want: np.ndarray, what: str) -> None:
         raise FuzzFailure(f"{what}: values differ at {bad}: MLX {got.ravel()[:8]} CPU {want.ravel()[:8]}")
 
 
-def _moved(a: np.ndarray) -> np.ndarray:
-    """A one-element array's value moved: a float negated, an integer one further from zero, a bool flipped (a
-    divisor stays non-zero; a count or index that leaves its range is for the CPU EP to reject)."""
-    if a.dtype == np.bool_:
-        return ~a
-    if a.dtype.kind == "f":
-        return -a
-    return a + np.sign(a).astype(a.dtype)
-
-
 def half_case(case: Case) -> Case:
     """``case`` with every float32 value float16 instead (inputs, constants, outputs, Cast / dtype attributes, tensor
     attributes): the half-precision paths of the same graph (``scripts/fuzz.py --half``). The generator's values,
@@ -1426,6 +1417,16 @@ def half_case(case: Case) -> Case:
                                                           a.t.name))
     feeds = {k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in case.feeds.items()}
     return Case(m, feeds, case.ops, case.desc.replace("float32", "float16"))
+
+
+def _moved(a: np.ndarray) -> np.ndarray:
+    """A one-element array's value moved: a float negated, an integer one further from zero, a bool flipped (a
+    divisor stays non-zero; a count or index that leaves its range is for the CPU EP to reject)."""
+    if a.dtype == np.bool_:
+        return ~a
+    if a.dtype.kind == "f":
+        return -a
+    return a + np.sign(a).astype(a.dtype)
 
 
 def varied_feeds(feeds: dict, k: int) -> dict:

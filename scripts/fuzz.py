@@ -7,7 +7,7 @@ summary (cases tried, outcomes, claimed nodes, ops covered, distinct failures
 with their minimal cases); ``--out file.json`` also writes it.
 
     python scripts/fuzz.py --cases 3000                 # the long run (docs/reliability.md)
-    python scripts/fuzz.py --minutes 10 --avoid-known   # skip the known, reported translator bugs
+    python scripts/fuzz.py --minutes 10 --avoid-known   # skip the known differences from the CPU EP
     python scripts/fuzz.py --ops Add,Mul,Where --cases 500
     python scripts/fuzz.py --calls 6 --vary --minutes 10  # compiled closures, then new values of the same shapes
 """
@@ -37,8 +37,8 @@ def main(argv=None) -> int:
     ap.add_argument("--options", default="", help="MLX provider options k=v,k=v")
     ap.add_argument("--calls", type=int, default=1,
                     help="run each MLX EP session this many times, every answer checked (> 2: compiled closures)")
-    ap.add_argument("--vary", action="store_true",
-                    help="with --calls > 2: from the middle call on, every other call's feeds shuffled (new values)")
+    ap.add_argument("--vary", action="store_true", help="with --calls > 2: from the middle call on, every other "
+                    "call on new values (fuzz.varied_feeds)")
     ap.add_argument("--half", action="store_true", help="every float32 value float16 instead (fuzz.half_case)")
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)

@@ -1,8 +1,8 @@
 """Property test: random small graphs from the registered ops, MLX EP == CPU EP (fixed CI budget).
 
 The long run is ``python scripts/fuzz.py``; its last results are in docs/reliability.md.
-Translator bugs the fuzzer found are listed in ``fuzz.KNOWN_BUGS`` (what fails) and not
-generated here until their owners fix them; scripts/fuzz.py still generates them.
+Differences from the CPU EP where its answer is not the one to give are listed in ``fuzz.KNOWN_BUGS`` (each
+tested against its reference in tests/ops/) and not generated here; scripts/fuzz.py still generates them.
 """
 from __future__ import annotations
 

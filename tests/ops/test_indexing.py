@@ -164,17 +164,24 @@ def test_indexing_ops(case, t, path, monkeypatch):
     check(model, feeds)
 
 
-def _check_half_reduction(case, model, feeds):
-    """A float16 scatter with a reduction (ORT's CPU kernel has none) against the float32 op on the CPU EP, rounded
-    to float16: within a few float16 ulps (duplicates are combined in float16)."""
+def _check_half_reduction(case, model, feeds, out=np.float16, rtol=4e-3):
+    """A float16 (bfloat16: ``model`` casts float32 in and out) scatter with a reduction, which ORT's CPU kernel
+    lacks, against the float32 op on the CPU EP: within a few ulps of the type (duplicates are combined in it)."""
     s = session(model)
-    assert not unclaimed_ops(s), unclaimed_ops(s)
+    assert CASES[case][0] not in unclaimed_ops(s), unclaimed_ops(s)
     ref, _ = build(case, T.FLOAT)
     f32 = {k: v.astype(np.float32) if v.dtype == np.float16 else v for k, v in feeds.items()}
     want = session(ref, "CPUExecutionProvider", record=False).run(None, f32)[0]
     got = s.run(None, feeds)[0]
-    assert got.dtype == np.float16
-    np.testing.assert_allclose(got.astype(np.float32), want, rtol=4e-3, atol=4e-3 * max(1.0, np.abs(want).max()))
+    assert got.dtype == out
+    np.testing.assert_allclose(got.astype(np.float32), want, rtol=rtol, atol=rtol * max(1.0, np.abs(want).max()))
+
+
+@pytest.mark.parametrize("case", [c for c, v in CASES.items() if v[3].get("reduction", "none") != "none"])
+def test_scatter_reduction_bf16(case):
+    """bfloat16 data and updates (cast from float32 in the model) against the float32 op: within 4 bfloat16 ulps."""
+    model, feeds = build(case, T.FLOAT, bf16=True)
+    _check_half_reduction(case, model, feeds, out=np.float32, rtol=2 ** -6)
 
 
 @pytest.mark.parametrize("case", ["slice_axes_steps", "gather_axis1_2d", "gather_nd_batch", "scatter_elements_dup",

@@ -126,11 +126,12 @@ def _lowest(dtype):
 
 def _start(dtype) -> mx.array:
     """Where ORT's max pooling starts a window (``numeric_limits<T>::lowest()``, finite): a window holding nothing
-    above it (only padding, -inf or NaN, which its ``>`` never takes) gives it."""
+    above it (only padding, -inf or NaN, which its ``>`` never takes) gives it. Half types: float32's, rounded to
+    the type (-inf): ORT pools them in float32 between the casts it inserts."""
     if dtype == mx.float64:
         return mx.array(float(np.finfo(np.float64).min), dtype)
     if dtype in _FLOAT_TYPES:
-        return mx.array(float(mx.finfo(dtype).min), dtype)
+        return mx.array(float(mx.finfo(mx.float32).min), mx.float32).astype(dtype)
     return mx.array(_lowest(dtype), dtype)
 
 

@@ -160,6 +160,29 @@ def test_checker_varies_feeds(monkeypatch):
         fuzz.check_case(case, calls=6, vary=True)
 
 
+def test_varied_feeds_are_new_arrays_of_the_same_kind():
+    """Every varied feed is an array of the feed's shape and type (a zero-dimensional one too: ORT's Python API
+    refuses a NumPy scalar), with other values where the feed has two different ones, or one element."""
+    feeds = {"a": np.array(1.5, np.float16), "b": np.array(True), "c": np.array([-3], np.int64),
+             "d": np.arange(6, dtype=np.float32).reshape(2, 3), "e": np.zeros((0, 2), np.int32)}
+    got = fuzz.varied_feeds(feeds, 4)
+    for k, v in feeds.items():
+        assert type(got[k]) is np.ndarray and got[k].shape == v.shape and got[k].dtype == v.dtype, k
+    assert [got[k].tolist() for k in "abc"] == [-1.5, False, [-4]]
+    assert sorted(got["d"].ravel().tolist()) == list(range(6)) and not np.array_equal(got["d"], feeds["d"])
+
+
+def test_half_cases_are_checked_node_by_node():
+    """A float16 Tanh -> Acos where tanh saturates: ORT's CPU EP in one session computes the chain in float32 (its
+    tanh gives +-1.0000001 there, its Acos NaN); node by node each output is a float16 value, as the MLX EP's."""
+    m = make_model([h.make_node("Tanh", ["x"], ["t"]), h.make_node("Acos", ["t"], ["y"])], [("x", T.FLOAT, [4])],
+                   [("y", T.FLOAT, None)])
+    half = fuzz.half_case(fuzz.Case(m, {"x": np.array([8.86, 8.94, -8.86, 2.0], np.float32)}, ["Tanh", "Acos"]))
+    assert half.feeds["x"].dtype == np.float16
+    np.testing.assert_allclose(half.reference(half.feeds)[0].astype(np.float32), [0, 0, np.pi, 0.2695], atol=2e-3)
+    assert fuzz.check_case(half, calls=3).status == "ok"
+
+
 def test_checker_checks_every_call(monkeypatch):
     """A session whose second answer is wrong: check_case with calls=3 names that call."""
     from ortmlx import testing

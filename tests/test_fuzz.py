@@ -120,6 +120,32 @@ def test_random_graphs_compiled_mlx_equals_cpu():
     assert tally["varied"] >= COMPILED_BUDGET // 2, tally
 
 
+def _neg_case_with_mlx_answers(monkeypatch, answer):
+    """A Neg case whose MLX EP sessions answer ``answer(got, answers)`` (their real answer, and every real answer
+    of the session so far, this one last); the CPU EP's are left as they are."""
+    from ortmlx import testing
+    real = testing.session
+
+    class StandIn:
+        def __init__(self, s):
+            self.s, self.answers = s, []
+
+        def run(self, names, feeds):
+            got = self.s.run(names, feeds)
+            self.answers.append(got)
+            return answer(got, self.answers)
+
+        def __getattr__(self, name):
+            return getattr(self.s, name)
+
+    def session(blob, provider=None, *a, **k):
+        s = real(blob, provider, *a, **k) if provider else real(blob, *a, **k)
+        return s if provider == "CPUExecutionProvider" else StandIn(s)
+    monkeypatch.setattr(testing, "session", session)
+    m = make_model([h.make_node("Neg", ["X"], ["Y"])], [("X", T.FLOAT, [3])], [("Y", T.FLOAT, [3])])
+    return fuzz.Case(m, {"X": np.array([1, -2, 3], np.float32)}, ["Neg"])
+
+
 def test_group_whose_output_no_one_reads():
     """Found by ``scripts/fuzz.py --calls 6``: ORT keeps a Compress whose output is unused, so the group has no
     outputs; its replayed calls (from the fifth on) asked ORT for none and failed. Every call answers now."""
@@ -134,27 +160,9 @@ def test_group_whose_output_no_one_reads():
 def test_checker_varies_feeds(monkeypatch):
     """A session that answers every call with its first answer (a closure that baked its first values): with
     ``vary`` check_case finds it at the first varied call; without, it cannot."""
-    from ortmlx import testing
-    real = testing.session
-
-    class Stuck:
-        def __init__(self, s):
-            self.s, self.first = s, None
-
-        def run(self, names, feeds):
-            got = self.s.run(names, feeds)
-            self.first = self.first or got
-            return self.first
-
-        def __getattr__(self, name):
-            return getattr(self.s, name)
-
-    def session(blob, provider=None, *a, **k):
-        s = real(blob, provider, *a, **k) if provider else real(blob, *a, **k)
-        return s if provider == "CPUExecutionProvider" else Stuck(s)
-    monkeypatch.setattr(testing, "session", session)
-    m = make_model([h.make_node("Neg", ["X"], ["Y"])], [("X", T.FLOAT, [3])], [("Y", T.FLOAT, [3])])
-    case = fuzz.Case(m, {"X": np.array([1, -2, 3], np.float32)}, ["Neg"])
+    def stuck(got, answers):
+        return answers[0]
+    case = _neg_case_with_mlx_answers(monkeypatch, stuck)
     assert fuzz.check_case(case, calls=6).status == "ok"
     with pytest.raises(fuzz.FuzzFailure, match=r"call 4 \(varied feeds\), output Y"):
         fuzz.check_case(case, calls=6, vary=True)
@@ -185,27 +193,9 @@ def test_half_cases_are_checked_node_by_node():
 
 def test_checker_checks_every_call(monkeypatch):
     """A session whose second answer is wrong: check_case with calls=3 names that call."""
-    from ortmlx import testing
-    real = testing.session
-
-    class Flaky:
-        def __init__(self, s):
-            self.s, self.n = s, 0
-
-        def run(self, names, feeds):
-            self.n += 1
-            got = self.s.run(names, feeds)
-            return [g + 1 for g in got] if self.n == 2 else got
-
-        def __getattr__(self, name):
-            return getattr(self.s, name)
-
-    def session(blob, provider=None, *a, **k):
-        s = real(blob, provider, *a, **k) if provider else real(blob, *a, **k)
-        return s if provider == "CPUExecutionProvider" else Flaky(s)
-    monkeypatch.setattr(testing, "session", session)
-    m = make_model([h.make_node("Neg", ["X"], ["Y"])], [("X", T.FLOAT, [3])], [("Y", T.FLOAT, [3])])
-    case = fuzz.Case(m, {"X": np.array([1, -2, 3], np.float32)}, ["Neg"])
+    def flaky(got, answers):
+        return [g + 1 for g in got] if len(answers) == 2 else got
+    case = _neg_case_with_mlx_answers(monkeypatch, flaky)
     assert fuzz.check_case(case, calls=1).status == "ok"
     with pytest.raises(fuzz.FuzzFailure, match="call 2, output Y"):
         fuzz.check_case(case, calls=3)

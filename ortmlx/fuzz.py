@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -58,8 +59,8 @@ class Case:
     feeds: dict
     ops: list[str]
     desc: str = ""
-    #: the reference answer for some feeds (None: the CPU EP's session of ``model``; ``half_case``)
-    reference: object = None
+    #: the reference answers for some feeds (None: the CPU EP's session of ``model``; ``half_case``)
+    reference: Callable[[dict], list] | None = None
 
     def __repr__(self) -> str:      # what hypothesis prints for a falsifying example
         return f"Case(ops={self.ops})\n{self.desc}"

@@ -232,6 +232,9 @@ UNARY_STEP = {"Floor": FLOATS, "Ceil": FLOATS, "Round": FLOATS, "Sign": NUM}
 #: periodic ops: a 1-ulp difference in a computed input of magnitude M moves them by ~M ulp (sin of a ReduceProd
 #: of 1e5), so they read exact values only, as the step ops do
 PERIODIC = {"Sin", "Cos", "Tan"}
+#: ops defined on an interval: a 1-ulp difference in a computed input at its edge (a Resize's 1.0000001) is NaN on
+#: one side, so they read exact values only too
+EDGED = {"Acos", "Asin", "Acosh", "Atanh"}
 UNARY_F = {"Exp": FLOATS, "Log": FLOATS, "Sqrt": FLOATS, "Tanh": FLOATS, "Sigmoid": FLOATS, "Erf": (F32,),
            "Sin": FLOATS, "Cos": FLOATS, "Reciprocal": FLOATS, "Softplus": (F32,), "Softsign": (F32,),
            "Atan": (F32,), "Elu": (F32,), "Selu": (F32,), "HardSigmoid": (F32,), "HardSwish": (F32,),
@@ -249,7 +252,7 @@ REDUCE = {"ReduceSum": NUM, "ReduceMax": NUM, "ReduceMin": NUM, "ReduceMean": FL
 
 def b_unary(b: Builder, op: str) -> None:
     types = {**UNARY_EXACT, **UNARY_STEP, **UNARY_F}[op]
-    step = op in UNARY_STEP or op in PERIODIC
+    step = op in UNARY_STEP or op in PERIODIC or op in EDGED
     v = b.pick(lambda w: w.dtype in types and (w.exact or not step), b.choice(types))
     if v is None:
         return

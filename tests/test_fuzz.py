@@ -73,14 +73,15 @@ def test_checker_reports_mlx_only_errors(monkeypatch):
 
 
 @settings(max_examples=60, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
-@given(case=fuzz.cases(["ReduceProd", "Sin", "Cos", "Tan"]))
-def test_periodic_ops_read_exact_values_only(case):
-    """Sin/Cos/Tan of a computed value amplify its last-bit rounding by its magnitude (a ReduceProd of 1e5): the
-    generator gives them only graph inputs and constants here, where every other producer is inexact."""
+@given(case=fuzz.cases(["ReduceProd", "Sin", "Cos", "Tan", "Acos", "Asin", "Acosh", "Atanh"]))
+def test_periodic_and_edged_ops_read_exact_values_only(case):
+    """Sin/Cos/Tan of a computed value amplify its last-bit rounding by its magnitude (a ReduceProd of 1e5), and
+    Acos/Asin/Acosh/Atanh turn it into NaN at their domain's edge: the generator gives them only graph inputs and
+    constants here, where every other producer is inexact."""
     g = case.model.graph
     raw = {i.name for i in g.input} | {t.name for t in g.initializer}
     for n in g.node:
-        if n.op_type in fuzz.PERIODIC:
+        if n.op_type in fuzz.PERIODIC | fuzz.EDGED:
             assert n.input[0] in raw, f"{n.op_type} reads {n.input[0]}, computed: {case}"
 
 

@@ -224,7 +224,8 @@ def average_pool(X, *, kernel_shape, auto_pad="NOTSET", ceil_mode=0, count_inclu
                               _windows(mp, kernel, strides, dilations, out)):
         total = w if total is None else total + w
         count = m if count is None else count + m
-    return (total / count).astype(X.dtype)
+    # a window wholly in the padding counts nothing: 0, as ORT's CPU EP (not 0 / 0)
+    return (total / mx.maximum(count, 1)).astype(X.dtype)
 
 
 # ------------------------------------------------------------------ LpPool

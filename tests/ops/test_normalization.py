@@ -1,9 +1,11 @@
 """Normalization layers against ORT's CPU EP (fp32 rtol 1e-4 atol 1e-5; fp16 1e-2; f64 1e-9)."""
+import numpy as np
 import pytest
 from onnx import TensorProto as T, helper
+from onnx.reference import ReferenceEvaluator
 
 from _nnutil import check, check_bf16, one_node, rand, stays_on_cpu
-from ortmlx.testing import make_model
+from ortmlx.testing import make_model, session, unclaimed_ops
 
 F = [T.FLOAT, T.FLOAT16]
 
@@ -54,7 +56,6 @@ def test_batchnorm_old_training_outputs_refused():
                    {"s": rand((c,), seed=1), "b": rand((c,), seed=2), "m": rand((c,), seed=3),
                     "v": rand((c,), seed=4, lo=0.5)}, opset=9)
     from ortmlx import partition_reports
-    from ortmlx.testing import session
     try:                                      # ORT's CPU EP may or may not run opset-9 training outputs
         session(m).run(None, {"x": rand((4, c, 2))})
     except Exception:
@@ -76,9 +77,6 @@ def test_instance_norm_infinite_scale_is_the_specs():
     """An infinite scale gives scale * (x - mean) / sqrt(var + epsilon) + B: +-inf (0 * inf where x is the mean:
     NaN), as onnx's reference evaluator. ORT's CPU EP folds scale and shift first and gives NaN (inf - inf) for
     the whole channel (``fuzz.KNOWN_BUGS``)."""
-    import numpy as np
-    from onnx.reference import ReferenceEvaluator
-    from ortmlx.testing import session, unclaimed_ops
     x = np.array([[[1, 3], [1, 2]], [[0.5, 2.5], [-1, 1]]], np.float32)
     s, b = np.array([np.inf, -np.inf], np.float32), np.array([0, 1], np.float32)
     m = one_node("InstanceNormalization", [("x", T.FLOAT, x.shape), ("s", T.FLOAT, (2,)), ("b", T.FLOAT, (2,))],
@@ -204,7 +202,6 @@ def test_lrn(shape, attrs, t):
 def test_lrn_refused(shape, attrs):
     # ORT's CPU EP runs only 4-D odd-size LRN: other cases are refused (here the CPU EP fails too)
     from ortmlx import partition_reports
-    from ortmlx.testing import session
     import onnxruntime as ort
     m = one_node("LRN", [("x", T.FLOAT, shape)], [("y", T.FLOAT, None)], attrs, opset=13)
     try:
@@ -232,9 +229,6 @@ def test_mvn(shape, axes, opset):
 def test_mvn_constant_group_is_the_specs():
     """A constant group gives 0: the spec's (x - mean) / (sd + 1e-9), as onnx's reference evaluator; ORT's CPU EP
     adds no epsilon and gives NaN (``docs/reliability.md``)."""
-    import numpy as np
-    from onnx.reference import ReferenceEvaluator
-    from ortmlx.testing import session, unclaimed_ops
     x = np.full((1, 2, 2, 2), 2.0, np.float32)
     x[0, 1] = [[1, 2], [3, 4]]
     m = one_node("MeanVarianceNormalization", [("x", T.FLOAT, x.shape)], [("y", T.FLOAT, None)], {}, opset=13)
